@@ -1,0 +1,642 @@
+package decode
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// mustDecode decodes msgs in order and returns the last result.
+func mustDecode(t *testing.T, d *Decoder, msgs ...wire) *Result {
+	t.Helper()
+	var res *Result
+	for i, m := range msgs {
+		var err error
+		res, err = d.Decode(m)
+		if err != nil {
+			t.Fatalf("message %d (%q): %v", i, m[0], err)
+		}
+		if res == nil {
+			t.Fatalf("message %d: nil result without error", i)
+		}
+	}
+	return res
+}
+
+func primed(t *testing.T) *Decoder {
+	t.Helper()
+	d := NewDecoder(testMapping())
+	mustDecode(t, d, outboxRelation())
+	return d
+}
+
+func val(s string) Value { return Value{Bytes: []byte(s)} }
+
+var nullValue = Value{Null: true}
+
+func eqValue(a, b Value) bool { return a.Null == b.Null && bytes.Equal(a.Bytes, b.Bytes) }
+
+func checkValue(t *testing.T, field string, got, want Value) {
+	t.Helper()
+	if !eqValue(got, want) {
+		t.Errorf("%s = {%q null=%v}, want {%q null=%v}", field, got.Bytes, got.Null, want.Bytes, want.Null)
+	}
+	// An empty string must still be distinguishable from NULL by Null alone,
+	// and a NULL must carry no bytes.
+	if got.Null && got.Bytes != nil {
+		t.Errorf("%s: NULL with bytes %q", field, got.Bytes)
+	}
+}
+
+func TestBeginCommit(t *testing.T) {
+	at := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
+	before2000 := time.Date(1999, 12, 31, 23, 59, 59, 500000000, time.UTC)
+	d := NewDecoder(testMapping())
+
+	tests := []struct {
+		name string
+		in   wire
+		want Result
+	}{
+		{"begin", beginMsg(0x16_B374D848, at, 0xFFFF_FFFE), Result{Kind: KindBegin,
+			Begin: Begin{FinalLSN: 0x16_B374D848, CommitTime: at, Xid: 0xFFFF_FFFE}}},
+		{"begin before 2000", beginMsg(1, before2000, 7), Result{Kind: KindBegin,
+			Begin: Begin{FinalLSN: 1, CommitTime: before2000, Xid: 7}}},
+		{"begin at epoch", beginMsg(0, time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), 0), Result{Kind: KindBegin,
+			Begin: Begin{CommitTime: time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)}}},
+		{"commit", commitMsg(0x16_B374D848, 0x16_B374D878, at), Result{Kind: KindCommit,
+			Commit: Commit{CommitLSN: 0x16_B374D848, EndLSN: 0x16_B374D878, CommitTime: at}}},
+		{"commit max LSN", commitMsg(^uint64(0), ^uint64(0), at), Result{Kind: KindCommit,
+			Commit: Commit{CommitLSN: lsn.LSN(^uint64(0)), EndLSN: lsn.LSN(^uint64(0)), CommitTime: at}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res := mustDecode(t, d, tc.in)
+			if res.Kind != tc.want.Kind || res.Begin.FinalLSN != tc.want.Begin.FinalLSN ||
+				!res.Begin.CommitTime.Equal(tc.want.Begin.CommitTime) || res.Begin.Xid != tc.want.Begin.Xid ||
+				res.Commit.CommitLSN != tc.want.Commit.CommitLSN || res.Commit.EndLSN != tc.want.Commit.EndLSN ||
+				!res.Commit.CommitTime.Equal(tc.want.Commit.CommitTime) {
+				t.Fatalf("got %+v\nwant %+v", *res, tc.want)
+			}
+			for _, ct := range []time.Time{res.Begin.CommitTime, res.Commit.CommitTime} {
+				if !ct.IsZero() && ct.Location() != time.UTC {
+					t.Errorf("time %v not in UTC", ct)
+				}
+			}
+		})
+	}
+	if got := mustDecode(t, d, beginMsg(0x16_B374D848, at, 1)).Begin.FinalLSN.String(); got != "16/B374D848" {
+		t.Errorf("FinalLSN prints %s", got)
+	}
+}
+
+func TestOriginTypeMessageTruncate(t *testing.T) {
+	d := primed(t)
+	mustDecode(t, d, relationMsg(otherID, "public", "orders", col{"id", oidInt8}))
+
+	res := mustDecode(t, d, msg('O').u64(0x1_00000010).str("node_a"))
+	if res.Kind != KindOrigin || res.Origin.LSN != 0x1_00000010 || res.Origin.Name != "node_a" {
+		t.Errorf("origin: %+v", res.Origin)
+	}
+
+	res = mustDecode(t, d, msg('Y').u32(16500).str("public").str("mood"))
+	if res.Kind != KindType || res.Type != (TypeInfo{OID: 16500, Namespace: "public", Name: "mood"}) {
+		t.Errorf("type: %+v", res.Type)
+	}
+
+	res = mustDecode(t, d, msg('M').u8(1).u64(0x2_0000_0001).str("outbox-cdc").i32(5).lit("hello"))
+	if res.Kind != KindMessage || !res.Message.Transactional || res.Message.LSN != 0x2_0000_0001 ||
+		res.Message.Prefix != "outbox-cdc" || string(res.Message.Content) != "hello" {
+		t.Errorf("message: %+v", res.Message)
+	}
+	res = mustDecode(t, d, msg('M').u8(0).u64(3).str("").i32(0))
+	if res.Kind != KindMessage || res.Message.Transactional || res.Message.Prefix != "" || len(res.Message.Content) != 0 {
+		t.Errorf("empty message: %+v", res.Message)
+	}
+
+	res = mustDecode(t, d, msg('T').i32(2).u8(3).u32(otherID).u32(outboxID))
+	if res.Kind != KindTruncate || !res.Truncate.Cascade || !res.Truncate.RestartIdentity || !res.Truncate.Outbox ||
+		len(res.Truncate.RelationIDs) != 2 || res.Truncate.RelationIDs[0] != otherID || res.Truncate.RelationIDs[1] != outboxID {
+		t.Errorf("truncate: %+v", res.Truncate)
+	}
+	res = mustDecode(t, d, msg('T').i32(1).u8(0).u32(otherID))
+	if res.Truncate.Outbox || res.Truncate.Cascade || res.Truncate.RestartIdentity || len(res.Truncate.RelationIDs) != 1 {
+		t.Errorf("truncate other: %+v", res.Truncate)
+	}
+}
+
+func TestRelationResult(t *testing.T) {
+	d := NewDecoder(testMapping())
+	res := mustDecode(t, d, outboxRelation())
+	if res.Kind != KindRelation || res.Relation != (RelationInfo{ID: outboxID, Namespace: "public", Name: "outbox", Outbox: true}) {
+		t.Errorf("outbox relation: %+v", res.Relation)
+	}
+	res = mustDecode(t, d, relationMsg(otherID, "public", "orders", col{"id", oidInt8}))
+	if res.Relation.Outbox || res.Relation.Name != "orders" {
+		t.Errorf("other relation: %+v", res.Relation)
+	}
+	// Same table name in another schema is not the outbox.
+	res = mustDecode(t, d, relationMsg(otherID+1, "audit", "outbox", outboxCols()...))
+	if res.Relation.Outbox {
+		t.Errorf("audit.outbox treated as the outbox")
+	}
+	res = mustDecode(t, d, relationMsg(outboxID+5, "public", "outbox", col{"id", oidUUID}))
+	if !res.Relation.Outbox || !strings.Contains(res.Relation.Invalid, `"payload"`) {
+		t.Errorf("relation lacking columns: %+v", res.Relation)
+	}
+}
+
+func TestInsertEvent(t *testing.T) {
+	const uuid = "0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"
+	utf8Payload := `{"name":"Zoë","city":"東京","emoji":"🚀"}`
+	tests := []struct {
+		name    string
+		rel     wire
+		ins     wire
+		want    Event
+		invalid string
+	}{
+		{
+			name: "all fields",
+			rel:  outboxRelation(),
+			ins: insertMsg(outboxID, txt(uuid), txt("order"), txt("42"), txt("OrderCreated"),
+				txt(`{"total":10}`), txt("trace-1"), txt("acme"), txt("2024-05-06 07:08:09+00")),
+			want: Event{ID: val(uuid), AggregateType: val("order"), AggregateID: val("42"),
+				EventType: val("OrderCreated"), Payload: val(`{"total":10}`),
+				Headers: []Header{{"trace_id", val("trace-1")}, {"tenant", val("acme")}}},
+		},
+		{
+			name: "null versus empty",
+			rel:  outboxRelation(),
+			ins:  insertMsg(outboxID, txt(uuid), txt(""), null(), txt(""), null(), null(), txt(""), null()),
+			want: Event{ID: val(uuid), AggregateType: val(""), AggregateID: nullValue,
+				EventType: val(""), Payload: nullValue,
+				Headers: []Header{{"trace_id", nullValue}, {"tenant", val("")}}},
+		},
+		{
+			name: "multi-byte UTF-8",
+			rel:  outboxRelation(),
+			ins: insertMsg(outboxID, txt(uuid), txt("Bestellung"), txt("Ärger-1"), txt("日本"),
+				txt(utf8Payload), txt("🚀"), txt("ü"), null()),
+			want: Event{ID: val(uuid), AggregateType: val("Bestellung"), AggregateID: val("Ärger-1"),
+				EventType: val("日本"), Payload: val(utf8Payload),
+				Headers: []Header{{"trace_id", val("🚀")}, {"tenant", val("ü")}}},
+		},
+		{
+			name: "bytea hex",
+			rel: relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
+				col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
+				col{"trace_id", oidBytea}, col{"tenant", oidText}),
+			ins: insertMsg(outboxID, txt(uuid), txt("a"), txt("1"), txt("E"), txt(`\x00ff10deadBEEF`), txt(`\x`), txt("x")),
+			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
+				Payload: Value{Bytes: []byte{0x00, 0xff, 0x10, 0xde, 0xad, 0xbe, 0xef}},
+				Headers: []Header{{"trace_id", val("")}, {"tenant", val("x")}}},
+		},
+		{
+			name: "bytea escape format",
+			rel: relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
+				col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
+				col{"trace_id", oidBytea}, col{"tenant", oidText}),
+			ins: insertMsg(outboxID, txt(uuid), txt("a"), txt("1"), txt("E"), txt(`ab\\c\000\377\012`), null(), txt("x")),
+			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
+				Payload: Value{Bytes: []byte{'a', 'b', '\\', 'c', 0, 0xff, '\n'}},
+				Headers: []Header{{"trace_id", nullValue}, {"tenant", val("x")}}},
+		},
+		{
+			name: "bytea text that is not a mapped column stays text",
+			rel: relationMsg(outboxID, "public", "outbox", col{"blob", oidBytea}, col{"id", oidUUID},
+				col{"aggregate_type", oidText}, col{"aggregate_id", oidText}, col{"event_type", oidText},
+				col{"payload", oidJSON}, col{"trace_id", oidText}, col{"tenant", oidText}),
+			ins: insertMsg(outboxID, txt(`\xzz`), txt(uuid), txt("a"), txt("1"), txt("E"), txt(`{}`), txt("t"), txt("x")),
+			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
+				Payload: val(`{}`), Headers: []Header{{"trace_id", val("t")}, {"tenant", val("x")}}},
+		},
+		{
+			name: "payload column missing",
+			rel: relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
+				col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"trace_id", oidText}, col{"tenant", oidText}),
+			ins: insertMsg(outboxID, txt(uuid), txt("a"), txt("1"), txt("E"), txt("t"), txt("x")),
+			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
+				Headers: []Header{{"trace_id", val("t")}, {"tenant", val("x")}}},
+			invalid: `column "payload" missing from table public.outbox`,
+		},
+		{
+			name: "header column missing",
+			rel: relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
+				col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidJSONB}, col{"tenant", oidText}),
+			ins: insertMsg(outboxID, txt(uuid), txt("a"), txt("1"), txt("E"), txt("{}"), txt("x")),
+			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
+				Payload: val("{}"), Headers: []Header{{"trace_id", Value{}}, {"tenant", val("x")}}},
+			invalid: `column "trace_id" missing from table public.outbox`,
+		},
+		{
+			name: "several columns missing",
+			rel:  relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"payload", oidJSONB}),
+			ins:  insertMsg(outboxID, txt(uuid), txt("{}")),
+			want: Event{ID: val(uuid), Payload: val("{}"),
+				Headers: []Header{{"trace_id", Value{}}, {"tenant", Value{}}}},
+			invalid: `columns "aggregate_type", "aggregate_id", "event_type", "trace_id", "tenant" missing from table public.outbox`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDecoder(testMapping())
+			res := mustDecode(t, d, tc.rel, tc.ins)
+			if res.Kind != KindEvent {
+				t.Fatalf("kind %v, want event", res.Kind)
+			}
+			ev := res.Event
+			checkValue(t, "ID", ev.ID, tc.want.ID)
+			checkValue(t, "AggregateType", ev.AggregateType, tc.want.AggregateType)
+			checkValue(t, "AggregateID", ev.AggregateID, tc.want.AggregateID)
+			checkValue(t, "EventType", ev.EventType, tc.want.EventType)
+			checkValue(t, "Payload", ev.Payload, tc.want.Payload)
+			if len(ev.Headers) != len(tc.want.Headers) {
+				t.Fatalf("%d headers, want %d", len(ev.Headers), len(tc.want.Headers))
+			}
+			for i, h := range ev.Headers {
+				if h.Name != tc.want.Headers[i].Name {
+					t.Errorf("header %d name %q, want %q", i, h.Name, tc.want.Headers[i].Name)
+				}
+				checkValue(t, "header "+h.Name, h.Value, tc.want.Headers[i].Value)
+			}
+			if ev.Invalid != tc.invalid {
+				t.Errorf("Invalid = %q, want %q", ev.Invalid, tc.invalid)
+			}
+			if ev.RelationID != outboxID {
+				t.Errorf("RelationID = %d", ev.RelationID)
+			}
+		})
+	}
+}
+
+func TestInsertAliasesInput(t *testing.T) {
+	d := primed(t)
+	in := insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null())
+	res := mustDecode(t, d, in)
+	p := res.Event.Payload.Bytes
+	if &p[0] != &in[bytes.Index(in, []byte("{}"))] {
+		t.Errorf("payload was copied, want it to alias the input")
+	}
+	// Capacity is clipped so that an append by the caller cannot scribble
+	// over the next column in the input.
+	if cap(p) != len(p) {
+		t.Errorf("payload cap %d > len %d", cap(p), len(p))
+	}
+}
+
+func TestNoHeaderColumns(t *testing.T) {
+	m := testMapping()
+	m.HeaderColumns = nil
+	d := NewDecoder(m)
+	res := mustDecode(t, d, outboxRelation(),
+		insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+	if res.Kind != KindEvent || res.Event.Headers != nil || res.Event.Invalid != "" {
+		t.Errorf("got %+v", res.Event)
+	}
+}
+
+func TestMappingCopied(t *testing.T) {
+	m := testMapping()
+	d := NewDecoder(m)
+	m.HeaderColumns[0] = "changed"
+	res := mustDecode(t, d, outboxRelation(),
+		insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+	if res.Event.Headers[0].Name != "trace_id" || res.Event.Invalid != "" {
+		t.Errorf("decoder saw the caller's later edit: %+v", res.Event)
+	}
+}
+
+func TestSkips(t *testing.T) {
+	d := primed(t)
+	mustDecode(t, d, relationMsg(otherID, "public", "orders", col{"id", oidInt8}, col{"note", oidText}))
+	tests := []struct {
+		name string
+		in   wire
+	}{
+		{"insert into other table", insertMsg(otherID, txt("1"), null())},
+		{"update new only", tuple(msg('U').u32(outboxID).u8('N'), txt("x"), toast())},
+		{"update with key", tuple(tuple(msg('U').u32(outboxID).u8('K'), txt("k")).u8('N'), txt("x"), txt("y"))},
+		{"update with old row", tuple(tuple(msg('U').u32(otherID).u8('O'), txt("1"), null()).u8('N'), txt("1"), toast())},
+		{"delete by key", tuple(msg('D').u32(outboxID).u8('K'), txt("k"), null())},
+		{"delete old row", tuple(msg('D').u32(otherID).u8('O'), txt("1"), txt("n"))},
+		// Update and Delete never consult the cache, so an unseen id is fine.
+		{"delete unknown relation", tuple(msg('D').u32(999).u8('K'), txt("k"))},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if res := mustDecode(t, d, tc.in); res.Kind != KindSkip {
+				t.Errorf("kind %v, want skip", res.Kind)
+			}
+		})
+	}
+}
+
+func TestUnknownRelation(t *testing.T) {
+	d := primed(t)
+	res, err := d.Decode(insertMsg(999, txt("x")))
+	if !errors.Is(err, ErrUnknownRelation) || res != nil {
+		t.Fatalf("got %v, %v; want ErrUnknownRelation", res, err)
+	}
+	if !strings.Contains(err.Error(), "999") {
+		t.Errorf("error %q does not name the relation id", err)
+	}
+}
+
+func TestRename(t *testing.T) {
+	for _, tc := range []struct{ ns, name string }{{"public", "outbox_old"}, {"archive", "outbox"}} {
+		d := primed(t)
+		_, err := d.Decode(relationMsg(outboxID, tc.ns, tc.name, outboxCols()...))
+		if !errors.Is(err, ErrTableRenamed) {
+			t.Fatalf("rename to %s.%s: got %v, want ErrTableRenamed", tc.ns, tc.name, err)
+		}
+		var re *RenameError
+		if !errors.As(err, &re) || re.OldSchema != "public" || re.OldName != "outbox" ||
+			re.NewSchema != tc.ns || re.NewName != tc.name || re.RelationID != outboxID {
+			t.Fatalf("rename error %#v", re)
+		}
+		for _, s := range []string{"public.outbox", tc.ns + "." + tc.name} {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("error %q does not name %s", err, s)
+			}
+		}
+		// The error leaves the cache alone.
+		res := mustDecode(t, d, insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+		if res.Kind != KindEvent {
+			t.Errorf("after refused rename: kind %v", res.Kind)
+		}
+	}
+
+	// A new table taking the outbox name under a new id is no rename.
+	d := primed(t)
+	mustDecode(t, d, relationMsg(outboxID+1, "public", "outbox", outboxCols()...))
+}
+
+func TestSchemaChangeRemaps(t *testing.T) {
+	d := primed(t)
+	// Reordered columns plus two new ones, one of them in front.
+	rel := relationMsg(outboxID, "public", "outbox",
+		col{"version", oidInt8}, col{"payload", oidJSON}, col{"tenant", oidText}, col{"event_type", oidText},
+		col{"id", oidUUID}, col{"aggregate_id", oidText}, col{"extra", oidText}, col{"trace_id", oidText},
+		col{"aggregate_type", oidText})
+	res := mustDecode(t, d, rel,
+		insertMsg(outboxID, txt("3"), txt(`{"v":2}`), txt("acme"), txt("E2"), txt("uuid-2"), txt("agg-2"), txt("zzz"), txt("tr-2"), txt("type-2")))
+	ev := res.Event
+	checkValue(t, "ID", ev.ID, val("uuid-2"))
+	checkValue(t, "AggregateType", ev.AggregateType, val("type-2"))
+	checkValue(t, "AggregateID", ev.AggregateID, val("agg-2"))
+	checkValue(t, "EventType", ev.EventType, val("E2"))
+	checkValue(t, "Payload", ev.Payload, val(`{"v":2}`))
+	checkValue(t, "trace_id", ev.Headers[0].Value, val("tr-2"))
+	checkValue(t, "tenant", ev.Headers[1].Value, val("acme"))
+	if ev.Invalid != "" {
+		t.Errorf("Invalid %q", ev.Invalid)
+	}
+
+	// The old 8-column layout is gone: a tuple in it no longer fits.
+	if _, err := d.Decode(insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null())); err == nil {
+		t.Errorf("8-column tuple accepted for a 9-column relation")
+	}
+
+	// The payload column is dropped while running, then comes back.
+	res = mustDecode(t, d, relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
+		col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"trace_id", oidText}, col{"tenant", oidText}),
+		insertMsg(outboxID, txt("u"), txt("a"), txt("1"), txt("E"), txt("t"), txt("x")))
+	if res.Event.Invalid != `column "payload" missing from table public.outbox` {
+		t.Errorf("after drop: Invalid %q", res.Event.Invalid)
+	}
+	res = mustDecode(t, d, outboxRelation(),
+		insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+	if res.Event.Invalid != "" || string(res.Event.Payload.Bytes) != "{}" {
+		t.Errorf("after re-add: %+v", res.Event)
+	}
+}
+
+// validMessages returns one well-formed message of every kind, to be decoded
+// in order by a fresh decoder.
+func validMessages() []wire {
+	at := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
+	byteaRel := relationMsg(outboxID+1, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
+		col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
+		col{"trace_id", oidText}, col{"tenant", oidBytea})
+	return []wire{
+		outboxRelation(),
+		byteaRel,
+		relationMsg(otherID, "public", "orders", col{"id", oidInt8}, col{"note", oidText}),
+		beginMsg(0x16_B374D848, at, 771),
+		msg('O').u64(0x1_00000010).str("node_a"),
+		msg('Y').u32(16500).str("public").str("mood"),
+		insertMsg(outboxID, txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), txt("order"), txt("42"), txt("OrderCreated"),
+			txt(`{"total":10,"name":"Zoë"}`), txt("trace-1"), null(), txt("2024-05-06 07:08:09+00")),
+		insertMsg(outboxID+1, txt("u"), txt("a"), txt("1"), txt("E"), txt(`\xdeadbeef`), txt(""), txt(`a\\b\001`)),
+		insertMsg(otherID, txt("1"), null()),
+		tuple(tuple(msg('U').u32(otherID).u8('O'), txt("1"), null()).u8('N'), txt("1"), toast()),
+		tuple(msg('U').u32(outboxID).u8('N'), txt("x")),
+		tuple(msg('D').u32(otherID).u8('K'), txt("1")),
+		msg('T').i32(2).u8(1).u32(otherID).u32(outboxID),
+		msg('M').u8(1).u64(0x2_0000_0001).str("outbox-cdc").i32(5).lit("hello"),
+		commitMsg(0x16_B374D848, 0x16_B374D878, at),
+	}
+}
+
+func TestValidMessagesDecode(t *testing.T) {
+	d := NewDecoder(testMapping())
+	for _, m := range validMessages() {
+		res, err := d.Decode(m)
+		if err != nil || res == nil || res.Kind == 0 {
+			t.Errorf("%q: %v, %v", m[0], res, err)
+		}
+	}
+}
+
+// TestTruncatedPrefixes cuts every valid message at every length: each
+// prefix must fail with a *FormatError, and so must a trailing extra byte.
+func TestTruncatedPrefixes(t *testing.T) {
+	msgs := validMessages()
+	d := NewDecoder(testMapping())
+	for _, m := range msgs {
+		if _, err := d.Decode(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range msgs {
+		for n := 0; n < len(m); n++ {
+			res, err := d.Decode(m[:n:n])
+			var fe *FormatError
+			if !errors.As(err, &fe) || res != nil {
+				t.Fatalf("%q cut to %d of %d bytes: got %v, %v; want *FormatError", m[0], n, len(m), res, err)
+			}
+			if fe.Offset < 0 || fe.Offset > n {
+				t.Fatalf("%q cut to %d: offset %d outside the message", m[0], n, fe.Offset)
+			}
+		}
+		long := append(append(wire{}, m...), 0)
+		if _, err := d.Decode(long); err == nil {
+			t.Errorf("%q with a trailing byte accepted", m[0])
+		}
+		// The full message still decodes: failed calls left no bad state.
+		if _, err := d.Decode(m); err != nil {
+			t.Errorf("%q after failures: %v", m[0], err)
+		}
+	}
+}
+
+func TestFormatErrors(t *testing.T) {
+	rows := func(vals ...tv) wire { return insertMsg(outboxID, vals...) }
+	ok := []tv{txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x")}
+	with := func(last tv) wire { return rows(append(ok[:len(ok):len(ok)], last)...) }
+	byteaRel := relationMsg(outboxID+1, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
+		col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
+		col{"trace_id", oidText}, col{"tenant", oidText})
+	byteaRow := func(payload string) wire {
+		return insertMsg(outboxID+1, txt("id"), txt("a"), txt("1"), txt("E"), txt(payload), txt("t"), txt("x"))
+	}
+	tests := []struct {
+		name   string
+		in     wire
+		msg    byte
+		reason string
+	}{
+		{"empty", wire{}, 0, "message type"},
+		{"unknown type", msg('Z'), 'Z', "unknown message type"},
+		{"stream start", msg('S').u32(1).u8(1), 'S', "streaming"},
+		{"begin prepare", msg('b'), 'b', "two-phase"},
+		{"binary value", with(bin("\x00\x01")), 'I', "binary"},
+		{"binary value in other table", insertMsg(otherID, bin("1"), null()), 'I', "binary"},
+		{"binary value in update", tuple(msg('U').u32(otherID).u8('N'), bin("1"), null()), 'U', "binary"},
+		{"unchanged toast in insert", with(toast()), 'I', "unchanged TOAST"},
+		{"unknown column kind", with(func(w wire) wire { return w.u8('x') }), 'I', "unknown column kind"},
+		{"negative column length", with(func(w wire) wire { return w.u8('t').i32(-1) }), 'I', "negative column length"},
+		{"huge column length", with(func(w wire) wire { return w.u8('t').i32(0x7fffffff) }), 'I', "truncated"},
+		{"too few columns", rows(ok...), 'I', "tuple has 7 columns"},
+		{"too many columns", rows(append(ok[:len(ok):len(ok)], null(), null())...), 'I', "tuple has 9 columns"},
+		{"negative column count", msg('I').u32(outboxID).u8('N').i16(-1), 'I', "negative tuple column count"},
+		{"insert tag", tuple(msg('I').u32(outboxID).u8('K'), txt("x")), 'I', "tuple tag"},
+		{"update tag", tuple(msg('U').u32(outboxID).u8('X'), txt("x")), 'U', "tuple tag"},
+		{"update second tag", tuple(tuple(msg('U').u32(outboxID).u8('K'), txt("x")).u8('K'), txt("x")), 'U', "tuple tag"},
+		{"delete tag", tuple(msg('D').u32(outboxID).u8('N'), txt("x")), 'D', "tuple tag"},
+		{"relation negative columns", msg('R').u32(1).str("s").str("t").u8('d').i16(-3), 'R', "negative column count"},
+		{"relation column count too big", msg('R').u32(1).str("s").str("t").u8('d').i16(2).u8(0).str("a").u32(25).i32(-1),
+			'R', "does not fit"},
+		{"truncate negative count", msg('T').i32(-1).u8(0), 'T', "relation count"},
+		{"truncate count too big", msg('T').i32(1 << 30).u8(0).u32(1), 'T', "relation count"},
+		{"message negative length", msg('M').u8(0).u64(1).str("p").i32(-5), 'M', "negative content length"},
+		{"message length too big", msg('M').u8(0).u64(1).str("p").i32(10).lit("abc"), 'M', "truncated"},
+		{"origin name unterminated", msg('O').u64(1).lit("abc"), 'O', "NUL"},
+		{"bytea odd hex", byteaRow(`\xabc`), 'I', "malformed bytea"},
+		{"bytea bad hex digit", byteaRow(`\xzz`), 'I', "malformed bytea"},
+		{"bytea bad escape", byteaRow(`a\b`), 'I', "malformed bytea"},
+		{"bytea octal out of range", byteaRow(`\400`), 'I', "malformed bytea"},
+		{"bytea short octal", byteaRow(`\01`), 'I', "malformed bytea"},
+		{"bytea lone backslash", byteaRow(`\`), 'I', "malformed bytea"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := primed(t)
+			mustDecode(t, d, byteaRel, relationMsg(otherID, "public", "orders", col{"id", oidInt8}, col{"note", oidText}))
+			res, err := d.Decode(tc.in)
+			var fe *FormatError
+			if !errors.As(err, &fe) || res != nil {
+				t.Fatalf("got %v, %v; want *FormatError", res, err)
+			}
+			if fe.Msg != tc.msg || !strings.Contains(fe.Reason, tc.reason) {
+				t.Errorf("got %v (msg %q), want msg %q and reason containing %q", fe, fe.Msg, tc.msg, tc.reason)
+			}
+			if fe.Offset < 0 || fe.Offset > len(tc.in) {
+				t.Errorf("offset %d outside the %d-byte message", fe.Offset, len(tc.in))
+			}
+		})
+	}
+}
+
+func TestFormatErrorOffset(t *testing.T) {
+	d := primed(t)
+	in := insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), bin("z"))
+	_, err := d.Decode(in)
+	var fe *FormatError
+	if !errors.As(err, &fe) {
+		t.Fatal(err)
+	}
+	if want := len(in) - 1 - 4 - 1; fe.Offset != want || in[fe.Offset] != 'b' {
+		t.Errorf("offset %d, want %d (the 'b' kind byte)", fe.Offset, want)
+	}
+	if !strings.Contains(fe.Error(), `'I'`) || !strings.Contains(fe.Error(), "offset") {
+		t.Errorf("message %q", fe.Error())
+	}
+}
+
+// A malformed Relation message must not replace the cached one.
+func TestBadRelationKeepsCache(t *testing.T) {
+	d := primed(t)
+	bad := relationMsg(outboxID, "public", "outbox", col{"id", oidUUID})
+	if _, err := d.Decode(bad[:len(bad)-1]); err == nil {
+		t.Fatal("truncated relation accepted")
+	}
+	res := mustDecode(t, d, insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+	if res.Kind != KindEvent || res.Event.Invalid != "" {
+		t.Errorf("cache changed by a failed Relation: %+v", res.Event)
+	}
+}
+
+func TestResultReset(t *testing.T) {
+	d := primed(t)
+	mustDecode(t, d, insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+	res := mustDecode(t, d, commitMsg(1, 2, time.Unix(0, 0)))
+	if res.Event.Payload.Bytes != nil || res.Event.Headers != nil || res.Event.RelationID != 0 {
+		t.Errorf("stale event in a commit result: %+v", res.Event)
+	}
+}
+
+func TestZeroAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	at := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
+	d := primed(t)
+	byteaRel := relationMsg(outboxID+1, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
+		col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
+		col{"trace_id", oidText}, col{"tenant", oidBytea})
+	mustDecode(t, d, byteaRel, relationMsg(otherID, "public", "orders", col{"id", oidInt8}))
+	for name, m := range map[string]wire{
+		"insert": insertMsg(outboxID, txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), txt("order"), txt("42"),
+			txt("OrderCreated"), txt(`{"total":10}`), txt("trace"), null(), txt("2024-05-06 07:08:09+00")),
+		"insert bytea": insertMsg(outboxID+1, txt("u"), txt("a"), txt("1"), txt("E"), txt(`\xdeadbeef`), txt(""), txt(`a\\b\001`)),
+		"insert other": insertMsg(otherID, txt("1")),
+		"update":       tuple(msg('U').u32(otherID).u8('N'), txt("1")),
+		"begin":        beginMsg(1, at, 2),
+		"commit":       commitMsg(1, 2, at),
+		"message":      msg('M').u8(1).u64(1).str("outbox-cdc").i32(2).lit("hi"),
+		"origin":       msg('O').u64(1).str("node_a"),
+		"truncate":     msg('T').i32(2).u8(0).u32(otherID).u32(outboxID),
+	} {
+		if _, err := d.Decode(m); err != nil { // warm the buffers and interned strings
+			t.Fatal(err)
+		}
+		if n := testing.AllocsPerRun(100, func() { _, _ = d.Decode(m) }); n != 0 {
+			t.Errorf("%s: %v allocs per Decode, want 0", name, n)
+		}
+	}
+}
+
+func TestKindString(t *testing.T) {
+	if KindEvent.String() != "event" || KindSkip.String() != "skip" || Kind(0).String() != "Kind(0)" {
+		t.Errorf("%s %s %s", KindEvent, KindSkip, Kind(0))
+	}
+}
+
+func TestMappingValidate(t *testing.T) {
+	if err := testMapping().Validate(); err != nil {
+		t.Errorf("valid mapping: %v", err)
+	}
+	m := testMapping()
+	m.Payload = ""
+	m.HeaderColumns = append(m.HeaderColumns, "")
+	err := m.Validate()
+	if err == nil || !strings.Contains(err.Error(), "payload") || !strings.Contains(err.Error(), "header column 2") {
+		t.Errorf("got %v", err)
+	}
+}

@@ -1,0 +1,222 @@
+// Package cli implements the outbox-cdc command line: it parses arguments,
+// loads the configuration and maps outcomes to exit codes (0 ok, 1 runtime or
+// server prerequisite failure, 2 bad usage or configuration).
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+// Version is set at build time with -ldflags "-X .../internal/cli.Version=...".
+var Version = "dev"
+
+const usage = `usage: outbox-cdc <command> [flags]
+
+commands:
+  run      --config FILE   stream outbox inserts from PostgreSQL to Kafka
+  check    --config FILE   validate the configuration and the server prerequisites
+  version                  print the version
+
+The config file may also be given by OUTBOX_CDC_CONFIG; every key can be
+overridden by OUTBOX_CDC_<SECTION>_<KEY> (see docs/configuration.md).
+`
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// Run executes one command and returns the process exit code.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return ExitUsage
+	}
+	switch args[0] {
+	case "version", "--version":
+		fmt.Fprintf(stdout, "outbox-cdc %s\n", Version)
+		return ExitOK
+	case "run", "check":
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return ExitOK
+	default:
+		fmt.Fprintf(stderr, "outbox-cdc: unknown command %q\n\n%s", args[0], usage)
+		return ExitUsage
+	}
+
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", lookupEnv(environ, "OUTBOX_CDC_CONFIG"), "config file (YAML)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return ExitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "outbox-cdc %s: unexpected argument %q\n", args[0], fs.Arg(0))
+		return ExitUsage
+	}
+	cfg, err := config.Load(*path, environ)
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-cdc: %v\n", err)
+		return ExitUsage
+	}
+	log := newLogger(cfg.Log, stderr)
+	pc, err := PipelineConfig(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-cdc: %v\n", err)
+		return ExitUsage
+	}
+
+	if args[0] == "check" {
+		return check(ctx, pc, stdout, stderr)
+	}
+	return run(ctx, cfg, pc, log, stderr)
+}
+
+func run(ctx context.Context, cfg *config.Config, pc pipeline.Config, log *slog.Logger, stderr io.Writer) int {
+	m := metrics.New()
+	p, err := pipeline.New(pc, m, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-cdc: %v\n", err)
+		return ExitUsage
+	}
+	if cfg.HTTP.Listen != "" {
+		srv, err := serveHTTP(cfg.HTTP.Listen, m, p, log)
+		if err != nil {
+			log.Error("http listener", "listen", cfg.HTTP.Listen, "err", err)
+			return ExitFailure
+		}
+		defer srv.Close()
+	}
+	if err := p.Run(ctx); err != nil {
+		// Logged once, here, at the top.
+		log.Error("connector failed", "err", err)
+		return ExitFailure
+	}
+	return ExitOK
+}
+
+func check(ctx context.Context, pc pipeline.Config, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	failed := false
+	if err := replication.Check(ctx, pc.Source); err != nil {
+		failed = true
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "postgres: %s\n", line)
+		}
+	} else {
+		fmt.Fprintln(stdout, "postgres: ok")
+	}
+	s, err := sink.New(pc.Sink, slog.New(slog.DiscardHandler))
+	if err == nil {
+		err = s.Ping(ctx)
+		s.Close()
+	}
+	if err != nil {
+		failed = true
+		fmt.Fprintf(stderr, "kafka: %v\n", err)
+	} else {
+		fmt.Fprintln(stdout, "kafka: ok")
+	}
+	if failed {
+		return ExitFailure
+	}
+	return ExitOK
+}
+
+// PipelineConfig translates a validated file configuration into the pipeline's.
+func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
+	schema, table := cfg.Outbox.SchemaTable()
+	c := cfg.Outbox.Columns
+	mapping := decode.Mapping{
+		Schema: schema, Table: table,
+		ID: c.ID, AggregateType: c.AggregateType, AggregateID: c.AggregateID, EventType: c.EventType, Payload: c.Payload,
+		HeaderColumns: cfg.Outbox.HeaderColumns,
+	}
+	if err := mapping.Validate(); err != nil {
+		return pipeline.Config{}, err
+	}
+	cols := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}, cfg.Outbox.HeaderColumns...)
+	return pipeline.Config{
+		Source: replication.Source{
+			DSN: cfg.Postgres.DSN, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
+			Schema: schema, Table: table, Columns: cols,
+		},
+		Mapping: mapping,
+		Routes:  router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic},
+		Sink: sink.Config{
+			Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, DLQTopic: cfg.Kafka.DLQTopic,
+			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,
+			Linger: cfg.Kafka.ProducerLinger, RequestTimeout: cfg.Kafka.RequestTimeout, Compression: cfg.Kafka.Compression,
+		},
+		StatusInterval: cfg.Postgres.StatusInterval,
+		BackoffMax:     cfg.Postgres.ReconnectBackoffMax,
+	}, nil
+}
+
+func newLogger(c config.Log, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level)) // validated by config
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// serveHTTP starts /metrics, /healthz and /readyz on listen.
+func serveHTTP(listen string, m *metrics.Metrics, p *pipeline.Pipeline, log *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !p.Streaming() {
+			http.Error(w, "not streaming", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		// Serve ends with ErrServerClosed when Close is called.
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server", "err", err)
+		}
+	}()
+	return srv, nil
+}
+
+func lookupEnv(environ []string, key string) string {
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}

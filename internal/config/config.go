@@ -1,0 +1,337 @@
+// Package config loads, defaults and validates the outbox-cdc configuration.
+//
+// The configuration is layered: built-in defaults (Default), then an optional
+// YAML file, then environment variables named OUTBOX_CDC_<KEY>, where <KEY> is
+// the dotted key path upper-cased with dots replaced by underscores
+// (postgres.dsn → OUTBOX_CDC_POSTGRES_DSN). Later layers win.
+//
+// Every problem — an unknown key, a value of the wrong type, a value out of
+// range — is reported as a FieldError naming the key; Load and Validate
+// collect all of them into one *ValidationError. Every error Load returns for
+// bad configuration (including an unreadable or malformed file) matches
+// errors.Is(err, ErrInvalid); the command maps that to exit code 2.
+//
+// Names of tables and columns are exact catalog names as PostgreSQL stores
+// them (unquoted SQL identifiers are stored lower-case); they are compared
+// case-sensitively with what the replication stream reports.
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
+)
+
+// EnvPrefix starts the name of every environment variable this package reads.
+const EnvPrefix = "OUTBOX_CDC_"
+
+// EnvConfigPath names the environment variable that holds the path of the
+// config file. The caller reads it (Load ignores it).
+const EnvConfigPath = EnvPrefix + "CONFIG"
+
+// envTestPrefix starts variables reserved for tests; Load ignores them.
+const envTestPrefix = EnvPrefix + "TEST_"
+
+// TopicPlaceholder is the only placeholder allowed in kafka.topic; it is
+// replaced by the row's aggregate_type.
+const TopicPlaceholder = "{aggregate_type}"
+
+// Config is the whole outbox-cdc configuration.
+type Config struct {
+	Postgres Postgres `koanf:"postgres"`
+	Outbox   Outbox   `koanf:"outbox"`
+	Kafka    Kafka    `koanf:"kafka"`
+	HTTP     HTTP     `koanf:"http"`
+	Log      Log      `koanf:"log"`
+}
+
+// Postgres is the replication source.
+type Postgres struct {
+	// DSN is a libpq connection string, URL (postgres://user@host/db) or
+	// keyword (host=... user=...) form. Required. Never print it: use
+	// RedactDSN.
+	DSN string `koanf:"dsn"`
+	// Slot is the logical replication slot (pgoutput), created if missing.
+	Slot string `koanf:"slot"`
+	// Publication is created FOR TABLE <outbox.table> if missing.
+	Publication string `koanf:"publication"`
+	// StatusInterval is the longest time between two standby status updates.
+	// It must stay well below the server's wal_sender_timeout (default 60s).
+	StatusInterval time.Duration `koanf:"status_interval"`
+	// ReconnectBackoffMax caps the delay between reconnection attempts.
+	ReconnectBackoffMax time.Duration `koanf:"reconnect_backoff_max"`
+}
+
+// Outbox describes the outbox table.
+type Outbox struct {
+	// Table is "schema.table", or "table" meaning public.table.
+	Table string `koanf:"table"`
+	// Columns maps the record parts to column names.
+	Columns Columns `koanf:"columns"`
+	// HeaderColumns are extra columns sent as record headers (header name =
+	// column name, value = the column's text form, NULL omitted). A mapped
+	// column (aggregate_id, payload, …) may be listed; the names id,
+	// event_type and aggregate_type may not, because the connector always
+	// sends headers with those names.
+	HeaderColumns []string `koanf:"header_columns"`
+}
+
+// Columns maps each record part to the name of the column that holds it.
+// Two parts may name the same column.
+type Columns struct {
+	ID            string `koanf:"id"`
+	AggregateType string `koanf:"aggregate_type"`
+	AggregateID   string `koanf:"aggregate_id"`
+	EventType     string `koanf:"event_type"`
+	Payload       string `koanf:"payload"`
+}
+
+// Kafka is the destination.
+type Kafka struct {
+	// Brokers are the seed brokers, each host:port. Required.
+	Brokers []string `koanf:"brokers"`
+	// Topic is the topic template; TopicPlaceholder is replaced by the
+	// aggregate_type. Without a placeholder every event goes to one topic.
+	Topic string `koanf:"topic"`
+	// Topics maps an aggregate_type to a fixed topic; it wins over Topic.
+	Topics map[string]string `koanf:"topics"`
+	// DLQTopic receives the rows that can never be published.
+	DLQTopic string `koanf:"dlq_topic"`
+	// ClientID is the Kafka client.id.
+	ClientID string `koanf:"client_id"`
+	// MaxBufferedRecords bounds the records produced but not yet acknowledged
+	// (backpressure: reading the WAL pauses when it is reached).
+	MaxBufferedRecords int `koanf:"max_buffered_records"`
+	// MaxBufferedBytes bounds the bytes of those records. A single record
+	// larger than this cannot be produced and goes to the DLQ, so it must be
+	// at least MinBufferedBytes.
+	MaxBufferedBytes int64 `koanf:"max_buffered_bytes"`
+	// ProducerLinger is how long a partition waits for more records before
+	// sending a batch (0: send at once, latency first).
+	ProducerLinger time.Duration `koanf:"linger"`
+	// RequestTimeout bounds how long the broker may take to answer a produce
+	// request.
+	RequestTimeout time.Duration `koanf:"request_timeout"`
+	// Compression is the batch codec: none, gzip, snappy, lz4 or zstd.
+	Compression string `koanf:"compression"`
+}
+
+// HTTP is the metrics and health endpoint.
+type HTTP struct {
+	// Listen is host:port for /metrics, /healthz and /readyz; "" disables
+	// the endpoint. Port 0 picks a free port.
+	Listen string `koanf:"listen"`
+}
+
+// Log configures the process log.
+type Log struct {
+	Level  string `koanf:"level"`  // debug, info, warn or error
+	Format string `koanf:"format"` // text or json
+}
+
+// Default values. They are also documented by Example.
+const (
+	DefaultSlot                = "outbox_cdc"
+	DefaultPublication         = "outbox_cdc"
+	DefaultStatusInterval      = time.Second
+	DefaultReconnectBackoffMax = 30 * time.Second
+	DefaultTable               = "public.outbox"
+	DefaultTopic               = "outbox.event." + TopicPlaceholder
+	DefaultDLQTopic            = "outbox.dlq"
+	DefaultClientID            = "outbox-cdc"
+	DefaultMaxBufferedRecords  = 10000
+	DefaultMaxBufferedBytes    = 64 << 20
+	DefaultLinger              = 0
+	DefaultRequestTimeout      = 30 * time.Second
+	DefaultCompression         = "none"
+	DefaultHTTPListen          = "127.0.0.1:9187"
+	DefaultLogLevel            = "info"
+	DefaultLogFormat           = "text"
+)
+
+// Default returns the built-in defaults. The required keys (postgres.dsn and
+// kafka.brokers) are empty, so Default().Validate() fails.
+func Default() Config {
+	return Config{
+		Postgres: Postgres{
+			Slot:                DefaultSlot,
+			Publication:         DefaultPublication,
+			StatusInterval:      DefaultStatusInterval,
+			ReconnectBackoffMax: DefaultReconnectBackoffMax,
+		},
+		Outbox: Outbox{
+			Table: DefaultTable,
+			Columns: Columns{
+				ID:            "id",
+				AggregateType: "aggregate_type",
+				AggregateID:   "aggregate_id",
+				EventType:     "event_type",
+				Payload:       "payload",
+			},
+			HeaderColumns: []string{},
+		},
+		Kafka: Kafka{
+			Topic:              DefaultTopic,
+			Topics:             map[string]string{},
+			DLQTopic:           DefaultDLQTopic,
+			ClientID:           DefaultClientID,
+			MaxBufferedRecords: DefaultMaxBufferedRecords,
+			MaxBufferedBytes:   DefaultMaxBufferedBytes,
+			ProducerLinger:     DefaultLinger,
+			RequestTimeout:     DefaultRequestTimeout,
+			Compression:        DefaultCompression,
+		},
+		HTTP: HTTP{Listen: DefaultHTTPListen},
+		Log:  Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
+	}
+}
+
+// SchemaTable splits Table into schema and table name; a Table without a
+// schema is in "public". Call it on a validated Config.
+func (o Outbox) SchemaTable() (schema, table string) {
+	if s, t, ok := strings.Cut(o.Table, "."); ok {
+		return s, t
+	}
+	return "public", o.Table
+}
+
+// TopicFor returns the topic for an event of the given aggregate type: the
+// kafka.topics entry if there is one, else the kafka.topic template with the
+// placeholder replaced. The result may still be a name Kafka rejects (an
+// aggregate type with a space, say); CheckTopicName tells.
+func (k Kafka) TopicFor(aggregateType string) string {
+	if t, ok := k.Topics[aggregateType]; ok {
+		return t
+	}
+	return strings.ReplaceAll(k.Topic, TopicPlaceholder, aggregateType)
+}
+
+// String renders the effective configuration as YAML with the DSN password
+// redacted. It is safe to log.
+func (c Config) String() string { return render(&c) }
+
+// String renders the section with the DSN password redacted, so that
+// printing a Postgres value never leaks it.
+func (p Postgres) String() string {
+	return fmt.Sprintf("{dsn: %s, slot: %s, publication: %s, status_interval: %s, reconnect_backoff_max: %s}",
+		RedactDSN(p.DSN), p.Slot, p.Publication, p.StatusInterval, p.ReconnectBackoffMax)
+}
+
+// GoString keeps %#v from printing the DSN password.
+func (p Postgres) GoString() string { return "config.Postgres" + p.String() }
+
+// LogValue keeps slog from printing the DSN password.
+func (p Postgres) LogValue() slog.Value {
+	c := Config{Postgres: p}
+	return c.LogValue().Group()[0].Value // postgres is the first section
+}
+
+// MarshalJSON keeps encoding/json from printing the DSN password.
+func (p Postgres) MarshalJSON() ([]byte, error) {
+	c := Config{Postgres: p}
+	return json.Marshal(asMap(&c, schemaTree)["postgres"])
+}
+
+// MarshalJSON encodes the configuration keyed by the configuration keys,
+// durations as text (1s) and the DSN password redacted.
+func (c Config) MarshalJSON() ([]byte, error) { return json.Marshal(asMap(&c, schemaTree)) }
+
+// LogValue logs the configuration as groups keyed by the configuration
+// keys, with the DSN password redacted.
+func (c Config) LogValue() slog.Value { return slog.GroupValue(logAttrs(&c, schemaTree)...) }
+
+// ErrInvalid matches, with errors.Is, every error that means "the
+// configuration is bad" (exit code 2): a *ValidationError and a *FileError.
+var ErrInvalid = errors.New("invalid configuration")
+
+// FileError is a config file that cannot be read or parsed. It matches
+// ErrInvalid and, through Err, the underlying cause (fs.ErrNotExist, …).
+type FileError struct {
+	Path string
+	Err  error
+}
+
+func (e *FileError) Error() string {
+	msg := e.Err.Error()
+	var pe *fs.PathError
+	if errors.As(e.Err, &pe) {
+		msg = pe.Err.Error() // the path is already in front
+	}
+	return "config file " + e.Path + ": " + msg
+}
+
+// Unwrap exposes both ErrInvalid and the cause.
+func (e *FileError) Unwrap() []error { return []error{ErrInvalid, e.Err} }
+
+// Load builds the configuration from the defaults, the YAML file at path (none
+// if path is ""), and the OUTBOX_CDC_* variables in environ (os.Environ() in
+// production), in that order, then validates it. Any error it returns for bad
+// configuration matches errors.Is(err, ErrInvalid): a *FileError when the file
+// cannot be read or is not YAML, else a *ValidationError listing every
+// problem at once (unknown keys with a suggestion, wrong types, invalid
+// values). On error the returned *Config is nil.
+func Load(path string, environ []string) (*Config, error) {
+	k := koanf.New(".")
+	var problems []FieldError
+	if path != "" {
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return nil, &FileError{Path: path, Err: err}
+		}
+		problems = append(problems, checkKeys("", k.Raw())...)
+	}
+
+	var envProblems []FieldError
+	err := k.Load(env.Provider(".", env.Opt{
+		Prefix:      EnvPrefix,
+		EnvironFunc: func() []string { return environ },
+		TransformFunc: func(name, value string) (string, any) {
+			key, v, fe := fromEnv(name, value)
+			if fe != nil {
+				envProblems = append(envProblems, *fe)
+			}
+			return key, v
+		},
+	}), nil)
+	if err != nil { // the env provider does not fail; keep the check anyway
+		return nil, fmt.Errorf("reading environment: %w", err)
+	}
+	problems = append(problems, envProblems...)
+
+	cfg := Default()
+	problems = append(problems, decode(k.Raw(), &cfg)...)
+
+	reported := make(map[string]bool, len(problems))
+	for _, p := range problems {
+		reported[p.Key] = true
+	}
+	var ve *ValidationError
+	if errors.As(cfg.Validate(), &ve) {
+		for _, p := range ve.Fields {
+			if !reported[p.Key] && !reported[parentKey(p.Key)] {
+				problems = append(problems, p)
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return nil, &ValidationError{Fields: problems}
+	}
+	return &cfg, nil
+}
+
+// parentKey strips an index or map key: kafka.brokers[1] → kafka.brokers,
+// kafka.topics["x"] → kafka.topics.
+func parentKey(key string) string {
+	if i := strings.IndexByte(key, '['); i > 0 {
+		return key[:i]
+	}
+	return key
+}

@@ -1,0 +1,82 @@
+package config
+
+// Example returns a commented configuration file that sets every key to its
+// default, plus example values for the two required keys (postgres.dsn and
+// kafka.brokers). It is what docs and outbox-cdc.yaml show; a test keeps it in
+// step with Default.
+func Example() string { return example }
+
+const example = `# outbox-cdc configuration.
+#
+# Every key can be overridden by an environment variable named OUTBOX_CDC_
+# followed by the key path upper-cased, dots replaced by underscores:
+# postgres.dsn -> OUTBOX_CDC_POSTGRES_DSN,
+# outbox.columns.aggregate_id -> OUTBOX_CDC_OUTBOX_COLUMNS_AGGREGATE_ID.
+# Lists are comma-separated (OUTBOX_CDC_KAFKA_BROKERS=k1:9092,k2:9092) and
+# maps are key=value pairs (OUTBOX_CDC_KAFKA_TOPICS=order=orders.v1,user=users).
+# The environment wins over this file. Durations take a unit: 500ms, 1s, 2m.
+
+postgres:
+  # Required. libpq connection string, URL or keyword form
+  # (host=127.0.0.1 user=app dbname=app). The role needs REPLICATION and
+  # SELECT on the outbox table. Prefer a password from ~/.pgpass or PGPASSWORD
+  # over one written here.
+  dsn: postgres://app@127.0.0.1:5432/app
+  # Logical replication slot (pgoutput), created if missing: [a-z0-9_], 1-63.
+  slot: outbox_cdc
+  # Publication, created FOR TABLE <outbox.table> WITH (publish = 'insert')
+  # if missing.
+  publication: outbox_cdc
+  # Longest time between standby status updates: 10ms to 30s, well below the
+  # server's wal_sender_timeout.
+  status_interval: 1s
+  # Longest wait between reconnection attempts: 100ms to 10m.
+  reconnect_backoff_max: 30s
+
+outbox:
+  # "schema.table", or "table" for public.table. Names are as stored in the
+  # catalog (case-sensitive).
+  table: public.outbox
+  # Column that holds each part of the record. Debezium-style tables use
+  # aggregate_type: aggregatetype, aggregate_id: aggregateid, event_type: type.
+  columns:
+    id: id                          # header "id"
+    aggregate_type: aggregate_type  # header "aggregate_type", topic placeholder
+    aggregate_id: aggregate_id      # record key
+    event_type: event_type          # header "event_type"
+    payload: payload                # record value; NULL gives a tombstone
+  # Extra columns sent as headers named after the column (NULL omitted).
+  # Not allowed: id, event_type, aggregate_type (those headers always exist).
+  header_columns: []
+
+kafka:
+  # Required. Seed brokers, host:port.
+  brokers: [127.0.0.1:9092]
+  # Topic template. {aggregate_type} is the only placeholder.
+  topic: outbox.event.{aggregate_type}
+  # aggregate_type -> fixed topic; wins over the template.
+  # Example: {order: orders.v1, user: users}
+  topics: {}
+  # Rows that can never be published go here, with an "error" header.
+  dlq_topic: outbox.dlq
+  client_id: outbox-cdc
+  # Backpressure: reading the WAL pauses while this many records, or this many
+  # bytes (at least 1 MiB; a larger record is dead-lettered), await an ack.
+  max_buffered_records: 10000
+  max_buffered_bytes: 67108864      # 64 MiB
+  # How long to wait for more records before sending a batch: 0 to 1m.
+  linger: 0s
+  # How long the broker may take to answer a produce request: 100ms to 15m.
+  request_timeout: 30s
+  # none, gzip, snappy, lz4 or zstd.
+  compression: none
+
+http:
+  # /metrics, /healthz and /readyz. "" disables; :9187 listens on every
+  # interface.
+  listen: 127.0.0.1:9187
+
+log:
+  level: info    # debug, info, warn or error
+  format: text   # text or json
+`

@@ -1,0 +1,65 @@
+// Package metrics holds the Prometheus metrics the contract names. Each
+// connector owns one Metrics with its own registry, so tests can run several.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are updated by the pipeline and served at /metrics.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Published    prometheus.Counter
+	DeadLettered prometheus.Counter
+	ConfirmedLSN prometheus.Gauge
+	ReceivedLSN  prometheus.Gauge
+	LagBytes     prometheus.Gauge
+	InFlight     prometheus.Gauge
+	CommitToAck  prometheus.Histogram
+	Connected    prometheus.Gauge
+	Reconnects   prometheus.Counter
+	Transactions prometheus.Counter
+}
+
+// New creates and registers every metric.
+func New() *Metrics {
+	ns := "outbox_cdc"
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Published: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_published_total",
+			Help: "Outbox events acknowledged by the broker on their destination topic."}),
+		DeadLettered: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_dead_lettered_total",
+			Help: "Outbox events that could never be published and were acknowledged on the dead-letter topic."}),
+		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "confirmed_lsn",
+			Help: "Last LSN confirmed (flushed) to PostgreSQL, as a number."}),
+		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "received_lsn",
+			Help: "Highest WAL position received from PostgreSQL, as a number."}),
+		LagBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "replication_lag_bytes",
+			Help: "Server WAL end minus the confirmed LSN, in bytes."}),
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_events",
+			Help: "Events produced and not yet acknowledged."}),
+		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "commit_to_ack_seconds",
+			Help:    "Time from the transaction's commit in PostgreSQL to the broker's acknowledgement.",
+			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}),
+		Connected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "connected",
+			Help: "1 while the replication stream is established, else 0."}),
+		Reconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "reconnects_total",
+			Help: "Replication connections re-established after a loss."}),
+		Transactions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "transactions_total",
+			Help: "Source transactions received (with or without outbox events)."}),
+	}
+	m.Registry.MustRegister(m.Published, m.DeadLettered, m.ConfirmedLSN, m.ReceivedLSN, m.LagBytes, m.InFlight,
+		m.CommitToAck, m.Connected, m.Reconnects, m.Transactions,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}

@@ -1,0 +1,524 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Environment variables understood by StartPostgres.
+const (
+	// EnvPGBinDir names the directory holding initdb and postgres.
+	EnvPGBinDir = "OUTBOX_CDC_PG_BINDIR"
+	// EnvPGDSN makes StartPostgres use an existing server instead of
+	// starting one. The role must be allowed to create databases.
+	EnvPGDSN = "OUTBOX_CDC_TEST_PG_DSN"
+)
+
+const pgInstallHint = "install the PostgreSQL server (apt-get install postgresql-15) " +
+	"or set " + EnvPGBinDir + " to the directory holding initdb and postgres"
+
+// PostgresOptions configures StartPostgres.
+type PostgresOptions struct {
+	// Settings are postgresql.conf settings added to, or overriding, the
+	// harness defaults (wal_level=logical, fsync=off, ...).
+	Settings map[string]string
+}
+
+// Postgres is a PostgreSQL server started by StartPostgres. Its methods are
+// safe for concurrent use.
+type Postgres struct {
+	external string // DSN of an external server; empty when managed
+
+	binDir  string
+	baseDir string // temp dir: data dir, unix socket, logs
+	dataDir string
+	logPath string
+	port    int
+	cred    *syscall.Credential // non-nil when running as root
+	version string
+
+	mu   sync.Mutex
+	proc *process // nil before the first start
+}
+
+// StartPostgres initialises a fresh cluster in a temporary directory and
+// starts a postmaster on a free loopback port, configured for logical
+// replication. It returns once the server accepts connections. If
+// OUTBOX_CDC_TEST_PG_DSN is set it returns a handle to that server instead.
+func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
+	if dsn := os.Getenv(EnvPGDSN); dsn != "" {
+		return startExternalPostgres(ctx, dsn)
+	}
+	binDir, err := FindPostgresBinDir()
+	if err != nil {
+		return nil, fmt.Errorf("start postgres: %w", err)
+	}
+	pg := &Postgres{binDir: binDir}
+	if err := pg.init(ctx, opts); err != nil {
+		pg.Close()
+		return nil, fmt.Errorf("start postgres: %w", err)
+	}
+	return pg, nil
+}
+
+func startExternalPostgres(ctx context.Context, dsn string) (*Postgres, error) {
+	pg := &Postgres{external: dsn}
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("start postgres: parse %s: %w", EnvPGDSN, err)
+	}
+	pg.port = int(cfg.Port)
+	if pg.version, err = queryVersion(ctx, dsn); err != nil {
+		return nil, fmt.Errorf("start postgres: external server %s: %w", EnvPGDSN, err)
+	}
+	return pg, nil
+}
+
+// FindPostgresBinDir locates the PostgreSQL server binaries: $OUTBOX_CDC_PG_BINDIR,
+// then pg_config --bindir, then initdb on PATH, then the newest
+// /usr/lib/postgresql/*/bin (Debian keeps server binaries off PATH).
+func FindPostgresBinDir() (string, error) {
+	if dir := os.Getenv(EnvPGBinDir); dir != "" {
+		if !hasPGServer(dir) {
+			return "", fmt.Errorf("%s=%s has no initdb and postgres", EnvPGBinDir, dir)
+		}
+		return dir, nil
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		if dir := strings.TrimSpace(string(out)); hasPGServer(dir) {
+			return dir, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if dir := filepath.Dir(p); hasPGServer(dir) {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	// Newest major version first; the glob sorts "9.6" after "15".
+	slices.SortFunc(dirs, func(a, b string) int {
+		return pgDirVersion(b) - pgDirVersion(a)
+	})
+	for _, dir := range dirs {
+		if hasPGServer(dir) {
+			return dir, nil
+		}
+	}
+	return "", errors.New("PostgreSQL server binaries (initdb, postgres) not found: " + pgInstallHint)
+}
+
+func hasPGServer(dir string) bool {
+	for _, name := range []string{"initdb", "postgres"} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.IsDir() {
+			return false
+		}
+	}
+	return true
+}
+
+// pgDirVersion turns /usr/lib/postgresql/15/bin into 1500 and .../9.6/bin into 906.
+func pgDirVersion(dir string) int {
+	v := filepath.Base(filepath.Dir(dir))
+	major, minor, _ := strings.Cut(v, ".")
+	ma, _ := strconv.Atoi(major)
+	mi, _ := strconv.Atoi(minor)
+	return ma*100 + mi
+}
+
+func (pg *Postgres) init(ctx context.Context, opts PostgresOptions) error {
+	// initdb and postgres refuse to run as root, so drop to the postgres OS
+	// user, which must then own the data dir and be able to reach it.
+	parent := os.TempDir()
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return fmt.Errorf("running as root needs a 'postgres' OS user to run the server as (%s): %w", pgInstallHint, err)
+		}
+		uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+		gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+		pg.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		// root's TMPDIR may not be reachable by another user; /tmp always is.
+		parent = "/tmp"
+	}
+	// Unix socket paths are limited to 107 bytes; the socket lives in baseDir.
+	if len(parent) > 60 {
+		parent = "/tmp"
+	}
+	var err error
+	if pg.baseDir, err = os.MkdirTemp(parent, "outbox-pg-"); err != nil {
+		return err
+	}
+	if pg.cred != nil {
+		if err := os.Chown(pg.baseDir, int(pg.cred.Uid), int(pg.cred.Gid)); err != nil {
+			return err
+		}
+	}
+	pg.dataDir = filepath.Join(pg.baseDir, "data")
+	pg.logPath = filepath.Join(pg.baseDir, "postgres.log")
+
+	if err := pg.initdb(ctx); err != nil {
+		return err
+	}
+	ports, err := FreePorts(1)
+	if err != nil {
+		return err
+	}
+	pg.port = ports[0]
+	if err := pg.writeConfig(opts.Settings); err != nil {
+		return err
+	}
+	if err := pg.start(ctx); err != nil {
+		return err
+	}
+	pg.version, err = queryVersion(ctx, pg.DSN("postgres"))
+	return err
+}
+
+func (pg *Postgres) initdb(ctx context.Context) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(pg.binDir, "initdb"),
+		"-D", pg.dataDir,
+		"-A", "trust",
+		"-U", "postgres",
+		"-E", "UTF8",
+		"--locale=C", // no dependency on generated OS locales
+		"--no-sync",
+		"--no-instructions",
+	)
+	cmd.Dir = pg.baseDir // the postgres user may not be able to read our cwd
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: pg.cred, Pdeathsig: syscall.SIGKILL}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// writeConfig appends the harness settings to postgresql.conf (later lines
+// win), so Restart and a developer running postgres -D by hand see the same
+// configuration, and replaces pg_hba.conf with loopback-only trust rules.
+func (pg *Postgres) writeConfig(extra map[string]string) error {
+	settings := map[string]string{
+		"listen_addresses":          "127.0.0.1",
+		"port":                      strconv.Itoa(pg.port),
+		"unix_socket_directories":   pg.baseDir,
+		"wal_level":                 "logical",
+		"max_replication_slots":     "32",
+		"max_wal_senders":           "32",
+		"max_prepared_transactions": "16",
+		// Durability against OS crashes is pointless for throwaway clusters;
+		// process crashes (Crash) are still recovered from the WAL.
+		"fsync":            "off",
+		"full_page_writes": "off",
+	}
+	maps.Copy(settings, extra)
+
+	var b strings.Builder
+	b.WriteString("\n# outbox-cdc testenv\n")
+	for _, k := range slices.Sorted(maps.Keys(settings)) {
+		fmt.Fprintf(&b, "%s = '%s'\n", k, strings.ReplaceAll(settings[k], "'", "''"))
+	}
+	f, err := os.OpenFile(filepath.Join(pg.dataDir, "postgresql.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(b.String()); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+
+	hba := "# outbox-cdc testenv: trust loopback only\n" +
+		"local all         all              trust\n" +
+		"local replication all              trust\n" +
+		"host  all         all 127.0.0.1/32 trust\n" +
+		"host  replication all 127.0.0.1/32 trust\n"
+	// The file already exists and belongs to the server user; rewriting it
+	// in place keeps that ownership.
+	return os.WriteFile(filepath.Join(pg.dataDir, "pg_hba.conf"), []byte(hba), 0o600)
+}
+
+// start runs the postmaster directly (not through pg_ctl) so the harness owns
+// its PID and process group, then waits until it accepts connections.
+func (pg *Postgres) start(ctx context.Context) error {
+	cmd := exec.Command(filepath.Join(pg.binDir, "postgres"), "-D", pg.dataDir)
+	cmd.Dir = pg.baseDir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: pg.cred}
+	proc, err := startProcess(cmd, pg.logPath)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	pg.proc = proc
+	if err := pg.waitReady(ctx); err != nil {
+		kctx, cancel := detachedContext(30 * time.Second)
+		defer cancel()
+		_ = proc.killGroup(kctx)
+		return withLog(err, pg.logPath)
+	}
+	return nil
+}
+
+func (pg *Postgres) waitReady(ctx context.Context) error {
+	dsn := pg.DSN("postgres")
+	for {
+		if pg.proc.exited() {
+			return fmt.Errorf("postgres exited during startup: %v", pg.proc.err)
+		}
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := ping(actx, dsn)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if serr := sleepCtx(ctx, 50*time.Millisecond); serr != nil {
+			return fmt.Errorf("postgres not ready: %w (last error: %v)", serr, err)
+		}
+	}
+}
+
+func ping(ctx context.Context, dsn string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "SELECT 1")
+	return err
+}
+
+func queryVersion(ctx context.Context, dsn string) (string, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.Background())
+	var v string
+	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&v); err != nil {
+		return "", err
+	}
+	// "15.14 (Debian 15.14-0+deb12u1)" -> "15.14"
+	v, _, _ = strings.Cut(v, " ")
+	return v, nil
+}
+
+// DSN returns a URL for database db as the superuser postgres over TCP.
+func (pg *Postgres) DSN(db string) string {
+	if pg.external != "" {
+		return withDatabase(pg.external, db)
+	}
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.User("postgres"),
+		Host:     "127.0.0.1:" + strconv.Itoa(pg.port),
+		Path:     "/" + db,
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
+}
+
+// withDatabase rewrites the database of a URL or keyword/value DSN.
+func withDatabase(dsn, db string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err == nil {
+			u.Path = "/" + db
+			u.RawPath = ""
+			return u.String()
+		}
+	}
+	// libpq and pgx both let a later keyword override an earlier one.
+	q := strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(db)
+	return dsn + " dbname='" + q + "'"
+}
+
+// CreateDatabase creates database name and returns its DSN. Giving each test
+// its own database keeps tests independent without restarting the server.
+func (pg *Postgres) CreateDatabase(ctx context.Context, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		return "", fmt.Errorf("create database %q: %w", name, err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("create database %q: %w", name, err)
+	}
+	return pg.DSN(name), nil
+}
+
+// Stop shuts the server down with SIGINT ("fast" shutdown: active
+// transactions are rolled back, a checkpoint is written) and waits for it to
+// exit. If ctx ends first the process group is killed.
+func (pg *Postgres) Stop(ctx context.Context) error {
+	if pg.external != "" {
+		return ErrExternal
+	}
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	return pg.stopLocked(ctx, syscall.SIGINT)
+}
+
+// ImmediateStop shuts the server down with SIGQUIT ("immediate" shutdown: no
+// checkpoint, crash recovery on next start) and waits for it to exit.
+func (pg *Postgres) ImmediateStop() error {
+	if pg.external != "" {
+		return ErrExternal
+	}
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	ctx, cancel := detachedContext(30 * time.Second)
+	defer cancel()
+	return pg.stopLocked(ctx, syscall.SIGQUIT)
+}
+
+func (pg *Postgres) stopLocked(ctx context.Context, sig syscall.Signal) error {
+	p := pg.proc
+	if p == nil || p.exited() {
+		return nil
+	}
+	if err := p.signal(sig); err != nil {
+		return fmt.Errorf("stop postgres: %w", err)
+	}
+	if err := p.wait(ctx); err != nil {
+		kctx, cancel := detachedContext(30 * time.Second)
+		defer cancel()
+		_ = p.killGroup(kctx)
+		return fmt.Errorf("stop postgres: %w", err)
+	}
+	// The postmaster exits after its children; this only guards against a
+	// straggler holding the port or shared memory.
+	if err := waitGroupGone(ctx, p.pgid()); err != nil {
+		return fmt.Errorf("stop postgres: %w", err)
+	}
+	return nil
+}
+
+// Crash kills the postmaster and all its children with SIGKILL, like a power
+// cut for the server processes (the OS page cache survives). The next
+// Restart runs crash recovery.
+func (pg *Postgres) Crash() error {
+	if pg.external != "" {
+		return ErrExternal
+	}
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	p := pg.proc
+	if p == nil || p.exited() {
+		return errNotRunning
+	}
+	ctx, cancel := detachedContext(30 * time.Second)
+	defer cancel()
+	// Killing only the postmaster would leave backends running, still
+	// holding the port and shared memory; kill the whole process group.
+	if err := p.killGroup(ctx); err != nil {
+		return fmt.Errorf("crash postgres: %w", err)
+	}
+	if err := waitPortFree(ctx, pg.port); err != nil {
+		return fmt.Errorf("crash postgres: %w", err)
+	}
+	pg.removeStalePidFile()
+	return nil
+}
+
+// removeStalePidFile deletes postmaster.pid left by a killed server if its
+// PID now belongs to an unrelated process; postgres would otherwise refuse to
+// start. A PID file naming a dead process is left for postgres to clean up,
+// because it also records the old shared memory segment to reclaim.
+func (pg *Postgres) removeStalePidFile() {
+	path := filepath.Join(pg.dataDir, "postmaster.pid")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || syscall.Kill(pid, 0) == nil {
+		_ = os.Remove(path)
+	}
+}
+
+// Restart starts the server again on the same data directory and port and
+// waits until it accepts connections. A running server is fast-stopped first.
+func (pg *Postgres) Restart(ctx context.Context) error {
+	if pg.external != "" {
+		return ErrExternal
+	}
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	if err := pg.stopLocked(ctx, syscall.SIGINT); err != nil {
+		return fmt.Errorf("restart postgres: %w", err)
+	}
+	if err := waitPortFree(ctx, pg.port); err != nil {
+		return fmt.Errorf("restart postgres: %w", err)
+	}
+	if err := pg.start(ctx); err != nil {
+		return fmt.Errorf("restart postgres: %w", err)
+	}
+	return nil
+}
+
+// Close stops the server if it is running and removes its directory. It is
+// a no-op for an external server.
+func (pg *Postgres) Close() error {
+	if pg.external != "" {
+		return nil
+	}
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	ctx, cancel := detachedContext(30 * time.Second)
+	defer cancel()
+	err := pg.stopLocked(ctx, syscall.SIGINT)
+	if pg.baseDir != "" {
+		if rerr := os.RemoveAll(pg.baseDir); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("close postgres: %w", err)
+	}
+	return nil
+}
+
+// External reports whether the server was given by OUTBOX_CDC_TEST_PG_DSN.
+func (pg *Postgres) External() bool { return pg.external != "" }
+
+// Port is the TCP port the server listens on.
+func (pg *Postgres) Port() int { return pg.port }
+
+// DataDir is the cluster's data directory (empty for an external server).
+func (pg *Postgres) DataDir() string { return pg.dataDir }
+
+// BinDir is the directory of the server binaries (empty for an external server).
+func (pg *Postgres) BinDir() string { return pg.binDir }
+
+// LogFile is the server's log (stderr) file (empty for an external server).
+func (pg *Postgres) LogFile() string { return pg.logPath }
+
+// Version is the server version, such as "15.14".
+func (pg *Postgres) Version() string { return pg.version }
+
+// Running reports whether the managed server process is up (true for an
+// external server, whose state the harness does not track).
+func (pg *Postgres) Running() bool {
+	if pg.external != "" {
+		return true
+	}
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	return pg.proc != nil && !pg.proc.exited()
+}

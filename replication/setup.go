@@ -1,0 +1,270 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// Source names what to replicate.
+type Source struct {
+	DSN         string
+	Slot        string
+	Publication string
+	Schema      string
+	Table       string
+	// Columns are the mapped column names that must exist in the table.
+	Columns []string
+}
+
+func (s Source) qualified() string {
+	return pgx.Identifier{s.Schema, s.Table}.Sanitize()
+}
+
+// PrerequisiteError is a server setting or privilege that must change before
+// the connector can run. It is fatal: retrying cannot fix it.
+type PrerequisiteError struct {
+	Problem string
+	Fix     string
+}
+
+func (e *PrerequisiteError) Error() string { return e.Problem + "; " + e.Fix }
+
+// Check verifies the server prerequisites. It returns every problem it finds,
+// joined, each a *PrerequisiteError, or a connection error.
+func Check(ctx context.Context, src Source) error {
+	conn, err := pgx.Connect(ctx, src.DSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return check(ctx, conn, src)
+}
+
+func check(ctx context.Context, conn *pgx.Conn, src Source) error {
+	var problems []error
+	add := func(problem, fix string) { problems = append(problems, &PrerequisiteError{problem, fix}) }
+
+	var walLevel string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		add(fmt.Sprintf("wal_level is %q, logical decoding needs \"logical\"", walLevel),
+			"set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL")
+	}
+	var canReplicate bool
+	var role string
+	if err := conn.QueryRow(ctx,
+		"SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&role, &canReplicate); err != nil {
+		return fmt.Errorf("read role: %w", err)
+	}
+	if !canReplicate {
+		add(fmt.Sprintf("role %q has no REPLICATION privilege", role),
+			fmt.Sprintf("run ALTER ROLE %s WITH REPLICATION as a superuser", pgx.Identifier{role}.Sanitize()))
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", src.qualified()).Scan(&exists); err != nil {
+		return fmt.Errorf("look up table: %w", err)
+	}
+	if !exists {
+		add(fmt.Sprintf("outbox table %s does not exist", src.qualified()),
+			"create it (see sql/outbox.sql) or set outbox.table to the right schema.table")
+		return errors.Join(problems...)
+	}
+	var canSelect bool
+	if err := conn.QueryRow(ctx, "SELECT has_table_privilege($1, 'SELECT')", src.qualified()).Scan(&canSelect); err != nil {
+		return fmt.Errorf("check privilege: %w", err)
+	}
+	if !canSelect {
+		add(fmt.Sprintf("role %q cannot SELECT from %s", role, src.qualified()),
+			fmt.Sprintf("run GRANT SELECT ON %s TO %s", src.qualified(), pgx.Identifier{role}.Sanitize()))
+	}
+	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, src.qualified())
+	if err != nil {
+		return fmt.Errorf("read columns: %w", err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read columns: %w", err)
+	}
+	have := make(map[string]bool, len(cols))
+	for _, c := range cols {
+		have[c] = true
+	}
+	for _, c := range src.Columns {
+		if !have[c] {
+			add(fmt.Sprintf("column %q is missing from %s (it has %s)", c, src.qualified(), strings.Join(cols, ", ")),
+				"map the right column under outbox.columns or outbox.header_columns")
+		}
+	}
+	return errors.Join(problems...)
+}
+
+// Setup checks the prerequisites, then creates the publication and the slot
+// when they are missing, and returns the slot's confirmed position.
+func Setup(ctx context.Context, src Source) (confirmed lsn.LSN, err error) {
+	conn, err := pgx.Connect(ctx, src.DSN)
+	if err != nil {
+		return 0, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := check(ctx, conn, src); err != nil {
+		return 0, err
+	}
+	if err := ensurePublication(ctx, conn, src); err != nil {
+		return 0, err
+	}
+	return ensureSlot(ctx, conn, src)
+}
+
+func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
+	var pubInsert bool
+	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", src.Publication).Scan(&pubInsert)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// publish = 'insert': UPDATEs and DELETEs of outbox rows (cleanup jobs)
+		// are never even decoded into the stream.
+		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+			pgx.Identifier{src.Publication}.Sanitize(), src.qualified())
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+				return &PrerequisiteError{
+					Problem: fmt.Sprintf("cannot create publication %s: %s", src.Publication, pgErr.Message),
+					Fix:     "have the table owner run: " + sql,
+				}
+			}
+			return fmt.Errorf("create publication: %w", err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read publication: %w", err)
+	}
+	if !pubInsert {
+		return &PrerequisiteError{
+			Problem: fmt.Sprintf("publication %s does not publish inserts", src.Publication),
+			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s SET (publish = 'insert')", pgx.Identifier{src.Publication}.Sanitize()),
+		}
+	}
+	var member bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables
+		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, src.Publication, src.Schema, src.Table).Scan(&member); err != nil {
+		return fmt.Errorf("read publication tables: %w", err)
+	}
+	if !member {
+		return &PrerequisiteError{
+			Problem: fmt.Sprintf("publication %s does not include %s", src.Publication, src.qualified()),
+			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{src.Publication}.Sanitize(), src.qualified()),
+		}
+	}
+	return nil
+}
+
+func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source) (lsn.LSN, error) {
+	info, err := slotInfo(ctx, conn, src.Slot)
+	if err == nil {
+		if info.Plugin != "pgoutput" {
+			return 0, &PrerequisiteError{
+				Problem: fmt.Sprintf("replication slot %s uses plugin %q, not pgoutput", src.Slot, info.Plugin),
+				Fix:     "choose another postgres.slot, or drop this slot if nothing else uses it",
+			}
+		}
+		if info.Database != conn.Config().Database {
+			return 0, &PrerequisiteError{
+				Problem: fmt.Sprintf("replication slot %s belongs to database %q, not %q", src.Slot, info.Database, conn.Config().Database),
+				Fix:     "connect to the slot's database or choose another postgres.slot",
+			}
+		}
+		if info.WALStatus == "lost" {
+			return 0, errSlotLost(src.Slot)
+		}
+		return info.Confirmed, nil
+	}
+	if !errors.Is(err, errNoSlot) {
+		return 0, err
+	}
+	var created lsn.LSN
+	if err := conn.QueryRow(ctx, "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')", src.Slot).Scan(&created); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by a standby connector
+			info, err := slotInfo(ctx, conn, src.Slot)
+			return info.Confirmed, err
+		}
+		return 0, fmt.Errorf("create replication slot %s: %w", src.Slot, err)
+	}
+	return created, nil
+}
+
+var errNoSlot = errors.New("no such slot")
+
+func errSlotLost(slot string) error {
+	return &PrerequisiteError{
+		Problem: fmt.Sprintf("replication slot %s was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)", slot),
+		Fix:     "events after its last confirmed position may be missing from Kafka; drop the slot, recreate it and reconcile",
+	}
+}
+
+// SlotInfo describes a replication slot (pg_replication_slots).
+type SlotInfo struct {
+	Name      string
+	Plugin    string
+	Database  string
+	Active    bool
+	ActivePID int32
+	Restart   lsn.LSN
+	Confirmed lsn.LSN
+	WALStatus string
+}
+
+func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error) {
+	var s SlotInfo
+	var pid *int32
+	var plugin, db, walStatus *string
+	var restart, confirmed *string
+	err := conn.QueryRow(ctx, `SELECT slot_name, plugin, database, active, active_pid,
+		restart_lsn::text, confirmed_flush_lsn::text, wal_status
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).
+		Scan(&s.Name, &plugin, &db, &s.Active, &pid, &restart, &confirmed, &walStatus)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, errNoSlot
+	}
+	if err != nil {
+		return s, fmt.Errorf("read slot %s: %w", slot, err)
+	}
+	s.Plugin, s.Database, s.WALStatus = deref(plugin), deref(db), deref(walStatus)
+	if pid != nil {
+		s.ActivePID = *pid
+	}
+	if restart != nil {
+		s.Restart, _ = lsn.Parse(*restart)
+	}
+	if confirmed != nil {
+		s.Confirmed, _ = lsn.Parse(*confirmed)
+	}
+	return s, nil
+}
+
+// Slot reads the slot's state, for status and tests.
+func Slot(ctx context.Context, dsn, slot string) (SlotInfo, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return SlotInfo{}, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return slotInfo(ctx, conn, slot)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

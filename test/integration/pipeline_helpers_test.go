@@ -1,0 +1,331 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/cli"
+	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+)
+
+// createOutbox creates an outbox table named table whose payload column has
+// type payloadType.
+func createOutbox(t *testing.T, dsn, table, payloadType string) {
+	t.Helper()
+	exec1(t, dsn, fmt.Sprintf(`CREATE TABLE %s (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+		aggregate_type text NOT NULL,
+		aggregate_id text,
+		event_type text NOT NULL,
+		payload %s,
+		tenant text,
+		created_at timestamptz NOT NULL DEFAULT now())`, table, payloadType))
+}
+
+func exec1(t *testing.T, dsn, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		t.Fatalf("exec %q: %v", sql, err)
+	}
+}
+
+func pgConnect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// testConfig is a valid configuration for the shared servers.
+func testConfig(t *testing.T, dsn, table, slot string) *config.Config {
+	c := config.Default()
+	c.Postgres.DSN = dsn
+	c.Postgres.Slot = slot
+	c.Postgres.Publication = slot
+	c.Postgres.StatusInterval = 200 * time.Millisecond
+	c.Postgres.ReconnectBackoffMax = time.Second
+	c.Outbox.Table = table
+	c.Kafka.Brokers = kafkaServer.Brokers()
+	c.Kafka.DLQTopic = "dlq." + slot
+	c.HTTP.Listen = ""
+	return &c
+}
+
+// connector runs the pipeline in-process.
+type connector struct {
+	cancel context.CancelFunc
+	done   chan error
+	p      *pipeline.Pipeline
+	m      *metrics.Metrics
+}
+
+func startConnector(t *testing.T, cfg *config.Config) *connector {
+	t.Helper()
+	pc, err := cli.PipelineConfig(cfg)
+	if err != nil {
+		t.Fatalf("pipeline config: %v", err)
+	}
+	m := metrics.New()
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	p, err := pipeline.New(pc, m, log)
+	if err != nil {
+		t.Fatalf("pipeline: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &connector{cancel: cancel, done: make(chan error, 1), p: p, m: m}
+	go func() { c.done <- p.Run(ctx) }()
+	select {
+	case <-p.Ready():
+	case err := <-c.done:
+		cancel()
+		t.Fatalf("connector stopped at start: %v", err)
+	case <-time.After(time.Minute):
+		cancel()
+		t.Fatal("connector not ready after 1m")
+	}
+	// Ready means set up; wait until the stream is connected too.
+	waitFor(t, 30*time.Second, "replication stream connected", p.Streaming)
+	t.Cleanup(func() { c.stop(t) })
+	return c
+}
+
+// stop cancels the connector and waits for a clean exit.
+func (c *connector) stop(t *testing.T) {
+	t.Helper()
+	if c.cancel == nil {
+		return
+	}
+	c.cancel()
+	c.cancel = nil
+	select {
+	case err := <-c.done:
+		if err != nil {
+			t.Errorf("connector stopped with error: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Errorf("connector did not stop within 1m")
+	}
+}
+
+// testWriter sends log lines to t.Log, and drops them after the test ends.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	defer func() { _ = recover() }() // logging after the test finished panics
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// consumeN reads topics from the beginning until want records arrived, then
+// keeps reading for quiet to catch anything extra. Records come back in
+// per-partition offset order.
+func consumeN(t *testing.T, topics []string, want int, timeout, quiet time.Duration) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkaServer.Brokers()...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(64<<20))
+	if err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	defer cl.Close()
+	var recs []*kgo.Record
+	deadline := time.Now().Add(timeout)
+	var quietUntil time.Time
+	for {
+		now := time.Now()
+		if len(recs) >= want && quietUntil.IsZero() {
+			quietUntil = now.Add(quiet)
+		}
+		end := deadline
+		if !quietUntil.IsZero() {
+			end = quietUntil
+		}
+		if now.After(end) {
+			break
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), end)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		fs.EachError(func(topic string, p int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				t.Logf("fetch %s/%d: %v", topic, p, err)
+			}
+		})
+		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	if len(recs) < want {
+		t.Fatalf("consumed %d records from %v, want %d", len(recs), topics, want)
+	}
+	return recs
+}
+
+func header(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+// slotConfirmed reads confirmed_flush_lsn of slot.
+func slotConfirmed(t *testing.T, dsn, slot string) lsn.LSN {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := replication.Slot(ctx, dsn, slot)
+	if err != nil {
+		t.Fatalf("read slot: %v", err)
+	}
+	return info.Confirmed
+}
+
+func currentLSN(t *testing.T, conn *pgx.Conn) lsn.LSN {
+	t.Helper()
+	var s string
+	if err := conn.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
+		t.Fatalf("current lsn: %v", err)
+	}
+	l, err := lsn.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// seqsByKey groups a header value per record key, in partition order.
+func byPartition(recs []*kgo.Record) map[int32][]*kgo.Record {
+	m := map[int32][]*kgo.Record{}
+	for _, r := range recs {
+		m[r.Partition] = append(m[r.Partition], r)
+	}
+	for _, rs := range m {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Offset < rs[j].Offset })
+	}
+	return m
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// connectorBinary returns the outbox-cdc binary: $OUTBOX_CDC_BIN (make
+// integration builds it) or one built here.
+func connectorBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if p := os.Getenv("OUTBOX_CDC_BIN"); p != "" {
+			binPath = p
+			return
+		}
+		dir, err := os.MkdirTemp("", "outbox-cdc-bin")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "outbox-cdc")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/outbox-cdc/outbox-cdc/cmd/outbox-cdc").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// freeAddr returns a free loopback address.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// writeConfig writes cfg-like YAML text to a temp file.
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "outbox-cdc.yaml")
+	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// runBinary runs the connector binary to completion and returns its exit
+// code and combined output.
+func runBinary(t *testing.T, timeout time.Duration, env []string, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, connectorBinary(t), args...)
+	cmd.Env = append(cleanEnv(), env...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), string(out)
+	}
+	if err != nil {
+		t.Fatalf("run %v: %v\n%s", args, err, out)
+	}
+	return 0, string(out)
+}
+
+// cleanEnv is the environment without OUTBOX_CDC_ variables (the harness's
+// own would be rejected as unknown keys).
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OUTBOX_CDC_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
