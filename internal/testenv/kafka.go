@@ -56,8 +56,9 @@ type Kafka struct {
 	ctrlPort int
 	version  string
 
-	mu   sync.Mutex
-	proc *process
+	closing closeSignal // ends an in-flight Restart when Close is called
+	mu      sync.Mutex
+	proc    *process
 }
 
 // StartKafka formats a fresh KRaft log directory and starts a combined
@@ -69,7 +70,7 @@ func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 	if list := os.Getenv(EnvKafkaBrokers); list != "" {
 		return startExternalKafka(ctx, list)
 	}
-	k := &Kafka{}
+	k := &Kafka{closing: newCloseSignal()}
 	if err := k.init(ctx, opts); err != nil {
 		k.Close()
 		return nil, fmt.Errorf("start kafka: %w", err)
@@ -294,7 +295,7 @@ func (k *Kafka) start(ctx context.Context) error {
 	if err := k.waitReady(ctx); err != nil {
 		kctx, cancel := detachedContext(30 * time.Second)
 		defer cancel()
-		_ = proc.killGroup(kctx)
+		_ = proc.kill(kctx)
 		return withLog(err, k.logPath)
 	}
 	return nil
@@ -375,20 +376,10 @@ func (k *Kafka) Stop(ctx context.Context) error {
 }
 
 func (k *Kafka) stopLocked(ctx context.Context) error {
-	p := k.proc
-	if p == nil || p.exited() {
+	if k.proc == nil {
 		return nil
 	}
-	if err := p.signal(syscall.SIGTERM); err != nil {
-		return err
-	}
-	if err := p.wait(ctx); err != nil {
-		kctx, cancel := detachedContext(30 * time.Second)
-		defer cancel()
-		_ = p.killGroup(kctx)
-		return err
-	}
-	return nil
+	return k.proc.stop(ctx, syscall.SIGTERM)
 }
 
 // Kill sends SIGKILL to the broker's process group and waits for it to exit:
@@ -401,11 +392,11 @@ func (k *Kafka) Kill() error {
 	defer k.mu.Unlock()
 	p := k.proc
 	if p == nil || p.exited() {
-		return errNotRunning
+		return ErrNotRunning
 	}
 	ctx, cancel := detachedContext(30 * time.Second)
 	defer cancel()
-	if err := p.killGroup(ctx); err != nil {
+	if err := p.kill(ctx); err != nil {
 		return fmt.Errorf("kill kafka: %w", err)
 	}
 	return nil
@@ -417,6 +408,8 @@ func (k *Kafka) Restart(ctx context.Context) error {
 	if k.external != nil {
 		return ErrExternal
 	}
+	ctx, cancel := k.closing.bind(ctx)
+	defer cancel()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if err := k.stopLocked(ctx); err != nil {
@@ -438,6 +431,9 @@ func (k *Kafka) Restart(ctx context.Context) error {
 func (k *Kafka) Close() error {
 	if k.external != nil {
 		return nil
+	}
+	if k.closing.cancel != nil {
+		k.closing.cancel()
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -53,8 +53,9 @@ type Postgres struct {
 	cred    *syscall.Credential // non-nil when running as root
 	version string
 
-	mu   sync.Mutex
-	proc *process // nil before the first start
+	closing closeSignal // ends an in-flight Restart when Close is called
+	mu      sync.Mutex
+	proc    *process // nil before the first start
 }
 
 // StartPostgres initialises a fresh cluster in a temporary directory and
@@ -69,7 +70,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 	if err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
-	pg := &Postgres{binDir: binDir}
+	pg := &Postgres{binDir: binDir, closing: newCloseSignal()}
 	if err := pg.init(ctx, opts); err != nil {
 		pg.Close()
 		return nil, fmt.Errorf("start postgres: %w", err)
@@ -268,7 +269,7 @@ func (pg *Postgres) start(ctx context.Context) error {
 	if err := pg.waitReady(ctx); err != nil {
 		kctx, cancel := detachedContext(30 * time.Second)
 		defer cancel()
-		_ = proc.killGroup(kctx)
+		_ = proc.kill(kctx)
 		return withLog(err, pg.logPath)
 	}
 	return nil
@@ -387,22 +388,10 @@ func (pg *Postgres) ImmediateStop() error {
 }
 
 func (pg *Postgres) stopLocked(ctx context.Context, sig syscall.Signal) error {
-	p := pg.proc
-	if p == nil || p.exited() {
+	if pg.proc == nil {
 		return nil
 	}
-	if err := p.signal(sig); err != nil {
-		return fmt.Errorf("stop postgres: %w", err)
-	}
-	if err := p.wait(ctx); err != nil {
-		kctx, cancel := detachedContext(30 * time.Second)
-		defer cancel()
-		_ = p.killGroup(kctx)
-		return fmt.Errorf("stop postgres: %w", err)
-	}
-	// The postmaster exits after its children; this only guards against a
-	// straggler holding the port or shared memory.
-	if err := waitGroupGone(ctx, p.pgid()); err != nil {
+	if err := pg.proc.stop(ctx, sig); err != nil {
 		return fmt.Errorf("stop postgres: %w", err)
 	}
 	return nil
@@ -419,13 +408,11 @@ func (pg *Postgres) Crash() error {
 	defer pg.mu.Unlock()
 	p := pg.proc
 	if p == nil || p.exited() {
-		return errNotRunning
+		return ErrNotRunning
 	}
 	ctx, cancel := detachedContext(30 * time.Second)
 	defer cancel()
-	// Killing only the postmaster would leave backends running, still
-	// holding the port and shared memory; kill the whole process group.
-	if err := p.killGroup(ctx); err != nil {
+	if err := p.kill(ctx); err != nil {
 		return fmt.Errorf("crash postgres: %w", err)
 	}
 	if err := waitPortFree(ctx, pg.port); err != nil {
@@ -458,6 +445,8 @@ func (pg *Postgres) Restart(ctx context.Context) error {
 	if pg.external != "" {
 		return ErrExternal
 	}
+	ctx, cancel := pg.closing.bind(ctx)
+	defer cancel()
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	if err := pg.stopLocked(ctx, syscall.SIGINT); err != nil {
@@ -477,6 +466,9 @@ func (pg *Postgres) Restart(ctx context.Context) error {
 func (pg *Postgres) Close() error {
 	if pg.external != "" {
 		return nil
+	}
+	if pg.closing.cancel != nil {
+		pg.closing.cancel()
 	}
 	pg.mu.Lock()
 	defer pg.mu.Unlock()

@@ -11,6 +11,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,8 +31,8 @@ import (
 // OUTBOX_CDC_TEST_PG_DSN or OUTBOX_CDC_TEST_KAFKA_BROKERS.
 var ErrExternal = errors.New("testenv: server is external, lifecycle is not managed")
 
-// errNotRunning is returned when an operation needs a running process.
-var errNotRunning = errors.New("testenv: server is not running")
+// ErrNotRunning is returned by Crash and Kill when the server is already down.
+var ErrNotRunning = errors.New("testenv: server is not running")
 
 // FreePorts returns n distinct TCP ports on 127.0.0.1 that were free a moment
 // ago. All listeners are held open until every port is chosen so the same
@@ -151,29 +153,74 @@ func (p *process) exited() bool {
 	}
 }
 
-// signal sends sig to the leader only; servers forward it to their children
-// as part of their own shutdown protocol.
-func (p *process) signal(sig syscall.Signal) error {
+// stop sends sig to the leader, which is expected to shut its children down
+// as part of its own shutdown protocol, and waits for the leader and all its
+// descendants to be gone. If ctx ends first everything is killed.
+func (p *process) stop(ctx context.Context, sig syscall.Signal) error {
 	if p.exited() {
 		return nil
 	}
+	kids := p.descendants()
 	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	err := p.wait(ctx)
+	if err == nil {
+		err = waitGone(ctx, p.pgid(), kids)
+	}
+	if err != nil {
+		kctx, cancel := detachedContext(30 * time.Second)
+		defer cancel()
+		_ = p.kill(kctx)
 		return err
 	}
 	return nil
 }
 
-// killGroup sends SIGKILL to the whole process group, so children of the
-// leader (PostgreSQL backends) cannot outlive it and keep ports or shared
-// memory busy, then waits for the leader to be reaped and the group to empty.
-func (p *process) killGroup(ctx context.Context) error {
-	if err := syscall.Kill(-p.pgid(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("kill process group %d: %w", p.pgid(), err)
+// kill sends SIGKILL to the leader, its process group and all its
+// descendants, then waits until every one of them is gone. The group alone
+// is not enough: PostgreSQL backends call setsid() and so leave the
+// postmaster's group, and surviving backends would keep shared memory
+// attached and block a restart on the same data directory.
+func (p *process) kill(ctx context.Context) error {
+	pid := p.pgid()
+	var victims []int
+	if !p.exited() {
+		// Freeze the leader so it cannot fork while its children are
+		// collected. Process.Signal is safe against PID reuse.
+		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+		victims = p.descendants()
+		_ = p.cmd.Process.Kill()
+	}
+	// A process group id cannot be reused while any member lives, so this
+	// never hits an unrelated group.
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill process group %d: %w", pid, err)
+	}
+	for _, v := range victims {
+		_ = syscall.Kill(v, syscall.SIGKILL)
 	}
 	if err := p.wait(ctx); err != nil {
 		return err
 	}
-	return waitGroupGone(ctx, p.pgid())
+	return waitGone(ctx, pid, victims)
+}
+
+// descendants lists the live descendants of the leader, found by walking
+// parent links in /proc.
+func (p *process) descendants() []int {
+	children := map[int][]int{}
+	for pid, st := range procTable() {
+		children[st.ppid] = append(children[st.ppid], pid)
+	}
+	var out []int
+	queue := []int{p.pgid()}
+	for len(queue) > 0 {
+		next := children[queue[0]]
+		queue = append(queue[1:], next...)
+		out = append(out, next...)
+	}
+	return out
 }
 
 // wait blocks until the leader has exited or ctx is done.
@@ -186,47 +233,61 @@ func (p *process) wait(ctx context.Context) error {
 	}
 }
 
-// waitGroupGone polls /proc until no live process is left in the group.
-// Orphaned children are reparented to PID 1, which may never reap them in a
-// container, so zombies are ignored instead of waited for.
-func waitGroupGone(ctx context.Context, pgid int) error {
-	for groupAlive(pgid) {
+// waitGone polls until no live process is left in group pgid and none of
+// pids is alive. Orphans are reparented to PID 1, which may never reap them
+// in a container, so zombies count as gone.
+func waitGone(ctx context.Context, pgid int, pids []int) error {
+	for {
+		table := procTable()
+		alive := 0
+		for pid, st := range table {
+			if st.pgrp == pgid || slices.Contains(pids, pid) {
+				alive++
+			}
+		}
+		if alive == 0 {
+			return nil
+		}
 		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return fmt.Errorf("process group %d still alive: %w", pgid, err)
+			return fmt.Errorf("%d processes of group %d still alive: %w", alive, pgid, err)
 		}
 	}
-	return nil
 }
 
-func groupAlive(pgid int) bool {
+type procStat struct{ ppid, pgrp int }
+
+// procTable reads the parent and process group of every live (non-zombie)
+// process from /proc.
+func procTable() map[int]procStat {
+	table := map[int]procStat{}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		// Without /proc fall back to kill(0), which also counts zombies.
-		return syscall.Kill(-pgid, 0) == nil
+		return table
 	}
 	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
 		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
 		if err != nil {
-			continue
+			continue // exited meanwhile
 		}
-		// Format: pid (comm) state ppid pgrp ...; comm may contain spaces,
-		// so split after the last ')'.
-		i := strings.LastIndexByte(string(stat), ')')
+		// Format: pid (comm) state ppid pgrp ...; comm may contain spaces
+		// and parentheses, so split after the last ')'.
+		i := bytes.LastIndexByte(stat, ')')
 		if i < 0 {
 			continue
 		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) < 3 || fields[0] == "Z" || fields[0] == "X" {
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
 			continue
 		}
-		if g, err := strconv.Atoi(fields[2]); err == nil && g == pgid {
-			return true
-		}
+		ppid, _ := strconv.Atoi(f[1])
+		pgrp, _ := strconv.Atoi(f[2])
+		table[pid] = procStat{ppid: ppid, pgrp: pgrp}
 	}
-	return false
+	return table
 }
 
 // tailFile returns the last n lines of a log file for error messages.
@@ -251,6 +312,26 @@ func tail(s string, n int) string {
 // real reason for a failed start is.
 func withLog(err error, logPath string) error {
 	return fmt.Errorf("%w\n--- last lines of %s ---\n%s", err, logPath, tailFile(logPath, 30))
+}
+
+// closeSignal lets Close interrupt a Restart that holds the server lock
+// while waiting for readiness, so an interrupted test run shuts down
+// promptly instead of waiting out the restart.
+type closeSignal struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newCloseSignal() closeSignal {
+	ctx, cancel := context.WithCancel(context.Background())
+	return closeSignal{ctx, cancel}
+}
+
+// bind returns a context that also ends when Close is called.
+func (c closeSignal) bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // detachedContext returns a context for cleanup work that must run even when

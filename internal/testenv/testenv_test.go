@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -111,11 +112,14 @@ func TestPostgresLifecycle(t *testing.T) {
 		{"crash", pg.Crash},
 	}
 	for i, step := range steps {
-		pid := pg.proc.pgid()
+		pid, kids := pg.proc.pgid(), pg.proc.descendants()
+		if len(kids) == 0 {
+			t.Fatalf("%s: postmaster %d has no children", step.name, pid)
+		}
 		if err := step.down(); err != nil {
 			t.Fatalf("%s: %v", step.name, err)
 		}
-		if pg.Running() || groupAlive(pid) {
+		if pg.Running() || anyAlive(pid, kids) {
 			t.Fatalf("%s: server still running", step.name)
 		}
 		if err := pg.Restart(ctx); err != nil {
@@ -141,11 +145,11 @@ func TestPostgresLifecycle(t *testing.T) {
 		}
 	}
 
-	pid, dir := pg.proc.pgid(), pg.baseDir
+	pid, kids, dir := pg.proc.pgid(), pg.proc.descendants(), pg.baseDir
 	if err := pg.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if groupAlive(pid) {
+	if anyAlive(pid, kids) {
 		t.Fatal("close left postgres processes behind")
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
@@ -197,4 +201,14 @@ func TestPostgresExternal(t *testing.T) {
 			t.Errorf("%s on external server = %v, want ErrExternal", name, err)
 		}
 	}
+}
+
+func anyAlive(pgid int, pids []int) bool {
+	table := procTable()
+	for pid, st := range table {
+		if st.pgrp == pgid || slices.Contains(pids, pid) {
+			return true
+		}
+	}
+	return false
 }

@@ -328,4 +328,3 @@ func cleanEnv() []string {
 	}
 	return env
 }
-

@@ -379,7 +379,9 @@ func TestCleanRestartPublishesNothingTwice(t *testing.T) {
 	conn := pgConnect(t, dsn)
 	write := func(from, to int) {
 		for i := from; i < to; i++ {
-			committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "restart", "k"+strconv.Itoa(i%3), "E", fmt.Sprintf(`{"seq": %d}`, i)) })
+			committed(t, conn, func(tx pgx.Tx) {
+				insert(t, tx, "outbox", "restart", "k"+strconv.Itoa(i%3), "E", fmt.Sprintf(`{"seq": %d}`, i))
+			})
 		}
 	}
 	c := startConnector(t, cfg)

@@ -1,0 +1,269 @@
+// Command demo shows the whole path on one machine: it starts a private
+// PostgreSQL and an Apache Kafka broker (internal/testenv), creates the outbox
+// table, runs the connector, inserts events, prints them as consumed from
+// Kafka, then measures a short burst. Run it with `make demo`.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/cli"
+	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	say("starting PostgreSQL (wal_level=logical) and Apache Kafka (KRaft) ...")
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	kafka, err := testenv.StartKafka(ctx, testenv.KafkaOptions{})
+	if err != nil {
+		return err
+	}
+	defer kafka.Close()
+	dsn, err := pg.CreateDatabase(ctx, "shop")
+	if err != nil {
+		return err
+	}
+	say("PostgreSQL %s at %s, Kafka %s at %s", pg.Version(), strings.Split(strings.Split(dsn, "@")[1], "/")[0], kafka.Version(), kafka.Brokers()[0])
+
+	sql, err := os.ReadFile("sql/outbox.sql")
+	if err != nil {
+		return fmt.Errorf("read sql/outbox.sql (run from the repository root): %w", err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, string(sql)); err != nil {
+		return fmt.Errorf("create outbox: %w", err)
+	}
+
+	// Create the topics up front: auto-creation on first use adds a few
+	// hundred milliseconds to the first records, which would hide the
+	// steady-state latency this demo prints.
+	adm, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers()...))
+	if err != nil {
+		return err
+	}
+	_, err = kadm.NewClient(adm).CreateTopics(ctx, 3, 1, nil,
+		"outbox.event.order", "outbox.event.customer", "outbox.event.burst", "outbox.event.steady", "outbox.dlq")
+	adm.Close()
+	if err != nil {
+		return fmt.Errorf("create topics: %w", err)
+	}
+
+	cfg := config.Default()
+	cfg.Postgres.DSN = dsn
+	cfg.Kafka.Brokers = kafka.Brokers()
+	pc, err := cli.PipelineConfig(&cfg)
+	if err != nil {
+		return err
+	}
+	m := metrics.New()
+	p, err := pipeline.New(pc, m, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		return err
+	}
+	runCtx, stopConnector := context.WithCancel(ctx)
+	defer stopConnector()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(runCtx) }()
+	select {
+	case <-p.Ready():
+	case err := <-done:
+		return err
+	}
+	say("connector running: slot %s, publication %s, topic template %s", cfg.Postgres.Slot, cfg.Postgres.Publication, cfg.Kafka.Topic)
+
+	say("\ninserting 5 events, each in its own business transaction ...")
+	events := [][3]string{
+		{"order", "order-1001", "OrderCreated"}, {"order", "order-1001", "OrderPaid"},
+		{"customer", "cust-7", "CustomerRegistered"}, {"order", "order-1002", "OrderCreated"}, {"order", "order-1001", "OrderShipped"},
+	}
+	for i, e := range events {
+		payload := fmt.Sprintf(`{"n": %d, "note": "event %d of the demo"}`, i+1, i+1)
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4)`,
+			e[0], e[1], e[2], payload); err != nil {
+			return err
+		}
+	}
+	recs, err := consume(ctx, kafka.Brokers(), []string{"outbox.event.order", "outbox.event.customer"}, len(events), 30*time.Second)
+	if err != nil {
+		return err
+	}
+	say("consumed from Kafka:")
+	for _, r := range recs {
+		et := ""
+		for _, h := range r.Headers {
+			if h.Key == "event_type" {
+				et = string(h.Value)
+			}
+		}
+		say("  %-22s p%d@%-3d key=%-10s %-19s %s", r.Topic, r.Partition, r.Offset, r.Key, et, r.Value)
+	}
+
+	const writers, perWriter = 8, 2500
+	say("\nburst: %d writers x %d one-row transactions ...", writers, perWriter)
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		wg.Go(func() {
+			c, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close(context.Background())
+			for i := 0; i < perWriter; i++ {
+				if _, err := c.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+					VALUES ('burst', $1, 'Tick', jsonb_build_object('i', $2::int))`, fmt.Sprintf("agg-%d", i%100), i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	wrote := time.Since(start)
+	burst, err := consume(ctx, kafka.Brokers(), []string{"outbox.event.burst"}, writers*perWriter, 2*time.Minute)
+	if err != nil {
+		return err
+	}
+	total := time.Since(start)
+	if len(burst) < writers*perWriter {
+		return fmt.Errorf("burst: %d records, want %d", len(burst), writers*perWriter)
+	}
+	say("  %d events committed in %v (%.0f/s), all in Kafka after %v (%.0f events/s end to end)",
+		writers*perWriter, wrote.Round(time.Millisecond), float64(writers*perWriter)/wrote.Seconds(),
+		total.Round(time.Millisecond), float64(writers*perWriter)/total.Seconds())
+	p50, p99, n := quantiles(m)
+	say("  commit-to-ack (connector histogram, %d events): p50 <= %s, p99 <= %s", n, p50, p99)
+
+	// Steady: one event every 5 ms, latency seen by a live consumer.
+	const steady = 400
+	say("\nsteady: %d events at 200/s, commit-to-consume measured by a live consumer ...", steady)
+	lc, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers()...), kgo.ConsumeTopics("outbox.event.steady"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.AllowAutoTopicCreation(), kgo.FetchMaxWait(10*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer lc.Close()
+	lats := make(chan []time.Duration, 1)
+	go func() {
+		var ls []time.Duration
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		for len(ls) < steady && cctx.Err() == nil {
+			fs := lc.PollFetches(cctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) { ls = append(ls, now.Sub(r.Timestamp)) })
+		}
+		lats <- ls
+	}()
+	tick := time.NewTicker(5 * time.Millisecond)
+	for i := 0; i < steady; i++ {
+		<-tick.C
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('steady', $1, 'Tick', '{}')`, fmt.Sprintf("s-%d", i%10)); err != nil {
+			return err
+		}
+	}
+	tick.Stop()
+	ls := <-lats
+	if len(ls) < steady {
+		return fmt.Errorf("steady: consumed %d of %d", len(ls), steady)
+	}
+	sort.Slice(ls, func(i, j int) bool { return ls[i] < ls[j] })
+	say("  commit-to-consume p50 %v, p99 %v, max %v (record timestamps are ms, so +-1ms)",
+		ls[len(ls)/2].Round(100*time.Microsecond), ls[len(ls)*99/100].Round(100*time.Microsecond), ls[len(ls)-1].Round(100*time.Microsecond))
+
+	stopConnector()
+	if err := <-done; err != nil {
+		return err
+	}
+	say("\nconnector stopped cleanly; confirmed LSN is the last acknowledged transaction.")
+	return nil
+}
+
+func consume(ctx context.Context, brokers, topics []string, n int, timeout time.Duration) ([]*kgo.Record, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < n {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return recs, fmt.Errorf("consumed %d of %d records: %w", len(recs), n, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	return recs, nil
+}
+
+// quantiles reads p50 and p99 upper bounds from the commit_to_ack histogram.
+func quantiles(m *metrics.Metrics) (p50, p99 string, count uint64) {
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		return "?", "?", 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "outbox_cdc_commit_to_ack_seconds" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		count = h.GetSampleCount()
+		bs := h.GetBucket()
+		sort.Slice(bs, func(i, j int) bool { return bs[i].GetUpperBound() < bs[j].GetUpperBound() })
+		find := func(q float64) string {
+			for _, b := range bs {
+				if float64(b.GetCumulativeCount()) >= q*float64(count) {
+					return (time.Duration(b.GetUpperBound() * float64(time.Second))).String()
+				}
+			}
+			return "+Inf"
+		}
+		return find(0.5), find(0.99), count
+	}
+	return "?", "?", 0
+}
+
+func say(format string, args ...any) { fmt.Printf(format+"\n", args...) }
