@@ -29,7 +29,11 @@ unit:
 # The integration suite starts a private PostgreSQL and a real Apache Kafka
 # broker itself (internal/testenv); it never skips.
 integration: kafka-jars build
-	OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 30m -v ./test/integration/ 2>&1 | tee .cache/integration.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|integration:|panic)|_test.go'; exit $${PIPESTATUS[0]}
+	@mkdir -p .cache
+	set -o pipefail; OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 30m -v ./test/integration/ 2>&1 \
+	  | tee .cache/integration.log \
+	  | grep --line-buffered -E '^(=== RUN|--- |    --- |PASS|FAIL|ok|integration:|panic)|_test.go:[0-9]+: [^t]'; \
+	  status=$${PIPESTATUS[0]}; [ $$status -eq 0 ] || tail -100 .cache/integration.log; exit $$status
 
 test: lint unit integration
 

@@ -89,11 +89,14 @@ type connector struct {
 	m      *metrics.Metrics
 }
 
-func startConnector(t *testing.T, cfg *config.Config) *connector {
+func startConnector(t *testing.T, cfg *config.Config, tune ...func(*pipeline.Config)) *connector {
 	t.Helper()
 	pc, err := cli.PipelineConfig(cfg)
 	if err != nil {
 		t.Fatalf("pipeline config: %v", err)
+	}
+	for _, f := range tune {
+		f(&pc)
 	}
 	m := metrics.New()
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))

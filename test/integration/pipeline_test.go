@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
 
 // committed runs fn in a transaction and returns the wall-clock bounds of
@@ -322,7 +325,17 @@ func TestWatermarkHoldsWhileBrokerDown(t *testing.T) {
 	createOutbox(t, dsn, "outbox", "jsonb")
 	cfg := testConfig(t, dsn, "public.outbox", "watermark")
 	cfg.Kafka.RequestTimeout = 5 * time.Second
-	startConnector(t, cfg)
+	// Tiny buffers so the stall reaches the replication stream, and a short
+	// wal_sender_timeout: the stream must keep the walsender alive while it
+	// cannot read (no reconnect may happen).
+	cfg.Kafka.MaxBufferedRecords = 3
+	exec1(t, dsn, "ALTER SYSTEM SET wal_sender_timeout = '2s'")
+	exec1(t, dsn, "SELECT pg_reload_conf()")
+	t.Cleanup(func() {
+		exec1(t, dsn, "ALTER SYSTEM RESET wal_sender_timeout")
+		exec1(t, dsn, "SELECT pg_reload_conf()")
+	})
+	c := startConnector(t, cfg, func(pc *pipeline.Config) { pc.QueueSize = 2 })
 	conn := pgConnect(t, dsn)
 
 	// Make sure the topic exists before the broker goes away.
@@ -346,7 +359,7 @@ func TestWatermarkHoldsWhileBrokerDown(t *testing.T) {
 	}
 	// The first unacknowledged transaction ends after this position.
 	afterFirst := currentLSN(t, conn)
-	held := time.Now().Add(5 * time.Second) // many status intervals
+	held := time.Now().Add(6 * time.Second) // three wal_sender_timeouts
 	for time.Now().Before(held) {
 		if c := slotConfirmed(t, dsn, "watermark"); c >= afterFirst {
 			t.Fatalf("slot confirmed %v while events up to %v were unacknowledged", c, afterFirst)
@@ -354,6 +367,9 @@ func TestWatermarkHoldsWhileBrokerDown(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 
+	if n := testutil.ToFloat64(c.m.Reconnects); n != 0 {
+		t.Errorf("%v replication reconnects while Kafka was down: the stalled stream let the walsender time out", n)
+	}
 	if err := kafkaServer.Restart(ctx); err != nil {
 		t.Fatalf("restart kafka: %v", err)
 	}
@@ -397,4 +413,34 @@ func TestCleanRestartPublishesNothingTwice(t *testing.T) {
 		t.Fatalf("got %d records after a clean restart, want exactly 400", len(recs))
 	}
 	checkKeyOrder(t, recs)
+}
+
+// TestReconnectAfterWalsenderKilled terminates the walsender while events
+// are written: the connector reconnects by itself and loses nothing.
+func TestReconnectAfterWalsenderKilled(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	c := startConnector(t, testConfig(t, dsn, "public.outbox", "reconnect"))
+	conn := pgConnect(t, dsn)
+	const n = 300
+	for i := 1; i <= n; i++ {
+		committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "reconnect", "k", "E", fmt.Sprintf(`{"seq": %d}`, i)) })
+		if i%100 == 0 {
+			exec1(t, dsn, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'reconnect' AND active_pid IS NOT NULL")
+		}
+	}
+	recs := consumeN(t, []string{"outbox.event.reconnect"}, n, 2*time.Minute, time.Second)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		seen[string(r.Value)] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct events after walsender kills, want %d", len(seen), n)
+	}
+	if got := testutil.ToFloat64(c.m.Reconnects); got < 1 {
+		t.Errorf("reconnects = %v, want at least 1", got)
+	}
+	t.Logf("%d records for %d events over %v reconnects", len(recs), n, testutil.ToFloat64(c.m.Reconnects))
+	end := currentLSN(t, conn)
+	waitFor(t, time.Minute, "slot to catch up", func() bool { return slotConfirmed(t, dsn, "reconnect") >= end })
 }
