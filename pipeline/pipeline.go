@@ -4,7 +4,8 @@
 // Two goroutines run while the connector streams: the stream (owner of the
 // PostgreSQL connection) and the processor (owner of the decoder, router and
 // the tracker's write side). Broker acknowledgements arrive on franz-go's
-// goroutines and only touch the tracker and the metrics.
+// goroutines and only touch the tracker and the metrics. A checkpoint loop
+// and a monitor (heartbeat, slot statistics) run beside them.
 package pipeline
 
 import (
@@ -26,6 +27,13 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
+// CheckpointStore saves the acknowledged position durably.
+type CheckpointStore interface {
+	Load(ctx context.Context) (offsets.Checkpoint, error)
+	Save(ctx context.Context, c offsets.Checkpoint) error
+	Close()
+}
+
 // Config is everything the pipeline needs, already validated.
 type Config struct {
 	Source         replication.Source
@@ -39,6 +47,41 @@ type Config struct {
 	// QueueSize is how many WAL messages may wait between the stream and the
 	// processor.
 	QueueSize int
+
+	// Checkpoints is nil when checkpoint.store is none.
+	Checkpoints CheckpointStore
+	// RetainFor / RetainBytes hold the confirmed position back (replay window).
+	RetainFor   time.Duration
+	RetainBytes int64
+	// Heartbeat is the interval of the non-transactional heartbeat message.
+	Heartbeat time.Duration
+	// MonitorInterval is how often slot statistics are read (default 10s).
+	MonitorInterval time.Duration
+	// RetainedWALWarn logs a warning above this many retained bytes.
+	RetainedWALWarn int64
+	// MessagePrefix enables the table-less outbox.
+	MessagePrefix string
+	// Snapshot is "pending" to publish existing rows when the slot is created.
+	Snapshot       string
+	SnapshotFilter string
+
+	// Replay, when set, turns the pipeline into a one-shot replay.
+	Replay *Replay
+}
+
+// Replay publishes again what was committed in [From, To).
+type Replay struct {
+	From, To    lsn.LSN // To zero: the server's WAL position at start
+	TopicPrefix string
+	// Progress, when set, is called about once a second and at the end.
+	Progress func(ReplayProgress)
+}
+
+// ReplayProgress reports a running replay.
+type ReplayProgress struct {
+	From, To, At lsn.LSN
+	Events       int64
+	Done         bool
 }
 
 // Pipeline is one running connector.
@@ -50,6 +93,11 @@ type Pipeline struct {
 	router  *router.Router
 	tracker *offsets.Tracker
 	sink    *sink.Sink
+
+	skipBelow lsn.LSN // transactions committed before this were delivered already
+	snapDone  atomic.Bool
+	replayed  atomic.Int64
+	replayAt  atomic.Uint64
 
 	streaming atomic.Bool
 	fatalOnce sync.Once
@@ -69,6 +117,9 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 30 * time.Second
 	}
+	if cfg.MonitorInterval <= 0 {
+		cfg.MonitorInterval = 10 * time.Second
+	}
 	return &Pipeline{cfg: cfg, log: log, m: m, router: r, fatal: make(chan error, 1), ready: make(chan struct{})}, nil
 }
 
@@ -78,31 +129,57 @@ func (p *Pipeline) Ready() <-chan struct{} { return p.ready }
 // Streaming reports whether the replication connection is up.
 func (p *Pipeline) Streaming() bool { return p.streaming.Load() }
 
+// errReplayDone ends the processor when a replay reached its end.
+var errReplayDone = errors.New("replay reached its end")
+
 // Run sets up the slot and streams until ctx ends, then stops reading,
 // drains in-flight records, confirms the watermark and returns nil; or it
-// returns the first fatal error.
+// returns the first fatal error. In replay mode it returns once the range is
+// published and acknowledged.
 func (p *Pipeline) Run(ctx context.Context) error {
-	confirmed, err := replication.Setup(ctx, p.cfg.Source)
-	if err != nil {
-		return fmt.Errorf("setup: %w", err)
+	streamCfg := replication.Config{
+		Source:         p.cfg.Source,
+		StatusInterval: p.cfg.StatusInterval,
+		BackoffMax:     p.cfg.BackoffMax,
+		Messages:       p.cfg.MessagePrefix != "",
 	}
-	p.tracker = offsets.NewTracker(confirmed)
-	p.m.ConfirmedLSN.Set(float64(confirmed))
+	var (
+		start lsn.LSN
+		snap  *replication.ExportedSnapshot
+		err   error
+	)
+	if p.cfg.Replay != nil {
+		start, err = p.setupReplay(ctx, &streamCfg)
+	} else {
+		start, snap, err = p.setup(ctx)
+		streamCfg.StartLSN = p.skipBelow
+	}
+	if err != nil {
+		return err
+	}
+	p.tracker = offsets.NewTracker(start)
+	p.m.ConfirmedLSN.Set(float64(start))
 	p.sink, err = sink.New(p.cfg.Sink, p.log)
 	if err != nil {
+		if snap != nil {
+			snap.Close(ctx)
+		}
 		return err
 	}
 	defer p.sink.Close()
 
-	stream := replication.NewStream(replication.Config{
-		Source:         p.cfg.Source,
-		StatusInterval: p.cfg.StatusInterval,
-		BackoffMax:     p.cfg.BackoffMax,
-	}, p.tracker, p.m, p.log)
+	var pos replication.Positions = p.tracker
+	if p.cfg.RetainFor > 0 || p.cfg.RetainBytes > 0 {
+		pos = &windowed{Tracker: p.tracker, w: offsets.NewWindow(p.cfg.RetainFor, p.cfg.RetainBytes)}
+	}
+	stream := replication.NewStream(streamCfg, pos, p.m, p.log)
 	stream.OnConnected = p.streaming.Store
 
+	// The stream and the producer outlive ctx: they drain after a stop.
 	streamCtx, stopStream := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStream()
+	produceCtx, stopProduce := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopProduce()
 	procCtx, stopProc := context.WithCancel(ctx)
 	defer stopProc()
 
@@ -118,23 +195,35 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	procDone := make(chan struct{})
 	go func() {
 		defer close(procDone)
-		procErr = p.process(procCtx, queue)
+		procErr = p.process(procCtx, produceCtx, queue, snap)
+		if procErr != nil && !errors.Is(procErr, context.Canceled) {
+			p.fail(procErr)
+		}
 	}()
-	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "confirmed", confirmed)
+	aux, stopAux := context.WithCancel(context.WithoutCancel(ctx))
+	var auxWG sync.WaitGroup
+	if p.cfg.Replay == nil {
+		if p.cfg.Checkpoints != nil {
+			auxWG.Go(func() { p.checkpointLoop(aux) })
+		}
+		auxWG.Go(func() { p.monitor(aux) })
+	} else if p.cfg.Replay.Progress != nil {
+		auxWG.Go(func() { p.progressLoop(aux) })
+	}
+	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "from", start)
 	close(p.ready)
 
-	// Wait for a stop request or a fatal error.
 	var runErr error
 	select {
 	case <-ctx.Done():
 	case runErr = <-p.fatal:
 	}
+	if errors.Is(runErr, errReplayDone) {
+		runErr = nil
+	}
 	stream.StopReading()
 	stopProc()
 	<-procDone
-	if runErr == nil && procErr != nil && !errors.Is(procErr, context.Canceled) {
-		runErr = procErr
-	}
 
 	// Drain: everything produced gets an outcome, so the final confirmation
 	// covers as much as possible. A fatal error still drains: acks are acks.
@@ -144,29 +233,153 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			"inflight", p.tracker.InFlight(), "err", err)
 	}
 	cancel()
+	stopProduce()
 	stopStream()
 	wg.Wait()
-	p.log.Info("connector stopped", "confirmed", p.tracker.Acked(), "inflight", p.tracker.InFlight())
-	if runErr == nil {
+	stopAux()
+	auxWG.Wait()
+	if p.cfg.Checkpoints != nil && p.cfg.Replay == nil {
+		p.saveCheckpoint(context.WithoutCancel(ctx), 0)
+		p.cfg.Checkpoints.Close()
+	}
+	if r := p.cfg.Replay; r != nil && r.Progress != nil {
+		r.Progress(p.replayProgress(runErr == nil))
+	}
+	p.log.Info("connector stopped", "acknowledged", p.tracker.Acked(), "inflight", p.tracker.InFlight())
+	if runErr == nil && streamErr != nil {
 		runErr = streamErr
 	}
+	if runErr == nil && procErr != nil && !errors.Is(procErr, context.Canceled) && !errors.Is(procErr, errReplayDone) {
+		runErr = procErr
+	}
 	return runErr
+}
+
+// setup loads the checkpoint, prepares the slot (and, on its creation in
+// snapshot mode, its exported snapshot) and returns the start position.
+func (p *Pipeline) setup(ctx context.Context) (lsn.LSN, *replication.ExportedSnapshot, error) {
+	if err := replication.Check(ctx, p.cfg.Source); err != nil {
+		return 0, nil, fmt.Errorf("setup: %w", err)
+	}
+	if err := replication.EnsurePublication(ctx, p.cfg.Source); err != nil {
+		return 0, nil, fmt.Errorf("setup: %w", err)
+	}
+	var ckpt offsets.Checkpoint
+	haveCkpt := false
+	if p.cfg.Checkpoints != nil {
+		c, err := p.cfg.Checkpoints.Load(ctx)
+		switch {
+		case err == nil:
+			ckpt, haveCkpt = c, true
+		case !errors.Is(err, offsets.ErrNoCheckpoint):
+			return 0, nil, fmt.Errorf("load checkpoint: %w", err)
+		}
+	}
+	pending := p.cfg.Snapshot == "pending"
+	if pending && haveCkpt && !ckpt.SnapshotDone {
+		// The last run died inside the initial snapshot, whose exported
+		// snapshot is gone: start over with a new slot and a new snapshot.
+		p.log.Warn("initial snapshot did not finish; recreating the slot to take it again", "slot", p.cfg.Source.Slot)
+		if err := replication.DropSlot(ctx, p.cfg.Source.DSN, p.cfg.Source.Slot); err != nil {
+			return 0, nil, fmt.Errorf("redo snapshot: %w", err)
+		}
+		haveCkpt, ckpt = false, offsets.Checkpoint{}
+	}
+	res, err := replication.Setup(ctx, p.cfg.Source, pending)
+	if err != nil {
+		return 0, nil, fmt.Errorf("setup: %w", err)
+	}
+	if pending && !res.Created && !(haveCkpt && ckpt.SnapshotDone) {
+		p.log.Info("snapshot.mode pending applies when the slot is created; the slot exists, streaming from it", "slot", p.cfg.Source.Slot)
+	}
+	p.snapDone.Store(!pending || res.Snapshot == nil || ckpt.SnapshotDone)
+	start := res.Confirmed
+	if haveCkpt && ckpt.LSN > start {
+		// The slot went back (PostgreSQL crash, or the replay window): what
+		// lies between was acknowledged already.
+		p.log.Info("resuming after the checkpoint", "checkpoint", ckpt.LSN, "slot_confirmed", res.Confirmed)
+		start = ckpt.LSN
+	}
+	p.skipBelow = start
+	if haveCkpt {
+		p.m.CheckpointLSN.Set(float64(ckpt.LSN))
+	}
+	if res.Snapshot != nil && p.cfg.Checkpoints != nil {
+		// Mark the snapshot as started, so a crash inside it is redone.
+		if err := p.cfg.Checkpoints.Save(ctx, offsets.Checkpoint{LSN: res.Snapshot.ConsistentPoint}); err != nil {
+			res.Snapshot.Close(ctx)
+			return 0, nil, fmt.Errorf("save checkpoint: %w", err)
+		}
+	}
+	return start, res.Snapshot, nil
+}
+
+// setupReplay checks the range against what the slot retains and points
+// the stream at a temporary copy of the slot.
+func (p *Pipeline) setupReplay(ctx context.Context, sc *replication.Config) (lsn.LSN, error) {
+	r := p.cfg.Replay
+	info, err := replication.Slot(ctx, p.cfg.Source.DSN, p.cfg.Source.Slot)
+	if err != nil {
+		return 0, fmt.Errorf("replay: slot %s: %w", p.cfg.Source.Slot, err)
+	}
+	if r.From < info.Confirmed {
+		return 0, &replication.PrerequisiteError{
+			Problem: fmt.Sprintf("LSN %v is older than what slot %s retains", r.From, p.cfg.Source.Slot),
+			Fix:     fmt.Sprintf("the oldest replayable LSN is %v; keep a longer window with postgres.retain", info.Confirmed),
+		}
+	}
+	if r.To == 0 {
+		r.To = info.CurrentWAL
+	}
+	if r.To <= r.From {
+		return 0, fmt.Errorf("replay: --to-lsn %v is not after --from-lsn %v", r.To, r.From)
+	}
+	sc.CopyOf = p.cfg.Source.Slot
+	sc.Slot = fmt.Sprintf("%s_replay_%d", p.cfg.Source.Slot, time.Now().UnixNano()%1_000_000)
+	sc.StartLSN = r.From
+	p.skipBelow = r.From
+	p.snapDone.Store(true)
+	return r.From, nil
 }
 
 func (p *Pipeline) fail(err error) {
 	p.fatalOnce.Do(func() { p.fatal <- err })
 }
 
+// windowed holds the confirmed position back by the replay window.
+type windowed struct {
+	*offsets.Tracker
+	mu sync.Mutex
+	w  *offsets.Window
+}
+
+func (w *windowed) Acked() lsn.LSN {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.Confirmable(time.Now(), w.Tracker.Acked())
+}
+
 // process is the processor goroutine: it decodes, routes and produces, in WAL
-// order, and tells the tracker where each transaction ends.
-func (p *Pipeline) process(ctx context.Context, queue <-chan replication.Message) error {
+// order, and tells the tracker where each transaction ends. produceCtx
+// governs records handed to the sink; it outlives ctx so a stop drains them.
+func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replication.Message, snap *replication.ExportedSnapshot) error {
+	if snap != nil {
+		if err := p.snapshot(ctx, produceCtx, snap); err != nil {
+			return err
+		}
+	}
 	dec := decode.NewDecoder(p.cfg.Mapping)
 	var (
 		txn        *offsets.Txn
+		skip       bool // transaction delivered before (below the checkpoint)
 		commitTime time.Time
-		dispatched lsn.LSN // end of the last transaction fully handed to the sink
+		dispatched = p.skipBelow // end of the last transaction fully handed to the sink
 		rec        router.Record
 	)
+	stopAt := lsn.LSN(0)
+	if p.cfg.Replay != nil {
+		stopAt = p.cfg.Replay.To
+	}
 	for {
 		var m replication.Message
 		select {
@@ -184,6 +397,9 @@ func (p *Pipeline) process(ctx context.Context, queue <-chan replication.Message
 			continue
 		case replication.Keepalive:
 			if txn == nil {
+				if stopAt != 0 && m.WALEnd >= stopAt {
+					return errReplayDone
+				}
 				p.tracker.Idle(m.WALEnd)
 			}
 			continue
@@ -194,7 +410,13 @@ func (p *Pipeline) process(ctx context.Context, queue <-chan replication.Message
 		}
 		switch res.Kind {
 		case decode.KindBegin:
+			if stopAt != 0 && res.Begin.FinalLSN >= stopAt {
+				return errReplayDone
+			}
 			txn = p.tracker.Begin()
+			// PostgreSQL skips these when streaming starts at the checkpoint;
+			// this also covers a reconnect that resumed lower.
+			skip = res.Begin.FinalLSN < p.skipBelow
 			commitTime = res.Begin.CommitTime
 			p.m.Transactions.Inc()
 		case decode.KindCommit:
@@ -202,7 +424,8 @@ func (p *Pipeline) process(ctx context.Context, queue <-chan replication.Message
 				return fmt.Errorf("commit at %v without begin", m.WALStart)
 			}
 			p.tracker.Commit(txn, res.Commit.EndLSN)
-			dispatched = res.Commit.EndLSN
+			dispatched = max(dispatched, res.Commit.EndLSN)
+			p.replayAt.Store(uint64(res.Commit.EndLSN))
 			txn = nil
 		case decode.KindRelation:
 			if res.Relation.Outbox && res.Relation.Invalid != "" {
@@ -213,7 +436,25 @@ func (p *Pipeline) process(ctx context.Context, queue <-chan replication.Message
 			if txn == nil {
 				return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
 			}
-			if err := p.publish(ctx, txn, commitTime, &res.Event, m.Data, &rec); err != nil {
+			if skip {
+				continue
+			}
+			if err := p.publish(produceCtx, txn, commitTime, &res.Event, m.Data, &rec); err != nil {
+				return err
+			}
+		case decode.KindMessage:
+			msg := &res.Message
+			if p.cfg.MessagePrefix == "" || !msg.Transactional || msg.Prefix != p.cfg.MessagePrefix {
+				continue // heartbeats and other applications' messages
+			}
+			if txn == nil {
+				return fmt.Errorf("transactional message at %v outside a transaction", m.WALStart)
+			}
+			if skip {
+				continue
+			}
+			ev := parseMessage(msg.Content)
+			if err := p.publish(produceCtx, txn, commitTime, &ev, msg.Content, &rec); err != nil {
 				return err
 			}
 		}
@@ -227,6 +468,9 @@ func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, commit time.Ti
 		p.router.DeadLetter(ev, commit, reason, rec)
 		d.reason, d.id = reason, string(ev.ID.Bytes)
 	}
+	if r := p.cfg.Replay; r != nil && r.TopicPrefix != "" {
+		rec.Topic = r.TopicPrefix + rec.Topic
+	}
 	// The record must outlive this message's decoding: slices outside msg
 	// (bytea values decoded into the decoder's buffer) are copied.
 	rec.Key = own(rec.Key, msg)
@@ -236,10 +480,7 @@ func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, commit time.Ti
 	}
 	p.tracker.Add(txn)
 	p.m.InFlight.Set(float64(p.tracker.InFlight()))
-	if err := p.sink.Produce(ctx, rec, d); err != nil {
-		return err
-	}
-	return nil
+	return p.sink.Produce(ctx, rec, d)
 }
 
 // own returns b if it lies inside buf, else a copy of it.
@@ -273,6 +514,7 @@ func (d *delivery) Delivered(o sink.Outcome) {
 		// Not acknowledged: the watermark stays before this transaction.
 		return
 	}
+	now := time.Now()
 	if o.DeadLettered {
 		p.m.DeadLettered.Inc()
 		if d.reason != "" {
@@ -280,8 +522,10 @@ func (d *delivery) Delivered(o sink.Outcome) {
 		}
 	} else {
 		p.m.Published.Inc()
-		p.m.CommitToAck.Observe(time.Since(d.commit).Seconds())
+		p.m.CommitToAck.Observe(now.Sub(d.commit).Seconds())
 	}
+	p.m.EventAcked(now)
+	p.replayed.Add(1)
 	p.tracker.Ack(d.txn)
 	p.m.InFlight.Set(float64(p.tracker.InFlight()))
 }

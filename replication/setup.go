@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -41,7 +42,7 @@ func (e *PrerequisiteError) Error() string { return e.Problem + "; " + e.Fix }
 func Check(ctx context.Context, src Source) error {
 	conn, err := pgx.Connect(ctx, src.DSN)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return fmt.Errorf("connect: %w", classify(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return check(ctx, conn, src)
@@ -108,21 +109,92 @@ func check(ctx context.Context, conn *pgx.Conn, src Source) error {
 	return errors.Join(problems...)
 }
 
-// Setup checks the prerequisites, then creates the publication and the slot
-// when they are missing, and returns the slot's confirmed position.
-func Setup(ctx context.Context, src Source) (confirmed lsn.LSN, err error) {
+// Setup is the state of the slot after setup.
+type SetupResult struct {
+	// Confirmed is the slot's confirmed position.
+	Confirmed lsn.LSN
+	// Created is true when the slot was created by this call.
+	Created bool
+	// Snapshot is set when the slot was created with an exported snapshot;
+	// the caller reads it, then closes it.
+	Snapshot *ExportedSnapshot
+}
+
+// ExportedSnapshot is the snapshot a new slot exported: reading the table in
+// it (SET TRANSACTION SNAPSHOT) sees exactly the rows committed before the
+// slot's first change (PG docs 55.4, CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT).
+// It stays valid until Close.
+type ExportedSnapshot struct {
+	Name            string
+	ConsistentPoint lsn.LSN
+	conn            *pgconn.PgConn
+}
+
+// Close ends the snapshot.
+func (e *ExportedSnapshot) Close(ctx context.Context) { e.conn.Close(ctx) }
+
+// Setup creates the slot when it is missing; call Check and
+// EnsurePublication first. With exportSnapshot, a slot it creates exports its snapshot
+// in the result.
+func Setup(ctx context.Context, src Source, exportSnapshot bool) (SetupResult, error) {
 	conn, err := pgx.Connect(ctx, src.DSN)
 	if err != nil {
-		return 0, fmt.Errorf("connect: %w", err)
+		return SetupResult{}, fmt.Errorf("connect: %w", classify(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := check(ctx, conn, src); err != nil {
-		return 0, err
+	if exportSnapshot {
+		if _, err := slotInfo(ctx, conn, src.Slot); errors.Is(err, errNoSlot) {
+			return createWithSnapshot(ctx, src)
+		}
 	}
-	if err := ensurePublication(ctx, conn, src); err != nil {
-		return 0, err
+	confirmed, created, err := ensureSlot(ctx, conn, src)
+	return SetupResult{Confirmed: confirmed, Created: created}, err
+}
+
+// createWithSnapshot creates the slot on a replication connection, which
+// must stay open while the exported snapshot is in use.
+func createWithSnapshot(ctx context.Context, src Source) (SetupResult, error) {
+	rc, err := Connect(ctx, src.DSN)
+	if err != nil {
+		return SetupResult{}, err
 	}
-	return ensureSlot(ctx, conn, src)
+	res, err := pglogrepl.CreateReplicationSlot(ctx, rc, src.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		rc.Close(context.WithoutCancel(ctx))
+		return SetupResult{}, fmt.Errorf("create replication slot %s: %w", src.Slot, classify(err))
+	}
+	cp, err := lsn.Parse(res.ConsistentPoint)
+	if err != nil {
+		rc.Close(context.WithoutCancel(ctx))
+		return SetupResult{}, fmt.Errorf("create replication slot %s: %w", src.Slot, err)
+	}
+	return SetupResult{Confirmed: cp, Created: true,
+		Snapshot: &ExportedSnapshot{Name: res.SnapshotName, ConsistentPoint: cp, conn: rc}}, nil
+}
+
+// DropSlot drops the slot (it must be inactive).
+func DropSlot(ctx context.Context, dsn, slot string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot); err != nil {
+		return fmt.Errorf("drop slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// EnsurePublication creates the publication if it is missing and checks it
+// publishes inserts of the outbox table.
+func EnsurePublication(ctx context.Context, src Source) error {
+	conn, err := pgx.Connect(ctx, src.DSN)
+	if err != nil {
+		return fmt.Errorf("connect: %w", classify(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return ensurePublication(ctx, conn, src)
 }
 
 func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
@@ -168,44 +240,46 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
 	return nil
 }
 
-func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source) (lsn.LSN, error) {
+func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source) (confirmed lsn.LSN, created bool, err error) {
 	info, err := slotInfo(ctx, conn, src.Slot)
 	if err == nil {
 		if info.Plugin != "pgoutput" {
-			return 0, &PrerequisiteError{
+			return 0, false, &PrerequisiteError{
 				Problem: fmt.Sprintf("replication slot %s uses plugin %q, not pgoutput", src.Slot, info.Plugin),
 				Fix:     "choose another postgres.slot, or drop this slot if nothing else uses it",
 			}
 		}
 		if info.Database != conn.Config().Database {
-			return 0, &PrerequisiteError{
+			return 0, false, &PrerequisiteError{
 				Problem: fmt.Sprintf("replication slot %s belongs to database %q, not %q", src.Slot, info.Database, conn.Config().Database),
 				Fix:     "connect to the slot's database or choose another postgres.slot",
 			}
 		}
 		if info.WALStatus == "lost" {
-			return 0, errSlotLost(src.Slot)
+			return 0, false, ErrSlotLost(src.Slot)
 		}
-		return info.Confirmed, nil
+		return info.Confirmed, false, nil
 	}
 	if !errors.Is(err, errNoSlot) {
-		return 0, err
+		return 0, false, err
 	}
-	var created lsn.LSN
-	if err := conn.QueryRow(ctx, "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')", src.Slot).Scan(&created); err != nil {
+	var at string
+	if err := conn.QueryRow(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", src.Slot).Scan(&at); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by a standby connector
 			info, err := slotInfo(ctx, conn, src.Slot)
-			return info.Confirmed, err
+			return info.Confirmed, false, err
 		}
-		return 0, fmt.Errorf("create replication slot %s: %w", src.Slot, err)
+		return 0, false, fmt.Errorf("create replication slot %s: %w", src.Slot, err)
 	}
-	return created, nil
+	pos, err := lsn.Parse(at)
+	return pos, true, err
 }
 
 var errNoSlot = errors.New("no such slot")
 
-func errSlotLost(slot string) error {
+// ErrSlotLost is the fatal error for an invalidated slot.
+func ErrSlotLost(slot string) error {
 	return &PrerequisiteError{
 		Problem: fmt.Sprintf("replication slot %s was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)", slot),
 		Fix:     "events after its last confirmed position may be missing from Kafka; drop the slot, recreate it and reconcile",
@@ -222,6 +296,24 @@ type SlotInfo struct {
 	Restart   lsn.LSN
 	Confirmed lsn.LSN
 	WALStatus string
+	// CurrentWAL is the server's current WAL write position.
+	CurrentWAL lsn.LSN
+}
+
+// RetainedBytes is the WAL the slot keeps from being removed.
+func (s SlotInfo) RetainedBytes() int64 {
+	if s.Restart == 0 || s.CurrentWAL < s.Restart {
+		return 0
+	}
+	return int64(s.CurrentWAL - s.Restart)
+}
+
+// LagBytes is the WAL written but not yet confirmed.
+func (s SlotInfo) LagBytes() int64 {
+	if s.Confirmed == 0 || s.CurrentWAL < s.Confirmed {
+		return 0
+	}
+	return int64(s.CurrentWAL - s.Confirmed)
 }
 
 func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error) {
@@ -229,10 +321,11 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 	var pid *int32
 	var plugin, db, walStatus *string
 	var restart, confirmed *string
+	var current string
 	err := conn.QueryRow(ctx, `SELECT slot_name, plugin, database, active, active_pid,
-		restart_lsn::text, confirmed_flush_lsn::text, wal_status
+		restart_lsn::text, confirmed_flush_lsn::text, wal_status, pg_current_wal_lsn()::text
 		FROM pg_replication_slots WHERE slot_name = $1`, slot).
-		Scan(&s.Name, &plugin, &db, &s.Active, &pid, &restart, &confirmed, &walStatus)
+		Scan(&s.Name, &plugin, &db, &s.Active, &pid, &restart, &confirmed, &walStatus, &current)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, errNoSlot
 	}
@@ -249,8 +342,12 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 	if confirmed != nil {
 		s.Confirmed, _ = lsn.Parse(*confirmed)
 	}
+	s.CurrentWAL, _ = lsn.Parse(current)
 	return s, nil
 }
+
+// ErrNoSlot is returned by Slot when the slot does not exist.
+var ErrNoSlot = errNoSlot
 
 // Slot reads the slot's state, for status and tests.
 func Slot(ctx context.Context, dsn, slot string) (SlotInfo, error) {

@@ -66,6 +66,17 @@ type Config struct {
 	ConfirmDelay time.Duration
 	// BackoffMax caps the reconnect backoff.
 	BackoffMax time.Duration
+	// StartLSN is where streaming starts; PostgreSQL skips transactions
+	// whose commit record lies before it (zero: the slot's confirmed
+	// position). Reconnects start after the last dispatched transaction.
+	StartLSN lsn.LSN
+	// Messages asks pgoutput for logical decoding messages too (PG 14+).
+	Messages bool
+	// CopyOf, when set, streams from a temporary copy of that slot made on
+	// each connection (replay): Slot names the copy. The copy starts at the
+	// original's confirmed position and vanishes with the connection, so a
+	// connection loss is fatal.
+	CopyOf string
 }
 
 // Stream reads the slot and confirms the acknowledged watermark.
@@ -122,7 +133,7 @@ func (s *Stream) reading() bool {
 // retried with backoff for ever.
 func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
 	defer s.StopReading()
-	var start lsn.LSN // zero: the slot's confirmed position
+	start := s.cfg.StartLSN
 	backoff := 100 * time.Millisecond
 	for {
 		began := time.Now()
@@ -138,6 +149,9 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
 		}
 		if IsFatal(err) {
 			return err
+		}
+		if s.cfg.CopyOf != "" {
+			return &FatalError{Err: fmt.Errorf("replay connection lost: %w", err)}
 		}
 		if time.Since(began) > time.Minute {
 			backoff = 100 * time.Millisecond
@@ -177,6 +191,16 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 
 	// pgoutput options, PG docs 55.5 "Logical Streaming Replication Parameters".
 	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(quoteIdent(s.cfg.Publication))}
+	if s.cfg.Messages {
+		args = append(args, "messages 'true'")
+	}
+	if s.cfg.CopyOf != "" {
+		// A temporary slot belongs to the session that made it.
+		sql := fmt.Sprintf("SELECT pg_copy_logical_replication_slot(%s, %s, true)", quoteLiteral(s.cfg.CopyOf), quoteLiteral(s.cfg.Slot))
+		if _, err := conn.Exec(ctx, sql).ReadAll(); err != nil {
+			return fmt.Errorf("copy slot %s: %w", s.cfg.CopyOf, classify(err))
+		}
+	}
 	if err := pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, pglogrepl.LSN(start),
 		pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		return fmt.Errorf("start replication: %w", classify(err))

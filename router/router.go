@@ -71,10 +71,13 @@ func New(cfg Config) (*Router, error) {
 	if strings.Contains(after, Placeholder) {
 		return nil, fmt.Errorf("kafka.topic %q: %s may appear once", cfg.TopicTemplate, Placeholder)
 	}
-	if !found {
-		if reason := CheckTopic(cfg.TopicTemplate); reason != "" {
-			return nil, fmt.Errorf("kafka.topic %q: %s", cfg.TopicTemplate, reason)
-		}
+	// The literal text must be legal too: check the template with a stand-in
+	// aggregate type, so a bad prefix stops start-up instead of dead-lettering
+	// every event.
+	if reason := CheckTopic(before + "x" + after); found && reason != "" {
+		return nil, fmt.Errorf("kafka.topic %q: %s", cfg.TopicTemplate, reason)
+	} else if reason := CheckTopic(cfg.TopicTemplate); !found && reason != "" {
+		return nil, fmt.Errorf("kafka.topic %q: %s", cfg.TopicTemplate, reason)
 	}
 	if reason := CheckTopic(cfg.DLQTopic); reason != "" {
 		return nil, fmt.Errorf("kafka.dlq_topic %q: %s", cfg.DLQTopic, reason)

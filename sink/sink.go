@@ -62,9 +62,12 @@ type Sink struct {
 	// goroutine: producing from a promise can deadlock on a full buffer.
 	mu      sync.Mutex
 	queue   []retry
+	pending int  // copies queued or not yet handed to the client
+	closed  bool // the worker stopped: refusals fail at once
 	wake    chan struct{}
 	stop    chan struct{}
 	stopped chan struct{}
+	once    sync.Once
 }
 
 type retry struct {
@@ -147,8 +150,10 @@ type record struct {
 }
 
 // Produce hands rec to the producer; rec may be reused when Produce returns.
-// It blocks while the buffer limits are reached (backpressure) and fails only
-// when ctx ends, in which case done is never called.
+// It blocks while the buffer limits are reached (backpressure). ctx also
+// governs the record until it is sent: cancelling it fails records still
+// buffered (with a shutdown outcome), so pass a context that outlives the
+// drain. done is called exactly once, also when Produce returns ctx's error.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error {
 	r := &record{done: done, sink: s}
 	r.Topic = rec.Topic
@@ -197,7 +202,7 @@ func (s *Sink) complete(rec *kgo.Record, err error, done Done, dead bool) {
 			done.Delivered(Outcome{Err: fmt.Errorf("dead-letter topic %s refused the record: %w", s.dlq, err)})
 			return
 		}
-		reason := fmt.Sprintf("broker refused the record for topic %s: %v", rec.Topic, err)
+		reason := fmt.Sprintf("Kafka refused the record for topic %s: %v", rec.Topic, err)
 		s.enqueue(retry{rec: toDeadLetter(rec, s.dlq, reason), reason: reason, done: done})
 	case ClassShutdown:
 		done.Delivered(Outcome{Err: err})
@@ -208,7 +213,13 @@ func (s *Sink) complete(rec *kgo.Record, err error, done Done, dead bool) {
 
 func (s *Sink) enqueue(r retry) {
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		r.done.Delivered(Outcome{Err: kgo.ErrClientClosed})
+		return
+	}
 	s.queue = append(s.queue, r)
+	s.pending++
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -237,6 +248,10 @@ func (s *Sink) deadLetterLoop() {
 			s.cl.Produce(context.Background(), r.rec, func(rec *kgo.Record, err error) {
 				s.complete(rec, err, r.done, true)
 			})
+			// Now buffered in the client, which Flush waits for.
+			s.mu.Lock()
+			s.pending--
+			s.mu.Unlock()
 		}
 	}
 }
@@ -245,6 +260,8 @@ func (s *Sink) failQueued(err error) {
 	s.mu.Lock()
 	batch := s.queue
 	s.queue = nil
+	s.pending -= len(batch)
+	s.closed = true
 	s.mu.Unlock()
 	for _, r := range batch {
 		r.done.Delivered(Outcome{Err: err})
@@ -259,7 +276,7 @@ func (s *Sink) Flush(ctx context.Context) error {
 		}
 		// A flush can complete records that enqueue dead-letter copies.
 		s.mu.Lock()
-		n := len(s.queue)
+		n := s.pending
 		s.mu.Unlock()
 		if n == 0 && s.cl.BufferedProduceRecords() == 0 {
 			return nil
@@ -275,9 +292,11 @@ func (s *Sink) Flush(ctx context.Context) error {
 // Close stops the dead-letter worker and closes the client; records still
 // buffered fail with a shutdown outcome.
 func (s *Sink) Close() {
-	close(s.stop)
-	<-s.stopped
-	s.cl.Close()
+	s.once.Do(func() {
+		close(s.stop)
+		<-s.stopped
+		s.cl.Close()
+	})
 }
 
 // Client exposes the underlying client to tests and tools in this module

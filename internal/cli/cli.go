@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/router"
@@ -32,6 +33,11 @@ const usage = `usage: outbox-cdc <command> [flags]
 commands:
   run      --config FILE   stream outbox inserts from PostgreSQL to Kafka
   check    --config FILE   validate the configuration and the server prerequisites
+  status   --config FILE [--json] [--lsn LSN]
+                           slot, confirmed and restart LSN, lag, retained WAL, checkpoint,
+                           and whether the replay window covers LSN
+  replay   --config FILE --from-lsn LSN [--to-lsn LSN] [--topic-prefix P]
+                           publish again what was committed in [from, to)
   version                  print the version
 
 The config file may also be given by OUTBOX_CDC_CONFIG; every key can be
@@ -55,7 +61,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	case "version", "--version":
 		fmt.Fprintf(stdout, "outbox-cdc %s\n", Version)
 		return ExitOK
-	case "run", "check":
+	case "run", "check", "status", "replay":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK
@@ -67,7 +73,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", lookupEnv(environ, "OUTBOX_CDC_CONFIG"), "config file (YAML)")
+	var ro replayOpts
+	var so statusOpts
+	switch args[0] {
+	case "replay":
+		fs.Var(&ro.from, "from-lsn", "first LSN to replay (required)")
+		fs.Var(&ro.to, "to-lsn", "end of the range (default: the server's current WAL position)")
+		fs.StringVar(&ro.prefix, "topic-prefix", "", "publish to prefixed topics instead of the normal ones")
+	case "status":
+		fs.BoolVar(&so.json, "json", false, "print JSON")
+		fs.Var(&so.lsn, "lsn", "report whether the replay window covers this LSN")
+	}
 	if err := fs.Parse(args[1:]); err != nil {
+		return ExitUsage
+	}
+	if args[0] == "replay" && ro.from.LSN == 0 {
+		fmt.Fprintln(stderr, "outbox-cdc replay: --from-lsn is required (e.g. --from-lsn 0/1A2B3C4D)")
 		return ExitUsage
 	}
 	if fs.NArg() > 0 {
@@ -86,8 +107,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		return ExitUsage
 	}
 
-	if args[0] == "check" {
+	switch args[0] {
+	case "check":
 		return check(ctx, pc, stdout, stderr)
+	case "status":
+		return status(ctx, cfg, pc, so, stdout, stderr)
+	case "replay":
+		return replay(ctx, pc, ro, log, stdout, stderr)
 	}
 	return run(ctx, cfg, pc, log, stderr)
 }
@@ -157,6 +183,10 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		return pipeline.Config{}, err
 	}
 	cols := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}, cfg.Outbox.HeaderColumns...)
+	retainFor, retainBytes, err := config.RetainWindow(cfg.Postgres.Retain)
+	if err != nil { // validated already
+		return pipeline.Config{}, fmt.Errorf("postgres.retain: %w", err)
+	}
 	return pipeline.Config{
 		Source: replication.Source{
 			DSN: cfg.Postgres.DSN, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
@@ -169,9 +199,28 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,
 			Linger: cfg.Kafka.ProducerLinger, RequestTimeout: cfg.Kafka.RequestTimeout, Compression: cfg.Kafka.Compression,
 		},
-		StatusInterval: cfg.Postgres.StatusInterval,
-		BackoffMax:     cfg.Postgres.ReconnectBackoffMax,
+		StatusInterval:  cfg.Postgres.StatusInterval,
+		BackoffMax:      cfg.Postgres.ReconnectBackoffMax,
+		Checkpoints:     checkpointStore(cfg),
+		RetainFor:       retainFor,
+		RetainBytes:     retainBytes,
+		Heartbeat:       cfg.Postgres.HeartbeatInterval,
+		RetainedWALWarn: cfg.Postgres.RetainedWALWarnBytes,
+		MessagePrefix:   cfg.Outbox.MessagePrefix,
+		Snapshot:        cfg.Snapshot.Mode,
+		SnapshotFilter:  cfg.Snapshot.Filter,
 	}, nil
+}
+
+// checkpointStore builds the configured store; nil for none.
+func checkpointStore(cfg *config.Config) pipeline.CheckpointStore {
+	switch cfg.Checkpoint.Store {
+	case "table":
+		return offsets.NewTableStore(cfg.Postgres.DSN, cfg.Checkpoint.Table, cfg.Postgres.Slot)
+	case "file":
+		return offsets.NewFileStore(cfg.Checkpoint.File)
+	}
+	return nil
 }
 
 func newLogger(c config.Log, w io.Writer) *slog.Logger {

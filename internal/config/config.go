@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,6 +53,30 @@ type Config struct {
 	Kafka    Kafka    `koanf:"kafka"`
 	HTTP     HTTP     `koanf:"http"`
 	Log      Log      `koanf:"log"`
+	// Checkpoint is where the acknowledged position is saved (docs/operations.md).
+	Checkpoint Checkpoint `koanf:"checkpoint"`
+	// Snapshot says what to do with rows already in the outbox when the slot
+	// is first created.
+	Snapshot Snapshot `koanf:"snapshot"`
+}
+
+// Checkpoint configures the durable acknowledged position.
+type Checkpoint struct {
+	// Store is table (in the source database), file, or none.
+	Store string `koanf:"store"`
+	// Table is schema.table of the checkpoint table, created if missing.
+	Table string `koanf:"table"`
+	// File is the checkpoint file when Store is file.
+	File string `koanf:"file"`
+}
+
+// Snapshot configures the initial backlog.
+type Snapshot struct {
+	// Mode is none (start at the slot's creation) or pending (first publish
+	// the rows already in the table, read in the slot's exported snapshot).
+	Mode string `koanf:"mode"`
+	// Filter is an optional SQL predicate for pending, e.g. status = 'PENDING'.
+	Filter string `koanf:"filter"`
 }
 
 // Postgres is the replication source.
@@ -69,6 +94,16 @@ type Postgres struct {
 	StatusInterval time.Duration `koanf:"status_interval"`
 	// ReconnectBackoffMax caps the delay between reconnection attempts.
 	ReconnectBackoffMax time.Duration `koanf:"reconnect_backoff_max"`
+	// Retain keeps a replay window: the slot is confirmed only up to the
+	// acknowledged position minus this duration ("24h") or byte size
+	// ("2GB"); "0" keeps nothing extra. See RetainWindow.
+	Retain string `koanf:"retain"`
+	// HeartbeatInterval is how often a non-transactional logical message is
+	// written so the slot advances on a database with no other writes; 0
+	// disables it.
+	HeartbeatInterval time.Duration `koanf:"heartbeat_interval"`
+	// RetainedWALWarnBytes logs a warning when the slot holds more WAL.
+	RetainedWALWarnBytes int64 `koanf:"retained_wal_warn_bytes"`
 }
 
 // Outbox describes the outbox table.
@@ -83,6 +118,10 @@ type Outbox struct {
 	// event_type and aggregate_type may not, because the connector always
 	// sends headers with those names.
 	HeaderColumns []string `koanf:"header_columns"`
+	// MessagePrefix enables the table-less outbox: transactional logical
+	// messages (pg_logical_emit_message) with this prefix are events too.
+	// Empty disables it.
+	MessagePrefix string `koanf:"message_prefix"`
 }
 
 // Columns maps each record part to the name of the column that holds it.
@@ -140,22 +179,25 @@ type Log struct {
 
 // Default values. They are also documented by Example.
 const (
-	DefaultSlot                = "outbox_cdc"
-	DefaultPublication         = "outbox_cdc"
-	DefaultStatusInterval      = time.Second
-	DefaultReconnectBackoffMax = 30 * time.Second
-	DefaultTable               = "public.outbox"
-	DefaultTopic               = "outbox.event." + TopicPlaceholder
-	DefaultDLQTopic            = "outbox.dlq"
-	DefaultClientID            = "outbox-cdc"
-	DefaultMaxBufferedRecords  = 10000
-	DefaultMaxBufferedBytes    = 64 << 20
-	DefaultLinger              = 0
-	DefaultRequestTimeout      = 30 * time.Second
-	DefaultCompression         = "none"
-	DefaultHTTPListen          = "127.0.0.1:9187"
-	DefaultLogLevel            = "info"
-	DefaultLogFormat           = "text"
+	DefaultSlot                 = "outbox_cdc"
+	DefaultPublication          = "outbox_cdc"
+	DefaultStatusInterval       = time.Second
+	DefaultReconnectBackoffMax  = 30 * time.Second
+	DefaultTable                = "public.outbox"
+	DefaultTopic                = "outbox.event." + TopicPlaceholder
+	DefaultDLQTopic             = "outbox.dlq"
+	DefaultClientID             = "outbox-cdc"
+	DefaultMaxBufferedRecords   = 10000
+	DefaultMaxBufferedBytes     = 64 << 20
+	DefaultLinger               = 0
+	DefaultRequestTimeout       = 30 * time.Second
+	DefaultCompression          = "none"
+	DefaultHTTPListen           = "127.0.0.1:9187"
+	DefaultLogLevel             = "info"
+	DefaultLogFormat            = "text"
+	DefaultHeartbeatInterval    = 10 * time.Second
+	DefaultRetainedWALWarnBytes = 1 << 30
+	DefaultCheckpointTable      = "outbox_cdc.checkpoints"
 )
 
 // Default returns the built-in defaults. The required keys (postgres.dsn and
@@ -163,10 +205,13 @@ const (
 func Default() Config {
 	return Config{
 		Postgres: Postgres{
-			Slot:                DefaultSlot,
-			Publication:         DefaultPublication,
-			StatusInterval:      DefaultStatusInterval,
-			ReconnectBackoffMax: DefaultReconnectBackoffMax,
+			Slot:                 DefaultSlot,
+			Publication:          DefaultPublication,
+			StatusInterval:       DefaultStatusInterval,
+			ReconnectBackoffMax:  DefaultReconnectBackoffMax,
+			Retain:               "0",
+			HeartbeatInterval:    DefaultHeartbeatInterval,
+			RetainedWALWarnBytes: DefaultRetainedWALWarnBytes,
 		},
 		Outbox: Outbox{
 			Table: DefaultTable,
@@ -190,8 +235,10 @@ func Default() Config {
 			RequestTimeout:     DefaultRequestTimeout,
 			Compression:        DefaultCompression,
 		},
-		HTTP: HTTP{Listen: DefaultHTTPListen},
-		Log:  Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
+		HTTP:       HTTP{Listen: DefaultHTTPListen},
+		Log:        Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
+		Checkpoint: Checkpoint{Store: "table", Table: DefaultCheckpointTable},
+		Snapshot:   Snapshot{Mode: "none"},
 	}
 }
 
@@ -334,4 +381,36 @@ func parentKey(key string) string {
 		return key[:i]
 	}
 	return key
+}
+
+// RetainWindow parses postgres.retain: a duration ("30m", "24h") or a byte
+// size ("512MB", "2GiB", "1048576"). "0" or "" means no window.
+func RetainWindow(s string) (d time.Duration, bytes int64, err error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "0" {
+		return 0, 0, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return 0, 0, errors.New("must not be negative")
+		}
+		return d, 0, nil
+	}
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"kB", 1000}, {"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000}, {"TB", 1000 * 1000 * 1000 * 1000}, {"B", 1}}
+	mult, num := int64(1), s
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			mult, num = u.mult, strings.TrimSpace(strings.TrimSuffix(s, u.suffix))
+			break
+		}
+	}
+	n, perr := strconv.ParseInt(num, 10, 64)
+	if perr != nil || n < 0 || n > (1<<62)/mult {
+		return 0, 0, errors.New("not a duration (30m, 24h) or a byte size (512MB, 2GiB)")
+	}
+	return 0, n * mult, nil
 }

@@ -742,7 +742,64 @@ func TestSchema(t *testing.T) {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 25 {
+	if len(leaves) != 34 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
+	}
+}
+
+func TestRetainWindow(t *testing.T) {
+	tests := []struct {
+		in    string
+		d     time.Duration
+		bytes int64
+		bad   bool
+	}{
+		{"", 0, 0, false}, {"0", 0, 0, false}, {"24h", 24 * time.Hour, 0, false}, {"90s", 90 * time.Second, 0, false},
+		{"512MB", 0, 512_000_000, false}, {"2GiB", 0, 2 << 30, false}, {"1048576", 0, 1 << 20, false}, {"10 KiB", 0, 10 << 10, false},
+		{"-1h", 0, 0, true}, {"lots", 0, 0, true}, {"-5MB", 0, 0, true}, {"1.5GB", 0, 0, true},
+	}
+	for _, tt := range tests {
+		d, b, err := RetainWindow(tt.in)
+		if (err != nil) != tt.bad || d != tt.d || b != tt.bytes {
+			t.Errorf("RetainWindow(%q) = %v, %d, %v; want %v, %d, bad=%v", tt.in, d, b, err, tt.d, tt.bytes, tt.bad)
+		}
+	}
+}
+
+func TestValidateOperationsKeys(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(c *Config)
+		key  string
+	}{
+		{"bad retain", func(c *Config) { c.Postgres.Retain = "forever" }, "postgres.retain"},
+		{"heartbeat too fast", func(c *Config) { c.Postgres.HeartbeatInterval = time.Millisecond }, "postgres.heartbeat_interval"},
+		{"unknown store", func(c *Config) { c.Checkpoint.Store = "redis" }, "checkpoint.store"},
+		{"file store without file", func(c *Config) { c.Checkpoint.Store = "file" }, "checkpoint.file"},
+		{"table without schema", func(c *Config) { c.Checkpoint.Table = "checkpoints" }, "checkpoint.table"},
+		{"unknown snapshot mode", func(c *Config) { c.Snapshot.Mode = "all" }, "snapshot.mode"},
+		{"filter without pending", func(c *Config) { c.Snapshot.Filter = "true" }, "snapshot.filter"},
+		{"filter with two statements", func(c *Config) { c.Snapshot.Mode = "pending"; c.Snapshot.Filter = "true; DROP TABLE x" }, "snapshot.filter"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			c.Postgres.DSN = "postgres://u@h/db"
+			c.Kafka.Brokers = []string{"k:9092"}
+			tt.mod(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.key) {
+				t.Fatalf("Validate() = %v, want an error naming %s", err, tt.key)
+			}
+		})
+	}
+	c := Default()
+	c.Postgres.DSN = "postgres://u@h/db"
+	c.Kafka.Brokers = []string{"k:9092"}
+	c.Snapshot.Mode, c.Snapshot.Filter = "pending", "status = 'PENDING'"
+	c.Checkpoint.Store, c.Checkpoint.File = "file", "/tmp/x"
+	c.Postgres.HeartbeatInterval = 0
+	if err := c.Validate(); err != nil {
+		t.Fatalf("valid operations settings rejected: %v", err)
 	}
 }

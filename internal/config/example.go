@@ -32,6 +32,15 @@ postgres:
   status_interval: 1s
   # Longest wait between reconnection attempts: 100ms to 10m.
   reconnect_backoff_max: 30s
+  # Replay window: confirm to PostgreSQL only up to the acknowledged position
+  # minus this duration ("24h") or size ("2GB"), so outbox-cdc replay can go
+  # back that far. "0" keeps no extra WAL.
+  retain: "0"
+  # A non-transactional logical message written this often lets the slot
+  # advance when the database has no other writes; 0 disables it.
+  heartbeat_interval: 10s
+  # Log a warning when the slot holds more WAL than this; 0 disables it.
+  retained_wal_warn_bytes: 1073741824   # 1 GiB
 
 outbox:
   # "schema.table", or "table" for public.table. Names are as stored in the
@@ -48,6 +57,9 @@ outbox:
   # Extra columns sent as headers named after the column (NULL omitted).
   # Not allowed: id, event_type, aggregate_type (those headers always exist).
   header_columns: []
+  # Table-less outbox: transactional pg_logical_emit_message(true, prefix, ...)
+  # messages with this prefix are events too (docs/guide.md). "" disables it.
+  message_prefix: ""
 
 kafka:
   # Required. Seed brokers, host:port.
@@ -79,4 +91,19 @@ http:
 log:
   level: info    # debug, info, warn or error
   format: text   # text or json
+
+checkpoint:
+  # Where the acknowledged position is saved: table (in the source database,
+  # created if missing), file, or none. On start, anything at or below it is
+  # skipped, so a PostgreSQL crash that moves the slot back republishes nothing.
+  store: table
+  table: outbox_cdc.checkpoints
+  file: ""
+
+snapshot:
+  # none: publish what is committed after the slot is created. pending: when
+  # the slot is created, first publish the rows already in the table (read in
+  # the slot's exported snapshot: no gap, no duplicate), optionally filtered.
+  mode: none
+  filter: ""   # e.g. status = 'PENDING'
 `

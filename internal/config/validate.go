@@ -172,6 +172,16 @@ func (c *Config) Validate() error {
 		"it must stay well below the server's wal_sender_timeout")
 	v.durationRange("postgres.reconnect_backoff_max", pg.ReconnectBackoffMax, minReconnectBackoffMax, maxReconnectBackoffMax, "")
 
+	if _, _, err := RetainWindow(pg.Retain); err != nil {
+		v.add("postgres.retain", pg.Retain, err.Error(), `use a duration such as "24h", a size such as "2GB", or "0"`)
+	}
+	if pg.HeartbeatInterval != 0 {
+		v.durationRange("postgres.heartbeat_interval", pg.HeartbeatInterval, 100*time.Millisecond, time.Hour, "0 disables it")
+	}
+	if pg.RetainedWALWarnBytes < 0 {
+		v.add("postgres.retained_wal_warn_bytes", strconv.FormatInt(pg.RetainedWALWarnBytes, 10), "must not be negative", "0 disables the warning")
+	}
+
 	// outbox
 	ob := c.Outbox
 	if ob.Table == "" {
@@ -268,6 +278,32 @@ func (c *Config) Validate() error {
 		if p := hostPortProblem(c.HTTP.Listen, true); p != "" {
 			v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 		}
+	}
+
+	// checkpoint
+	v.oneOf("checkpoint.store", c.Checkpoint.Store, []string{"table", "file", "none"})
+	switch c.Checkpoint.Store {
+	case "table":
+		parts := strings.Split(c.Checkpoint.Table, ".")
+		if len(parts) != 2 {
+			v.add("checkpoint.table", c.Checkpoint.Table, "not schema.table", "use schema.table, such as outbox_cdc.checkpoints")
+		} else {
+			v.identifier("checkpoint.table", parts[0])
+			v.identifier("checkpoint.table", parts[1])
+		}
+	case "file":
+		if c.Checkpoint.File == "" {
+			v.add("checkpoint.file", "", "required when checkpoint.store is file", "set a path such as /var/lib/outbox-cdc/checkpoint")
+		}
+	}
+
+	// snapshot
+	v.oneOf("snapshot.mode", c.Snapshot.Mode, []string{"none", "pending"})
+	if c.Snapshot.Filter != "" && c.Snapshot.Mode != "pending" {
+		v.add("snapshot.filter", c.Snapshot.Filter, "only used with snapshot.mode pending", "set snapshot.mode: pending or remove the filter")
+	}
+	if strings.Contains(c.Snapshot.Filter, ";") {
+		v.add("snapshot.filter", c.Snapshot.Filter, "must be a single SQL predicate", "remove the ';'")
 	}
 
 	// log

@@ -4,6 +4,8 @@ package metrics
 
 import (
 	"net/http"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,6 +26,32 @@ type Metrics struct {
 	Connected    prometheus.Gauge
 	Reconnects   prometheus.Counter
 	Transactions prometheus.Counter
+
+	RetainedWAL      prometheus.Gauge
+	SlotWALStatus    *prometheus.GaugeVec
+	CheckpointLSN    prometheus.Gauge
+	CheckpointErrors prometheus.Counter
+	SnapshotEvents   prometheus.Counter
+
+	start     time.Time
+	lastEvent atomic.Int64 // unix nanoseconds of the last acknowledged event
+}
+
+// EventAcked records when the last event was acknowledged.
+func (m *Metrics) EventAcked(t time.Time) { m.lastEvent.Store(t.UnixNano()) }
+
+// WALStatuses are the values of pg_replication_slots.wal_status.
+var WALStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// SetWALStatus sets the one-hot slot_wal_status gauge.
+func (m *Metrics) SetWALStatus(status string) {
+	for _, s := range WALStatuses {
+		v := 0.0
+		if s == status {
+			v = 1
+		}
+		m.SlotWALStatus.WithLabelValues(s).Set(v)
+	}
 }
 
 // New creates and registers every metric.
@@ -53,8 +81,28 @@ func New() *Metrics {
 		Transactions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "transactions_total",
 			Help: "Source transactions received (with or without outbox events)."}),
 	}
+	m.RetainedWAL = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "slot_retained_wal_bytes",
+		Help: "WAL the replication slot keeps from removal: current WAL position minus restart_lsn."})
+	m.SlotWALStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "slot_wal_status",
+		Help: "pg_replication_slots.wal_status of the slot: 1 for the current status."}, []string{"status"})
+	m.CheckpointLSN = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_lsn",
+		Help: "Last acknowledged position saved to the checkpoint store, as a number."})
+	m.CheckpointErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_errors_total",
+		Help: "Failed checkpoint saves (each means more duplicates after a PostgreSQL crash, never loss)."})
+	m.SnapshotEvents = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "snapshot_events_total",
+		Help: "Rows published from the initial snapshot (snapshot.mode pending)."})
+	m.start = time.Now()
+	sinceLast := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "seconds_since_last_event",
+		Help: "Seconds since the last event was acknowledged (since start when none yet)."}, func() float64 {
+		last := m.start
+		if n := m.lastEvent.Load(); n != 0 {
+			last = time.Unix(0, n)
+		}
+		return time.Since(last).Seconds()
+	})
 	m.Registry.MustRegister(m.Published, m.DeadLettered, m.ConfirmedLSN, m.ReceivedLSN, m.LagBytes, m.InFlight,
 		m.CommitToAck, m.Connected, m.Reconnects, m.Transactions,
+		m.RetainedWAL, m.SlotWALStatus, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, sinceLast,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -1,0 +1,164 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+)
+
+// lsnFlag parses an LSN flag.
+type lsnFlag struct{ lsn.LSN }
+
+func (f *lsnFlag) Set(s string) error {
+	v, err := lsn.Parse(s)
+	if err != nil {
+		return err
+	}
+	f.LSN = v
+	return nil
+}
+
+type replayOpts struct {
+	from, to lsnFlag
+	prefix   string
+}
+
+type statusOpts struct {
+	json bool
+	lsn  lsnFlag
+}
+
+// Status is what `outbox-cdc status --json` prints.
+type Status struct {
+	Slot             string   `json:"slot"`
+	Exists           bool     `json:"exists"`
+	Active           bool     `json:"active"`
+	ActivePID        int32    `json:"active_pid,omitempty"`
+	ConfirmedLSN     lsn.LSN  `json:"confirmed_lsn"`
+	RestartLSN       lsn.LSN  `json:"restart_lsn"`
+	CurrentWALLSN    lsn.LSN  `json:"current_wal_lsn"`
+	LagBytes         int64    `json:"lag_bytes"`
+	RetainedWALBytes int64    `json:"retained_wal_bytes"`
+	WALStatus        string   `json:"wal_status"`
+	Checkpoint       *lsn.LSN `json:"checkpoint_lsn"`
+	CheckpointAt     string   `json:"checkpoint_at,omitempty"`
+	OldestReplayable lsn.LSN  `json:"oldest_replayable_lsn"`
+	Covers           *bool    `json:"replay_window_covers,omitempty"`
+}
+
+func status(ctx context.Context, cfg *config.Config, pc pipeline.Config, o statusOpts, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st := Status{Slot: cfg.Postgres.Slot}
+	info, err := replication.Slot(ctx, cfg.Postgres.DSN, cfg.Postgres.Slot)
+	switch {
+	case errors.Is(err, replication.ErrNoSlot):
+	case err != nil:
+		fmt.Fprintf(stderr, "outbox-cdc status: %v\n", err)
+		return ExitFailure
+	default:
+		st.Exists, st.Active, st.ActivePID = true, info.Active, info.ActivePID
+		st.ConfirmedLSN, st.RestartLSN, st.CurrentWALLSN = info.Confirmed, info.Restart, info.CurrentWAL
+		st.LagBytes, st.RetainedWALBytes, st.WALStatus = info.LagBytes(), info.RetainedBytes(), info.WALStatus
+		// Transactions whose commit lies at or after the confirmed position are
+		// still decodable from the slot (replay starts there).
+		st.OldestReplayable = info.Confirmed
+	}
+	if pc.Checkpoints != nil {
+		c, err := pc.Checkpoints.Load(ctx)
+		pc.Checkpoints.Close()
+		switch {
+		case err == nil:
+			st.Checkpoint, st.CheckpointAt = &c.LSN, c.UpdatedAt.UTC().Format(time.RFC3339)
+		case !errors.Is(err, offsets.ErrNoCheckpoint):
+			fmt.Fprintf(stderr, "outbox-cdc status: %v\n", err)
+		}
+	}
+	if o.lsn.LSN != 0 {
+		covers := st.Exists && st.WALStatus != "lost" && o.lsn.LSN >= st.OldestReplayable
+		st.Covers = &covers
+	}
+	if o.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+	} else {
+		printStatus(stdout, st, o.lsn.LSN)
+	}
+	if !st.Exists {
+		return ExitFailure
+	}
+	return ExitOK
+}
+
+func printStatus(w io.Writer, st Status, want lsn.LSN) {
+	if !st.Exists {
+		fmt.Fprintf(w, "slot %s: does not exist (run creates it)\n", st.Slot)
+		return
+	}
+	active := "inactive"
+	if st.Active {
+		active = fmt.Sprintf("active (pid %d)", st.ActivePID)
+	}
+	fmt.Fprintf(w, "slot            %s, %s, wal_status %s\n", st.Slot, active, st.WALStatus)
+	fmt.Fprintf(w, "confirmed LSN   %v\nrestart LSN     %v\ncurrent WAL     %v\n", st.ConfirmedLSN, st.RestartLSN, st.CurrentWALLSN)
+	fmt.Fprintf(w, "lag             %s\nretained WAL    %s\n", bytesText(st.LagBytes), bytesText(st.RetainedWALBytes))
+	if st.Checkpoint != nil {
+		fmt.Fprintf(w, "checkpoint      %v (saved %s)\n", *st.Checkpoint, st.CheckpointAt)
+	} else {
+		fmt.Fprintln(w, "checkpoint      none")
+	}
+	fmt.Fprintf(w, "replayable from %v\n", st.OldestReplayable)
+	if st.Covers != nil {
+		fmt.Fprintf(w, "covers %v       %v\n", want, *st.Covers)
+	}
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB (%d bytes)", float64(n)/(1<<30), n)
+	case n >= 1<<20:
+		return fmt.Sprintf("%.2f MiB (%d bytes)", float64(n)/(1<<20), n)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+func replay(ctx context.Context, pc pipeline.Config, o replayOpts, log *slog.Logger, stdout, stderr io.Writer) int {
+	pc.Checkpoints = nil // a replay never moves the connector's checkpoint
+	pc.Snapshot = "none"
+	pc.Replay = &pipeline.Replay{From: o.from.LSN, To: o.to.LSN, TopicPrefix: o.prefix,
+		Progress: func(pr pipeline.ReplayProgress) {
+			pct := 0.0
+			if pr.To > pr.From && pr.At > pr.From {
+				pct = min(100, 100*float64(pr.At-pr.From)/float64(pr.To-pr.From))
+			}
+			if pr.Done {
+				pct = 100
+				fmt.Fprintf(stdout, "replay done: %d events from %v to %v\n", pr.Events, pr.From, pr.To)
+				return
+			}
+			fmt.Fprintf(stdout, "replay: %5.1f%% at %v, %d events\n", pct, pr.At, pr.Events)
+		}}
+	p, err := pipeline.New(pc, metrics.New(), log)
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-cdc: %v\n", err)
+		return ExitUsage
+	}
+	if err := p.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "outbox-cdc replay: %v\n", err)
+		return ExitFailure
+	}
+	return ExitOK
+}

@@ -1,0 +1,167 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+)
+
+// checkpointInterval is how often a moved watermark is saved. Shorter means
+// fewer duplicates after a PostgreSQL crash, at one small write each time.
+const checkpointInterval = 200 * time.Millisecond
+
+// HeartbeatPrefix is the logical message prefix of heartbeats.
+const HeartbeatPrefix = "outbox-cdc-heartbeat"
+
+func (p *Pipeline) checkpointLoop(ctx context.Context) {
+	t := time.NewTicker(checkpointInterval)
+	defer t.Stop()
+	var saved lsn.LSN
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			saved = p.saveCheckpoint(ctx, saved)
+		}
+	}
+}
+
+// saveCheckpoint saves the watermark if it moved past saved and returns the
+// position now saved. A failure is counted and logged; it costs duplicates
+// after a PostgreSQL crash, never events, so streaming goes on.
+func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
+	if !p.snapDone.Load() {
+		return saved // the snapshot's start marker stays until it is done
+	}
+	a := p.tracker.Acked()
+	if a <= saved {
+		return saved
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.cfg.Checkpoints.Save(ctx, offsets.Checkpoint{LSN: a, SnapshotDone: true}); err != nil {
+		if ctx.Err() == nil {
+			p.m.CheckpointErrors.Inc()
+			p.log.Error("save checkpoint", "lsn", a, "err", err)
+		}
+		return saved
+	}
+	p.m.CheckpointLSN.Set(float64(a))
+	return a
+}
+
+// monitor writes heartbeats and reads the slot's statistics.
+func (p *Pipeline) monitor(ctx context.Context) {
+	var hb <-chan time.Time
+	if p.cfg.Heartbeat > 0 {
+		t := time.NewTicker(p.cfg.Heartbeat)
+		defer t.Stop()
+		hb = t.C
+	}
+	stats := time.NewTicker(p.cfg.MonitorInterval)
+	defer stats.Stop()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	warned, hbDenied := false, false
+	p.slotStats(ctx, &warned)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-stats.C:
+			p.slotStats(ctx, &warned)
+		case <-hb:
+			if hbDenied {
+				continue
+			}
+			if conn == nil || conn.IsClosed() {
+				c, err := pgx.Connect(ctx, p.cfg.Source.DSN)
+				if err != nil {
+					continue // the stream reports connection trouble
+				}
+				conn = c
+			}
+			// Non-transactional: written even with no transaction, so the
+			// walsender has WAL of this database to decode and report.
+			_, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, '')", HeartbeatPrefix)
+			var pgErr *pgconn.PgError
+			switch {
+			case errors.As(err, &pgErr) && pgErr.Code == "42501":
+				hbDenied = true
+				p.log.Error("heartbeat disabled: the role may not call pg_logical_emit_message; a database without other writes "+
+					"will hold WAL until the outbox is written", "fix", "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <role>")
+			case err != nil && ctx.Err() == nil:
+				conn.Close(context.Background())
+				conn = nil
+			}
+		}
+	}
+}
+
+// slotStats updates the slot metrics, warns about retained WAL and stops
+// the connector when the slot was invalidated or dropped.
+func (p *Pipeline) slotStats(ctx context.Context, warned *bool) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	info, err := replication.Slot(ctx, p.cfg.Source.DSN, p.cfg.Source.Slot)
+	switch {
+	case errors.Is(err, replication.ErrNoSlot):
+		p.fail(&replication.FatalError{Err: fmt.Errorf("replication slot %s was dropped while the connector ran; "+
+			"events committed since are not in any stream: restart to recreate it, then reconcile from the last checkpoint", p.cfg.Source.Slot)})
+		return
+	case err != nil:
+		return // transient; the stream reports connection trouble
+	}
+	p.m.RetainedWAL.Set(float64(info.RetainedBytes()))
+	p.m.LagBytes.Set(float64(info.LagBytes()))
+	p.m.SetWALStatus(info.WALStatus)
+	if info.WALStatus == "lost" {
+		p.fail(replication.ErrSlotLost(p.cfg.Source.Slot))
+		return
+	}
+	if w := p.cfg.RetainedWALWarn; w > 0 {
+		if r := info.RetainedBytes(); r > w && !*warned {
+			*warned = true
+			p.log.Warn("replication slot retains a lot of WAL", "slot", info.Name, "retained_bytes", r, "threshold", w,
+				"restart_lsn", info.Restart, "confirmed", info.Confirmed,
+				"fix", "check that the connector is streaming and Kafka acknowledges; see docs/operations.md")
+		} else if r <= w {
+			*warned = false
+		}
+	}
+}
+
+func (p *Pipeline) progressLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.cfg.Replay.Progress(p.replayProgress(false))
+		}
+	}
+}
+
+func (p *Pipeline) replayProgress(done bool) ReplayProgress {
+	r := p.cfg.Replay
+	return ReplayProgress{From: r.From, To: r.To, At: lsn.LSN(p.replayAt.Load()), Events: p.replayed.Load(), Done: done}
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -1,0 +1,828 @@
+package sink_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+const (
+	topic = "t"
+	dlq   = "outbox.dlq"
+	// testTimeout bounds every test; generous for -race on a busy machine.
+	testTimeout = 30 * time.Second
+)
+
+// outcomes is a Done that hands outcomes to the test goroutine through a
+// buffered channel, so Delivered never blocks; only the test goroutine fails
+// the test.
+type outcomes struct {
+	ch       chan sink.Outcome
+	overflow atomic.Int32 // outcomes that did not fit: more than expected
+}
+
+func (o *outcomes) Delivered(x sink.Outcome) {
+	select {
+	case o.ch <- x:
+	default:
+		o.overflow.Add(1)
+	}
+}
+
+func newOutcomes() *outcomes { return &outcomes{ch: make(chan sink.Outcome, 16)} }
+
+// wait returns the next outcome or fails the test when ctx ends.
+func (o *outcomes) wait(ctx context.Context, t *testing.T) sink.Outcome {
+	t.Helper()
+	select {
+	case x := <-o.ch:
+		return x
+	case <-ctx.Done():
+		t.Fatalf("no outcome: %v", ctx.Err())
+		return sink.Outcome{}
+	}
+}
+
+// none fails when another outcome arrives within d: every record has
+// exactly one outcome.
+func (o *outcomes) none(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case x := <-o.ch:
+		t.Fatalf("unexpected extra outcome %+v", x)
+	case <-time.After(d):
+	}
+	if n := o.overflow.Load(); n > 0 {
+		t.Fatalf("%d outcomes more than the channel holds", n)
+	}
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	opts = append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(3, topic, dlq)}, opts...)
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// newSink creates a sink on c; it is closed before the cluster (cleanups
+// run last-in first-out).
+func newSink(t *testing.T, c *kfake.Cluster, log *slog.Logger, opts ...kgo.Opt) *sink.Sink {
+	t.Helper()
+	s, _ := newSinkCloser(t, c, log, opts...)
+	return s
+}
+
+// newSinkCloser is newSink for tests that close the sink themselves: Close
+// may be called only once, so the cleanup goes through the returned func.
+func newSinkCloser(t *testing.T, c *kfake.Cluster, log *slog.Logger, opts ...kgo.Opt) (*sink.Sink, func()) {
+	t.Helper()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s, err := sink.New(sink.Config{
+		Brokers:  c.ListenAddrs(),
+		ClientID: "sink-test",
+		DLQTopic: dlq,
+		// Fast metadata refreshes keep the unknown-topic test short.
+		Opts: append([]kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
+			kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}, opts...),
+	}, log)
+	if err != nil {
+		t.Fatalf("sink.New: %v", err)
+	}
+	closeOnce := sync.OnceFunc(s.Close)
+	t.Cleanup(closeOnce)
+	return s, closeOnce
+}
+
+// consume reads n records of topic from the start, failing the test if
+// they do not arrive before ctx ends, and then checks briefly that no more
+// arrive.
+func consume(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	defer cl.Close()
+	var recs []*kgo.Record
+	for len(recs) < n {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("consumed %d of %d records from %s: %v", len(recs), n, topic, err)
+		}
+		fs.EachError(func(tp string, p int32, err error) {
+			t.Logf("fetch %s/%d: %v", tp, p, err)
+		})
+		recs = append(recs, fs.Records()...)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	recs = append(recs, cl.PollFetches(short).Records()...)
+	if len(recs) != n {
+		t.Fatalf("%s holds %d records, want %d", topic, len(recs), n)
+	}
+	return recs
+}
+
+func header(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+func headerList(r *kgo.Record) []string {
+	var out []string
+	for _, h := range r.Headers {
+		out = append(out, h.Key+"="+string(h.Value))
+	}
+	return out
+}
+
+var commit = time.Date(2024, 5, 6, 7, 8, 9, 123_000_000, time.UTC)
+
+func baseRecord(topic string, value []byte) *router.Record {
+	return &router.Record{
+		Topic: topic,
+		Key:   []byte("agg-1"),
+		Value: value,
+		Headers: []router.Header{
+			{Key: "id", Value: []byte("ev-1")},
+			{Key: "event_type", Value: []byte("Created")},
+			{Key: "aggregate_type", Value: []byte("order")},
+			{Key: "trace", Value: []byte{}},
+		},
+		Timestamp: commit,
+	}
+}
+
+func produce(ctx context.Context, t *testing.T, s *sink.Sink, rec *router.Record, done sink.Done) {
+	t.Helper()
+	if err := s.Produce(ctx, rec, done); err != nil {
+		t.Fatalf("Produce: %v", err)
+	}
+}
+
+func checkOriginal(t *testing.T, got *kgo.Record, want *router.Record) {
+	t.Helper()
+	if !bytes.Equal(got.Key, want.Key) {
+		t.Errorf("key = %q, want %q", got.Key, want.Key)
+	}
+	if !got.Timestamp.Equal(want.Timestamp) {
+		t.Errorf("timestamp = %v, want %v", got.Timestamp, want.Timestamp)
+	}
+	for _, h := range want.Headers {
+		if v, ok := header(got, h.Key); !ok || v != string(h.Value) {
+			t.Errorf("header %s = %q (present %v), want %q; headers %v", h.Key, v, ok, h.Value, headerList(got))
+		}
+	}
+}
+
+func TestDelivered(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	done := newOutcomes()
+	rec := baseRecord(topic, []byte(`{"a":1}`))
+	want := *rec
+	want.Headers = append([]router.Header(nil), rec.Headers...)
+	produce(ctx, t, s, rec, done)
+	// rec may be reused once Produce returns.
+	rec.Topic, rec.Key, rec.Value, rec.Headers = "other", nil, nil, rec.Headers[:0]
+
+	if err := s.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	// Flush returns only after every outcome was delivered.
+	select {
+	case o := <-done.ch:
+		if o != (sink.Outcome{}) {
+			t.Fatalf("outcome = %+v, want a plain delivery", o)
+		}
+	default:
+		t.Fatal("Flush returned before the outcome")
+	}
+	done.none(t, 50*time.Millisecond)
+
+	got := consume(ctx, t, c, topic, 1)[0]
+	checkOriginal(t, got, &want)
+	if string(got.Value) != `{"a":1}` {
+		t.Errorf("value = %q", got.Value)
+	}
+	if len(got.Headers) != len(want.Headers) {
+		t.Errorf("headers = %v, want exactly %d", headerList(got), len(want.Headers))
+	}
+	for i, h := range want.Headers {
+		if i < len(got.Headers) && got.Headers[i].Key != h.Key {
+			t.Errorf("header %d = %q, want %q (order kept)", i, got.Headers[i].Key, h.Key)
+		}
+	}
+}
+
+func TestDeliveredTombstoneAndManyHeaders(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	done := newOutcomes()
+	rec := baseRecord(topic, nil)
+	for i := 0; i < 12; i++ { // more than the sink's inline header room
+		rec.Headers = append(rec.Headers, router.Header{Key: fmt.Sprintf("h%d", i), Value: []byte{byte('a' + i)}})
+	}
+	produce(ctx, t, s, rec, done)
+	if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+		t.Fatalf("outcome = %+v", o)
+	}
+	got := consume(ctx, t, c, topic, 1)[0]
+	if got.Value != nil {
+		t.Errorf("value = %q, want a tombstone", got.Value)
+	}
+	checkOriginal(t, got, rec)
+	if len(got.Headers) != len(rec.Headers) {
+		t.Errorf("%d headers, want %d", len(got.Headers), len(rec.Headers))
+	}
+}
+
+func TestTooLargeForBatch(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil, kgo.ProducerBatchMaxBytes(2048))
+	done := newOutcomes()
+	rec := baseRecord(topic, bytes.Repeat([]byte("x"), 10<<10))
+	produce(ctx, t, s, rec, done)
+
+	o := done.wait(ctx, t)
+	if o.Err != nil || !o.DeadLettered {
+		t.Fatalf("outcome = %+v, want dead-lettered", o)
+	}
+	if !strings.Contains(o.Reason, "topic "+topic) || !strings.Contains(o.Reason, "MESSAGE_TOO_LARGE") {
+		t.Errorf("reason %q does not name the topic and the error", o.Reason)
+	}
+	if err := s.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	done.none(t, 50*time.Millisecond)
+
+	got := consume(ctx, t, c, dlq, 1)[0]
+	if v, _ := header(got, "error"); v != o.Reason {
+		t.Errorf("error header = %q, want the outcome's reason %q", v, o.Reason)
+	}
+	if got.Headers[0].Key != "error" {
+		t.Errorf("first header is %q, want error", got.Headers[0].Key)
+	}
+	if v, _ := header(got, "topic"); v != topic {
+		t.Errorf("topic header = %q, want %q", v, topic)
+	}
+	// The dead-letter copy is too large as well: it goes without payload.
+	if got.Value != nil {
+		t.Errorf("dead-letter value has %d bytes, want nil (payload omitted)", len(got.Value))
+	}
+	if v, ok := header(got, "payload_omitted"); !ok || !strings.Contains(v, "MESSAGE_TOO_LARGE") {
+		t.Errorf("payload_omitted header = %q (present %v)", v, ok)
+	}
+	checkOriginal(t, got, rec)
+	consume(ctx, t, c, topic, 0)
+}
+
+// createTopic creates name with topic-level configs through the sink's own
+// client.
+func createTopic(ctx context.Context, t *testing.T, s *sink.Sink, name string, configs map[string]string) {
+	t.Helper()
+	req := kmsg.NewPtrCreateTopicsRequest()
+	rt := kmsg.NewCreateTopicsRequestTopic()
+	rt.Topic = name
+	rt.NumPartitions = 1
+	rt.ReplicationFactor = 1
+	for k, v := range configs {
+		rc := kmsg.NewCreateTopicsRequestTopicConfig()
+		rc.Name = k
+		rc.Value = kmsg.StringPtr(v)
+		rt.Configs = append(rt.Configs, rc)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, s.Client())
+	if err != nil {
+		t.Fatalf("create topic %s: %v", name, err)
+	}
+	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); err != nil {
+		t.Fatalf("create topic %s: %v", name, err)
+	}
+}
+
+func TestBrokerRefusesTooLarge(t *testing.T) {
+	// The broker, not the client, refuses the record (topic max.message.bytes):
+	// the dead-letter copy fits and keeps the payload.
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	createTopic(ctx, t, s, "small", map[string]string{"max.message.bytes": "1024"})
+	done := newOutcomes()
+	payload := bytes.Repeat([]byte("y"), 4<<10)
+	rec := baseRecord("small", payload)
+	produce(ctx, t, s, rec, done)
+
+	o := done.wait(ctx, t)
+	if o.Err != nil || !o.DeadLettered || !strings.Contains(o.Reason, "small") {
+		t.Fatalf("outcome = %+v, want dead-lettered with a reason naming the topic", o)
+	}
+	got := consume(ctx, t, c, dlq, 1)[0]
+	if !bytes.Equal(got.Value, payload) {
+		t.Errorf("dead-letter value has %d bytes, want the %d-byte payload", len(got.Value), len(payload))
+	}
+	if _, ok := header(got, "payload_omitted"); ok {
+		t.Error("payload_omitted set although the payload fits the dead-letter topic")
+	}
+	if v, _ := header(got, "topic"); v != "small" {
+		t.Errorf("topic header = %q", v)
+	}
+	checkOriginal(t, got, rec)
+
+	// The producer is still usable afterwards.
+	produce(ctx, t, s, baseRecord(topic, []byte("after")), done)
+	if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+		t.Fatalf("next record: outcome = %+v", o)
+	}
+}
+
+func TestAddressedToDLQ(t *testing.T) {
+	// The router dead-letters a NULL aggregate_id itself: the record is
+	// already addressed to the DLQ with its error header.
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	done := newOutcomes()
+	rec := &router.Record{
+		Topic: dlq,
+		Key:   []byte("ev-7"),
+		Value: []byte(`{}`),
+		Headers: []router.Header{
+			{Key: router.HeaderError, Value: []byte("aggregate_id is NULL")},
+			{Key: router.HeaderID, Value: []byte("ev-7")},
+		},
+		Timestamp: commit,
+	}
+	produce(ctx, t, s, rec, done)
+	o := done.wait(ctx, t)
+	if o.Err != nil || !o.DeadLettered || o.Reason != "aggregate_id is NULL" {
+		t.Fatalf("outcome = %+v, want dead-lettered with the router's reason", o)
+	}
+	got := consume(ctx, t, c, dlq, 1)[0]
+	checkOriginal(t, got, rec)
+	if _, ok := header(got, "topic"); ok {
+		t.Error("a record produced to the DLQ directly got a topic header")
+	}
+	done.none(t, 10*time.Millisecond)
+}
+
+func TestUnknownTopic(t *testing.T) {
+	// kfake does not create topics unless told to (kfake.AllowAutoTopicCreation).
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	done := newOutcomes()
+	rec := baseRecord("no-such-topic", []byte("v"))
+	produce(ctx, t, s, rec, done)
+	o := done.wait(ctx, t)
+	if o.Err != nil || !o.DeadLettered {
+		t.Fatalf("outcome = %+v, want dead-lettered", o)
+	}
+	if !strings.Contains(o.Reason, "no-such-topic") || !strings.Contains(o.Reason, "UNKNOWN_TOPIC_OR_PARTITION") {
+		t.Errorf("reason %q does not name the topic and the error", o.Reason)
+	}
+	got := consume(ctx, t, c, dlq, 1)[0]
+	if v, _ := header(got, "topic"); v != "no-such-topic" {
+		t.Errorf("topic header = %q", v)
+	}
+	if string(got.Value) != "v" {
+		t.Errorf("value = %q", got.Value)
+	}
+	checkOriginal(t, got, rec)
+	done.none(t, 10*time.Millisecond)
+}
+
+// topicID looks up name's topic id, by which produce v13+ addresses it.
+func topicID(ctx context.Context, t *testing.T, s *sink.Sink, name string) [16]byte {
+	t.Helper()
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(name)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, s.Client())
+	if err != nil {
+		t.Fatalf("metadata for %s: %v", name, err)
+	}
+	if len(resp.Topics) != 1 || resp.Topics[0].ErrorCode != 0 {
+		t.Fatalf("metadata for %s: %+v", name, resp.Topics)
+	}
+	return resp.Topics[0].TopicID
+}
+
+// failProduces makes the next n produce requests for topic (named or, from
+// produce v13 on, addressed by id) fail with code; other topics' requests
+// are untouched. It returns the number of requests it failed so far.
+func failProduces(ctx context.Context, t *testing.T, c *kfake.Cluster, s *sink.Sink, topic string, n int32, code int16) *atomic.Int32 {
+	id := topicID(ctx, t, s, topic)
+	var failed atomic.Int32
+	c.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kr.(*kmsg.ProduceRequest)
+		ours := false
+		for _, rt := range req.Topics {
+			ours = ours || rt.Topic == topic || rt.TopicID == id
+		}
+		if !ours || failed.Load() >= n {
+			return nil, nil, false
+		}
+		failed.Add(1)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	return &failed
+}
+
+func TestTransientErrorsAreRetried(t *testing.T) {
+	for _, e := range []*kerr.Error{kerr.NotLeaderForPartition, kerr.NotEnoughReplicas, kerr.RequestTimedOut} {
+		t.Run(e.Message, func(t *testing.T) {
+			ctx := testCtx(t)
+			c := newCluster(t)
+			s := newSink(t, c, nil)
+			failed := failProduces(ctx, t, c, s, topic, 3, e.Code)
+			done := newOutcomes()
+			rec := baseRecord(topic, []byte("transient"))
+			produce(ctx, t, s, rec, done)
+			if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+				t.Fatalf("outcome = %+v, want a plain delivery", o)
+			}
+			if n := failed.Load(); n != 3 {
+				t.Fatalf("%d produce requests failed, want 3: the fault was not exercised", n)
+			}
+			got := consume(ctx, t, c, topic, 1)
+			checkOriginal(t, got[0], rec)
+			consume(ctx, t, c, dlq, 0)
+			done.none(t, 10*time.Millisecond)
+		})
+	}
+}
+
+func TestBrokerRefusesTopic(t *testing.T) {
+	// A broker answer that makes the record unpublishable dead-letters it,
+	// keeping the payload.
+	for _, e := range []*kerr.Error{kerr.InvalidTopicException, kerr.MessageTooLarge, kerr.PolicyViolation} {
+		t.Run(e.Message, func(t *testing.T) {
+			ctx := testCtx(t)
+			c := newCluster(t)
+			s := newSink(t, c, nil)
+			failProduces(ctx, t, c, s, topic, 1, e.Code)
+			done := newOutcomes()
+			rec := baseRecord(topic, []byte("refused"))
+			produce(ctx, t, s, rec, done)
+			o := done.wait(ctx, t)
+			if o.Err != nil || !o.DeadLettered || !strings.Contains(o.Reason, e.Message) {
+				t.Fatalf("outcome = %+v, want dead-lettered with %s", o, e.Message)
+			}
+			got := consume(ctx, t, c, dlq, 1)[0]
+			if string(got.Value) != "refused" {
+				t.Errorf("dead-letter value = %q", got.Value)
+			}
+			checkOriginal(t, got, rec)
+			consume(ctx, t, c, topic, 0)
+			done.none(t, 10*time.Millisecond)
+		})
+	}
+}
+
+func TestDeadLetterTopicRefuses(t *testing.T) {
+	t.Run("once: copy without payload", func(t *testing.T) {
+		ctx := testCtx(t)
+		c := newCluster(t)
+		s := newSink(t, c, nil)
+		failProduces(ctx, t, c, s, topic, 1, kerr.InvalidTopicException.Code)
+		dlqFailed := failProduces(ctx, t, c, s, dlq, 1, kerr.MessageTooLarge.Code)
+		done := newOutcomes()
+		rec := baseRecord(topic, []byte("refused twice"))
+		produce(ctx, t, s, rec, done)
+		o := done.wait(ctx, t)
+		if o.Err != nil || !o.DeadLettered || !strings.Contains(o.Reason, "INVALID_TOPIC_EXCEPTION") {
+			t.Fatalf("outcome = %+v, want dead-lettered with the first refusal as reason", o)
+		}
+		if n := dlqFailed.Load(); n != 1 {
+			t.Fatalf("the dead-letter topic refused %d times, want 1", n)
+		}
+		got := consume(ctx, t, c, dlq, 1)[0]
+		if got.Value != nil {
+			t.Errorf("value = %q, want nil", got.Value)
+		}
+		if v, ok := header(got, "payload_omitted"); !ok || !strings.Contains(v, "MESSAGE_TOO_LARGE") {
+			t.Errorf("payload_omitted = %q (present %v)", v, ok)
+		}
+		if v, _ := header(got, "error"); v != o.Reason {
+			t.Errorf("error header = %q, want %q", v, o.Reason)
+		}
+		checkOriginal(t, got, rec)
+		done.none(t, 50*time.Millisecond)
+	})
+	t.Run("twice: fatal", func(t *testing.T) {
+		ctx := testCtx(t)
+		c := newCluster(t)
+		s := newSink(t, c, nil)
+		failProduces(ctx, t, c, s, topic, 1, kerr.InvalidTopicException.Code)
+		failProduces(ctx, t, c, s, dlq, 2, kerr.PolicyViolation.Code)
+		done := newOutcomes()
+		produce(ctx, t, s, baseRecord(topic, []byte("refused thrice")), done)
+		o := done.wait(ctx, t)
+		if o.Err == nil || o.DeadLettered || !errors.Is(o.Err, kerr.PolicyViolation) ||
+			!strings.Contains(o.Err.Error(), dlq) {
+			t.Fatalf("outcome = %+v, want a fatal error naming the dead-letter topic", o)
+		}
+		done.none(t, 50*time.Millisecond)
+		consume(ctx, t, c, dlq, 0)
+	})
+}
+
+func TestFatalError(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	failProduces(ctx, t, c, s, topic, 1, kerr.TopicAuthorizationFailed.Code)
+	done := newOutcomes()
+	produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
+	o := done.wait(ctx, t)
+	if o.Err == nil || o.DeadLettered || !errors.Is(o.Err, kerr.TopicAuthorizationFailed) {
+		t.Fatalf("outcome = %+v, want a fatal TOPIC_AUTHORIZATION_FAILED", o)
+	}
+	if sink.Classify(o.Err) != sink.ClassFatal {
+		t.Fatalf("Classify(%v) = %v", o.Err, sink.Classify(o.Err))
+	}
+	consume(ctx, t, c, dlq, 0)
+	done.none(t, 10*time.Millisecond)
+}
+
+func TestCloseFailsBuffered(t *testing.T) {
+	// A record still buffered at Close gets a shutdown outcome, exactly once.
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s, closeSink := newSinkCloser(t, c, nil)
+	// Park every produce request until the cluster closes.
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		c.SleepControl(func() { <-ctx.Done() })
+		return nil, nil, false
+	})
+	done := newOutcomes()
+	produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
+	closed := make(chan struct{})
+	go func() { closeSink(); close(closed) }()
+	o := done.wait(ctx, t)
+	if o.Err == nil || sink.Classify(o.Err) != sink.ClassShutdown {
+		t.Fatalf("outcome = %+v, want a shutdown error", o)
+	}
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("Close did not return")
+	}
+	done.none(t, 50*time.Millisecond)
+}
+
+func TestNewRejectsCompression(t *testing.T) {
+	if _, err := sink.New(sink.Config{Brokers: []string{"127.0.0.1:1"}, Compression: "brotli"},
+		slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "kafka.compression") {
+		t.Fatalf("New with compression brotli: %v, want an error naming kafka.compression", err)
+	}
+	for _, name := range []string{"", "none", "gzip", "snappy", "lz4", "zstd"} {
+		s, err := sink.New(sink.Config{Brokers: []string{"127.0.0.1:1"}, Compression: name},
+			slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatalf("New with compression %q: %v", name, err)
+		}
+		s.Close()
+	}
+}
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want sink.Class
+	}{
+		{"message too large", kerr.MessageTooLarge, sink.ClassUnpublishable},
+		{"wrapped message too large", fmt.Errorf("%w (uncompressed_bytes=1)", kerr.MessageTooLarge), sink.ClassUnpublishable},
+		{"wrapped invalid topic", fmt.Errorf("%w", kerr.InvalidTopicException), sink.ClassUnpublishable},
+		{"record list too large", kerr.RecordListTooLarge, sink.ClassUnpublishable},
+		{"unknown topic", kerr.UnknownTopicOrPartition, sink.ClassUnpublishable},
+		{"unknown topic id", kerr.UnknownTopicID, sink.ClassUnpublishable},
+		{"invalid record", kerr.InvalidRecord, sink.ClassUnpublishable},
+		{"corrupt message", kerr.CorruptMessage, sink.ClassUnpublishable},
+		{"policy violation", kerr.PolicyViolation, sink.ClassUnpublishable},
+		{"client closed", kgo.ErrClientClosed, sink.ClassShutdown},
+		{"wrapped client closed", fmt.Errorf("x: %w", kgo.ErrClientClosed), sink.ClassShutdown},
+		{"aborting", kgo.ErrAborting, sink.ClassShutdown},
+		{"context canceled", context.Canceled, sink.ClassShutdown},
+		{"deadline exceeded", context.DeadlineExceeded, sink.ClassShutdown},
+		{"topic authorization", kerr.TopicAuthorizationFailed, sink.ClassFatal},
+		{"cluster authorization", kerr.ClusterAuthorizationFailed, sink.ClassFatal},
+		{"plain error", errors.New("x"), sink.ClassFatal},
+		{"record timeout", kgo.ErrRecordTimeout, sink.ClassFatal},
+		{"out of order sequence", kerr.OutOfOrderSequenceNumber, sink.ClassFatal},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sink.Classify(tc.err); got != tc.want {
+				t.Fatalf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+// gateHandler blocks the dead-letter worker inside its log call until
+// release is closed.
+type gateHandler struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *gateHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *gateHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *gateHandler) WithGroup(string) slog.Handler            { return h }
+func (h *gateHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "dead-lettering record" {
+		select {
+		case h.entered <- struct{}{}:
+		default:
+		}
+		<-h.release
+	}
+	return nil
+}
+
+// TestFlushWaitsForDeadLetterCopies demonstrates a suspected bug in
+// Sink.Flush (reported, not fixed here): the dead-letter worker takes the
+// whole queue under the mutex and produces its copies afterwards, so while
+// it holds them the queue is empty and the client has nothing buffered;
+// Flush then returns nil although those records have no outcome yet. The
+// gate only widens the window (the worker logs before each produce).
+// Skipped unless OUTBOX_CDC_SHOW_BUGS is set.
+func TestFlushWaitsForDeadLetterCopies(t *testing.T) {
+	if os.Getenv("OUTBOX_CDC_SHOW_BUGS") == "" {
+		t.Skip("demonstrates a suspected bug in sink.Flush; set OUTBOX_CDC_SHOW_BUGS=1 to run")
+	}
+	ctx := testCtx(t)
+	c := newCluster(t)
+	gate := &gateHandler{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(gate.release)
+		}
+	}
+	t.Cleanup(release) // registered after newCluster: runs before the sink closes
+	s := newSink(t, c, slog.New(gate), kgo.ProducerBatchMaxBytes(2048))
+	t.Cleanup(release) // and before Close, which waits for the worker
+	done := newOutcomes()
+	produce(ctx, t, s, baseRecord(topic, bytes.Repeat([]byte("x"), 10<<10)), done)
+	select {
+	case <-gate.entered:
+	case <-ctx.Done():
+		t.Fatal("the dead-letter worker never started")
+	}
+	flushErr := make(chan error, 1)
+	go func() { flushErr <- s.Flush(ctx) }()
+	select {
+	case err := <-flushErr:
+		release()
+		t.Errorf("Flush returned %v while a dead-letter copy was still unproduced (no outcome yet)", err)
+	case <-time.After(500 * time.Millisecond):
+		release()
+		if err := <-flushErr; err != nil {
+			t.Fatalf("Flush: %v", err)
+		}
+	}
+	if o := done.wait(ctx, t); !o.DeadLettered {
+		t.Fatalf("outcome = %+v", o)
+	}
+}
+
+// TestProduceCanceledContext demonstrates that the documented contract of
+// Produce ("fails only when ctx ends, in which case done is never called")
+// does not hold: Produce returns ctx's error, and done is called anyway.
+// Skipped unless OUTBOX_CDC_SHOW_BUGS is set.
+func TestProduceCanceledContext(t *testing.T) {
+	if os.Getenv("OUTBOX_CDC_SHOW_BUGS") == "" {
+		t.Skip("demonstrates a documentation/behaviour mismatch in sink.Produce; set OUTBOX_CDC_SHOW_BUGS=1 to run")
+	}
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	done := newOutcomes()
+	err := s.Produce(canceled, baseRecord(topic, []byte("v")), done)
+	if err == nil {
+		t.Fatal("Produce with a canceled context returned nil")
+	}
+	select {
+	case o := <-done.ch:
+		t.Errorf("Produce returned %v, yet done was called with %+v", err, o)
+	case <-time.After(time.Second):
+	}
+}
+
+// TestCancelAfterProduceFailsBufferedRecord demonstrates that the ctx given
+// to Produce keeps governing the record after Produce returned nil:
+// franz-go fails a batch that was not sent yet when its first record's
+// Produce context ends. The pipeline cancels its processing context before
+// it calls Flush on SIGTERM, so records still buffered at that moment get a
+// shutdown outcome instead of being drained (they are sent again after the
+// restart). Skipped unless OUTBOX_CDC_SHOW_BUGS is set.
+func TestCancelAfterProduceFailsBufferedRecord(t *testing.T) {
+	if os.Getenv("OUTBOX_CDC_SHOW_BUGS") == "" {
+		t.Skip("demonstrates that canceling Produce's ctx fails accepted records; set OUTBOX_CDC_SHOW_BUGS=1 to run")
+	}
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	// Park the first produce request so the second record stays buffered.
+	release := make(chan struct{})
+	parked := make(chan struct{}, 1)
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		select {
+		case parked <- struct{}{}:
+			c.SleepControl(func() {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			})
+		default:
+		}
+		return nil, nil, false
+	})
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := newOutcomes()
+	produce(pctx, t, s, baseRecord(topic, []byte("1")), done)
+	select {
+	case <-parked:
+	case <-ctx.Done():
+		t.Fatal("no produce request")
+	}
+	produce(pctx, t, s, baseRecord(topic, []byte("2")), done) // returns nil: accepted
+	cancel()                                                  // e.g. SIGTERM: stop reading, then drain
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	if err := s.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	for i := 1; i <= 2; i++ {
+		if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+			t.Errorf("record %d: outcome %+v after Produce accepted it; want delivery on drain", i, o)
+		}
+	}
+}
