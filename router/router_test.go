@@ -3,7 +3,6 @@ package router
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -705,13 +704,8 @@ func BenchmarkRouteDeadLetter(b *testing.B) {
 // {aggregate_type} is never checked, so a template such as
 // "outbox events.{aggregate_type}" is accepted at start-up and then every
 // event is dead-lettered at run time, instead of start-up failing with a
-// message naming kafka.topic (contract, "Configuration"). Skipped unless
-// OUTBOX_CDC_SHOW_BUGS is set, so the suite stays green until the owner of
-// router.go decides.
+// message naming kafka.topic (contract, "Configuration").
 func TestNewRejectsIllegalTemplateAroundPlaceholder(t *testing.T) {
-	if os.Getenv("OUTBOX_CDC_SHOW_BUGS") == "" {
-		t.Skip("demonstrates a suspected bug in router.New; set OUTBOX_CDC_SHOW_BUGS=1 to run")
-	}
 	for _, tmpl := range []string{
 		"outbox events." + Placeholder,               // illegal character in the prefix
 		Placeholder + "/v1",                          // illegal character in the suffix
