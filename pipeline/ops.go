@@ -120,7 +120,7 @@ func (p *Pipeline) slotStats(ctx context.Context, warned *bool) {
 	info, err := replication.Slot(ctx, p.cfg.Source.DSN, p.cfg.Source.Slot)
 	switch {
 	case errors.Is(err, replication.ErrNoSlot):
-		p.fail(&replication.FatalError{Err: fmt.Errorf("replication slot %s was dropped while the connector ran; "+
+		p.fail(&replication.FatalError{Reason: "slot_missing", Err: fmt.Errorf("replication slot %s was dropped while the connector ran; "+
 			"events committed since are not in any stream: restart to recreate it, then reconcile from the last checkpoint", p.cfg.Source.Slot)})
 		return
 	case err != nil:

@@ -252,8 +252,33 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	if runErr == nil && procErr != nil && !errors.Is(procErr, context.Canceled) && !errors.Is(procErr, errReplayDone) {
 		runErr = procErr
 	}
+	if runErr != nil {
+		p.m.FatalErrors.WithLabelValues(fatalReason(runErr)).Inc()
+	}
 	return runErr
 }
+
+// fatalReason labels a fatal error for outbox_cdc_fatal_errors_total.
+func fatalReason(err error) string {
+	var f *replication.FatalError
+	var d *deliveryError
+	switch {
+	case errors.As(err, &f) && f.Reason != "":
+		return f.Reason
+	case errors.Is(err, decode.ErrTableRenamed):
+		return "table_renamed"
+	case errors.As(err, &d):
+		return "delivery"
+	}
+	return "other"
+}
+
+// deliveryError is a record that could be delivered neither to its topic nor
+// to the dead-letter topic.
+type deliveryError struct{ err error }
+
+func (e *deliveryError) Error() string { return "deliver event: " + e.err.Error() }
+func (e *deliveryError) Unwrap() error { return e.err }
 
 // setup loads the checkpoint, prepares the slot (and, on its creation in
 // snapshot mode, its exported snapshot) and returns the start position.
@@ -405,6 +430,10 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			continue
 		}
 		res, err := dec.Decode(m.Data)
+		if errors.Is(err, decode.ErrTableRenamed) {
+			return fmt.Errorf("%w: set outbox.table to the new name (and update the publication), or rename it back; "+
+				"rows inserted under the new name were not published", err)
+		}
 		if err != nil {
 			return fmt.Errorf("decode message at %v: %w", m.WALStart, err)
 		}
@@ -509,7 +538,7 @@ func (d *delivery) Delivered(o sink.Outcome) {
 	p := d.p
 	if o.Err != nil {
 		if sink.Classify(o.Err) != sink.ClassShutdown {
-			p.fail(fmt.Errorf("deliver event: %w", o.Err))
+			p.fail(&deliveryError{o.Err})
 		}
 		// Not acknowledged: the watermark stays before this transaction.
 		return

@@ -280,10 +280,10 @@ var errNoSlot = errors.New("no such slot")
 
 // ErrSlotLost is the fatal error for an invalidated slot.
 func ErrSlotLost(slot string) error {
-	return &PrerequisiteError{
+	return &FatalError{Reason: "slot_invalidated", Err: &PrerequisiteError{
 		Problem: fmt.Sprintf("replication slot %s was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)", slot),
 		Fix:     "events after its last confirmed position may be missing from Kafka; drop the slot, recreate it and reconcile",
-	}
+	}}
 }
 
 // SlotInfo describes a replication slot (pg_replication_slots).

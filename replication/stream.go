@@ -394,7 +394,11 @@ func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
 }
 
 // FatalError is an error that retrying cannot fix.
-type FatalError struct{ Err error }
+type FatalError struct {
+	Err error
+	// Reason is a short label for metrics: slot_missing, slot_invalidated, ...
+	Reason string
+}
 
 func (e *FatalError) Error() string { return e.Err.Error() }
 func (e *FatalError) Unwrap() error { return e.Err }
@@ -425,12 +429,14 @@ func classify(err error) error {
 		strings.HasPrefix(pgErr.Code, "53"), strings.HasPrefix(pgErr.Code, "58"):
 		return err
 	case pgErr.Code == "42704": // undefined_object: slot or publication
-		return &FatalError{Err: fmt.Errorf("%w (was the slot or publication dropped? the connector recreates them at start; "+
-			"events committed while it was missing are not in the stream)", err)}
+		return &FatalError{Reason: "slot_or_publication_missing", Err: fmt.Errorf("%w (the slot or the publication was dropped: "+
+			"restart to recreate it; if the same error returns, the WAL written while the publication was missing cannot be decoded: "+
+			"drop the slot, restart, and reconcile events committed after the checkpoint LSN (docs/operations.md))", err)}
 	case pgErr.Code == "55000": // object_not_in_prerequisite_state, e.g. an invalidated slot
-		return &FatalError{Err: fmt.Errorf("%w (if the slot was invalidated, drop and recreate it and reconcile the gap)", err)}
+		return &FatalError{Reason: "slot_invalidated", Err: fmt.Errorf("%w (the slot was invalidated, likely by max_slot_wal_keep_size: "+
+			"drop and recreate it, then reconcile events after the checkpoint LSN)", err)}
 	}
-	return &FatalError{Err: err}
+	return &FatalError{Reason: "server_error", Err: err}
 }
 
 func quoteIdent(s string) string   { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

@@ -31,13 +31,20 @@ type process struct {
 
 func startProcess(t *testing.T, configPath, addr string) *process {
 	t.Helper()
+	return startProc(t, configPath, addr, true)
+}
+
+// startProc starts the binary with extra environment entries; with
+// waitReady it returns once /readyz answers 200.
+func startProc(t *testing.T, configPath, addr string, waitReady bool, env ...string) *process {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), "connector.log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(connectorBinary(t), "run", "--config", configPath)
-	cmd.Env = cleanEnv()
+	cmd.Env = append(cleanEnv(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -50,6 +57,9 @@ func startProcess(t *testing.T, configPath, addr string) *process {
 		close(p.done)
 	}()
 	t.Cleanup(func() { p.kill() })
+	if !waitReady {
+		return p
+	}
 	waitFor(t, time.Minute, "connector /readyz", func() bool {
 		select {
 		case <-p.done:
