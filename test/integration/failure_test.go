@@ -186,7 +186,7 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 	t.Run("publication dropped", func(t *testing.T) {
 		dsn := newDatabase(t)
 		createOutbox(t, dsn, "outbox", "jsonb")
-		code, out := runUntilExit(t, writeConfig(t, yamlFor(dsn, "pubdrop", "")), time.Minute, func() {
+		code, out := runUntilExit(t, writeConfig(t, yamlFor(t, dsn, "pubdrop", "")), time.Minute, func() {
 			exec1(t, dsn, "DROP PUBLICATION pubdrop")
 			exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('x', 'k', 'E', '{}')`)
 		})
@@ -197,7 +197,7 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 	t.Run("slot dropped", func(t *testing.T) {
 		dsn := newDatabase(t)
 		createOutbox(t, dsn, "outbox", "jsonb")
-		code, out := runUntilExit(t, writeConfig(t, yamlFor(dsn, "slotdrop", "")), time.Minute, func() {
+		code, out := runUntilExit(t, writeConfig(t, yamlFor(t, dsn, "slotdrop", "")), time.Minute, func() {
 			// A slot can only be dropped while no walsender holds it: cut the
 			// connection and drop it before the connector reconnects.
 			deadline := time.Now().Add(30 * time.Second)
@@ -254,7 +254,7 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 func TestOutboxTableRenamed(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
-	cfgPath := writeConfig(t, yamlFor(dsn, "renamed", ""))
+	cfgPath := writeConfig(t, yamlFor(t, dsn, "renamed", ""))
 	code, out := runUntilExit(t, cfgPath, time.Minute, func() {
 		exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('r', 'k', 'E', '{}')`)
 		time.Sleep(300 * time.Millisecond)
@@ -275,6 +275,7 @@ func TestOutboxTableRenamed(t *testing.T) {
 func TestActiveStandby(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
+	dropSlotAtEnd(t, dsn, "standby")
 	cfgPath := writeConfig(t, fmt.Sprintf("postgres: {dsn: %q, slot: standby, publication: standby, reconnect_backoff_max: 1s}\nkafka: {brokers: [%s]}\nhttp: {listen: ''}\n",
 		dsn, strings.Join(kafkaServer.Brokers(), ", ")))
 	addrA := freeAddr(t)

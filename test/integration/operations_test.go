@@ -36,7 +36,8 @@ func checkpointLSN(t *testing.T, conn *pgx.Conn, slot string) lsn.LSN {
 }
 
 // yamlFor is a config file for the binary on the shared servers.
-func yamlFor(dsn, slot, extra string) string {
+func yamlFor(t *testing.T, dsn, slot, extra string) string {
+	dropSlotAtEnd(t, dsn, slot)
 	return fmt.Sprintf("postgres: {dsn: %q, slot: %s, publication: %s}\nkafka: {brokers: [%s], dlq_topic: dlq.%s}\nhttp: {listen: ''}\n%s",
 		dsn, slot, slot, strings.Join(kafkaServer.Brokers(), ", "), slot, extra)
 }
@@ -113,7 +114,7 @@ func TestReplayRange(t *testing.T) {
 		}
 	}
 
-	cfgPath := writeConfig(t, yamlFor(dsn, "replay", ""))
+	cfgPath := writeConfig(t, yamlFor(t, dsn, "replay", ""))
 	code, out := runBinary(t, 2*time.Minute, nil, "replay", "--config", cfgPath,
 		"--from-lsn", from.String(), "--to-lsn", to.String(), "--topic-prefix", "again.")
 	if code != 0 || !strings.Contains(out, "replay done: 40 events") {
@@ -280,7 +281,7 @@ func TestStatusCommand(t *testing.T) {
 	end := currentLSN(t, conn)
 	waitFor(t, 30*time.Second, "checkpoint", func() bool { return checkpointLSN(t, conn, "status") >= end })
 
-	cfgPath := writeConfig(t, yamlFor(dsn, "status", ""))
+	cfgPath := writeConfig(t, yamlFor(t, dsn, "status", ""))
 	code, out := runBinary(t, time.Minute, nil, "status", "--config", cfgPath, "--json", "--lsn", end.String())
 	if code != 0 {
 		t.Fatalf("status: exit %d:\n%s", code, out)
@@ -314,7 +315,7 @@ func TestStatusCommand(t *testing.T) {
 	if st.Covers == nil || *st.Covers != (end >= st.OldestReplay) {
 		t.Errorf("replay_window_covers = %v for %v with oldest %v", st.Covers, end, st.OldestReplay)
 	}
-	code, out = runBinary(t, time.Minute, nil, "status", "--config", writeConfig(t, yamlFor(dsn, "nosuchslot", "")))
+	code, out = runBinary(t, time.Minute, nil, "status", "--config", writeConfig(t, yamlFor(t, dsn, "nosuchslot", "")))
 	if code != 1 || !strings.Contains(out, "does not exist") {
 		t.Errorf("status of a missing slot: exit %d:\n%s", code, out)
 	}

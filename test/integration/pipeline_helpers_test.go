@@ -66,8 +66,34 @@ func pgConnect(t *testing.T, dsn string) *pgx.Conn {
 	return conn
 }
 
+// dropSlotAtEnd drops the slot when the test ends (slots are cluster-wide
+// and would outlive the test's database).
+func dropSlotAtEnd(t *testing.T, dsn, slot string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return // the server was replaced by the test itself
+		}
+		defer conn.Close(context.Background())
+		for ctx.Err() == nil {
+			_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+				WHERE slot_name = $1 AND NOT active`, slot)
+			var left bool
+			_ = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&left)
+			if err == nil && !left {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Errorf("slot %s still exists at the end of the test", slot)
+	})
+}
+
 // testConfig is a valid configuration for the shared servers.
 func testConfig(t *testing.T, dsn, table, slot string) *config.Config {
+	dropSlotAtEnd(t, dsn, slot)
 	c := config.Default()
 	c.Postgres.DSN = dsn
 	c.Postgres.Slot = slot

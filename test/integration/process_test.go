@@ -93,6 +93,7 @@ func TestKill9LosesNothing(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
 	addr := freeAddr(t)
+	dropSlotAtEnd(t, dsn, "kill9")
 	cfgPath := writeConfig(t, fmt.Sprintf(`
 postgres:
   dsn: %s
@@ -204,6 +205,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
 	addr := freeAddr(t)
+	dropSlotAtEnd(t, dsn, "metrics")
 	cfgPath := writeConfig(t, fmt.Sprintf("postgres: {dsn: %q, slot: metrics, publication: metrics}\nkafka: {brokers: [%s]}\nhttp: {listen: %q}\n",
 		dsn, kafkaServer.Brokers()[0], addr))
 	startProcess(t, cfgPath, addr)
