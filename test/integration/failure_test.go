@@ -31,7 +31,7 @@ func TestBadRowsGoToDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer adm.Close()
-	small := "small.bad"
+	small := "small.bad." + runID
 	maxBytes := "2048"
 	if _, err := kadm.NewClient(adm).CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": &maxBytes}, small); err != nil {
 		t.Fatalf("create topic: %v", err)
@@ -64,7 +64,7 @@ func TestBadRowsGoToDeadLetter(t *testing.T) {
 	exec1(t, dsn, "ALTER TABLE outbox DROP COLUMN tenant")
 	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "order", "k", "NoTenant", `{}`) })
 
-	dlq := consumeN(t, []string{"dlq.badrows"}, 4, time.Minute, 2*time.Second)
+	dlq := consumeN(t, []string{dlqFor("badrows")}, 4, time.Minute, 2*time.Second)
 	if len(dlq) != 4 {
 		t.Fatalf("%d dead-lettered records, want 4", len(dlq))
 	}
@@ -93,7 +93,7 @@ func TestBadRowsGoToDeadLetter(t *testing.T) {
 			t.Errorf("oversize record's payload not kept in the dead letter (%d bytes)", len(big.Value))
 		}
 	}
-	recs := consumeN(t, []string{"outbox.event.good"}, good, time.Minute, time.Second)
+	recs := consumeN(t, []string{topicFor("good")}, good, time.Minute, time.Second)
 	if len(recs) != good {
 		t.Fatalf("%d good events after the bad rows, want %d", len(recs), good)
 	}
@@ -119,7 +119,7 @@ func TestUnknownTopicWithAutoCreateOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer adm.Close()
-	if _, err := kadm.NewClient(adm).CreateTopics(ctx, 1, 1, nil, "outbox.event.exists", "dlq.noauto"); err != nil {
+	if _, err := kadm.NewClient(adm).CreateTopics(ctx, 1, 1, nil, topicFor("exists"), dlqFor("noauto")); err != nil {
 		t.Fatal(err)
 	}
 	dsn := newDatabase(t)
@@ -131,7 +131,7 @@ func TestUnknownTopicWithAutoCreateOff(t *testing.T) {
 	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "missing", "k", "E", `{}`) })
 	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "exists", "k", "E", `{}`) })
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.ConsumeTopics("dlq.noauto", "outbox.event.exists"),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...), kgo.ConsumeTopics(dlqFor("noauto"), topicFor("exists")),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
@@ -141,8 +141,8 @@ func TestUnknownTopicWithAutoCreateOff(t *testing.T) {
 	for len(got) < 2 && ctx.Err() == nil {
 		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got[r.Topic] = r })
 	}
-	d := got["dlq.noauto"]
-	if d == nil || got["outbox.event.exists"] == nil {
+	d := got[dlqFor("noauto")]
+	if d == nil || got[topicFor("exists")] == nil {
 		t.Fatalf("records by topic: %v; want one dead letter and the next event delivered", got)
 	}
 	if e, _ := header(d, "error"); !strings.Contains(e, "UNKNOWN_TOPIC_OR_PARTITION") {
@@ -276,8 +276,8 @@ func TestActiveStandby(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
 	dropSlotAtEnd(t, dsn, "standby")
-	cfgPath := writeConfig(t, fmt.Sprintf("postgres: {dsn: %q, slot: standby, publication: standby, reconnect_backoff_max: 1s}\nkafka: {brokers: [%s]}\nhttp: {listen: ''}\n",
-		dsn, strings.Join(kafkaServer.Brokers(), ", ")))
+	cfgPath := writeConfig(t, fmt.Sprintf("postgres: {dsn: %q, slot: standby, publication: standby, reconnect_backoff_max: 1s}\nkafka: {brokers: [%s], topic: %q}\nhttp: {listen: ''}\n",
+		dsn, strings.Join(kafkaServer.Brokers(), ", "), topicTemplate))
 	addrA := freeAddr(t)
 	a := startProc(t, cfgPath, addrA, true, "OUTBOX_CDC_HTTP_LISTEN="+addrA)
 	addrB := freeAddr(t)
@@ -285,7 +285,7 @@ func TestActiveStandby(t *testing.T) {
 	waitFor(t, 30*time.Second, "standby's HTTP endpoint", func() bool { return healthy(addrB) })
 	conn := pgConnect(t, dsn)
 	writeEvents(t, conn, "standby", 0, 50)
-	consumeN(t, []string{"outbox.event.standby"}, 50, time.Minute, 0)
+	consumeN(t, []string{topicFor("standby")}, 50, time.Minute, 0)
 	if ready(addrB) {
 		t.Fatal("the standby reports ready while the active connector streams")
 	}
@@ -294,7 +294,7 @@ func TestActiveStandby(t *testing.T) {
 	waitFor(t, 30*time.Second, "standby takes over", func() bool { return ready(addrB) })
 	t.Logf("standby took over %v after the kill", time.Since(killed).Round(time.Millisecond))
 	writeEvents(t, conn, "standby", 50, 100)
-	recs := consumeN(t, []string{"outbox.event.standby"}, 100, time.Minute, time.Second)
+	recs := consumeN(t, []string{topicFor("standby")}, 100, time.Minute, time.Second)
 	seen := map[string]bool{}
 	for _, r := range recs {
 		seen[string(r.Value)] = true

@@ -38,8 +38,8 @@ func checkpointLSN(t *testing.T, conn *pgx.Conn, slot string) lsn.LSN {
 // yamlFor is a config file for the binary on the shared servers.
 func yamlFor(t *testing.T, dsn, slot, extra string) string {
 	dropSlotAtEnd(t, dsn, slot)
-	return fmt.Sprintf("postgres: {dsn: %q, slot: %s, publication: %s}\nkafka: {brokers: [%s], dlq_topic: dlq.%s}\nhttp: {listen: ''}\n%s",
-		dsn, slot, slot, strings.Join(kafkaServer.Brokers(), ", "), slot, extra)
+	return fmt.Sprintf("postgres: {dsn: %q, slot: %s, publication: %s}\nkafka: {brokers: [%s], dlq_topic: %s, topic: %q}\nhttp: {listen: ''}\n%s",
+		dsn, slot, slot, strings.Join(kafkaServer.Brokers(), ", "), dlqFor(slot), topicTemplate, extra)
 }
 
 // TestCheckpointSkipsAfterPostgresCrash: a PostgreSQL crash moves the slot
@@ -58,7 +58,7 @@ func TestCheckpointSkipsAfterPostgresCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeEvents(t, conn, "ckpt", 0, 100)
-	consumeN(t, []string{"outbox.event.ckpt"}, 100, time.Minute, 0)
+	consumeN(t, []string{topicFor("ckpt")}, 100, time.Minute, 0)
 	end := currentLSN(t, conn)
 	waitFor(t, 30*time.Second, "checkpoint saved", func() bool { return checkpointLSN(t, conn, "ckpt") >= end })
 	c.stop(t)
@@ -81,7 +81,7 @@ func TestCheckpointSkipsAfterPostgresCrash(t *testing.T) {
 	startConnector(t, cfg)
 	conn = pgConnect(t, dsn)
 	writeEvents(t, conn, "ckpt", 100, 150)
-	recs := consumeN(t, []string{"outbox.event.ckpt"}, 150, time.Minute, 2*time.Second)
+	recs := consumeN(t, []string{topicFor("ckpt")}, 150, time.Minute, 2*time.Second)
 	if len(recs) != 150 {
 		t.Fatalf("%d records after the crash, want exactly 150 (nothing republished)", len(recs))
 	}
@@ -103,7 +103,7 @@ func TestReplayRange(t *testing.T) {
 	writeEvents(t, conn, "replayed", 10, 50)
 	to := currentLSN(t, conn)
 	writeEvents(t, conn, "replayed", 50, 70) // after the range
-	orig := consumeN(t, []string{"outbox.event.replayed"}, 70, time.Minute, 0)
+	orig := consumeN(t, []string{topicFor("replayed")}, 70, time.Minute, 0)
 	want := map[string]bool{}
 	for _, r := range orig {
 		var v struct{ Seq int }
@@ -120,7 +120,7 @@ func TestReplayRange(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "replay done: 40 events") {
 		t.Fatalf("replay: exit %d, want 0 and 40 events:\n%s", code, out)
 	}
-	recs := consumeN(t, []string{"again.outbox.event.replayed"}, 40, time.Minute, 2*time.Second)
+	recs := consumeN(t, []string{"again." + topicFor("replayed")}, 40, time.Minute, 2*time.Second)
 	if len(recs) != 40 {
 		t.Fatalf("%d replayed records, want exactly 40", len(recs))
 	}
@@ -191,7 +191,7 @@ func TestSnapshotModes(t *testing.T) {
 		writeEvents(t, conn, "snapnone", 0, 5) // before the slot exists
 		startConnector(t, testConfig(t, dsn, "public.outbox", "snapnone"))
 		writeEvents(t, conn, "snapnone", 5, 8)
-		recs := consumeN(t, []string{"outbox.event.snapnone"}, 3, time.Minute, 2*time.Second)
+		recs := consumeN(t, []string{topicFor("snapnone")}, 3, time.Minute, 2*time.Second)
 		if len(recs) != 3 {
 			t.Fatalf("%d records, want exactly the 3 written after the start", len(recs))
 		}
@@ -238,7 +238,7 @@ func TestSnapshotModes(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := 5 + live
-		recs := consumeN(t, []string{"outbox.event.snappending"}, want, time.Minute, 2*time.Second)
+		recs := consumeN(t, []string{topicFor("snappending")}, want, time.Minute, 2*time.Second)
 		seen := map[string]int{}
 		for _, r := range recs {
 			seen[string(r.Value)]++
@@ -262,7 +262,7 @@ func TestSnapshotModes(t *testing.T) {
 		c.stop(t)
 		startConnector(t, cfg) // must not take the snapshot again
 		writeEvents(t, conn, "snappending", 100, 101)
-		recs = consumeN(t, []string{"outbox.event.snappending"}, want+1, time.Minute, 2*time.Second)
+		recs = consumeN(t, []string{topicFor("snappending")}, want+1, time.Minute, 2*time.Second)
 		if len(recs) != want+1 {
 			t.Fatalf("%d records after a restart, want %d (no second snapshot)", len(recs), want+1)
 		}
@@ -277,7 +277,7 @@ func TestStatusCommand(t *testing.T) {
 	startConnector(t, cfg)
 	conn := pgConnect(t, dsn)
 	writeEvents(t, conn, "status", 0, 3)
-	consumeN(t, []string{"outbox.event.status"}, 3, time.Minute, 0)
+	consumeN(t, []string{topicFor("status")}, 3, time.Minute, 0)
 	end := currentLSN(t, conn)
 	waitFor(t, 30*time.Second, "checkpoint", func() bool { return checkpointLSN(t, conn, "status") >= end })
 
@@ -351,7 +351,7 @@ func TestTablelessOutbox(t *testing.T) {
 		emit(tx, "outbox", `{"id": "e2", "aggregate_type": "msg", "aggregate_id": "a1", "event_type": "Raw", "payload_base64": "AAH/"}`)
 		emit(tx, "outbox", `not json`)
 	})
-	recs := consumeN(t, []string{"outbox.event.msg"}, 2, time.Minute, 2*time.Second)
+	recs := consumeN(t, []string{topicFor("msg")}, 2, time.Minute, 2*time.Second)
 	if len(recs) != 2 {
 		t.Fatalf("%d records, want 2", len(recs))
 	}
@@ -364,7 +364,7 @@ func TestTablelessOutbox(t *testing.T) {
 	if string(recs[1].Value) != "\x00\x01\xff" {
 		t.Errorf("base64 payload decoded to %q", recs[1].Value)
 	}
-	dlq := consumeN(t, []string{"dlq.tableless"}, 1, time.Minute, time.Second)
+	dlq := consumeN(t, []string{dlqFor("tableless")}, 1, time.Minute, time.Second)
 	if e, _ := header(dlq[0], "error"); len(dlq) != 1 || !strings.Contains(e, "not an outbox event") {
 		t.Fatalf("dead-letter records %d, error %q", len(dlq), e)
 	}

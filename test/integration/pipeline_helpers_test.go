@@ -66,9 +66,30 @@ func pgConnect(t *testing.T, dsn string) *pgx.Conn {
 	return conn
 }
 
+// runID makes this run's topic names unique, so the suite can run again
+// against the same broker (OUTBOX_CDC_TEST_KAFKA_BROKERS, or -count=2).
+var runID = fmt.Sprintf("%x", time.Now().UnixNano()&0xffffff)
+
+// slotCleanups remembers which (test, slot) pairs have a cleanup.
+var slotCleanups sync.Map
+
+// topicTemplate is kafka.topic for every connector the tests start.
+var topicTemplate = "outbox.event.{aggregate_type}." + runID
+
+// topicFor is the topic events of aggType go to.
+func topicFor(aggType string) string { return "outbox.event." + aggType + "." + runID }
+
+// dlqFor is the dead-letter topic of the connector using slot.
+func dlqFor(slot string) string { return "dlq." + slot + "." + runID }
+
 // dropSlotAtEnd drops the slot when the test ends (slots are cluster-wide
-// and would outlive the test's database).
+// and would outlive the test's database). Only the first registration per
+// test counts: cleanups run last-in first-out, so it runs after the
+// connectors started later in the test have stopped.
 func dropSlotAtEnd(t *testing.T, dsn, slot string) {
+	if _, dup := slotCleanups.LoadOrStore(t.Name()+"\x00"+slot, true); dup {
+		return
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -102,7 +123,8 @@ func testConfig(t *testing.T, dsn, table, slot string) *config.Config {
 	c.Postgres.ReconnectBackoffMax = time.Second
 	c.Outbox.Table = table
 	c.Kafka.Brokers = kafkaServer.Brokers()
-	c.Kafka.DLQTopic = "dlq." + slot
+	c.Kafka.DLQTopic = dlqFor(slot)
+	c.Kafka.Topic = topicTemplate
 	c.HTTP.Listen = ""
 	return &c
 }

@@ -67,7 +67,7 @@ func TestPipelineTransactionShapes(t *testing.T) {
 	startConnector(t, cfg)
 	conn := pgConnect(t, dsn)
 	ctx := context.Background()
-	topic := func(agg string) string { return "outbox.event." + agg }
+	topic := topicFor
 
 	t.Run("single insert", func(t *testing.T) {
 		var id string
@@ -306,7 +306,7 @@ func TestPipelinePayloadTypes(t *testing.T) {
 			startConnector(t, testConfig(t, dsn, "public."+table, "types_"+c.typ))
 			conn := pgConnect(t, dsn)
 			committed(t, conn, func(tx pgx.Tx) { insert(t, tx, table, "type"+c.typ, "k", "E", c.payload) })
-			recs := consumeN(t, []string{"outbox.event.type" + c.typ}, 1, time.Minute, time.Second)
+			recs := consumeN(t, []string{topicFor("type" + c.typ)}, 1, time.Minute, time.Second)
 			if len(recs) != 1 || !bytes.Equal(recs[0].Value, c.want) {
 				t.Fatalf("got %d records, value %q, want %q", len(recs), recs[0].Value, c.want)
 			}
@@ -340,7 +340,7 @@ func TestWatermarkHoldsWhileBrokerDown(t *testing.T) {
 
 	// Make sure the topic exists before the broker goes away.
 	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "wm", "k", "E", `{"seq": 0}`) })
-	consumeN(t, []string{"outbox.event.wm"}, 1, time.Minute, 0)
+	consumeN(t, []string{topicFor("wm")}, 1, time.Minute, 0)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -374,7 +374,7 @@ func TestWatermarkHoldsWhileBrokerDown(t *testing.T) {
 		t.Fatalf("restart kafka: %v", err)
 	}
 	restarted = true
-	recs := consumeN(t, []string{"outbox.event.wm"}, n+1, 2*time.Minute, time.Second)
+	recs := consumeN(t, []string{topicFor("wm")}, n+1, 2*time.Minute, time.Second)
 	seen := map[string]bool{}
 	for _, r := range recs {
 		seen[string(r.Value)] = true
@@ -402,13 +402,13 @@ func TestCleanRestartPublishesNothingTwice(t *testing.T) {
 	}
 	c := startConnector(t, cfg)
 	write(0, 200)
-	consumeN(t, []string{"outbox.event.restart"}, 200, time.Minute, 0)
+	consumeN(t, []string{topicFor("restart")}, 200, time.Minute, 0)
 	c.stop(t)
 
 	write(200, 300) // while stopped
 	startConnector(t, cfg)
 	write(300, 400)
-	recs := consumeN(t, []string{"outbox.event.restart"}, 400, time.Minute, 2*time.Second)
+	recs := consumeN(t, []string{topicFor("restart")}, 400, time.Minute, 2*time.Second)
 	if len(recs) != 400 {
 		t.Fatalf("got %d records after a clean restart, want exactly 400", len(recs))
 	}
@@ -429,7 +429,7 @@ func TestReconnectAfterWalsenderKilled(t *testing.T) {
 			exec1(t, dsn, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'reconnect' AND active_pid IS NOT NULL")
 		}
 	}
-	recs := consumeN(t, []string{"outbox.event.reconnect"}, n, 2*time.Minute, time.Second)
+	recs := consumeN(t, []string{topicFor("reconnect")}, n, 2*time.Minute, time.Second)
 	seen := map[string]bool{}
 	for _, r := range recs {
 		seen[string(r.Value)] = true

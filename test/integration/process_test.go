@@ -105,10 +105,11 @@ outbox:
   table: public.outbox
 kafka:
   brokers: [%s]
-  dlq_topic: dlq.kill9
+  dlq_topic: %s
+  topic: %q
 http:
   listen: %s
-`, dsn, strings.Join(kafkaServer.Brokers(), ", "), addr))
+`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("kill9"), topicTemplate, addr))
 
 	p := startProcess(t, cfgPath, addr)
 
@@ -149,7 +150,7 @@ http:
 	}
 
 	want := writers * perWriter
-	recs := consumeN(t, []string{"outbox.event.kill"}, want, 2*time.Minute, 2*time.Second)
+	recs := consumeN(t, []string{topicFor("kill")}, want, 2*time.Minute, 2*time.Second)
 	type ev struct {
 		key string
 		seq int
@@ -206,11 +207,11 @@ func TestMetricsEndpoint(t *testing.T) {
 	createOutbox(t, dsn, "outbox", "jsonb")
 	addr := freeAddr(t)
 	dropSlotAtEnd(t, dsn, "metrics")
-	cfgPath := writeConfig(t, fmt.Sprintf("postgres: {dsn: %q, slot: metrics, publication: metrics}\nkafka: {brokers: [%s]}\nhttp: {listen: %q}\n",
-		dsn, kafkaServer.Brokers()[0], addr))
+	cfgPath := writeConfig(t, fmt.Sprintf("postgres: {dsn: %q, slot: metrics, publication: metrics}\nkafka: {brokers: [%s], topic: %q}\nhttp: {listen: %q}\n",
+		dsn, kafkaServer.Brokers()[0], topicTemplate, addr))
 	startProcess(t, cfgPath, addr)
 	exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('metrics', 'a', 'E', '{}')`)
-	consumeN(t, []string{"outbox.event.metrics"}, 1, time.Minute, 0)
+	consumeN(t, []string{topicFor("metrics")}, 1, time.Minute, 0)
 	var body string
 	waitFor(t, 30*time.Second, "published counter", func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
