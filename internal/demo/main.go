@@ -1,7 +1,9 @@
 // Command demo shows the whole path on one machine: it starts a private
 // PostgreSQL and an Apache Kafka broker (internal/testenv), creates the outbox
 // table, runs the connector, inserts events, prints them as consumed from
-// Kafka, then measures a short burst. Run it with `make demo`.
+// Kafka, measures a short burst and a steady stream, then runs the example
+// order and inventory services (examples/) through the outbox and the inbox,
+// with a duplicate injected. Run it with `make demo`.
 package main
 
 import (
@@ -210,6 +212,10 @@ func run(ctx context.Context) error {
 	sort.Slice(ls, func(i, j int) bool { return ls[i] < ls[j] })
 	say("  commit-to-consume p50 %v, p99 %v, max %v (record timestamps are ms, so +-1ms)",
 		ls[len(ls)/2].Round(100*time.Microsecond), ls[len(ls)*99/100].Round(100*time.Microsecond), ls[len(ls)-1].Round(100*time.Microsecond))
+
+	if err := adoptionKit(ctx, pg, kafka.Brokers(), dsn); err != nil {
+		return fmt.Errorf("adoption kit: %w", err)
+	}
 
 	stopConnector()
 	if err := <-done; err != nil {

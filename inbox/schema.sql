@@ -1,0 +1,16 @@
+-- Inbox table for github.com/outbox-cdc/outbox-cdc/inbox: one row per event a
+-- consumer has processed, written in the same transaction as the consumer's
+-- own changes. The primary key makes a redelivered event a no-op.
+-- inbox.CreateTable creates the same table under any name; rows older than the
+-- retention are removed with inbox.Cleanup (docs/guide.md says how long to keep them).
+CREATE TABLE IF NOT EXISTS inbox (
+  event_id        text        NOT NULL,
+  consumer_name   text        NOT NULL,
+  event_type      text,
+  topic           text        NOT NULL,
+  kafka_partition integer     NOT NULL,
+  kafka_offset    bigint      NOT NULL,
+  processed_at    timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (event_id, consumer_name)
+);
+CREATE INDEX IF NOT EXISTS inbox_processed_at_idx ON inbox (processed_at);

@@ -1,0 +1,450 @@
+// Package outbox writes events for outbox-cdc inside the caller's PostgreSQL
+// transaction, so an event exists exactly when the business change it
+// describes is committed.
+//
+// Two ways to write an event:
+//
+//   - Write inserts a row into the outbox table (sql/outbox.sql in the
+//     repository, TableDDL here). outbox-cdc publishes every committed insert.
+//   - Emit writes no row: it calls pg_logical_emit_message(true, prefix,
+//     content) in the same transaction. The message is part of the
+//     transaction in the WAL (it disappears with a rollback) and outbox-cdc
+//     publishes it when the connector's outbox.message_prefix equals the
+//     Writer's prefix. Nothing accumulates in a table, so nothing needs
+//     cleaning up. The content format is documented on Emit.
+//
+// Both produce the same Kafka record: topic from aggregate_type, key =
+// aggregate_id, headers id, event_type, aggregate_type (plus extra headers),
+// value = payload, timestamp = commit time.
+//
+// Payload values (Event.Payload):
+//
+//	nil, []byte(nil), json.RawMessage(nil)  tombstone (NULL payload, nil record value)
+//	json.RawMessage                         JSON text, validated
+//	[]byte                                  raw bytes, sent as they are
+//	anything else                           marshalled with encoding/json
+//
+// (A Go string is therefore sent as a JSON string, quotes included; pass JSON
+// text you already have as json.RawMessage.)
+//
+// A Writer is safe for concurrent use. The package-level Write and Emit use a
+// Writer with the contract's defaults (table public.outbox, columns id,
+// aggregate_type, aggregate_id, event_type, payload; prefix "outbox").
+package outbox
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// TableDDL creates the contract's outbox table with the default names. It is
+// the statement in sql/outbox.sql (a test keeps the two equal).
+const TableDDL = `CREATE TABLE IF NOT EXISTS outbox (
+  id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+  aggregate_type text        NOT NULL,
+  aggregate_id   text        NOT NULL,
+  event_type     text        NOT NULL,
+  payload        jsonb,
+  created_at     timestamptz NOT NULL DEFAULT now()
+);`
+
+// Defaults, as in the outbox-cdc contract.
+const (
+	DefaultTable  = "public.outbox"
+	DefaultPrefix = "outbox"
+)
+
+// Reserved header names: the connector always sends these headers, so an
+// event's extra headers cannot use them.
+var reservedHeaders = []string{"id", "event_type", "aggregate_type"}
+
+// ErrInvalidEvent is wrapped by every error about an Event's content.
+var ErrInvalidEvent = errors.New("outbox: invalid event")
+
+// Event is one outbox event.
+type Event struct {
+	// ID is the event id, sent as the record's "id" header; consumers
+	// deduplicate on it. Empty: the Writer generates one (a UUID v7 by
+	// default, see Config.NewID).
+	ID string
+	// AggregateType selects the topic (kafka.topic template, kafka.topics).
+	AggregateType string
+	// AggregateID is the record key: events of one aggregate keep their
+	// order in one partition.
+	AggregateID string
+	// EventType is sent as the "event_type" header.
+	EventType string
+	// Payload is the record value; see the package documentation.
+	Payload any
+	// Headers are extra values. For Write, the map is column → value: each
+	// entry is written to that column of the outbox table (the connector sends
+	// it as a header when the column is listed in outbox.header_columns). For
+	// Emit, the map is header name → value, sent in the message as text (see
+	// Emit). nil values are skipped.
+	Headers map[string]any
+}
+
+// Columns names the outbox table's columns. Empty fields take the contract's
+// names (id, aggregate_type, aggregate_id, event_type, payload). Names are
+// exact catalog names (case-sensitive), as in the connector's
+// outbox.columns.* keys.
+type Columns struct {
+	ID            string
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       string
+}
+
+// DebeziumColumns are the column names of a Debezium-style outbox table
+// (configure the connector with outbox.columns.aggregate_type: aggregatetype,
+// outbox.columns.aggregate_id: aggregateid, outbox.columns.event_type: type).
+var DebeziumColumns = Columns{ID: "id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type", Payload: "payload"}
+
+// Config configures a Writer. The zero value is the contract's defaults.
+type Config struct {
+	// Table is "schema.table", or "table" meaning public.table, as the
+	// connector's outbox.table. Default public.outbox.
+	Table string
+	// Columns maps the event's fields to columns.
+	Columns Columns
+	// Prefix is the logical message prefix Emit uses; it must equal the
+	// connector's outbox.message_prefix. Default "outbox".
+	Prefix string
+	// NewID generates the id of an event that has none. Default: UUID v7
+	// (time-ordered, which keeps the primary key index compact). NewV4 is
+	// the random alternative.
+	NewID func() (string, error)
+}
+
+// NewV7 returns a new UUID v7 string, the default event id.
+func NewV7() (string, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return "", err
+	}
+	return id.String(), nil
+}
+
+// NewV4 returns a new random UUID v4 string.
+func NewV4() (string, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", err
+	}
+	return id.String(), nil
+}
+
+// Writer writes events to one outbox table (Write) or as logical messages
+// with one prefix (Emit). Create it once with New and share it.
+type Writer struct {
+	table   string // quoted, schema-qualified
+	cols    [5]string
+	colSet  map[string]bool
+	insert  string // INSERT for events without extra columns
+	prefix  string
+	newID   func() (string, error)
+	columns Columns
+}
+
+var defaultWriter = func() *Writer {
+	w, err := New(Config{})
+	if err != nil {
+		panic(err)
+	}
+	return w
+}()
+
+// New validates cfg and returns a Writer.
+func New(cfg Config) (*Writer, error) {
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	c := cfg.Columns
+	def := func(s *string, d string) {
+		if *s == "" {
+			*s = d
+		}
+	}
+	def(&c.ID, "id")
+	def(&c.AggregateType, "aggregate_type")
+	def(&c.AggregateID, "aggregate_id")
+	def(&c.EventType, "event_type")
+	def(&c.Payload, "payload")
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.NewID == nil {
+		cfg.NewID = NewV7
+	}
+
+	schema, table, ok := strings.Cut(cfg.Table, ".")
+	if !ok {
+		schema, table = "public", cfg.Table
+	}
+	if schema == "" || table == "" || strings.Contains(table, ".") {
+		return nil, fmt.Errorf("outbox: table %q: want schema.table or table", cfg.Table)
+	}
+	names := []string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}
+	w := &Writer{
+		table:   pgx.Identifier{schema, table}.Sanitize(),
+		colSet:  make(map[string]bool, len(names)),
+		prefix:  cfg.Prefix,
+		newID:   cfg.NewID,
+		columns: c,
+	}
+	for i, n := range names {
+		if w.colSet[n] {
+			return nil, fmt.Errorf("outbox: column %q is mapped twice", n)
+		}
+		w.colSet[n] = true
+		w.cols[i] = pgx.Identifier{n}.Sanitize()
+	}
+	w.insert = w.insertSQL(nil)
+	return w, nil
+}
+
+// Columns returns the column names the Writer uses, defaults filled in.
+func (w *Writer) Columns() Columns { return w.columns }
+
+// Prefix returns the logical message prefix Emit uses.
+func (w *Writer) Prefix() string { return w.prefix }
+
+func (w *Writer) insertSQL(extra []string) string {
+	var b strings.Builder
+	b.WriteString("INSERT INTO ")
+	b.WriteString(w.table)
+	b.WriteString(" (")
+	b.WriteString(strings.Join(w.cols[:], ", "))
+	for _, c := range extra {
+		b.WriteString(", ")
+		b.WriteString(pgx.Identifier{c}.Sanitize())
+	}
+	b.WriteString(") VALUES ($1, $2, $3, $4, $5")
+	for i := range extra {
+		b.WriteString(", $")
+		b.WriteString(strconv.Itoa(6 + i))
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// Write inserts e into the outbox table inside tx. The event is published
+// when, and only if, tx commits.
+func (w *Writer) Write(ctx context.Context, tx pgx.Tx, e Event) error {
+	id, err := w.prepare(&e)
+	if err != nil {
+		return err
+	}
+	payload, err := payloadBytes(e.Payload)
+	if err != nil {
+		return err
+	}
+	args := []any{id, e.AggregateType, e.AggregateID, e.EventType, payload}
+	sql := w.insert
+	if len(e.Headers) > 0 {
+		cols := slices.Sorted(maps.Keys(e.Headers))
+		var extra []string
+		for _, c := range cols {
+			if w.colSet[c] {
+				return fmt.Errorf("%w: header column %q is one of the mapped columns", ErrInvalidEvent, c)
+			}
+			if c == "" {
+				return fmt.Errorf("%w: empty header column name", ErrInvalidEvent)
+			}
+			if e.Headers[c] == nil {
+				continue // the column's default (usually NULL: no header)
+			}
+			extra = append(extra, c)
+			args = append(args, e.Headers[c])
+		}
+		sql = w.insertSQL(extra)
+	}
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		return fmt.Errorf("outbox: insert event %s: %w", id, err)
+	}
+	return nil
+}
+
+// Message is the content of a table-less outbox event, as Emit writes it:
+// a JSON object, UTF-8, written with pg_logical_emit_message(true, prefix,
+// content) (content as bytea).
+//
+//	{
+//	  "id":             "0190f5b2-…",         event id (header "id")
+//	  "aggregate_type": "order",              topic selection (header "aggregate_type")
+//	  "aggregate_id":   "order-1001",         record key
+//	  "event_type":     "OrderPlaced",        header "event_type"
+//	  "payload":        {"any": "JSON"},      record value: this JSON value's text
+//	  "payload_base64": "AAEC",               record value: these bytes (std base64), instead of payload
+//	  "headers":        {"tenant": "acme"}    extra headers, name → text value
+//	}
+//
+// payload and payload_base64 are never both present. Neither present, or
+// "payload": null, is a tombstone (nil record value); a JSON null payload
+// therefore cannot be sent as the 4-byte value "null" through Emit.
+// headers is omitted when empty; its names never include id, event_type or
+// aggregate_type. Unknown members must be ignored by readers.
+type Message struct {
+	ID            string            `json:"id"`
+	AggregateType string            `json:"aggregate_type"`
+	AggregateID   string            `json:"aggregate_id"`
+	EventType     string            `json:"event_type"`
+	Payload       json.RawMessage   `json:"payload,omitempty"`
+	PayloadBase64 *string           `json:"payload_base64,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+}
+
+// Emit writes e as a transactional logical message inside tx instead of a
+// table row:
+//
+//	SELECT pg_logical_emit_message(true, <prefix>, <content>::bytea)
+//
+// The message is in the WAL only if tx commits, in the transaction's order
+// relative to table inserts. content is the JSON object described on
+// Message. The payload is encoded as:
+//
+//	nil, []byte(nil), json.RawMessage(nil)  omitted (tombstone)
+//	json.RawMessage                         "payload": the JSON value (validated, compacted)
+//	[]byte                                  "payload_base64": the bytes, std base64 (byte-exact)
+//	anything else                           "payload": encoding/json of the value
+//
+// Header values are sent as text: string as is, []byte as its bytes,
+// time.Time as RFC 3339 with nanoseconds, fmt.Stringer by String, anything
+// else as fmt.Sprint; nil values are skipped. The connector publishes the
+// message only when its outbox.message_prefix equals the Writer's prefix.
+func (w *Writer) Emit(ctx context.Context, tx pgx.Tx, e Event) error {
+	content, err := w.EncodeMessage(e)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, $1::text, $2::bytea)`, w.prefix, content); err != nil {
+		return fmt.Errorf("outbox: emit event: %w", err)
+	}
+	return nil
+}
+
+// EncodeMessage returns the content Emit would write for e (generating the id
+// when e has none). It is exported for tests and for writers that call
+// pg_logical_emit_message themselves.
+func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
+	id, err := w.prepare(&e)
+	if err != nil {
+		return nil, err
+	}
+	m := Message{ID: id, AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventType: e.EventType}
+	switch p := e.Payload.(type) {
+	case nil:
+	case json.RawMessage:
+		if p != nil {
+			if !json.Valid(p) {
+				return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
+			}
+			m.Payload = p
+		}
+	case []byte:
+		if p != nil {
+			s := base64.StdEncoding.EncodeToString(p)
+			m.PayloadBase64 = &s
+		}
+	default:
+		b, err := json.Marshal(p)
+		if err != nil {
+			return nil, fmt.Errorf("%w: marshal payload: %v", ErrInvalidEvent, err)
+		}
+		m.Payload = b
+	}
+	for name, v := range e.Headers {
+		if name == "" || slices.Contains(reservedHeaders, name) {
+			return nil, fmt.Errorf("%w: header name %q is reserved or empty", ErrInvalidEvent, name)
+		}
+		if v == nil {
+			continue
+		}
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, len(e.Headers))
+		}
+		m.Headers[name] = headerText(v)
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: encode message: %w", err)
+	}
+	return b, nil
+}
+
+func headerText(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case time.Time:
+		return v.Format(time.RFC3339Nano)
+	case fmt.Stringer:
+		return v.String()
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// prepare validates e and returns its id, generating one when empty.
+func (w *Writer) prepare(e *Event) (string, error) {
+	switch {
+	case e.AggregateType == "":
+		return "", fmt.Errorf("%w: empty AggregateType", ErrInvalidEvent)
+	case e.AggregateID == "":
+		return "", fmt.Errorf("%w: empty AggregateID", ErrInvalidEvent)
+	case e.EventType == "":
+		return "", fmt.Errorf("%w: empty EventType", ErrInvalidEvent)
+	}
+	if e.ID != "" {
+		return e.ID, nil
+	}
+	id, err := w.newID()
+	if err != nil {
+		return "", fmt.Errorf("outbox: generate event id: %w", err)
+	}
+	return id, nil
+}
+
+// payloadBytes converts a payload to the value bound to the payload column:
+// nil (NULL) or bytes. pgx sends bytes as they are to json, jsonb, text and
+// bytea columns.
+func payloadBytes(p any) ([]byte, error) {
+	switch p := p.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if p != nil && !json.Valid(p) {
+			return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
+		}
+		return p, nil
+	case []byte:
+		return p, nil
+	default:
+		b, err := json.Marshal(p)
+		if err != nil {
+			return nil, fmt.Errorf("%w: marshal payload: %v", ErrInvalidEvent, err)
+		}
+		return b, nil
+	}
+}
+
+// Write inserts e into public.outbox (contract column names) inside tx.
+func Write(ctx context.Context, tx pgx.Tx, e Event) error { return defaultWriter.Write(ctx, tx, e) }
+
+// Emit writes e as a transactional logical message with prefix "outbox"
+// inside tx (see Writer.Emit for the format).
+func Emit(ctx context.Context, tx pgx.Tx, e Event) error { return defaultWriter.Emit(ctx, tx, e) }
