@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -101,11 +102,17 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		return ExitUsage
 	}
 	log := newLogger(cfg.Log, stderr)
+	for _, w := range cfg.Warnings() {
+		log.Warn(w.Message, "key", w.Key)
+	}
 	pc, err := PipelineConfig(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "outbox-cdc: %v\n", err)
 		return ExitUsage
 	}
+	// The client retries TLS and SASL failures like any connection failure;
+	// this says why nothing gets out.
+	pc.Sink.Opts = append(pc.Sink.Opts, sink.SecurityFailureLog(log, time.Minute))
 
 	switch args[0] {
 	case "check":
@@ -187,6 +194,17 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	if err != nil { // validated already
 		return pipeline.Config{}, fmt.Errorf("postgres.retain: %w", err)
 	}
+	if err := usePostgresPasswordFile(cfg.Postgres); err != nil {
+		return pipeline.Config{}, err
+	}
+	sec, err := kafkaSecurity(cfg.Kafka)
+	if err != nil {
+		return pipeline.Config{}, err
+	}
+	kafkaOpts, err := sink.SecurityOpts(sec)
+	if err != nil {
+		return pipeline.Config{}, err
+	}
 	return pipeline.Config{
 		Source: replication.Source{
 			DSN: cfg.Postgres.DSN, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
@@ -198,6 +216,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 			Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, DLQTopic: cfg.Kafka.DLQTopic,
 			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,
 			Linger: cfg.Kafka.ProducerLinger, RequestTimeout: cfg.Kafka.RequestTimeout, Compression: cfg.Kafka.Compression,
+			Opts: kafkaOpts,
 		},
 		StatusInterval:  cfg.Postgres.StatusInterval,
 		BackoffMax:      cfg.Postgres.ReconnectBackoffMax,
@@ -210,6 +229,46 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		Snapshot:        cfg.Snapshot.Mode,
 		SnapshotFilter:  cfg.Snapshot.Filter,
 	}, nil
+}
+
+// kafkaSecurity translates kafka.tls and kafka.sasl for the sink. The
+// password file is read here, and the CA, certificate and key files by
+// sink.SecurityOpts, at start.
+func kafkaSecurity(k config.Kafka) (sink.Security, error) {
+	var sec sink.Security
+	if k.TLS.Enabled {
+		sec.TLS = &sink.TLS{
+			CAFile: k.TLS.CAFile, CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile,
+			ServerName: k.TLS.ServerName, InsecureSkipVerify: k.TLS.InsecureSkipVerify,
+		}
+	}
+	if k.SASL.Mechanism != "" {
+		pw, err := k.SASL.Secret()
+		if err != nil {
+			return sink.Security{}, err
+		}
+		sec.SASL = &sink.SASL{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: pw}
+	}
+	return sec, nil
+}
+
+// usePostgresPasswordFile reads postgres.password_file and hands the
+// password to the PostgreSQL driver without putting it into the DSN string,
+// which travels through the replication, checkpoint and status code and
+// could end up in a message. Every connection of this process parses the
+// DSN with pgx, which takes a password the DSN lacks from PGPASSWORD; so
+// the password is set there, in this process's environment (os.Setenv does
+// not change /proc/<pid>/environ, which shows the environment at exec). A
+// DSN with its own password was rejected by validation.
+func usePostgresPasswordFile(p config.Postgres) error {
+	pw, err := p.FilePassword()
+	if err != nil || pw == "" {
+		return err
+	}
+	if err := os.Setenv("PGPASSWORD", pw); err != nil {
+		return fmt.Errorf("postgres.password_file: %w", err)
+	}
+	return nil
 }
 
 // checkpointStore builds the configured store; nil for none.

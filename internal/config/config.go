@@ -85,6 +85,11 @@ type Postgres struct {
 	// keyword (host=... user=...) form. Required. Never print it: use
 	// RedactDSN.
 	DSN string `koanf:"dsn"`
+	// PasswordFile names a file holding the password of the DSN's role, read
+	// at start (a trailing newline is removed). It is mutually exclusive with
+	// a password in the DSN. The password goes into the connection settings
+	// only, never into the DSN string. See FilePassword.
+	PasswordFile string `koanf:"password_file"`
 	// Slot is the logical replication slot (pgoutput), created if missing.
 	Slot string `koanf:"slot"`
 	// Publication is created FOR TABLE <outbox.table> if missing.
@@ -162,6 +167,53 @@ type Kafka struct {
 	RequestTimeout time.Duration `koanf:"request_timeout"`
 	// Compression is the batch codec: none, gzip, snappy, lz4 or zstd.
 	Compression string `koanf:"compression"`
+	// TLS configures the encryption of broker connections.
+	TLS KafkaTLS `koanf:"tls"`
+	// SASL configures the authentication of broker connections.
+	SASL KafkaSASL `koanf:"sasl"`
+}
+
+// KafkaTLS configures TLS towards the brokers (docs/security.md).
+type KafkaTLS struct {
+	// Enabled dials every broker with TLS. The other keys of the section
+	// may only be set when it is true.
+	Enabled bool `koanf:"enabled"`
+	// CAFile is a PEM bundle of the certificate authorities that sign the
+	// brokers' certificates; "" uses the system's roots.
+	CAFile string `koanf:"ca_file"`
+	// CertFile and KeyFile are a PEM client certificate (chain) and its
+	// unencrypted private key, for brokers that require client
+	// authentication (ssl.client.auth=required). Both or neither.
+	CertFile string `koanf:"cert_file"`
+	KeyFile  string `koanf:"key_file"`
+	// ServerName is the name the broker certificates are checked against;
+	// "" uses the host of each broker address.
+	ServerName string `koanf:"server_name"`
+	// InsecureSkipVerify accepts any broker certificate. Tests only: it
+	// allows a man in the middle, and a warning is logged at start.
+	InsecureSkipVerify bool `koanf:"insecure_skip_verify"`
+}
+
+// SASL mechanisms accepted by kafka.sasl.mechanism.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// KafkaSASL configures SASL authentication towards the brokers
+// (docs/security.md). Never print Password: the String, GoString, LogValue
+// and MarshalJSON methods redact it.
+type KafkaSASL struct {
+	// Mechanism is "" (no SASL), PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+	Mechanism string `koanf:"mechanism"`
+	Username  string `koanf:"username"`
+	// Password is the password itself; prefer PasswordFile or the
+	// environment variable OUTBOX_CDC_KAFKA_SASL_PASSWORD.
+	Password string `koanf:"password"`
+	// PasswordFile names a file holding the password, read at start (a
+	// trailing newline is removed). Mutually exclusive with Password.
+	PasswordFile string `koanf:"password_file"`
 }
 
 // HTTP is the metrics and health endpoint.
@@ -263,14 +315,14 @@ func (k Kafka) TopicFor(aggregateType string) string {
 }
 
 // String renders the effective configuration as YAML with the DSN password
-// redacted. It is safe to log.
+// and kafka.sasl.password redacted. It is safe to log.
 func (c Config) String() string { return render(&c) }
 
 // String renders the section with the DSN password redacted, so that
 // printing a Postgres value never leaks it.
 func (p Postgres) String() string {
-	return fmt.Sprintf("{dsn: %s, slot: %s, publication: %s, status_interval: %s, reconnect_backoff_max: %s}",
-		RedactDSN(p.DSN), p.Slot, p.Publication, p.StatusInterval, p.ReconnectBackoffMax)
+	return fmt.Sprintf("{dsn: %s, password_file: %s, slot: %s, publication: %s, status_interval: %s, reconnect_backoff_max: %s}",
+		RedactDSN(p.DSN), p.PasswordFile, p.Slot, p.Publication, p.StatusInterval, p.ReconnectBackoffMax)
 }
 
 // GoString keeps %#v from printing the DSN password.
@@ -289,11 +341,11 @@ func (p Postgres) MarshalJSON() ([]byte, error) {
 }
 
 // MarshalJSON encodes the configuration keyed by the configuration keys,
-// durations as text (1s) and the DSN password redacted.
+// durations as text (1s), the DSN password and kafka.sasl.password redacted.
 func (c Config) MarshalJSON() ([]byte, error) { return json.Marshal(asMap(&c, schemaTree)) }
 
 // LogValue logs the configuration as groups keyed by the configuration
-// keys, with the DSN password redacted.
+// keys, with the DSN password and kafka.sasl.password redacted.
 func (c Config) LogValue() slog.Value { return slog.GroupValue(logAttrs(&c, schemaTree)...) }
 
 // ErrInvalid matches, with errors.Is, every error that means "the

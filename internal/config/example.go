@@ -22,6 +22,11 @@ postgres:
   # SELECT on the outbox table. Prefer a password from ~/.pgpass or PGPASSWORD
   # over one written here.
   dsn: postgres://app@127.0.0.1:5432/app
+  # File holding the role's password, read at start (trailing newline
+  # removed); not allowed together with a password in the DSN. TLS is set in
+  # the DSN: ?sslmode=verify-full&sslrootcert=/etc/outbox-cdc/pg-ca.pem
+  # (docs/security.md).
+  password_file: ""
   # Logical replication slot (pgoutput), created if missing: [a-z0-9_], 1-63.
   slot: outbox_cdc
   # Publication, created FOR TABLE <outbox.table> WITH (publish = 'insert')
@@ -82,6 +87,22 @@ kafka:
   request_timeout: 30s
   # none, gzip, snappy, lz4 or zstd.
   compression: none
+  # Encryption of broker connections (docs/security.md). The other tls keys
+  # may only be set when enabled is true.
+  tls:
+    enabled: false
+    ca_file: ""         # PEM CA bundle for the brokers' certificates; "" = system roots
+    cert_file: ""       # PEM client certificate, with key_file (mutual TLS)
+    key_file: ""        # its unencrypted PEM private key
+    server_name: ""     # name to verify instead of each broker's host
+    insecure_skip_verify: false   # tests only; logs a warning
+  # Authentication (docs/security.md). Give the password through
+  # OUTBOX_CDC_KAFKA_SASL_PASSWORD or password_file rather than here.
+  sasl:
+    mechanism: ""       # "", PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+    username: ""
+    password: ""
+    password_file: ""   # read at start, trailing newline removed
 
 http:
   # /metrics, /healthz and /readyz. "" disables; :9187 listens on every

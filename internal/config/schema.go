@@ -25,6 +25,7 @@ const (
 	kindDuration
 	kindStrings   // []string
 	kindStringMap // map[string]string
+	kindBool
 )
 
 // leaf is one settable key.
@@ -93,6 +94,8 @@ func walkSchema(t reflect.Type, prefix string, index []int) {
 			continue
 		case f.Type.Kind() == reflect.String:
 			k = kindString
+		case f.Type.Kind() == reflect.Bool:
+			k = kindBool
 		case f.Type.Kind() == reflect.Int || f.Type.Kind() == reflect.Int64:
 			k = kindInt
 		case f.Type == reflect.TypeFor[[]string]():
@@ -121,6 +124,8 @@ func (k kind) expected() string {
 		return "a list"
 	case kindStringMap:
 		return "a mapping"
+	case kindBool:
+		return "true or false"
 	default:
 		return "a string"
 	}
@@ -137,6 +142,8 @@ func (l *leaf) howTo() string {
 		return "write a list such as [a, b] (environment: a comma list, " + l.env + "=a,b)"
 	case kindStringMap:
 		return "write a mapping such as {order: orders.v1} (environment: key=value pairs, " + l.env + "=order=orders.v1,user=users)"
+	case kindBool:
+		return "write true or false (environment: " + l.env + "=true, false, 1 or 0)"
 	default:
 		return "write a plain string"
 	}
@@ -159,8 +166,12 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 			if sub, ok := v.(map[string]any); ok {
 				out = append(out, checkKeys(path, sub)...)
 			} else if v != nil {
+				shown := fmt.Sprint(v)
+				if holdsSecret(path) {
+					shown = "" // may be a secret written one level too high
+				}
 				out = append(out, FieldError{
-					Key: path, Value: fmt.Sprint(v),
+					Key: path, Value: shown,
 					Problem: "expected a section (mapping of keys), got " + typeName(v),
 					Fix:     "keys in " + path + " are: " + strings.Join(childKeys(path), ", "),
 				})
@@ -223,6 +234,8 @@ func fromEnv(name, value string) (string, any, *FieldError) {
 		shown := value
 		if l.key == "postgres.dsn" {
 			shown = RedactDSN(value)
+		} else if holdsSecret(l.key) {
+			shown = ""
 		}
 		return "", nil, &FieldError{
 			Key: l.key, Value: shown,
@@ -256,6 +269,12 @@ func parseEnvValue(k kind, s string) (any, error) {
 			out = append(out, strings.TrimSpace(item))
 		}
 		return out, nil
+	case kindBool:
+		b, ok := parseBool(s)
+		if !ok {
+			return nil, fmt.Errorf("not true, false, 1 or 0")
+		}
+		return b, nil
 	case kindStringMap:
 		out := map[string]string{}
 		if strings.TrimSpace(s) == "" {
@@ -324,7 +343,7 @@ func lookup(m map[string]any, key string) (any, bool) {
 func convert(l *leaf, v any) (reflect.Value, *FieldError) {
 	bad := func(problem string) (reflect.Value, *FieldError) {
 		shown := fmt.Sprint(v)
-		if l.key == "postgres.dsn" {
+		if l.key == "postgres.dsn" || holdsSecret(l.key) {
 			shown = "" // not a string, so RedactDSN cannot be trusted with it
 		}
 		return reflect.Value{}, &FieldError{
@@ -413,6 +432,18 @@ func convert(l *leaf, v any) (reflect.Value, *FieldError) {
 		default:
 			return wrongType()
 		}
+	case kindBool:
+		switch x := v.(type) {
+		case bool:
+			return reflect.ValueOf(x), nil
+		case string: // quoted, or from the environment: the same words as there
+			if b, ok := parseBool(x); ok {
+				return reflect.ValueOf(b), nil
+			}
+			return bad("not true, false, 1 or 0")
+		default:
+			return wrongType()
+		}
 	case kindStringMap:
 		switch x := v.(type) {
 		case map[string]string:
@@ -440,6 +471,18 @@ func convert(l *leaf, v any) (reflect.Value, *FieldError) {
 		}
 	}
 	return wrongType()
+}
+
+// parseBool accepts the spellings of a boolean allowed in the environment:
+// true, false, 1 and 0 (any case, surrounding space ignored).
+func parseBool(s string) (value, ok bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "true", "1":
+		return true, true
+	case "false", "0":
+		return false, true
+	}
+	return false, false
 }
 
 // scalarString accepts a YAML scalar as a string: 9187 and true are taken as
@@ -585,7 +628,8 @@ func buildTree() *node {
 }
 
 // display returns the value of a leaf as it is shown to people: durations as
-// text (1s), the DSN redacted, everything else as is.
+// text (1s), the DSN's password and every secret key redacted, everything
+// else as is.
 func display(cfg *Config, l *leaf) any {
 	v := reflect.ValueOf(cfg).Elem().FieldByIndex(l.index).Interface()
 	switch x := v.(type) {
@@ -595,39 +639,83 @@ func display(cfg *Config, l *leaf) any {
 		if l.key == "postgres.dsn" {
 			return RedactDSN(x)
 		}
+		if secretKeys[l.key] && x != "" {
+			return redacted
+		}
 	}
 	return v
 }
 
+// section returns the node of a section key (kafka, kafka.sasl), or nil.
+func section(path string) *node {
+	n := schemaTree
+	for part := range strings.SplitSeq(path, ".") {
+		var next *node
+		for _, c := range n.children {
+			if c.name == part && c.leaf == nil {
+				next = c
+			}
+		}
+		if next == nil {
+			return nil
+		}
+		n = next
+	}
+	return n
+}
+
+// renderFlow writes one section of cfg as a single-line YAML mapping in
+// schema order, secrets redacted.
+func renderFlow(cfg *Config, n *node) string {
+	root := yamlNode(cfg, n)
+	var setFlow func(*yamlv3.Node)
+	setFlow = func(x *yamlv3.Node) {
+		if x.Kind == yamlv3.MappingNode || x.Kind == yamlv3.SequenceNode {
+			x.Style = yamlv3.FlowStyle
+		}
+		for _, c := range x.Content {
+			setFlow(c)
+		}
+	}
+	setFlow(root)
+	out, err := yamlv3.Marshal(root)
+	if err != nil {
+		return fmt.Sprintf("config: cannot render: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
 // render writes cfg as YAML in schema order with the DSN redacted.
 func render(cfg *Config) string {
-	var toNode func(n *node) *yamlv3.Node
-	toNode = func(n *node) *yamlv3.Node {
-		if n.leaf != nil {
-			v := display(cfg, n.leaf)
-			out := &yamlv3.Node{}
-			if err := out.Encode(v); err != nil {
-				return &yamlv3.Node{Kind: yamlv3.ScalarNode, Value: fmt.Sprint(v)}
-			}
-			if out.Kind == yamlv3.SequenceNode || out.Kind == yamlv3.MappingNode {
-				out.Style = yamlv3.FlowStyle
-			}
-			return out
-		}
-		m := &yamlv3.Node{Kind: yamlv3.MappingNode}
-		for _, c := range n.children {
-			m.Content = append(m.Content, &yamlv3.Node{Kind: yamlv3.ScalarNode, Value: c.name}, toNode(c))
-		}
-		return m
-	}
 	var b strings.Builder
 	enc := yamlv3.NewEncoder(&b)
 	enc.SetIndent(2)
-	if err := enc.Encode(toNode(schemaTree)); err != nil {
+	if err := enc.Encode(yamlNode(cfg, schemaTree)); err != nil {
 		return fmt.Sprintf("config: cannot render: %v", err)
 	}
 	_ = enc.Close()
 	return b.String()
+}
+
+// yamlNode converts a section (or leaf) of cfg to a YAML node in schema
+// order; lists and maps of values are in flow style.
+func yamlNode(cfg *Config, n *node) *yamlv3.Node {
+	if n.leaf != nil {
+		v := display(cfg, n.leaf)
+		out := &yamlv3.Node{}
+		if err := out.Encode(v); err != nil {
+			return &yamlv3.Node{Kind: yamlv3.ScalarNode, Value: fmt.Sprint(v)}
+		}
+		if out.Kind == yamlv3.SequenceNode || out.Kind == yamlv3.MappingNode {
+			out.Style = yamlv3.FlowStyle
+		}
+		return out
+	}
+	m := &yamlv3.Node{Kind: yamlv3.MappingNode}
+	for _, c := range n.children {
+		m.Content = append(m.Content, &yamlv3.Node{Kind: yamlv3.ScalarNode, Value: c.name}, yamlNode(cfg, c))
+	}
+	return m
 }
 
 // asMap returns cfg as nested maps keyed by the configuration keys, for JSON.

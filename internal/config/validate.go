@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -178,6 +179,16 @@ func (c *Config) Validate() error {
 	if pg.HeartbeatInterval != 0 {
 		v.durationRange("postgres.heartbeat_interval", pg.HeartbeatInterval, 100*time.Millisecond, time.Hour, "0 disables it")
 	}
+	if pg.PasswordFile != "" {
+		if _, err := readSecretFile(pg.PasswordFile); err != nil {
+			v.add("postgres.password_file", pg.PasswordFile, err.Error(),
+				"give a file readable by this process that holds only the password")
+		}
+		if pg.DSN != "" && dsnHasPassword(pg.DSN) {
+			v.add("postgres.password_file", pg.PasswordFile, "set while postgres.dsn has a password too",
+				"remove the password from postgres.dsn (or "+envName("postgres.dsn")+"), or remove postgres.password_file")
+		}
+	}
 	if pg.RetainedWALWarnBytes < 0 {
 		v.add("postgres.retained_wal_warn_bytes", strconv.FormatInt(pg.RetainedWALWarnBytes, 10), "must not be negative", "0 disables the warning")
 	}
@@ -272,6 +283,8 @@ func (c *Config) Validate() error {
 	v.durationRange("kafka.linger", k.ProducerLinger, 0, maxLinger, "")
 	v.durationRange("kafka.request_timeout", k.RequestTimeout, minRequestTimeout, maxRequestTimeout, "")
 	v.oneOf("kafka.compression", k.Compression, compressions)
+	v.kafkaTLS(k.TLS)
+	v.kafkaSASL(k.SASL)
 
 	// http
 	if c.HTTP.Listen != "" {
@@ -311,6 +324,96 @@ func (c *Config) Validate() error {
 	v.oneOf("log.format", c.Log.Format, logFormats)
 
 	return v.err()
+}
+
+// kafkaTLS checks the kafka.tls section, reading the files it names.
+func (v *validator) kafkaTLS(t KafkaTLS) {
+	if !t.Enabled {
+		for _, f := range []struct {
+			key, value string
+			set        bool
+		}{
+			{"kafka.tls.ca_file", t.CAFile, t.CAFile != ""},
+			{"kafka.tls.cert_file", t.CertFile, t.CertFile != ""},
+			{"kafka.tls.key_file", t.KeyFile, t.KeyFile != ""},
+			{"kafka.tls.server_name", t.ServerName, t.ServerName != ""},
+			{"kafka.tls.insecure_skip_verify", "true", t.InsecureSkipVerify},
+		} {
+			if f.set {
+				v.add(f.key, f.value, "set while kafka.tls.enabled is false, so the connection would not use it",
+					"set kafka.tls.enabled: true ("+envName("kafka.tls.enabled")+"=true), or remove "+f.key)
+			}
+		}
+		return
+	}
+	if t.CAFile != "" {
+		if p := checkCAFile(t.CAFile); p != "" {
+			v.add("kafka.tls.ca_file", t.CAFile, p,
+				"give a readable PEM file with the certificate of the authority that signs the brokers' certificates")
+		}
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile == "":
+		v.add("kafka.tls.key_file", "", "required when kafka.tls.cert_file is set",
+			"set it to the PEM private key of the client certificate, or remove kafka.tls.cert_file")
+	case t.KeyFile != "" && t.CertFile == "":
+		v.add("kafka.tls.cert_file", "", "required when kafka.tls.key_file is set",
+			"set it to the PEM client certificate of that key, or remove kafka.tls.key_file")
+	case t.CertFile != "":
+		certP, keyP, pairP := checkKeyPair(t.CertFile, t.KeyFile)
+		if certP != "" {
+			v.add("kafka.tls.cert_file", t.CertFile, certP, "give a readable PEM file with the client certificate (and its chain)")
+		}
+		if keyP != "" {
+			v.add("kafka.tls.key_file", t.KeyFile, keyP, "give a readable PEM file with the client certificate's unencrypted private key")
+		}
+		if pairP != "" {
+			v.add("kafka.tls.key_file", t.KeyFile, "does not go with kafka.tls.cert_file: "+pairP,
+				"give the private key that belongs to the certificate in kafka.tls.cert_file")
+		}
+	}
+	if t.ServerName != "" && net.ParseIP(t.ServerName) == nil && strings.ContainsAny(t.ServerName, " \t/:") {
+		v.add("kafka.tls.server_name", t.ServerName, "not a host name",
+			"give the DNS name (or IP address) the brokers' certificates are issued for, without port")
+	}
+}
+
+var saslMechanisms = []string{SASLPlain, SASLScramSHA256, SASLScramSHA512}
+
+// kafkaSASL checks the kafka.sasl section, reading the password file. No
+// message shows the password.
+func (v *validator) kafkaSASL(s KafkaSASL) {
+	if s.Mechanism == "" {
+		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
+			v.add("kafka.sasl.mechanism", "", "empty while other kafka.sasl keys are set, so the connection would not authenticate",
+				"set it to one of "+strings.Join(saslMechanisms, ", ")+" ("+envName("kafka.sasl.mechanism")+"), or remove the other kafka.sasl keys")
+		}
+		return
+	}
+	if !slices.Contains(saslMechanisms, s.Mechanism) {
+		fix := "use one of " + strings.Join(saslMechanisms, ", ") + `, or "" for no SASL`
+		if up := strings.ToUpper(s.Mechanism); slices.Contains(saslMechanisms, up) {
+			fix = "write it in upper case: " + up
+		}
+		v.add("kafka.sasl.mechanism", s.Mechanism, "not supported", fix)
+	}
+	if s.Username == "" {
+		v.add("kafka.sasl.username", "", "required when kafka.sasl.mechanism is set",
+			"set it in the config file or "+envName("kafka.sasl.username"))
+	}
+	switch {
+	case s.Password != "" && s.PasswordFile != "":
+		v.add("kafka.sasl.password", "", "set together with kafka.sasl.password_file",
+			"keep one: remove kafka.sasl.password (and "+envName("kafka.sasl.password")+") or kafka.sasl.password_file")
+	case s.Password == "" && s.PasswordFile == "":
+		v.add("kafka.sasl.password", "", "required when kafka.sasl.mechanism is set",
+			"set kafka.sasl.password_file to a file holding it, or "+envName("kafka.sasl.password"))
+	case s.PasswordFile != "":
+		if _, err := readSecretFile(s.PasswordFile); err != nil {
+			v.add("kafka.sasl.password_file", s.PasswordFile, err.Error(),
+				"give a file readable by this process that holds only the password")
+		}
+	}
 }
 
 // hostPortProblem checks host:port. The host may be empty only for a listen

@@ -38,7 +38,33 @@ type KafkaOptions struct {
 	// Properties are server.properties entries added to, or overriding, the
 	// harness defaults.
 	Properties map[string]string
+	// Security, when set, adds a SASL_SSL listener (see SecureBrokers). The
+	// PLAINTEXT listener stays for the harness and for Brokers.
+	Security *KafkaSecurity
 }
+
+// KafkaSecurity configures the SASL_SSL listener of a managed broker.
+type KafkaSecurity struct {
+	// CertPEM is the broker's certificate (chain); it must be valid for
+	// 127.0.0.1, the advertised host (TestCA.ServerCert's default is).
+	CertPEM []byte
+	// KeyPEM is its unencrypted private key (PKCS#8, PKCS#1 or SEC 1).
+	KeyPEM []byte
+	// SCRAMUsers maps user names to passwords. Each user can authenticate
+	// with SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN. SCRAM credentials are
+	// written into the cluster metadata at format time as salted hashes;
+	// the PLAIN passwords are in the broker's (0600) server.properties.
+	// Names are [A-Za-z0-9._-]; passwords must not contain '"', '\' or
+	// control characters.
+	SCRAMUsers map[string]string
+}
+
+// SASL mechanisms enabled on the SASL_SSL listener.
+var kafkaSASLMechanisms = []string{"SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"}
+
+// scramIterations is the SCRAM iteration count of the harness's users
+// (Kafka's minimum, which keeps authentication cheap).
+const scramIterations = 4096
 
 // Kafka is a single-node KRaft Kafka cluster (combined broker and
 // controller) started by StartKafka. Its methods are safe for concurrent use.
@@ -56,6 +82,10 @@ type Kafka struct {
 	ctrlPort int
 	version  string
 
+	security   *KafkaSecurity // nil: no SASL_SSL listener
+	securePort int
+	keystore   string // PEM key and certificate chain of the SASL_SSL listener
+
 	closing closeSignal // ends an in-flight Restart when Close is called
 	mu      sync.Mutex
 	proc    *process
@@ -68,7 +98,13 @@ type Kafka struct {
 // OUTBOX_CDC_TEST_KAFKA_BROKERS is set it returns a handle to those brokers.
 func StartKafka(ctx context.Context, opts KafkaOptions) (*Kafka, error) {
 	if list := os.Getenv(EnvKafkaBrokers); list != "" {
+		if opts.Security != nil {
+			return nil, fmt.Errorf("start kafka: a SASL_SSL listener needs a managed broker, but %s is set: %w", EnvKafkaBrokers, ErrExternal)
+		}
 		return startExternalKafka(ctx, list)
+	}
+	if err := opts.Security.check(); err != nil {
+		return nil, fmt.Errorf("start kafka: %w", err)
 	}
 	k := &Kafka{closing: newCloseSignal()}
 	if err := k.init(ctx, opts); err != nil {
@@ -115,11 +151,22 @@ func (k *Kafka) init(ctx context.Context, opts KafkaOptions) error {
 	k.log4j = filepath.Join(k.baseDir, "log4j2.properties")
 	k.logPath = filepath.Join(k.baseDir, "kafka.log")
 
-	ports, err := FreePorts(2)
+	ports, err := FreePorts(3)
 	if err != nil {
 		return err
 	}
 	k.port, k.ctrlPort = ports[0], ports[1]
+	if opts.Security != nil {
+		k.security, k.securePort = opts.Security, ports[2]
+		k.keystore = filepath.Join(k.baseDir, "sasl-ssl-keystore.pem")
+		key, err := pkcs8Key(opts.Security.KeyPEM)
+		if err != nil {
+			return fmt.Errorf("kafka security: %w", err)
+		}
+		if err := os.WriteFile(k.keystore, append(key, opts.Security.CertPEM...), 0o600); err != nil {
+			return err
+		}
+	}
 	if err := k.writeConfig(opts.Properties); err != nil {
 		return err
 	}
@@ -227,6 +274,9 @@ func (k *Kafka) writeConfig(extra map[string]string) error {
 		"broker.heartbeat.interval.ms": "1000",
 		"broker.session.timeout.ms":    "6000",
 	}
+	if k.security != nil {
+		maps.Copy(props, k.securityProperties())
+	}
 	maps.Copy(props, extra)
 
 	var b strings.Builder
@@ -234,7 +284,8 @@ func (k *Kafka) writeConfig(extra map[string]string) error {
 	for _, key := range slices.Sorted(maps.Keys(props)) {
 		fmt.Fprintf(&b, "%s=%s\n", key, props[key])
 	}
-	if err := os.WriteFile(k.confPath, []byte(b.String()), 0o644); err != nil {
+	// 0600: with Security the file holds the PLAIN passwords.
+	if err := os.WriteFile(k.confPath, []byte(b.String()), 0o600); err != nil {
 		return err
 	}
 
@@ -262,8 +313,15 @@ func (k *Kafka) format(ctx context.Context) error {
 		return err
 	}
 	clusterID := base64.RawURLEncoding.EncodeToString(id)
-	cmd := exec.CommandContext(ctx, k.java, k.javaArgs("kafka.tools.StorageTool",
-		"format", "--cluster-id", clusterID, "--config", k.confPath, "--standalone")...)
+	// --cluster-id=ID, not two arguments: a random ID may start with '-',
+	// which the argument parser would take for an option (1 run in 64).
+	args := []string{"format", "--cluster-id=" + clusterID, "--config", k.confPath, "--standalone"}
+	scram, err := k.security.scramArgs()
+	if err != nil {
+		return err
+	}
+	args = append(args, scram...)
+	cmd := exec.CommandContext(ctx, k.java, k.javaArgs("kafka.tools.StorageTool", args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("format kafka storage: %w\n%s", err, tail(string(out), 30))
@@ -302,8 +360,19 @@ func (k *Kafka) start(ctx context.Context) error {
 }
 
 // waitReady polls until the broker lists itself in metadata and a topic can
-// be created, which needs the controller quorum to be up as well.
+// be created, which needs the controller quorum to be up as well, and with
+// Security until a user can authenticate on the SASL_SSL listener.
 func (k *Kafka) waitReady(ctx context.Context) error {
+	if err := k.waitPlaintextReady(ctx); err != nil {
+		return err
+	}
+	if k.security == nil {
+		return nil
+	}
+	return k.waitSecureReady(ctx)
+}
+
+func (k *Kafka) waitPlaintextReady(ctx context.Context) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addr()))
 	if err != nil {
 		return err
@@ -349,6 +418,16 @@ func probeKafka(ctx context.Context, adm *kadm.Client) error {
 	return nil
 }
 
+// SecureBrokers returns the bootstrap addresses of the SASL_SSL listener
+// (TLS with KafkaSecurity's certificate, SASL SCRAM-SHA-512, SCRAM-SHA-256
+// or PLAIN), or nil when the broker was started without Security.
+func (k *Kafka) SecureBrokers() []string {
+	if k.external != nil || k.security == nil {
+		return nil
+	}
+	return []string{k.secureAddr()}
+}
+
 // Brokers returns the bootstrap addresses for clients.
 func (k *Kafka) Brokers() []string {
 	if k.external != nil {
@@ -359,6 +438,9 @@ func (k *Kafka) Brokers() []string {
 
 func (k *Kafka) addr() string     { return "127.0.0.1:" + strconv.Itoa(k.port) }
 func (k *Kafka) ctrlAddr() string { return "127.0.0.1:" + strconv.Itoa(k.ctrlPort) }
+func (k *Kafka) secureAddr() string {
+	return "127.0.0.1:" + strconv.Itoa(k.securePort)
+}
 
 // Stop sends SIGTERM, which makes the broker shut down in a controlled way
 // (flushing logs and writing checkpoints), and waits for it to exit. If ctx
@@ -415,7 +497,11 @@ func (k *Kafka) Restart(ctx context.Context) error {
 	if err := k.stopLocked(ctx); err != nil {
 		return fmt.Errorf("restart kafka: %w", err)
 	}
-	for _, port := range []int{k.port, k.ctrlPort} {
+	ports := []int{k.port, k.ctrlPort}
+	if k.security != nil {
+		ports = append(ports, k.securePort)
+	}
+	for _, port := range ports {
 		if err := waitPortFree(ctx, port); err != nil {
 			return fmt.Errorf("restart kafka: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,7 +39,28 @@ type PostgresOptions struct {
 	// Settings are postgresql.conf settings added to, or overriding, the
 	// harness defaults (wal_level=logical, fsync=off, ...).
 	Settings map[string]string
+	// TLS, when set, turns ssl on. Connections without TLS keep working for
+	// every role but TLS.PasswordRoles.
+	TLS *PostgresTLS
 }
+
+// PostgresTLS configures TLS for a managed server.
+type PostgresTLS struct {
+	// CertPEM is the server certificate (chain); for sslmode=verify-full it
+	// must be valid for the host in the DSN (127.0.0.1; TestCA.ServerCert's
+	// default is).
+	CertPEM []byte
+	// KeyPEM is its unencrypted private key.
+	KeyPEM []byte
+	// PasswordRoles are roles that may only connect over TLS and with a
+	// password (scram-sha-256), by hostssl rules ahead of the trust rules;
+	// without TLS they are rejected. The roles themselves are created by
+	// the caller (CREATE ROLE ... LOGIN PASSWORD '...'). Names are
+	// [a-z_][a-z0-9_]*.
+	PasswordRoles []string
+}
+
+var pgRoleRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // Postgres is a PostgreSQL server started by StartPostgres. Its methods are
 // safe for concurrent use.
@@ -52,6 +74,7 @@ type Postgres struct {
 	port    int
 	cred    *syscall.Credential // non-nil when running as root
 	version string
+	tls     *PostgresTLS // nil: ssl off
 
 	closing closeSignal // ends an in-flight Restart when Close is called
 	mu      sync.Mutex
@@ -64,13 +87,26 @@ type Postgres struct {
 // OUTBOX_CDC_TEST_PG_DSN is set it returns a handle to that server instead.
 func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
 	if dsn := os.Getenv(EnvPGDSN); dsn != "" {
+		if opts.TLS != nil {
+			return nil, fmt.Errorf("start postgres: TLS needs a managed server, but %s is set: %w", EnvPGDSN, ErrExternal)
+		}
 		return startExternalPostgres(ctx, dsn)
 	}
 	binDir, err := FindPostgresBinDir()
 	if err != nil {
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
-	pg := &Postgres{binDir: binDir, closing: newCloseSignal()}
+	if t := opts.TLS; t != nil {
+		if len(t.CertPEM) == 0 || len(t.KeyPEM) == 0 {
+			return nil, errors.New("start postgres: TLS needs CertPEM and KeyPEM")
+		}
+		for _, r := range t.PasswordRoles {
+			if !pgRoleRE.MatchString(r) {
+				return nil, fmt.Errorf("start postgres: TLS password role %q: use [a-z_][a-z0-9_]*", r)
+			}
+		}
+	}
+	pg := &Postgres{binDir: binDir, closing: newCloseSignal(), tls: opts.TLS}
 	if err := pg.init(ctx, opts); err != nil {
 		pg.Close()
 		return nil, fmt.Errorf("start postgres: %w", err)
@@ -226,6 +262,15 @@ func (pg *Postgres) writeConfig(extra map[string]string) error {
 		"fsync":            "off",
 		"full_page_writes": "off",
 	}
+	if pg.tls != nil {
+		certFile, keyFile, err := pg.writeTLSFiles()
+		if err != nil {
+			return err
+		}
+		settings["ssl"] = "on"
+		settings["ssl_cert_file"] = certFile
+		settings["ssl_key_file"] = keyFile
+	}
 	maps.Copy(settings, extra)
 
 	var b strings.Builder
@@ -245,7 +290,8 @@ func (pg *Postgres) writeConfig(extra map[string]string) error {
 		return err
 	}
 
-	hba := "# outbox-cdc testenv: trust loopback only\n" +
+	hba := pg.tlsHBA() +
+		"# outbox-cdc testenv: trust loopback only\n" +
 		"local all         all              trust\n" +
 		"local replication all              trust\n" +
 		"host  all         all 127.0.0.1/32 trust\n" +
@@ -253,6 +299,59 @@ func (pg *Postgres) writeConfig(extra map[string]string) error {
 	// The file already exists and belongs to the server user; rewriting it
 	// in place keeps that ownership.
 	return os.WriteFile(filepath.Join(pg.dataDir, "pg_hba.conf"), []byte(hba), 0o600)
+}
+
+// writeTLSFiles writes the server certificate and key into the data
+// directory, owned by the server's OS user with mode 0600 (PostgreSQL
+// refuses a key that others can read).
+func (pg *Postgres) writeTLSFiles() (certFile, keyFile string, err error) {
+	certFile = filepath.Join(pg.dataDir, "server.crt")
+	keyFile = filepath.Join(pg.dataDir, "server.key")
+	for path, content := range map[string][]byte{certFile: pg.tls.CertPEM, keyFile: pg.tls.KeyPEM} {
+		if err := os.WriteFile(path, content, 0o600); err != nil {
+			return "", "", err
+		}
+		if pg.cred != nil {
+			if err := os.Chown(path, int(pg.cred.Uid), int(pg.cred.Gid)); err != nil {
+				return "", "", err
+			}
+		}
+	}
+	return certFile, keyFile, nil
+}
+
+// tlsHBA returns the pg_hba.conf rules that come before the trust rules:
+// the password roles connect over TLS with scram-sha-256 and are rejected
+// without TLS. The first matching rule wins.
+func (pg *Postgres) tlsHBA() string {
+	if pg.tls == nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("# outbox-cdc testenv: TLS and a password for these roles\n")
+	for _, r := range pg.tls.PasswordRoles {
+		fmt.Fprintf(&b, "hostssl   all         %s 127.0.0.1/32 scram-sha-256\n", r)
+		fmt.Fprintf(&b, "hostssl   replication %s 127.0.0.1/32 scram-sha-256\n", r)
+		fmt.Fprintf(&b, "hostnossl all         %s 127.0.0.1/32 reject\n", r)
+		fmt.Fprintf(&b, "hostnossl replication %s 127.0.0.1/32 reject\n", r)
+	}
+	b.WriteString("hostssl   all         all 127.0.0.1/32 trust\n")
+	b.WriteString("hostssl   replication all 127.0.0.1/32 trust\n")
+	return b.String()
+}
+
+// TLSDSN returns a URL for database db as role user over TCP with
+// sslmode=verify-full against the CA in rootCertFile. The password is not
+// included: pass it separately (PGPASSWORD, a password file) or add it.
+func (pg *Postgres) TLSDSN(db, user, rootCertFile string) string {
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.User(user),
+		Host:     "127.0.0.1:" + strconv.Itoa(pg.port),
+		Path:     "/" + db,
+		RawQuery: url.Values{"sslmode": {"verify-full"}, "sslrootcert": {rootCertFile}}.Encode(),
+	}
+	return u.String()
 }
 
 // start runs the postmaster directly (not through pg_ctl) so the harness owns

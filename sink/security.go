@@ -1,0 +1,248 @@
+package sink
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+)
+
+// SASL mechanisms understood by SecurityOpts.
+const (
+	MechanismPlain       = "PLAIN"
+	MechanismScramSHA256 = "SCRAM-SHA-256"
+	MechanismScramSHA512 = "SCRAM-SHA-512"
+)
+
+// Security is how the producer connects to the brokers: TLS, SASL, both or
+// neither (the zero value: plaintext, no authentication).
+type Security struct {
+	TLS  *TLS  // nil: no TLS
+	SASL *SASL // nil: no SASL
+}
+
+// TLS configures encrypted broker connections. The files are read once, by
+// SecurityOpts.
+type TLS struct {
+	// CAFile is a PEM bundle of the authorities that sign the brokers'
+	// certificates; "" uses the system roots.
+	CAFile string
+	// CertFile and KeyFile are a PEM client certificate and its key, for
+	// brokers that require client authentication; both or neither.
+	CertFile, KeyFile string
+	// ServerName is verified instead of each broker's host when set.
+	ServerName string
+	// InsecureSkipVerify accepts any broker certificate (tests only).
+	InsecureSkipVerify bool
+}
+
+// SASL configures broker authentication. Its String and GoString methods
+// keep the password out of anything printed.
+type SASL struct {
+	Mechanism string // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+	Username  string
+	Password  string
+}
+
+// String shows the mechanism and user, never the password.
+func (s SASL) String() string {
+	return fmt.Sprintf("{mechanism: %s, username: %s, password: %s}", s.Mechanism, s.Username, redactedIfSet(s.Password))
+}
+
+// GoString keeps %#v from printing the password.
+func (s SASL) GoString() string { return "sink.SASL" + s.String() }
+
+func redactedIfSet(s string) string {
+	if s == "" {
+		return `""`
+	}
+	return "xxxxx"
+}
+
+// SecurityOpts returns the client options for sec: kgo.DialTLSConfig for
+// TLS and kgo.SASL for SASL. Files are read now; errors name the file and
+// never include a secret.
+func SecurityOpts(sec Security) ([]kgo.Opt, error) {
+	var opts []kgo.Opt
+	if sec.TLS != nil {
+		cfg, err := TLSConfig(*sec.TLS)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, kgo.DialTLSConfig(cfg))
+	}
+	if sec.SASL != nil {
+		m, err := SASLMechanism(*sec.SASL)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, kgo.SASL(m))
+	}
+	return opts, nil
+}
+
+// TLSConfig builds the client TLS configuration: TLS 1.2 or newer, the CA
+// bundle as the only roots when given, and the client certificate when
+// given. franz-go clones it per connection and fills in ServerName from the
+// broker address when it is empty.
+func TLSConfig(t TLS) (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // opt-in, warned about at start
+	}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("kafka.tls.ca_file %s: no PEM certificate in it", t.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile != "":
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			// The error names the problem (no PEM data, key mismatch), not
+			// the key's content.
+			return nil, fmt.Errorf("kafka.tls.cert_file %s, kafka.tls.key_file %s: %w", t.CertFile, t.KeyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	case t.CertFile != "" || t.KeyFile != "":
+		return nil, errors.New("kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither")
+	}
+	return cfg, nil
+}
+
+// SASLMechanism returns the franz-go mechanism for s.
+func SASLMechanism(s SASL) (sasl.Mechanism, error) {
+	if s.Username == "" {
+		return nil, errors.New("kafka.sasl.username: required with a SASL mechanism")
+	}
+	if s.Password == "" {
+		return nil, errors.New("kafka.sasl.password: required with a SASL mechanism")
+	}
+	switch s.Mechanism {
+	case MechanismPlain:
+		return plain.Auth{User: s.Username, Pass: s.Password}.AsMechanism(), nil
+	case MechanismScramSHA256:
+		return scram.Auth{User: s.Username, Pass: s.Password}.AsSha256Mechanism(), nil
+	case MechanismScramSHA512:
+		return scram.Auth{User: s.Username, Pass: s.Password}.AsSha512Mechanism(), nil
+	}
+	return nil, fmt.Errorf("kafka.sasl.mechanism %q: use %s, %s or %s", s.Mechanism, MechanismPlain, MechanismScramSHA256, MechanismScramSHA512)
+}
+
+// SecurityFailureLog returns a client option that logs, at error level,
+// connection attempts that fail for TLS or SASL reasons: an untrusted or
+// misnamed broker certificate, a client certificate the broker refuses,
+// wrong credentials, TLS against a plaintext port. The client retries
+// those like any connection failure (credentials can be fixed on the broker
+// side while the connector waits), so without this nothing would say why
+// records do not get out. The first failure per broker and reason is logged
+// at once, repeats at most every interval (with a count). Messages carry
+// the broker address and the error, which never holds a password.
+func SecurityFailureLog(log *slog.Logger, interval time.Duration) kgo.Opt {
+	if log == nil {
+		log = slog.Default()
+	}
+	return kgo.WithHooks(&securityFailureHook{log: log, interval: interval, last: map[string]*failureSeen{}})
+}
+
+type securityFailureHook struct {
+	log      *slog.Logger
+	interval time.Duration
+	mu       sync.Mutex
+	last     map[string]*failureSeen // broker + reason
+}
+
+type failureSeen struct {
+	at         time.Time
+	suppressed int
+}
+
+var _ kgo.HookBrokerConnect = (*securityFailureHook)(nil)
+
+// OnBrokerConnect implements kgo.HookBrokerConnect; err includes the TLS
+// handshake and the SASL exchange.
+func (h *securityFailureHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil {
+		return
+	}
+	reason := SecurityFailure(err)
+	if reason == "" {
+		return
+	}
+	broker := net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port)))
+	key := broker + "\x00" + reason
+	now := time.Now()
+	h.mu.Lock()
+	seen := h.last[key]
+	if seen != nil && now.Sub(seen.at) < h.interval {
+		seen.suppressed++
+		h.mu.Unlock()
+		return
+	}
+	suppressed := 0
+	if seen != nil {
+		suppressed = seen.suppressed
+	}
+	h.last[key] = &failureSeen{at: now}
+	h.mu.Unlock()
+	args := []any{"broker", broker, "err", err.Error()}
+	if suppressed > 0 {
+		args = append(args, "repeated", suppressed)
+	}
+	h.log.Error("kafka: "+reason+"; retrying", args...)
+}
+
+// SecurityFailure says what an error from connecting to a broker means when
+// it is a TLS or SASL problem, naming the keys to look at; "" otherwise. A
+// connection closed without a word is not classified: a broker shutting
+// down does that too, and a misleading error is worse than none.
+func SecurityFailure(err error) string {
+	var (
+		hostname  x509.HostnameError
+		unknownCA x509.UnknownAuthorityError
+		invalid   x509.CertificateInvalidError
+		verify    *tls.CertificateVerificationError
+		alert     tls.AlertError
+		header    tls.RecordHeaderError
+	)
+	switch {
+	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.IllegalSaslState):
+		return "SASL authentication failed (check kafka.sasl.username and the password)"
+	case errors.Is(err, kerr.UnsupportedSaslMechanism):
+		return "the broker does not offer this SASL mechanism (check kafka.sasl.mechanism)"
+	case errors.As(err, &hostname):
+		return "the broker's certificate is not valid for its address (check kafka.tls.server_name)"
+	case errors.As(err, &unknownCA), errors.As(err, &invalid), errors.As(err, &verify):
+		return "the broker's certificate is not trusted (check kafka.tls.ca_file)"
+	case errors.As(err, &alert), strings.Contains(err.Error(), "remote error: tls: "):
+		// Over TCP a TLS alert from the broker is a *net.OpError around an
+		// unexported type; its text is all there is.
+		return "the broker refused the TLS handshake (client certificate missing or not trusted? check kafka.tls.cert_file)"
+	case errors.As(err, &header):
+		return "the broker does not speak TLS on this port (check kafka.tls.enabled and kafka.brokers)"
+	case strings.Contains(err.Error(), "tls alert record"):
+		// franz-go's reading of a TLS alert answering a plaintext request.
+		return "the broker expects TLS on this port (check kafka.tls.enabled)"
+	}
+	return ""
+}

@@ -1,0 +1,340 @@
+package sink_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+// pki is a CA with a server certificate for 127.0.0.1 and a client
+// certificate, written to files as the connector reads them.
+type pki struct {
+	ca                    *testenv.TestCA
+	caFile                string
+	server                tls.Certificate
+	clientCert, clientKey string // files
+}
+
+func newPKI(t *testing.T, hosts ...string) pki {
+	t.Helper()
+	ca, err := testenv.NewTestCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.ServerCert(hosts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cCert, cKey, err := ca.ClientCert("outbox-cdc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	p := pki{ca: ca, server: server,
+		caFile:     filepath.Join(dir, "ca.pem"),
+		clientCert: filepath.Join(dir, "client.pem"),
+		clientKey:  filepath.Join(dir, "client.key"),
+	}
+	for path, b := range map[string][]byte{p.caFile: ca.CertPEM, p.clientCert: cCert, p.clientKey: cKey} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// serverTLS is the broker side: the server certificate, and client
+// certificates required and verified when mutual is set.
+func (p pki) serverTLS(mutual bool) *tls.Config {
+	c := &tls.Config{Certificates: []tls.Certificate{p.server}, MinVersion: tls.VersionTLS12}
+	if mutual {
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+		c.ClientCAs = p.ca.Pool()
+	}
+	return c
+}
+
+// securePing creates a sink with sec against c and pings it with a short
+// timeout (failures are not retried for long).
+func securePing(t *testing.T, c *kfake.Cluster, sec sink.Security) error {
+	t.Helper()
+	opts, err := sink.SecurityOpts(sec)
+	if err != nil {
+		t.Fatalf("SecurityOpts: %v", err)
+	}
+	s, err := sink.New(sink.Config{Brokers: c.ListenAddrs(), ClientID: "sink-test", DLQTopic: dlq,
+		Opts: append(opts, kgo.RequestRetries(1))}, nil)
+	if err != nil {
+		t.Fatalf("sink.New: %v", err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.Ping(ctx)
+}
+
+func TestSecurityOptsNone(t *testing.T) {
+	opts, err := sink.SecurityOpts(sink.Security{})
+	if err != nil || len(opts) != 0 {
+		t.Fatalf("SecurityOpts(zero) = %d options, %v", len(opts), err)
+	}
+}
+
+func TestTLSConfig(t *testing.T) {
+	p := newPKI(t)
+	cfg, err := sink.TLSConfig(sink.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey, ServerName: "kafka.internal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MinVersion != tls.VersionTLS12 || cfg.ServerName != "kafka.internal" || cfg.InsecureSkipVerify ||
+		len(cfg.Certificates) != 1 || cfg.RootCAs == nil || !cfg.RootCAs.Equal(p.ca.Pool()) {
+		t.Errorf("unexpected config %+v", cfg)
+	}
+	// No CA file: the system roots (RootCAs nil).
+	cfg, err = sink.TLSConfig(sink.TLS{InsecureSkipVerify: true})
+	if err != nil || cfg.RootCAs != nil || !cfg.InsecureSkipVerify || len(cfg.Certificates) != 0 {
+		t.Errorf("TLSConfig(skip verify) = %+v, %v", cfg, err)
+	}
+
+	keyPEM, _ := os.ReadFile(p.clientKey)
+	notPEM := filepath.Join(t.TempDir(), "not.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := newPKI(t)
+	for name, tc := range map[string]struct {
+		tls  sink.TLS
+		want string
+	}{
+		"missing CA":       {sink.TLS{CAFile: "/nonexistent/ca.pem"}, "kafka.tls.ca_file"},
+		"CA not PEM":       {sink.TLS{CAFile: notPEM}, "no PEM certificate"},
+		"cert without key": {sink.TLS{CertFile: p.clientCert}, "set both or neither"},
+		"key without cert": {sink.TLS{KeyFile: p.clientKey}, "set both or neither"},
+		"key mismatch":     {sink.TLS{CertFile: p.clientCert, KeyFile: other.clientKey}, "kafka.tls.key_file"},
+		"key as cert":      {sink.TLS{CertFile: p.clientKey, KeyFile: p.clientKey}, "kafka.tls.cert_file"},
+	} {
+		_, err := sink.TLSConfig(tc.tls)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want one mentioning %q", name, err, tc.want)
+			continue
+		}
+		if strings.Contains(err.Error(), "PRIVATE KEY") || strings.Contains(err.Error(), string(keyPEM[30:60])) {
+			t.Errorf("%s: error shows key material: %v", name, err)
+		}
+	}
+}
+
+func TestSASLMechanism(t *testing.T) {
+	const pw = "sasl-secret-4242"
+	for _, m := range []string{sink.MechanismPlain, sink.MechanismScramSHA256, sink.MechanismScramSHA512} {
+		mech, err := sink.SASLMechanism(sink.SASL{Mechanism: m, Username: "alice", Password: pw})
+		if err != nil || mech.Name() != m {
+			t.Errorf("%s: mechanism %v, %v", m, mech, err)
+		}
+	}
+	for name, s := range map[string]sink.SASL{
+		"unknown":     {Mechanism: "GSSAPI", Username: "alice", Password: pw},
+		"lower case":  {Mechanism: "scram-sha-512", Username: "alice", Password: pw},
+		"no user":     {Mechanism: sink.MechanismPlain, Password: pw},
+		"no password": {Mechanism: sink.MechanismPlain, Username: "alice"},
+	} {
+		_, err := sink.SASLMechanism(s)
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if strings.Contains(err.Error(), pw) {
+			t.Errorf("%s: error shows the password: %v", name, err)
+		}
+		if _, err := sink.SecurityOpts(sink.Security{SASL: &s}); err == nil {
+			t.Errorf("%s: SecurityOpts accepted", name)
+		}
+	}
+	s := sink.SASL{Mechanism: sink.MechanismScramSHA512, Username: "alice", Password: pw}
+	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
+		for _, v := range []any{s, &s, sink.Security{SASL: &s}} {
+			if out := fmt.Sprintf(verb, v); strings.Contains(out, pw) {
+				t.Errorf("%s of %T shows the password: %s", verb, v, out)
+			}
+		}
+	}
+	if got := s.String(); got != "{mechanism: SCRAM-SHA-512, username: alice, password: xxxxx}" {
+		t.Errorf("String() = %s", got)
+	}
+}
+
+// TestSecureProduce runs the producer against a TLS + SASL fake cluster
+// with each mechanism, and checks what must fail does: a wrong password, an
+// unknown CA, a missing client certificate, a wrong server name.
+func TestSecureProduce(t *testing.T) {
+	const pw = "sasl-secret-8086"
+	p := newPKI(t)
+	trusted := &sink.TLS{CAFile: p.caFile}
+	for _, m := range []string{sink.MechanismPlain, sink.MechanismScramSHA256, sink.MechanismScramSHA512} {
+		t.Run(m, func(t *testing.T) {
+			c := newCluster(t, kfake.TLS(p.serverTLS(false)), kfake.EnableSASL(), kfake.Superuser(m, "alice", pw))
+			good := sink.Security{TLS: trusted, SASL: &sink.SASL{Mechanism: m, Username: "alice", Password: pw}}
+			opts, err := sink.SecurityOpts(good)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := newSink(t, c, nil, opts...)
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			if err := s.Ping(ctx); err != nil {
+				t.Fatalf("ping: %v", err)
+			}
+			o := newOutcomes()
+			produce(ctx, t, s, baseRecord(topic, []byte(`{"secure":true}`)), o)
+			if got := o.wait(ctx, t); got.Err != nil || got.DeadLettered {
+				t.Fatalf("outcome %+v", got)
+			}
+
+			wrong := good
+			wrong.SASL = &sink.SASL{Mechanism: m, Username: "alice", Password: "wrong-" + pw}
+			err = securePing(t, c, wrong)
+			if err == nil {
+				t.Fatal("wrong password: ping succeeded")
+			}
+			if strings.Contains(err.Error(), pw) {
+				t.Errorf("wrong password: error shows a password: %v", err)
+			}
+			t.Logf("wrong password: %v", err)
+		})
+	}
+
+	c := newCluster(t, kfake.TLS(p.serverTLS(false)), kfake.EnableSASL(), kfake.Superuser(sink.MechanismScramSHA512, "alice", pw))
+	saslOK := &sink.SASL{Mechanism: sink.MechanismScramSHA512, Username: "alice", Password: pw}
+	other := newPKI(t)
+	err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: other.caFile}, SASL: saslOK})
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("unknown CA: %v", err)
+	}
+	if err := securePing(t, c, sink.Security{TLS: &sink.TLS{InsecureSkipVerify: true}, SASL: saslOK}); err != nil {
+		t.Errorf("insecure_skip_verify: %v", err)
+	}
+	if err := securePing(t, c, sink.Security{SASL: saslOK}); err == nil {
+		t.Error("SASL without TLS reached a TLS listener")
+	}
+}
+
+func TestSecureProduceMutualTLS(t *testing.T) {
+	p := newPKI(t)
+	c := newCluster(t, kfake.TLS(p.serverTLS(true)))
+	if err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}}); err != nil {
+		t.Errorf("with a client certificate: %v", err)
+	}
+	if err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: p.caFile}}); err == nil {
+		t.Error("without a client certificate: ping succeeded")
+	}
+}
+
+func TestSecureServerName(t *testing.T) {
+	// The certificate names kafka.test only; the fake broker listens on
+	// 127.0.0.1, which is what franz-go verifies unless told otherwise.
+	p := newPKI(t, "kafka.test")
+	c := newCluster(t, kfake.TLS(p.serverTLS(false)))
+	err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: p.caFile}})
+	var hn x509.HostnameError
+	if !errors.As(err, &hn) {
+		t.Errorf("without server_name: %v", err)
+	}
+	if err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: p.caFile, ServerName: "kafka.test"}}); err != nil {
+		t.Errorf("with server_name: %v", err)
+	}
+}
+
+func TestSecurityFailure(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("init: %w", kerr.SaslAuthenticationFailed), "kafka.sasl.username and the password"},
+		{kerr.UnsupportedSaslMechanism, "kafka.sasl.mechanism"},
+		{&tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, "kafka.tls.ca_file"},
+		{&tls.CertificateVerificationError{Err: x509.HostnameError{Host: "127.0.0.1", Certificate: &x509.Certificate{}}}, "kafka.tls.server_name"},
+		{tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, "kafka.tls.enabled"},
+		{errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: remote error: tls: certificate required"), "kafka.tls.cert_file"},
+		{errors.New("invalid large response size 352518912 > limit 104857600; the first three bytes received appear to be a tls alert record for TLS v1.2; is this a plaintext connection speaking to a tls endpoint?"), "expects TLS"},
+		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), ""},
+		{kerr.NotLeaderForPartition, ""},
+	} {
+		if got := sink.SecurityFailure(tc.err); (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("SecurityFailure(%v) = %q, want one naming %q", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestSecurityFailureLog checks that a client that cannot get through TLS
+// says so in the log, once per interval, while it retries.
+func TestSecurityFailureLog(t *testing.T) {
+	p := newPKI(t)
+	other := newPKI(t)
+	c := newCluster(t, kfake.TLS(p.serverTLS(true)))
+	for name, tc := range map[string]struct {
+		tls  sink.TLS
+		want string
+	}{
+		"unknown CA":            {sink.TLS{CAFile: other.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}, "kafka.tls.ca_file"},
+		"no client certificate": {sink.TLS{CAFile: p.caFile}, "kafka.tls.cert_file"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var buf syncBuffer
+			log := slog.New(slog.NewTextHandler(&buf, nil))
+			opts, err := sink.SecurityOpts(sink.Security{TLS: &tc.tls})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := newSink(t, c, log, append(opts, sink.SecurityFailureLog(log, time.Hour))...)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			for ctx.Err() == nil && strings.Count(buf.String(), "\n") < 1 {
+				_ = s.Ping(ctx)
+			}
+			_ = s.Ping(ctx) // more failures within the interval are not logged
+			out := buf.String()
+			if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, tc.want) || !strings.Contains(out, "retrying") {
+				t.Fatalf("log lacks an error naming %s:\n%s", tc.want, out)
+			}
+			if n := strings.Count(out, "\n"); n != 1 {
+				t.Errorf("%d lines logged within the interval, want 1:\n%s", n, out)
+			}
+		})
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
