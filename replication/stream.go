@@ -352,15 +352,25 @@ type status struct {
 
 // send reports write = what was received and flush = apply = acked. For a
 // logical slot PostgreSQL confirms the flush position
-// (LogicalConfirmReceivedLocation), so flush is always set explicitly and
-// never derived from write. A zero flush (nothing acked yet) means "unknown"
-// to the server and confirms nothing.
+// (LogicalConfirmReceivedLocation), so flush is set explicitly and never
+// derived from write.
+//
+// Flush is reported only when it moved since the last update, and as zero
+// ("invalid": confirms nothing, PostgreSQL keeps the highest one it got)
+// otherwise. A server shutting down waits until the client's flush, or its
+// write when flush is invalid, reaches what was sent (walsender.c,
+// WalSndDone); with events stuck behind an unreachable broker a repeated
+// flush would hold a fast shutdown for as long as Kafka is down.
 func (st *status) send(received, acked lsn.LSN, now time.Time) error {
+	flush := acked
+	if acked == st.flush {
+		flush = 0
+	}
 	b := st.buf[:0]
 	b = append(b, pglogrepl.StandbyStatusUpdateByteID)
 	b = binary.BigEndian.AppendUint64(b, uint64(max(received, acked)))
-	b = binary.BigEndian.AppendUint64(b, uint64(acked))
-	b = binary.BigEndian.AppendUint64(b, uint64(acked))
+	b = binary.BigEndian.AppendUint64(b, uint64(flush))
+	b = binary.BigEndian.AppendUint64(b, uint64(flush))
 	b = binary.BigEndian.AppendUint64(b, uint64(now.Sub(pgEpoch).Microseconds()))
 	b = append(b, 0)
 	wire, err := (&pgproto3.CopyData{Data: b}).Encode(nil)

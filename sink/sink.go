@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -95,6 +96,12 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ProducerBatchCompression(codec),
 		kgo.AllowAutoTopicCreation(),
+		// Retry quickly after a broker comes back: franz-go's default backoff
+		// grows to seconds, which is what recovery after an outage then takes.
+		kgo.RetryBackoffFn(func(tries int) time.Duration {
+			d := min(100*time.Millisecond<<min(tries, 4), time.Second)
+			return d/2 + rand.N(d/2+1)
+		}),
 	}
 	if cfg.MaxBufferedRecords > 0 {
 		opts = append(opts, kgo.MaxBufferedRecords(cfg.MaxBufferedRecords))

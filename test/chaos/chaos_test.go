@@ -1,0 +1,663 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// Environment variables of the suite (the connector never sees them).
+const (
+	// EnvMode selects the long run (make chaos): OUTBOX_CDC_CHAOS=long.
+	EnvMode = "OUTBOX_CDC_CHAOS"
+	// EnvSeed replays a run: OUTBOX_CDC_CHAOS_SEED=<seed printed by a run>.
+	EnvSeed = "OUTBOX_CDC_CHAOS_SEED"
+)
+
+// Fault kinds.
+const (
+	fConnKill      = "connector-kill"
+	fConnKillAck   = "connector-kill-after-ack"
+	fKafkaKill     = "kafka-kill"
+	fKafkaStop     = "kafka-stop-8s"
+	fPGFast        = "pg-fast-restart"
+	fPGCrash       = "pg-crash-restart"
+	fPGImmediate   = "pg-immediate-restart"
+	fNetKafkaDrop  = "net-kafka-drop"
+	fNetKafkaStall = "net-kafka-stall"
+	fNetKafkaSlow  = "net-kafka-slow"
+	fNetKafkaReset = "net-kafka-reset"
+	fNetPGDrop     = "net-pg-drop"
+	fNetPGStall    = "net-pg-stall"
+	fNetPGSlow     = "net-pg-slow"
+	fNetPGReset    = "net-pg-reset"
+)
+
+var allFaults = []string{fConnKill, fConnKillAck, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate,
+	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset}
+
+// kafkaStopDowntime is how long kafka-stop-8s keeps the broker down: longer
+// than the connector's kafka.request_timeout (5s).
+const kafkaStopDowntime = 8 * time.Second
+
+// mode is the shape of one run.
+type mode struct {
+	Name          string
+	Writers       int
+	AggsPerWriter int
+	Interval      time.Duration // mean pause between a writer's transactions
+	Multi         float64       // share of multi-event transactions
+	// Deck is the minimum number of each fault; the deck is shuffled, and
+	// after it random faults are drawn until MinChaos has passed.
+	Deck     map[string]int
+	MinChaos time.Duration
+	GapMin   time.Duration // quiet time between two faults
+	GapMax   time.Duration
+	// WaitProb is the chance of waiting for the pipeline to catch up before
+	// the next fault; otherwise the next fault may hit a recovery.
+	WaitProb float64
+	// Budget bounds the fault phase; the checks need time after it.
+	Budget time.Duration
+	// CatchUp bounds the wait for every committed event to be delivered
+	// after a fault; longer is a hang.
+	CatchUp time.Duration
+}
+
+var shortMode = mode{
+	Name: "short", Writers: 4, AggsPerWriter: 3, Interval: 20 * time.Millisecond, Multi: 0.25,
+	Deck: map[string]int{
+		fConnKill: 4, fConnKillAck: 3,
+		fKafkaKill: 3, fKafkaStop: 2,
+		fPGFast: 3, fPGCrash: 2, fPGImmediate: 1,
+		fNetKafkaDrop: 1, fNetKafkaStall: 1, fNetKafkaSlow: 1, fNetKafkaReset: 1,
+		fNetPGDrop: 1, fNetPGStall: 1, fNetPGSlow: 1, fNetPGReset: 1,
+	},
+	GapMin: 300 * time.Millisecond, GapMax: 1500 * time.Millisecond, WaitProb: 0.6,
+	Budget: 5 * time.Minute, CatchUp: time.Minute,
+}
+
+var longMode = mode{
+	Name: "long", Writers: 4, AggsPerWriter: 3, Interval: 20 * time.Millisecond, Multi: 0.25,
+	Deck: map[string]int{
+		fConnKill: 12, fConnKillAck: 10,
+		fKafkaKill: 4, fKafkaStop: 3,
+		fPGFast: 4, fPGCrash: 4, fPGImmediate: 2,
+		fNetKafkaDrop: 3, fNetKafkaStall: 3, fNetKafkaSlow: 3, fNetKafkaReset: 3,
+		fNetPGDrop: 3, fNetPGStall: 3, fNetPGSlow: 3, fNetPGReset: 3,
+	},
+	MinChaos: 9 * time.Minute,
+	GapMin:   500 * time.Millisecond, GapMax: 4 * time.Second, WaitProb: 0.6,
+	Budget: 16 * time.Minute, CatchUp: 2 * time.Minute,
+}
+
+// faultRecord is one injected fault.
+type faultRecord struct {
+	Kind   string
+	Start  time.Time
+	End    time.Time // the faulty component is back (see report)
+	Detail string
+	// Recovery, filled in by the analysis.
+	FirstDelivery time.Duration // End → first event consumed that had not been consumed before
+	CaughtUp      time.Duration // End → every event committed before End consumed
+	Measured      bool          // false when the next fault began before recovery
+	// AckEvent is, for connector-kill-after-ack, the last event of the
+	// burst: consumed (so acknowledged) before the kill.
+	AckEvent string
+	// Kills is the number of SIGKILLs the fault sent to the connector.
+	Kills int
+	// restarted is when a killed connector was started again: the end of
+	// a connector fault (its start-up counts as recovery).
+	restarted time.Time
+}
+
+// run is one chaos run.
+type run struct {
+	t      *testing.T
+	m      mode
+	seed   uint64
+	rng    *mrand.Rand
+	dsn    string // direct
+	prefix string
+	topics []string // outbox topics
+	dlq    string
+
+	conn    *connector
+	live    *liveConsumer
+	samp    *sampler
+	ledger  *ledger
+	wstats  *writerStats
+	burst   *writer
+	faults  []faultRecord
+	exits   []string // unexpected connector exits, with evidence
+	hangs   []string // catch-up timeouts
+	workers chan error
+}
+
+func TestChaos(t *testing.T) {
+	if env.skip != "" {
+		t.Skip(env.skip)
+	}
+	began := time.Now()
+	m := shortMode
+	if os.Getenv(EnvMode) == "long" {
+		m = longMode
+	}
+	seed := mrand.Uint64()
+	if s := os.Getenv(EnvSeed); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", EnvSeed, s, err)
+		}
+		seed = v
+	}
+	t.Logf("chaos: mode %s, seed %d (replay the fault schedule with %s=%d)", m.Name, seed, EnvSeed, seed)
+
+	// The whole test must end before go test's own deadline, leaving time
+	// for the checks and cleanup.
+	deadline := time.Now().Add(m.Budget + 6*time.Minute)
+	if d, ok := t.Deadline(); ok && d.Add(-30*time.Second).Before(deadline) {
+		deadline = d.Add(-30 * time.Second)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+
+	r := &run{t: t, m: m, seed: seed, rng: mrand.New(mrand.NewPCG(seed, 0x6368616f73)),
+		ledger: &ledger{}, wstats: &writerStats{}, live: newLiveConsumer(), workers: make(chan error, 64)}
+	r.setup(ctx)
+
+	// Observers and writers run for the whole chaos phase.
+	obsCtx, stopObs := context.WithCancel(ctx)
+	var obsWG sync.WaitGroup
+	defer func() { stopObs(); obsWG.Wait() }()
+	ready := make(chan error, 1)
+	obsWG.Go(func() { r.live.run(obsCtx, r.topics, ready) })
+	if err := <-ready; err != nil {
+		t.Fatalf("live consumer: %v", err)
+	}
+	obsWG.Go(func() { r.samp.run(obsCtx, 50*time.Millisecond) })
+
+	if _, err := r.conn.start(ctx, "initial"); err != nil {
+		t.Fatalf("start connector: %v\n%s", err, r.conn.logTail(40))
+	}
+	stopWriters := make(chan struct{})
+	var wWG sync.WaitGroup
+	for w := range m.Writers {
+		aggs := make([]*aggregate, m.AggsPerWriter)
+		for a := range aggs {
+			typ := []string{"order", "payment"}[(w+a)%2]
+			aggs[a] = &aggregate{id: fmt.Sprintf("w%d-a%d", w, a), typ: typ, next: 1}
+		}
+		wr := newWriter(w, r.dsn, aggs, m.Multi, seed, r.ledger, r.wstats)
+		wWG.Go(func() {
+			if err := wr.run(ctx, stopWriters, m.Interval); err != nil {
+				r.workers <- fmt.Errorf("writer %d: %w", w, err)
+			}
+		})
+	}
+	r.burst = newWriter(m.Writers, r.dsn, []*aggregate{{id: "burst", typ: "order", next: 1}}, 0, seed, r.ledger, r.wstats)
+	defer r.burst.closeConn()
+	stopAll := func() {
+		select {
+		case <-stopWriters:
+		default:
+			close(stopWriters)
+		}
+	}
+	// On a failure, cancel too: a writer retries its transaction until ctx ends.
+	defer func() { stopAll(); cancel(); wWG.Wait() }()
+
+	// Let the load settle before the first fault.
+	if err := r.waitFlowing(ctx, 30*time.Second); err != nil {
+		t.Fatalf("no events flowing before the faults: %v\n%s", err, r.conn.logTail(40))
+	}
+
+	chaosStart := time.Now()
+	r.inject(ctx)
+	chaosEnd := time.Now()
+
+	// Stop the writers between transactions, then wait for every
+	// committed event to arrive.
+	stopAll()
+	wDone := make(chan struct{})
+	go func() { wWG.Wait(); close(wDone) }()
+	select {
+	case <-wDone:
+	case <-time.After(2 * time.Minute):
+		t.Errorf("writers did not stop within 2m")
+	}
+	r.drainWorkerErrors()
+	r.checkConnector(ctx)
+	final := r.m.CatchUp + r.m.CatchUp/2
+	if len(r.hangs) > 0 {
+		final = 15 * time.Second // the run already timed out waiting once
+	}
+	if err := r.waitCaughtUp(ctx, time.Now(), final); err != nil {
+		r.hangs = append(r.hangs, fmt.Sprintf("final catch-up: %v", err))
+		t.Errorf("not every committed event was delivered after the last fault: %v\n%s", err, r.conn.logTail(60))
+	}
+	if err := r.conn.stop(time.Minute); err != nil {
+		t.Errorf("clean stop: %v\n%s", err, r.conn.logTail(40))
+	}
+	time.Sleep(300 * time.Millisecond) // one more slot sample after the final confirmation
+	stopObs()
+	obsWG.Wait()
+
+	rep := r.analyze(ctx)
+	rep.Mode, rep.Seed = m.Name, seed
+	rep.ChaosSeconds = chaosEnd.Sub(chaosStart).Seconds()
+	rep.WallSeconds = time.Since(began).Seconds()
+	r.report(rep)
+}
+
+// setup creates the database, the outbox table, the topics and the
+// connector's configuration.
+func (r *run) setup(ctx context.Context) {
+	t := r.t
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	id := hex.EncodeToString(suffix)
+	r.prefix = "chaos-" + id
+	r.topics = []string{r.prefix + ".order", r.prefix + ".payment"}
+	r.dlq = r.prefix + "-dlq"
+	slot := "chaos_" + id
+
+	db := fmt.Sprintf("chaos_%s_%d", id, os.Getpid())
+	dsn, err := env.pg.CreateDatabase(ctx, db)
+	if err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	r.dsn = dsn
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	_, err = conn.Exec(ctx, `CREATE TABLE outbox (
+		id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+		aggregate_type text        NOT NULL,
+		aggregate_id   text        NOT NULL,
+		event_type     text        NOT NULL,
+		payload        jsonb,
+		created_at     timestamptz NOT NULL DEFAULT now())`)
+	conn.Close(context.Background())
+	if err != nil {
+		t.Fatalf("create outbox: %v", err)
+	}
+
+	// Topics are created up front, with the broker's append time as the
+	// record timestamp: it says when each copy entered the log, which the
+	// watermark check uses as proof of acknowledgement.
+	cl, err := newKafkaClient()
+	if err != nil {
+		t.Fatalf("kafka client: %v", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	cfg := map[string]*string{"message.timestamp.type": kadm.StringPtr("LogAppendTime")}
+	for _, spec := range []struct {
+		topics []string
+		parts  int32
+	}{{r.topics, 3}, {[]string{r.dlq}, 1}} {
+		resps, err := adm.CreateTopics(ctx, spec.parts, 1, cfg, spec.topics...)
+		if err == nil {
+			err = resps.Error()
+		}
+		if err != nil {
+			t.Fatalf("create topics %v: %v", spec.topics, err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cl, err := newKafkaClient()
+		if err != nil {
+			return
+		}
+		defer cl.Close()
+		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, append(slices.Clone(r.topics), r.dlq)...)
+	})
+
+	dir := t.TempDir()
+	httpPort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxiedDSN := fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", env.pgProxy.Addr(), db)
+	yaml := fmt.Sprintf(`postgres:
+  dsn: %q
+  slot: %s
+  publication: %s
+  status_interval: 100ms
+  reconnect_backoff_max: 1s
+outbox:
+  table: public.outbox
+kafka:
+  brokers: [%q]
+  topic: %q
+  dlq_topic: %q
+  request_timeout: 5s
+  # Small enough that a Kafka outage of a few seconds fills the producer
+  # buffer and exercises backpressure (the stream stops reading WAL).
+  max_buffered_records: 1000
+http:
+  listen: "127.0.0.1:%d"
+log:
+  level: info
+`, proxiedDSN, slot, slot, env.brokerProxy.Addr(), r.prefix+".{aggregate_type}", r.dlq, httpPort)
+	cfgPath := filepath.Join(dir, "outbox-cdc.yaml")
+	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.conn = &connector{bin: env.bin, cfgPath: cfgPath, httpAddr: fmt.Sprintf("127.0.0.1:%d", httpPort),
+		logPath: filepath.Join(dir, "connector.log"), dsn: dsn, slot: slot}
+	t.Cleanup(r.conn.close)
+	r.samp = &sampler{dsn: dsn, slot: slot}
+	t.Logf("chaos: database %s, slot %s, topics %s.{order,payment}, %s, %s", db, slot, r.prefix, env.brokerProxy, env.pgProxy)
+}
+
+// inject runs the fault schedule.
+func (r *run) inject(ctx context.Context) {
+	t := r.t
+	var deck []string
+	for _, k := range allFaults {
+		for range r.m.Deck[k] {
+			deck = append(deck, k)
+		}
+	}
+	r.rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+	start := time.Now()
+	budgetEnd := start.Add(r.m.Budget)
+	for i := 0; ; i++ {
+		var kind string
+		switch {
+		case i < len(deck):
+			kind = deck[i]
+		case time.Since(start) < r.m.MinChaos:
+			kind = allFaults[r.rng.IntN(len(allFaults))]
+		default:
+			return
+		}
+		if time.Now().After(budgetEnd) {
+			t.Errorf("fault budget %v exhausted after %d of %d faults", r.m.Budget, i, len(deck))
+			return
+		}
+		if ctx.Err() != nil {
+			t.Errorf("deadline reached during the faults: %v", ctx.Err())
+			return
+		}
+		r.drainWorkerErrors()
+		r.checkConnector(ctx)
+
+		f := faultRecord{Kind: kind, Start: time.Now()}
+		detail, err := r.doFault(ctx, kind, &f)
+		f.End, f.Detail = time.Now(), detail
+		if !f.restarted.IsZero() {
+			f.End = f.restarted
+		}
+		r.faults = append(r.faults, f)
+		t.Logf("chaos: fault %2d %-26s %6.2fs  %s", len(r.faults), kind, f.End.Sub(f.Start).Seconds(), detail)
+		if err != nil {
+			t.Fatalf("fault %s: %v\nconnector log:\n%s", kind, err, r.conn.logTail(40))
+		}
+		r.checkConnector(ctx)
+		if r.rng.Float64() < r.m.WaitProb {
+			if err := r.waitCaughtUp(ctx, f.End, r.m.CatchUp); err != nil {
+				r.hangs = append(r.hangs, fmt.Sprintf("after %s at %s: %v", kind, f.End.Format("15:04:05.000"), err))
+				t.Errorf("no catch-up within %v after %s: %v\nconnector log:\n%s", r.m.CatchUp, kind, err, r.conn.logTail(60))
+				return
+			}
+		}
+		gap := r.m.GapMin + time.Duration(r.rng.Int64N(int64(r.m.GapMax-r.m.GapMin)+1))
+		sleepCtx(ctx, gap)
+	}
+}
+
+// doFault injects one fault and undoes it; it returns a description.
+func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string, error) {
+	switch kind {
+	case fConnKill:
+		return r.killConnector(ctx, f, time.Duration(r.rng.Int64N(int64(800*time.Millisecond))))
+	case fConnKillAck:
+		return r.killAfterAck(ctx, f)
+	case fKafkaKill:
+		if err := env.kafka.Kill(); err != nil {
+			return "", err
+		}
+		down := time.Duration(r.rng.Int64N(int64(2 * time.Second)))
+		sleepCtx(ctx, down)
+		return fmt.Sprintf("SIGKILL, down %v before restart", down.Round(time.Millisecond)), restartKafka(ctx)
+	case fKafkaStop:
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := env.kafka.Stop(sctx)
+		cancel()
+		if err != nil {
+			return "", err
+		}
+		sleepCtx(ctx, kafkaStopDowntime)
+		return fmt.Sprintf("SIGTERM, down %v before restart", kafkaStopDowntime), restartKafka(ctx)
+	case fPGFast, fPGCrash, fPGImmediate:
+		var err error
+		switch kind {
+		case fPGFast:
+			sctx, cancel := context.WithTimeout(ctx, time.Minute)
+			err = env.pg.Stop(sctx)
+			cancel()
+		case fPGCrash:
+			err = env.pg.Crash()
+		default:
+			err = env.pg.ImmediateStop()
+		}
+		if err != nil {
+			return "", err
+		}
+		down := time.Duration(r.rng.Int64N(int64(time.Second)))
+		sleepCtx(ctx, down)
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		return fmt.Sprintf("down %v before restart", down.Round(time.Millisecond)), env.pg.Restart(rctx)
+	}
+	p := env.pgProxy
+	if strings.HasPrefix(kind, "net-kafka-") {
+		p = env.brokerProxy
+	}
+	switch strings.TrimPrefix(strings.TrimPrefix(kind, "net-kafka-"), "net-pg-") {
+	case "drop":
+		d := r.between(time.Second, 4*time.Second)
+		n := p.Drop()
+		sleepCtx(ctx, d)
+		p.Heal()
+		return fmt.Sprintf("closed %d connections, refused new ones for %v", n, d), nil
+	case "stall":
+		d := r.between(time.Second, 8*time.Second)
+		p.Stall()
+		sleepCtx(ctx, d)
+		n := p.Conns()
+		p.Heal()
+		return fmt.Sprintf("stalled %v (%d connections held)", d, n), nil
+	case "slow":
+		lat := r.between(20*time.Millisecond, 200*time.Millisecond)
+		d := r.between(2*time.Second, 6*time.Second)
+		p.Slow(lat)
+		sleepCtx(ctx, d)
+		p.Heal()
+		return fmt.Sprintf("up to %v per chunk for %v", lat, d), nil
+	case "reset":
+		n := p.Reset()
+		gap := r.between(50*time.Millisecond, 600*time.Millisecond)
+		sleepCtx(ctx, gap)
+		m := p.Reset()
+		return fmt.Sprintf("RST %d connections, %v later %d more", n, gap, m), nil
+	}
+	return "", fmt.Errorf("unknown fault %q", kind)
+}
+
+func (r *run) between(lo, hi time.Duration) time.Duration {
+	return (lo + time.Duration(r.rng.Int64N(int64(hi-lo)+1))).Round(time.Millisecond)
+}
+
+func restartKafka(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	return env.kafka.Restart(rctx)
+}
+
+// killConnector kills the connector with SIGKILL and starts a new one after
+// down.
+func (r *run) killConnector(ctx context.Context, f *faultRecord, down time.Duration) (string, error) {
+	old, err := r.conn.kill()
+	if err != nil {
+		return "", err
+	}
+	f.Kills++
+	sleepCtx(ctx, down)
+	var early string
+	if r.rng.Float64() < 0.25 {
+		// Once in a while, kill the new process again during its start-up
+		// (slot and publication setup, checkpoint load, first connection).
+		in, err := r.conn.launch(ctx, "after-kill")
+		if err != nil {
+			return "", err
+		}
+		d := r.between(0, 150*time.Millisecond)
+		sleepCtx(ctx, d)
+		if _, err := r.conn.kill(); err != nil {
+			return "", err
+		}
+		f.Kills++
+		early = fmt.Sprintf("; #%d killed again %v into its start-up", in.N, d)
+	}
+	in, err := r.conn.start(ctx, "after-kill")
+	if in != nil {
+		f.restarted = in.Start
+	}
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("killed #%d, down %v%s; #%d resumes after slot %v / checkpoint %v, ready in %v",
+		old.N, down.Round(time.Millisecond), early, in.N, in.SlotAtStart, in.CkptAtStart, in.Ready.Sub(in.Start).Round(time.Millisecond)), nil
+}
+
+// killAfterAck commits a burst of events, waits until the live consumer
+// sees the last one (so the broker has acknowledged it), and kills the
+// connector a few milliseconds later: between the acknowledgement and the
+// status update that confirms it, or just after.
+func (r *run) killAfterAck(ctx context.Context, f *faultRecord) (string, error) {
+	n := 10 + r.rng.IntN(30)
+	var last event
+	for range n {
+		evs, err := r.burst.commitNext(ctx)
+		if err != nil {
+			return "", err
+		}
+		last = evs[len(evs)-1]
+	}
+	delay := time.Duration(r.rng.Int64N(int64(5 * time.Millisecond)))
+	seen := "seen"
+	select {
+	case <-r.live.watch(last.ID):
+		f.AckEvent = last.ID
+	case <-time.After(30 * time.Second):
+		seen = "NOT seen within 30s"
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	if delay > 0 {
+		time.Sleep(delay)
+	}
+	desc, err := r.killConnector(ctx, f, time.Duration(r.rng.Int64N(int64(300*time.Millisecond))))
+	return fmt.Sprintf("burst of %d, last event %s, killed %v after it was consumed; %s", n, seen, delay.Round(10*time.Microsecond), desc), err
+}
+
+// checkConnector restarts a connector that exited on its own and keeps the
+// evidence: the contract says faults are retried, not fatal.
+func (r *run) checkConnector(ctx context.Context) {
+	in := r.conn.unexpectedExit()
+	if in == nil {
+		return
+	}
+	msg := fmt.Sprintf("connector #%d exited on its own at %s: %v\n%s", in.N, in.ExitAt.Format("15:04:05.000"), in.err, r.conn.logTail(30))
+	r.exits = append(r.exits, msg)
+	r.t.Errorf("%s", msg)
+	if _, err := r.conn.start(ctx, "after-exit"); err != nil {
+		r.t.Fatalf("restart connector after its exit: %v\n%s", err, r.conn.logTail(40))
+	}
+}
+
+func (r *run) drainWorkerErrors() {
+	for {
+		select {
+		case err := <-r.workers:
+			r.t.Errorf("%v", err)
+		default:
+			return
+		}
+	}
+}
+
+// waitFlowing waits until some event has been consumed.
+func (r *run) waitFlowing(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for r.live.records.Load() < 50 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d events committed, %d records consumed after %v", r.ledger.len(), r.live.records.Load(), timeout)
+		}
+		if !sleepCtx(ctx, 20*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// waitCaughtUp waits until every event committed at or before until has
+// been consumed by the live consumer.
+func (r *run) waitCaughtUp(ctx context.Context, until time.Time, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	cursor := 0
+	for {
+		evs := r.ledger.since(cursor)
+		pending := 0
+		var oldest event
+		advancing := true
+		for _, e := range evs {
+			if _, ok := r.live.seenAt(e.ID); ok {
+				if advancing {
+					cursor++
+				}
+				continue
+			}
+			advancing = false
+			if !e.Committed.After(until) {
+				if pending == 0 {
+					oldest = e
+				}
+				pending++
+			}
+		}
+		if pending == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d events committed before %s not consumed after %v; oldest %s (%s seq %d, committed %s, post-commit LSN %v)",
+				pending, until.Format("15:04:05.000"), timeout, oldest.ID, oldest.Agg, oldest.Seq,
+				oldest.Committed.Format("15:04:05.000"), oldest.PostLSN)
+		}
+		r.checkConnector(ctx)
+		if !sleepCtx(ctx, 25*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}

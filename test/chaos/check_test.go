@@ -1,0 +1,852 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// Tolerances of the watermark check.
+const (
+	// consumeSlack: an event the connector confirmed at time T must have
+	// been consumed by the live consumer by T + consumeSlack.
+	consumeSlack = time.Second
+	// appendTolerance: or the broker must have appended a copy of it by T
+	// (LogAppendTime, whole milliseconds on the same clock).
+	appendTolerance = 2 * time.Millisecond
+)
+
+// copyRec is one record of the final read.
+type copyRec struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       string
+	ID        string
+	Seq       int
+	Producer  int64
+	Append    time.Time // LogAppendTime
+	LogAppend bool      // the timestamp is the broker's append time
+}
+
+// Report is what a run found; it is written to results/last-run.json.
+type Report struct {
+	Mode         string  `json:"mode"`
+	Seed         uint64  `json:"seed"`
+	Pass         bool    `json:"pass"`
+	WallSeconds  float64 `json:"wall_seconds"`
+	ChaosSeconds float64 `json:"chaos_seconds"`
+
+	EventsWritten    int   `json:"events_written"`
+	Transactions     int64 `json:"transactions"`
+	WriterRetries    int64 `json:"writer_retries"`
+	UnknownCommits   int64 `json:"commits_with_unknown_outcome"`
+	UnknownCommitted int64 `json:"unknown_outcomes_found_committed"`
+	RecordsInKafka   int   `json:"records_in_kafka"`
+
+	FaultsTotal    int            `json:"faults_total"`
+	FaultsByKind   map[string]int `json:"faults_by_kind"`
+	ConnectorKills int            `json:"connector_kills"`
+
+	EventsLost        int      `json:"events_lost"`
+	LostExamples      []string `json:"lost_examples,omitempty"`
+	TableMismatches   int      `json:"table_vs_writers_mismatches"`
+	UnexpectedRecords int      `json:"unexpected_records"`
+	DeadLettered      int      `json:"dead_lettered"`
+	OrderViolations   int      `json:"order_violations"`
+	OrderExamples     []string `json:"order_examples,omitempty"`
+
+	Duplicates              int            `json:"duplicate_copies"`
+	DuplicatesAfterKills    int            `json:"duplicates_after_connector_kills"`
+	MaxDuplicatesPerKill    int            `json:"max_duplicates_per_connector_kill"`
+	InProcessDuplicates     int            `json:"duplicates_within_one_process"`
+	DuplicatesByIncarnation map[string]int `json:"duplicates_by_incarnation,omitempty"`
+	DupsBelowConfirmed      int            `json:"duplicates_below_confirmed_position"`
+	DupsBelowCheckpoint     int            `json:"duplicates_below_checkpoint"`
+	DupsBelowEarlierSample  int            `json:"duplicates_below_a_position_confirmed_before"`
+	DupExamples             []string       `json:"duplicate_violation_examples,omitempty"`
+	KillsAfterAck           int            `json:"kills_after_ack"`
+	KillsBeforeConfirm      int            `json:"kills_after_ack_before_confirmation"`
+	KillsInAckWindow        int            `json:"kills_between_an_ack_and_its_confirmation"`
+	MaxResentAckedAge       int64          `json:"max_ms_an_event_resent_after_a_kill_had_been_appended"`
+	AckedResent             int            `json:"events_acked_before_a_kill_and_resent"`
+
+	WatermarkSamples          int      `json:"watermark_samples"`
+	WatermarkSamplesKafkaDown int      `json:"watermark_samples_while_kafka_unreachable"`
+	WatermarkChecks           int      `json:"watermark_checks"`
+	WatermarkViolations       int      `json:"watermark_violations"`
+	WatermarkExamples         []string `json:"watermark_examples,omitempty"`
+	ConsumerViolations        int      `json:"consumer_check_violations"`
+	ConsumerLateChecks        int      `json:"consumer_late_checks_excused_by_append_time"`
+	ConsumerLateOutsideOutage int      `json:"consumer_late_checks_outside_kafka_outages"`
+	ConsumerLagP50Millis      int64    `json:"consumer_lag_after_append_p50_ms"`
+	ConsumerLagP99Millis      int64    `json:"consumer_lag_after_append_p99_ms"`
+	ConsumerLagMaxMillis      int64    `json:"consumer_lag_after_append_max_ms"`
+	ConfirmLagP50Millis       int64    `json:"confirm_lag_after_append_p50_ms"`
+	ConfirmLagP99Millis       int64    `json:"confirm_lag_after_append_p99_ms"`
+	ConfirmLagMaxMillis       int64    `json:"confirm_lag_after_append_max_ms"`
+	SlackMillis               int64    `json:"consume_slack_ms"`
+
+	LongestFirstDelivery recovery            `json:"longest_recovery_first_delivery"`
+	LongestCaughtUp      recovery            `json:"longest_recovery_caught_up"`
+	RecoveryByKind       map[string]recovery `json:"longest_caught_up_by_kind"`
+	UnmeasuredRecoveries int                 `json:"recoveries_not_measured_next_fault_too_soon"`
+
+	UnexpectedExits []string `json:"connector_unexpected_exits,omitempty"`
+	Hangs           []string `json:"hangs,omitempty"`
+	Failures        []string `json:"failures,omitempty"`
+
+	Faults       []faultJSON `json:"faults"`
+	Incarnations []incJSON   `json:"connector_processes"`
+}
+
+type recovery struct {
+	Millis int64  `json:"ms"`
+	Fault  string `json:"fault,omitempty"`
+	At     string `json:"at,omitempty"`
+}
+
+type faultJSON struct {
+	Kind          string  `json:"kind"`
+	Start         string  `json:"start"`
+	Seconds       float64 `json:"seconds"`
+	Detail        string  `json:"detail"`
+	FirstDelivery int64   `json:"first_delivery_ms"`
+	CaughtUp      int64   `json:"caught_up_ms"`
+	Measured      bool    `json:"measured"`
+}
+
+type incJSON struct {
+	N           int    `json:"n"`
+	Reason      string `json:"reason"`
+	Start       string `json:"start"`
+	ReadyMillis int64  `json:"ready_ms"`
+	SlotAtStart string `json:"slot_confirmed_at_start"`
+	CkptAtStart string `json:"checkpoint_at_start"`
+	Duplicates  int    `json:"duplicates"`
+	// ResentAckedAge is, for a process started after a kill, the longest
+	// time an event it sent again had been in the broker's log when the
+	// process that first sent it died: how long an acknowledged event
+	// stayed unconfirmed.
+	ResentAckedAge int64 `json:"resent_oldest_appended_ms_before_kill,omitempty"`
+}
+
+// analyze reads everything back and runs the checks.
+func (r *run) analyze(ctx context.Context) *Report {
+	t := r.t
+	rep := &Report{FaultsByKind: map[string]int{}, RecoveryByKind: map[string]recovery{},
+		DuplicatesByIncarnation: map[string]int{}, SlackMillis: consumeSlack.Milliseconds()}
+	fail := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		rep.Failures = append(rep.Failures, msg)
+		t.Errorf("%s", msg)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+
+	events := r.ledger.all()
+	rep.EventsWritten = len(events)
+	rep.Transactions = r.wstats.txns.Load()
+	rep.WriterRetries = r.wstats.retries.Load()
+	rep.UnknownCommits = r.wstats.unknown.Load()
+	rep.UnknownCommitted = r.wstats.unknownWon.Load()
+	for _, f := range r.faults {
+		rep.FaultsByKind[f.Kind]++
+		rep.ConnectorKills += f.Kills
+	}
+	rep.FaultsTotal = len(r.faults)
+	rep.UnexpectedExits = r.exits
+	rep.Hangs = r.hangs
+	for _, h := range r.hangs {
+		rep.Failures = append(rep.Failures, "hang: "+h)
+	}
+	for _, e := range r.exits {
+		rep.Failures = append(rep.Failures, "unexpected exit: "+strings.SplitN(e, "\n", 2)[0])
+	}
+
+	byID := make(map[string]*event, len(events))
+	for i := range events {
+		if byID[events[i].ID] != nil {
+			fail("writer bookkeeping: event %s recorded twice", events[i].ID)
+		}
+		byID[events[i].ID] = &events[i]
+	}
+
+	// The table is the ground truth of what committed.
+	table, err := readTable(rctx, r.dsn)
+	if err != nil {
+		fail("read outbox table: %v", err)
+	}
+	for id, row := range table {
+		e := byID[id]
+		if e == nil {
+			rep.TableMismatches++
+			fail("row %s (%s seq %d) is in the table but no writer counted it committed", id, row.agg, row.seq)
+		} else if e.Agg != row.agg || e.Seq != row.seq {
+			rep.TableMismatches++
+			fail("row %s is %s seq %d in the table, %s seq %d for its writer", id, row.agg, row.seq, e.Agg, e.Seq)
+		}
+	}
+	if err == nil {
+		for id, e := range byID {
+			if _, ok := table[id]; !ok {
+				rep.TableMismatches++
+				fail("event %s (%s seq %d) counted committed but not in the table", id, e.Agg, e.Seq)
+			}
+		}
+	}
+
+	recs, dlq, err := readAll(rctx, r.topics, r.dlq)
+	if err != nil {
+		fail("read topics: %v", err)
+	}
+	rep.RecordsInKafka = len(recs)
+	rep.DeadLettered = len(dlq)
+	if len(dlq) > 0 {
+		fail("%d records on the dead-letter topic %s (transient failures must never be dead-lettered); first: id %s key %s",
+			len(dlq), r.dlq, dlq[0].ID, dlq[0].Key)
+	}
+
+	// Copies per event, in partition order.
+	copies := map[string][]copyRec{}
+	createTime := 0
+	for _, c := range recs {
+		if !c.LogAppend {
+			createTime++
+		}
+		e := byID[c.ID]
+		if e == nil {
+			rep.UnexpectedRecords++
+			if rep.UnexpectedRecords <= 5 {
+				fail("record %s/%d@%d id %q key %s is no committed event", c.Topic, c.Partition, c.Offset, c.ID, c.Key)
+			}
+			continue
+		}
+		if c.Key != e.Agg || c.Topic != r.prefix+"."+e.Type || c.Seq != e.Seq {
+			rep.UnexpectedRecords++
+			if rep.UnexpectedRecords <= 5 {
+				fail("record %s/%d@%d (key %s seq %d) does not match event %s (%s %s seq %d)",
+					c.Topic, c.Partition, c.Offset, c.Key, c.Seq, e.ID, e.Type, e.Agg, e.Seq)
+			}
+		}
+		copies[c.ID] = append(copies[c.ID], c)
+	}
+	if createTime > 0 {
+		fail("%d records without a LogAppendTime timestamp: the watermark and duplicate checks need the topics' message.timestamp.type", createTime)
+	}
+	if rep.UnexpectedRecords > 5 {
+		fail("%d unexpected records in all", rep.UnexpectedRecords)
+	}
+	for _, e := range events {
+		if len(copies[e.ID]) == 0 {
+			rep.EventsLost++
+			if len(rep.LostExamples) < 20 {
+				rep.LostExamples = append(rep.LostExamples, fmt.Sprintf("%s (%s seq %d, committed %s, post-commit LSN %v, resolved %v)",
+					e.ID, e.Agg, e.Seq, e.Committed.Format("15:04:05.000"), e.PostLSN, e.Resolved))
+			}
+		}
+	}
+	if rep.EventsLost > 0 {
+		fail("%d committed events are not in Kafka; first: %s", rep.EventsLost, strings.Join(rep.LostExamples, "; "))
+	}
+
+	r.checkOrder(rep, recs, fail)
+	r.checkDuplicates(rep, copies, byID, fail)
+	r.checkWatermark(rep, events, copies, fail)
+	r.recoveries(rep, events)
+
+	for _, f := range r.faults {
+		rep.Faults = append(rep.Faults, faultJSON{Kind: f.Kind, Start: f.Start.Format("15:04:05.000"),
+			Seconds: round2(f.End.Sub(f.Start).Seconds()), Detail: f.Detail,
+			FirstDelivery: f.FirstDelivery.Milliseconds(), CaughtUp: f.CaughtUp.Milliseconds(), Measured: f.Measured})
+	}
+	rep.Pass = len(rep.Failures) == 0 && !t.Failed()
+	return rep
+}
+
+type tableRow struct {
+	agg string
+	seq int
+}
+
+func readTable(ctx context.Context, dsn string) (map[string]tableRow, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT id::text, aggregate_id, (payload->>'seq')::int FROM outbox`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]tableRow{}
+	for rows.Next() {
+		var id string
+		var r tableRow
+		if err := rows.Scan(&id, &r.agg, &r.seq); err != nil {
+			return nil, err
+		}
+		out[id] = r
+	}
+	return out, rows.Err()
+}
+
+// readAll reads every partition of topics and dlq up to its end offset.
+func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []copyRec, err error) {
+	cl, err := newKafkaClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	all := append(slices.Clone(topics), dlq)
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, all...)
+	cl.Close()
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("end offsets: %w", err)
+	}
+	parts := map[string]map[int32]kgo.Offset{}
+	remaining := map[string]map[int32]int64{} // topic → partition → end offset
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset <= 0 {
+			return
+		}
+		if parts[o.Topic] == nil {
+			parts[o.Topic] = map[int32]kgo.Offset{}
+			remaining[o.Topic] = map[int32]int64{}
+		}
+		parts[o.Topic][o.Partition] = kgo.NewOffset().AtStart()
+		remaining[o.Topic][o.Partition] = o.Offset
+	})
+	if len(parts) == 0 {
+		return nil, nil, nil
+	}
+	cl, err = newKafkaClient(kgo.ConsumePartitions(parts), kgo.FetchMaxBytes(64<<20))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cl.Close()
+	left := 0
+	for _, ps := range remaining {
+		left += len(ps)
+	}
+	for left > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, nil, fmt.Errorf("read topics: %d partitions not read to the end: %w", left, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			c := copyRec{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key),
+				Producer: r.ProducerID, Append: r.Timestamp}
+			c.ID, _ = header(r, "id")
+			c.LogAppend = r.Attrs.TimestampType() == 1
+			var v struct{ Seq int }
+			if json.Unmarshal(r.Value, &v) == nil {
+				c.Seq = v.Seq
+			}
+			if r.Topic == dlq {
+				dead = append(dead, c)
+			} else {
+				recs = append(recs, c)
+			}
+			if end, ok := remaining[r.Topic][r.Partition]; ok && r.Offset >= end-1 {
+				delete(remaining[r.Topic], r.Partition)
+				left--
+			}
+		})
+	}
+	sort.Slice(recs, func(i, j int) bool {
+		a, b := recs[i], recs[j]
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		if a.Partition != b.Partition {
+			return a.Partition < b.Partition
+		}
+		return a.Offset < b.Offset
+	})
+	return recs, dead, nil
+}
+
+// checkOrder: per aggregate, in partition order, the first sequence number
+// is 1 and each next one is the previous plus one, or goes back to one
+// already seen (a replayed tail starting); every aggregate stays in one
+// partition.
+func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any)) {
+	type state struct {
+		topic     string
+		partition int32
+		last, max int
+	}
+	st := map[string]*state{}
+	bad := func(format string, args ...any) {
+		rep.OrderViolations++
+		if len(rep.OrderExamples) < 10 {
+			rep.OrderExamples = append(rep.OrderExamples, fmt.Sprintf(format, args...))
+		}
+	}
+	for _, c := range recs {
+		s := st[c.Key]
+		if s == nil {
+			s = &state{topic: c.Topic, partition: c.Partition}
+			st[c.Key] = s
+		}
+		if s.topic != c.Topic || s.partition != c.Partition {
+			bad("aggregate %s in %s/%d and %s/%d", c.Key, s.topic, s.partition, c.Topic, c.Partition)
+			continue
+		}
+		switch {
+		case c.Seq == s.last+1:
+		case c.Seq <= s.last && c.Seq >= 1:
+			// A replay restarting at an event already delivered (every seq
+			// up to last has been seen); it must then continue +1.
+		default:
+			bad("aggregate %s: seq %d after %d (max seen %d) at %s/%d@%d", c.Key, c.Seq, s.last, s.max, c.Topic, c.Partition, c.Offset)
+		}
+		s.last = c.Seq
+		s.max = max(s.max, c.Seq)
+	}
+	if rep.OrderViolations > 0 {
+		fail("%d order violations; first: %s", rep.OrderViolations, strings.Join(rep.OrderExamples, "; "))
+	}
+}
+
+// checkDuplicates attributes every extra copy to the connector process
+// that produced it (by producer id) and checks that a process only resent
+// events after the position the slot had confirmed when it started.
+func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map[string]*event, fail func(string, ...any)) {
+	incs := r.conn.incarnations()
+	// A producer id belongs to the last process started before its first
+	// append.
+	firstAppend := map[int64]time.Time{}
+	for _, cs := range copies {
+		for _, c := range cs {
+			if t, ok := firstAppend[c.Producer]; !ok || c.Append.Before(t) {
+				firstAppend[c.Producer] = c.Append
+			}
+		}
+	}
+	incOf := map[int64]*incarnation{}
+	for pid, t := range firstAppend {
+		for _, in := range incs {
+			if !in.Start.Truncate(time.Millisecond).After(t) {
+				incOf[pid] = in
+			}
+		}
+	}
+	// Within one PostgreSQL lifetime the slot's confirmed position only
+	// moves forward (a restart may lose its last value), so a copy appended
+	// at A must not be of an event already confirmed by a sample before A.
+	var pgStarts []time.Time
+	for _, f := range r.faults {
+		if strings.HasPrefix(f.Kind, "pg-") {
+			pgStarts = append(pgStarts, f.Start)
+		}
+	}
+	epochOf := func(t time.Time) int {
+		return sort.Search(len(pgStarts), func(i int) bool { return pgStarts[i].After(t) })
+	}
+	samples := r.samp.all()
+	runMax := make([]lsn.LSN, len(samples))
+	for i, s := range samples {
+		runMax[i] = s.Slot
+		if i > 0 && epochOf(samples[i-1].T) == epochOf(s.T) {
+			runMax[i] = max(runMax[i], runMax[i-1])
+		}
+	}
+	confirmedBefore := func(a time.Time) (lsn.LSN, time.Time) {
+		cut := a.Add(-appendTolerance)
+		i := sort.Search(len(samples), func(i int) bool { return !samples[i].T.Before(cut) }) - 1
+		if i < 0 || epochOf(samples[i].T) != epochOf(a) {
+			return 0, time.Time{}
+		}
+		return runMax[i], samples[i].T
+	}
+
+	// The process before each one, to tell events the broker had appended
+	// before a kill.
+	prev := map[int]*incarnation{}
+	for i := 1; i < len(incs); i++ {
+		prev[incs[i].N] = incs[i-1]
+	}
+	ackedResent := map[int]int{}
+	oldestResent := map[int]time.Duration{}
+
+	perInc := map[int]int{}
+	for id, cs := range copies {
+		if len(cs) < 2 {
+			continue
+		}
+		e := byID[id]
+		first := incOf[cs[0].Producer]
+		for _, c := range cs[1:] {
+			rep.Duplicates++
+			if conf, at := confirmedBefore(c.Append); conf != 0 && e.PostLSN <= conf {
+				rep.DupsBelowEarlierSample++
+				if len(rep.DupExamples) < 10 {
+					rep.DupExamples = append(rep.DupExamples, fmt.Sprintf("event %s (%s seq %d, post-commit LSN %v) appended again at %s although the slot had confirmed %v by %s",
+						id, e.Agg, e.Seq, e.PostLSN, c.Append.Format("15:04:05.000"), conf, at.Format("15:04:05.000")))
+				}
+			}
+			in := incOf[c.Producer]
+			if in == nil || in == first {
+				// Resent by the process that sent it first: a replication
+				// reconnect resending the open transaction.
+				rep.InProcessDuplicates++
+				continue
+			}
+			perInc[in.N]++
+			if p := prev[in.N]; p != nil && in.Reason == "after-kill" && cs[0].Append.Before(p.ExitAt) {
+				ackedResent[in.N]++
+				// Age at the death of the process that sent it first.
+				if first != nil && !first.ExitAt.IsZero() {
+					age := first.ExitAt.Sub(cs[0].Append)
+					if age > oldestResent[in.N] {
+						oldestResent[in.N] = age
+					}
+				}
+			}
+			if e.PostLSN <= in.SlotAtStart {
+				rep.DupsBelowConfirmed++
+				if len(rep.DupExamples) < 10 {
+					rep.DupExamples = append(rep.DupExamples, fmt.Sprintf("event %s (%s seq %d, post-commit LSN %v) resent by process #%d, which started after slot position %v",
+						id, e.Agg, e.Seq, e.PostLSN, in.N, in.SlotAtStart))
+				}
+			}
+			if e.PostLSN <= in.CkptAtStart {
+				rep.DupsBelowCheckpoint++
+			}
+		}
+	}
+	for _, in := range incs {
+		n := perInc[in.N]
+		if n > 0 {
+			rep.DuplicatesByIncarnation[fmt.Sprintf("#%d", in.N)] = n
+		}
+		if in.Reason == "after-kill" {
+			if ackedResent[in.N] > 0 {
+				rep.KillsInAckWindow++
+				rep.AckedResent += ackedResent[in.N]
+			}
+			rep.DuplicatesAfterKills += n
+			rep.MaxDuplicatesPerKill = max(rep.MaxDuplicatesPerKill, n)
+		}
+		ij := incJSON{N: in.N, Reason: in.Reason, Start: in.Start.Format("15:04:05.000"), ReadyMillis: -1,
+			SlotAtStart: in.SlotAtStart.String(), CkptAtStart: in.CkptAtStart.String(), Duplicates: n}
+		if !in.Ready.IsZero() {
+			ij.ReadyMillis = in.Ready.Sub(in.Start).Milliseconds()
+		}
+		if o, ok := oldestResent[in.N]; ok {
+			ij.ResentAckedAge = o.Milliseconds()
+			rep.MaxResentAckedAge = max(rep.MaxResentAckedAge, ij.ResentAckedAge)
+		}
+		rep.Incarnations = append(rep.Incarnations, ij)
+	}
+	if rep.DupsBelowConfirmed > 0 || rep.DupsBelowEarlierSample > 0 {
+		fail("duplicates of confirmed events: %d at or below the slot's position when their process started, %d below a position confirmed earlier; first: %s",
+			rep.DupsBelowConfirmed, rep.DupsBelowEarlierSample, strings.Join(rep.DupExamples, "; "))
+	}
+	// Did the after-ack kills land between the acknowledgement and the
+	// status update? Then the burst's last event was sent again.
+	for _, f := range r.faults {
+		if f.AckEvent == "" {
+			continue
+		}
+		rep.KillsAfterAck++
+		if len(copies[f.AckEvent]) > 1 {
+			rep.KillsBeforeConfirm++
+		}
+	}
+}
+
+// checkWatermark: for every sample (T, C) of the slot's confirmed position
+// and of the checkpoint, every event whose post-commit LSN is ≤ C must
+//
+//   - have a copy the broker appended by T (LogAppendTime, no slack): a
+//     failure is a violation of guarantee 3;
+//   - have been consumed by the live consumer by T + consumeSlack; a miss is
+//     excused (and counted) only when the broker had appended the event by
+//     T, i.e. the broker died or was cut off between acknowledging the
+//     record and serving it to the consumer.
+func (r *run) checkWatermark(rep *Report, events []event, copies map[string][]copyRec, fail func(string, ...any)) {
+	seen := r.live.snapshot()
+	samples := r.samp.all()
+	rep.WatermarkSamples = len(samples)
+	for _, s := range samples {
+		if r.inKafkaOutage(s.T) {
+			rep.WatermarkSamplesKafkaDown++
+		}
+	}
+	// How long after the broker appended a record the live consumer saw it.
+	var lags []time.Duration
+	for id, ts := range seen {
+		if cs := copies[id]; len(cs) > 0 {
+			lags = append(lags, ts.Sub(cs[0].Append))
+		}
+	}
+	if len(lags) > 0 {
+		slices.Sort(lags)
+		rep.ConsumerLagP50Millis = lags[len(lags)/2].Milliseconds()
+		rep.ConsumerLagP99Millis = lags[len(lags)*99/100].Milliseconds()
+		rep.ConsumerLagMaxMillis = lags[len(lags)-1].Milliseconds()
+	}
+	evs := slices.Clone(events)
+	sort.Slice(evs, func(i, j int) bool { return evs[i].PostLSN < evs[j].PostLSN })
+	far := time.Unix(math.MaxInt32, 0)
+	type pmax struct {
+		t   time.Time
+		idx int
+	}
+	// Over the events sorted by post-commit LSN, the running maximum of
+	// the time by which each had a copy in the broker's log, and of the
+	// time by which the live consumer had it (minus the slack).
+	appended := make([]pmax, len(evs))
+	consumed := make([]pmax, len(evs))
+	var curA, curC pmax
+	for i, e := range evs {
+		c := far
+		if ts, ok := seen[e.ID]; ok {
+			c = ts.Add(-consumeSlack)
+		}
+		a := far
+		for _, cp := range copies[e.ID] {
+			if t := cp.Append.Add(-appendTolerance); t.Before(a) {
+				a = t
+			}
+		}
+		if i == 0 || a.After(curA.t) {
+			curA = pmax{a, i}
+		}
+		if i == 0 || c.After(curC.t) {
+			curC = pmax{c, i}
+		}
+		appended[i], consumed[i] = curA, curC
+	}
+	// How long after the broker appended an event the slot's confirmed
+	// position covered it (to the 50ms sampling), away from faults.
+	var clags []time.Duration
+	next := 0
+	for _, s := range samples {
+		for next < len(evs) && evs[next].PostLSN <= s.Slot {
+			e := evs[next]
+			next++
+			if cs := copies[e.ID]; len(cs) > 0 && !r.inFault(cs[0].Append) && !r.inFault(s.T) {
+				clags = append(clags, s.T.Sub(cs[0].Append))
+			}
+		}
+	}
+	if len(clags) > 0 {
+		slices.Sort(clags)
+		rep.ConfirmLagP50Millis = clags[len(clags)/2].Milliseconds()
+		rep.ConfirmLagP99Millis = clags[len(clags)*99/100].Milliseconds()
+		rep.ConfirmLagMaxMillis = clags[len(clags)-1].Milliseconds()
+	}
+
+	reported := map[string]bool{}
+	describe := func(what string, s sample, c lsn.LSN, e event) string {
+		cons, app := "never", "never"
+		if ts, ok := seen[e.ID]; ok {
+			cons = ts.Format("15:04:05.000")
+		}
+		if cs := copies[e.ID]; len(cs) > 0 {
+			app = cs[0].Append.Format("15:04:05.000")
+		}
+		return fmt.Sprintf("%s %v read at %s covers event %s (%s seq %d, post-commit LSN %v, committed %s), consumed %s, appended %s",
+			what, c, s.T.Format("15:04:05.000"), e.ID, e.Agg, e.Seq, e.PostLSN, e.Committed.Format("15:04:05.000"), cons, app)
+	}
+	check := func(s sample, c lsn.LSN, what string) {
+		k := sort.Search(len(evs), func(i int) bool { return evs[i].PostLSN > c })
+		if k == 0 {
+			return
+		}
+		rep.WatermarkChecks++
+		late := consumed[k-1].t.After(s.T)
+		if appended[k-1].t.After(s.T) {
+			// Confirmed before the broker had the event: guarantee 3.
+			rep.WatermarkViolations++
+			if late {
+				rep.ConsumerViolations++
+			}
+			e := evs[appended[k-1].idx]
+			if !reported[e.ID] && len(rep.WatermarkExamples) < 10 {
+				reported[e.ID] = true
+				rep.WatermarkExamples = append(rep.WatermarkExamples, describe(what, s, c, e))
+			}
+			return
+		}
+		if late {
+			// The live consumer had not seen it within the slack, but the
+			// broker had appended it before T: the broker died (or was cut
+			// off) between acknowledging and serving it.
+			rep.ConsumerLateChecks++
+			if !r.inKafkaOutage(s.T) {
+				rep.ConsumerLateOutsideOutage++
+			}
+		}
+	}
+	for _, s := range samples {
+		check(s, s.Slot, "slot confirmed_flush_lsn")
+		if s.Ckpt != 0 {
+			check(s, s.Ckpt, "checkpoint")
+		}
+	}
+	if rep.WatermarkViolations > 0 {
+		fail("%d samples confirm events the broker had not acknowledged; first: %s",
+			rep.WatermarkViolations, strings.Join(rep.WatermarkExamples, "; "))
+	}
+}
+
+// inKafkaOutage reports whether t lies in a fault that cut the connector
+// off the broker.
+func (r *run) inKafkaOutage(t time.Time) bool {
+	for _, f := range r.faults {
+		if kafkaUnreachable(f.Kind) && !t.Before(f.Start) && !t.After(f.End) {
+			return true
+		}
+	}
+	return false
+}
+
+// inFault reports whether t lies in a fault or the second after it.
+func (r *run) inFault(t time.Time) bool {
+	for _, f := range r.faults {
+		if !t.Before(f.Start) && t.Before(f.End.Add(time.Second)) {
+			return true
+		}
+	}
+	return false
+}
+
+// kafkaUnreachable tells the faults during which the connector cannot reach
+// the broker at all.
+func kafkaUnreachable(kind string) bool {
+	switch kind {
+	case fKafkaKill, fKafkaStop, fNetKafkaDrop, fNetKafkaStall:
+		return true
+	}
+	return false
+}
+
+// recoveries measures, for each fault, the time from its end to the first
+// event consumed that had not been consumed before, and to every event
+// committed before its end being consumed.
+func (r *run) recoveries(rep *Report, events []event) {
+	seen := r.live.snapshot()
+	times := make([]time.Time, 0, len(seen))
+	for _, t := range seen {
+		times = append(times, t)
+	}
+	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	evs := slices.Clone(events)
+	slices.SortFunc(evs, func(a, b event) int { return a.Committed.Compare(b.Committed) })
+	prefix := make([]time.Time, len(evs)) // latest consumption among the first i+1 committed
+	var cur time.Time
+	for i, e := range evs {
+		if t, ok := seen[e.ID]; ok && t.After(cur) {
+			cur = t
+		}
+		prefix[i] = cur
+	}
+	for i := range r.faults {
+		f := &r.faults[i]
+		j := sort.Search(len(times), func(k int) bool { return times[k].After(f.End) })
+		if j < len(times) {
+			f.FirstDelivery = times[j].Sub(f.End)
+		}
+		k := sort.Search(len(evs), func(k int) bool { return evs[k].Committed.After(f.End) })
+		if k > 0 && prefix[k-1].After(f.End) {
+			f.CaughtUp = prefix[k-1].Sub(f.End)
+		}
+		next := time.Now()
+		if i+1 < len(r.faults) {
+			next = r.faults[i+1].Start
+		}
+		f.Measured = j < len(times) && !f.End.Add(max(f.FirstDelivery, f.CaughtUp)).After(next)
+		if !f.Measured {
+			rep.UnmeasuredRecoveries++
+			continue
+		}
+		at := f.End.Format("15:04:05.000")
+		if ms := f.FirstDelivery.Milliseconds(); ms > rep.LongestFirstDelivery.Millis {
+			rep.LongestFirstDelivery = recovery{ms, f.Kind, at}
+		}
+		if ms := f.CaughtUp.Milliseconds(); ms > rep.LongestCaughtUp.Millis {
+			rep.LongestCaughtUp = recovery{ms, f.Kind, at}
+		}
+		if ms := f.CaughtUp.Milliseconds(); ms >= rep.RecoveryByKind[f.Kind].Millis {
+			rep.RecoveryByKind[f.Kind] = recovery{ms, "", at}
+		}
+	}
+}
+
+// report logs the summary and writes it as JSON.
+func (r *run) report(rep *Report) {
+	t := r.t
+	kinds := make([]string, 0, len(rep.FaultsByKind))
+	for _, k := range allFaults {
+		if n := rep.FaultsByKind[k]; n > 0 {
+			kinds = append(kinds, fmt.Sprintf("%s=%d", k, n))
+		}
+	}
+	lines := []string{
+		fmt.Sprintf("mode %s, seed %d, pass %v, wall %.1fs (fault phase %.1fs)", rep.Mode, rep.Seed, rep.Pass, rep.WallSeconds, rep.ChaosSeconds),
+		fmt.Sprintf("events written %d in %d transactions (writer retries %d, unknown commit outcomes %d of which committed %d); records in Kafka %d",
+			rep.EventsWritten, rep.Transactions, rep.WriterRetries, rep.UnknownCommits, rep.UnknownCommitted, rep.RecordsInKafka),
+		fmt.Sprintf("faults %d: %s", rep.FaultsTotal, strings.Join(kinds, " ")),
+		fmt.Sprintf("events lost %d; unexpected records %d; dead-lettered %d; order violations %d; table/writer mismatches %d",
+			rep.EventsLost, rep.UnexpectedRecords, rep.DeadLettered, rep.OrderViolations, rep.TableMismatches),
+		fmt.Sprintf("duplicates %d: %d after %d connector kills (max %d per kill), %d within one process; of confirmed events: %d below the start position, %d below an earlier sample (below the checkpoint: %d)",
+			rep.Duplicates, rep.DuplicatesAfterKills, rep.ConnectorKills, rep.MaxDuplicatesPerKill, rep.InProcessDuplicates, rep.DupsBelowConfirmed, rep.DupsBelowEarlierSample, rep.DupsBelowCheckpoint),
+		fmt.Sprintf("kills between a broker ack and its confirmation (an event appended before the kill was sent again): %d of %d, %d such events, the oldest appended %dms before its kill; burst kills: %d, %d of them before the burst's last event was confirmed",
+			rep.KillsInAckWindow, rep.ConnectorKills, rep.AckedResent, rep.MaxResentAckedAge, rep.KillsAfterAck, rep.KillsBeforeConfirm),
+		fmt.Sprintf("watermark: %d samples of slot and checkpoint (%d while Kafka was unreachable), %d checks; violations: %d against broker append time, %d against the live consumer (slack %v); %d consumer-late checks excused by append time (%d outside Kafka outages)",
+			rep.WatermarkSamples, rep.WatermarkSamplesKafkaDown, rep.WatermarkChecks, rep.WatermarkViolations, rep.ConsumerViolations, consumeSlack, rep.ConsumerLateChecks, rep.ConsumerLateOutsideOutage),
+		fmt.Sprintf("after broker append: live consumer saw it p50 %dms, p99 %dms, max %dms; slot confirmed it (outside faults, 50ms sampling) p50 %dms, p99 %dms, max %dms",
+			rep.ConsumerLagP50Millis, rep.ConsumerLagP99Millis, rep.ConsumerLagMaxMillis, rep.ConfirmLagP50Millis, rep.ConfirmLagP99Millis, rep.ConfirmLagMaxMillis),
+		fmt.Sprintf("longest recovery: first new delivery %dms (%s at %s), all caught up %dms (%s at %s); %d recoveries overlapped by the next fault",
+			rep.LongestFirstDelivery.Millis, rep.LongestFirstDelivery.Fault, rep.LongestFirstDelivery.At,
+			rep.LongestCaughtUp.Millis, rep.LongestCaughtUp.Fault, rep.LongestCaughtUp.At, rep.UnmeasuredRecoveries),
+		fmt.Sprintf("connector processes %d, unexpected exits %d, hangs %d", len(rep.Incarnations), len(rep.UnexpectedExits), len(rep.Hangs)),
+	}
+	for _, l := range lines {
+		t.Logf("chaos report: %s", l)
+	}
+	if err := os.MkdirAll("results", 0o755); err != nil {
+		t.Errorf("results dir: %v", err)
+		return
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		t.Errorf("report: %v", err)
+		return
+	}
+	b = append(b, '\n')
+	for _, name := range []string{"last-run.json", "last-run-" + rep.Mode + ".json"} {
+		if err := os.WriteFile(filepath.Join("results", name), b, 0o644); err != nil {
+			t.Errorf("write report: %v", err)
+		}
+	}
+	if !rep.Pass {
+		// Keep the evidence: the temp dir goes away with the test.
+		if log, err := os.ReadFile(r.conn.logPath); err == nil {
+			_ = os.WriteFile(filepath.Join("results", "last-run-connector.log"), log, 0o644)
+		}
+		t.Logf("chaos: connector log kept in results/last-run-connector.log")
+	}
+}
+
+func round2(f float64) float64 { return math.Round(f*100) / 100 }

@@ -1,0 +1,293 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// connector runs the real outbox-cdc binary, one process (incarnation) at a
+// time, all writing to one log file.
+type connector struct {
+	bin      string
+	cfgPath  string
+	httpAddr string
+	logPath  string
+	dsn      string // direct (not proxied) DSN, to read the slot
+	slot     string
+
+	mu   sync.Mutex
+	cur  *incarnation
+	incs []*incarnation
+}
+
+// incarnation is one connector process.
+type incarnation struct {
+	N      int
+	Reason string // initial, after-kill, after-exit
+	Start  time.Time
+	Ready  time.Time
+	// SlotAtStart and CkptAtStart are the slot's confirmed_flush_lsn and the
+	// connector's checkpoint read after the previous process was gone and
+	// its walsender had exited: PostgreSQL resends from there.
+	SlotAtStart lsn.LSN
+	CkptAtStart lsn.LSN
+
+	cmd    *exec.Cmd
+	done   chan struct{}
+	err    error // cmd.Wait's result, read after done
+	killed bool  // guarded by connector.mu
+	ExitAt time.Time
+}
+
+func (in *incarnation) exited() bool {
+	select {
+	case <-in.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// start launches a new process and waits until /readyz answers 200.
+func (c *connector) start(ctx context.Context, reason string) (*incarnation, error) {
+	in, err := c.launch(ctx, reason)
+	if err != nil {
+		return in, err
+	}
+	if err := c.waitReady(ctx, in, time.Minute); err != nil {
+		return in, err
+	}
+	in.Ready = time.Now()
+	return in, nil
+}
+
+// launch starts a new process without waiting for it.
+func (c *connector) launch(ctx context.Context, reason string) (*incarnation, error) {
+	c.mu.Lock()
+	if c.cur != nil && !c.cur.exited() {
+		c.mu.Unlock()
+		return nil, errors.New("connector already running")
+	}
+	n := len(c.incs) + 1
+	c.mu.Unlock()
+
+	slot, ckpt, err := c.restartPosition(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(f, "\n===== chaos: incarnation %d (%s) at %s, slot confirmed %v, checkpoint %v =====\n",
+		n, reason, time.Now().Format("15:04:05.000"), slot, ckpt)
+	cmd := exec.Command(c.bin, "run", "--config", c.cfgPath)
+	cmd.Env = cleanEnv()
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	in := &incarnation{N: n, Reason: reason, SlotAtStart: slot, CkptAtStart: ckpt, cmd: cmd, done: make(chan struct{})}
+	in.Start = time.Now()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start connector: %w", err)
+	}
+	f.Close() // the child has its own descriptor
+	go func() {
+		in.err = cmd.Wait()
+		in.ExitAt = time.Now()
+		close(in.done)
+	}()
+	c.mu.Lock()
+	c.cur = in
+	c.incs = append(c.incs, in)
+	c.mu.Unlock()
+	return in, nil
+}
+
+// waitReady polls /readyz until 200, the process exits, or timeout.
+func (c *connector) waitReady(ctx context.Context, in *incarnation, timeout time.Duration) error {
+	cl := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(timeout)
+	for {
+		if in.exited() {
+			return fmt.Errorf("connector %d exited before ready: %v", in.N, in.err)
+		}
+		resp, err := cl.Get("http://" + c.httpAddr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("connector %d not ready after %v", in.N, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// kill sends SIGKILL to the running process and waits for it to be gone.
+func (c *connector) kill() (*incarnation, error) {
+	c.mu.Lock()
+	in := c.cur
+	if in == nil {
+		c.mu.Unlock()
+		return nil, errors.New("no connector process")
+	}
+	in.killed = true
+	c.mu.Unlock()
+	if err := in.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return in, err
+	}
+	select {
+	case <-in.done:
+		return in, nil
+	case <-time.After(30 * time.Second):
+		return in, fmt.Errorf("connector %d did not die within 30s of SIGKILL", in.N)
+	}
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (c *connector) stop(timeout time.Duration) error {
+	c.mu.Lock()
+	in := c.cur
+	if in != nil {
+		in.killed = true // an exit we asked for
+	}
+	c.mu.Unlock()
+	if in == nil || in.exited() {
+		return nil
+	}
+	if err := in.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	select {
+	case <-in.done:
+	case <-time.After(timeout):
+		_ = in.cmd.Process.Signal(syscall.SIGKILL)
+		<-in.done
+		return fmt.Errorf("connector %d did not exit within %v of SIGTERM", in.N, timeout)
+	}
+	if in.err != nil {
+		return fmt.Errorf("connector %d exit after SIGTERM: %v", in.N, in.err)
+	}
+	return nil
+}
+
+// unexpectedExit returns the current process if it exited without being
+// killed or stopped by the suite.
+func (c *connector) unexpectedExit() *incarnation {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != nil && c.cur.exited() && !c.cur.killed {
+		return c.cur
+	}
+	return nil
+}
+
+// close kills whatever still runs (test cleanup).
+func (c *connector) close() {
+	c.mu.Lock()
+	in := c.cur
+	if in != nil {
+		in.killed = true
+	}
+	c.mu.Unlock()
+	if in != nil && !in.exited() {
+		_ = in.cmd.Process.Signal(syscall.SIGKILL)
+		<-in.done
+	}
+}
+
+func (c *connector) incarnations() []*incarnation {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*incarnation(nil), c.incs...)
+}
+
+// restartPosition waits until no walsender serves the slot (the last
+// status update of a killed process may still be on its way through the
+// proxy) and returns the slot's confirmed position and the connector's
+// checkpoint: a new process resumes from the larger, and PostgreSQL may
+// resend anything after the slot's.
+func (c *connector) restartPosition(ctx context.Context) (slot, ckpt lsn.LSN, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.dsn)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read slot: %w", err)
+	}
+	defer conn.Close(context.Background())
+	for {
+		var active bool
+		var confirmed *string
+		err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, c.slot).
+			Scan(&active, &confirmed)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, 0, nil // first start: the connector creates it
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("read slot: %w", err)
+		}
+		if !active {
+			if confirmed != nil {
+				slot, _ = lsn.Parse(*confirmed)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, 0, fmt.Errorf("slot %s still active 30s after the connector died", c.slot)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	ckpt, err = readCheckpoint(ctx, conn, c.slot)
+	return slot, ckpt, err
+}
+
+// readCheckpoint reads the connector's checkpoint row (checkpoint.store
+// table, the default); zero when there is none yet.
+func readCheckpoint(ctx context.Context, conn *pgx.Conn, slot string) (lsn.LSN, error) {
+	var s string
+	err := conn.QueryRow(ctx, `SELECT lsn::text FROM outbox_cdc.checkpoints WHERE slot = $1`, slot).Scan(&s)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, nil
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // no table / schema yet
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("read checkpoint: %w", err)
+	}
+	return lsn.Parse(s)
+}
+
+// logTail returns the last n lines of the connector log.
+func (c *connector) logTail(n int) string {
+	b, err := os.ReadFile(c.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
