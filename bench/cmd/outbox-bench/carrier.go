@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/outbox-cdc/outbox-cdc/bench/relay"
+)
+
+// carrier is what moves a steady run's events from PostgreSQL to Kafka: the
+// connector process or the polling relay.
+type carrier interface {
+	// account names the carrier's processes for CPU accounting.
+	account(p *cpuProbe)
+	// mark is called after the warm-up, just before the measured run.
+	mark(ctx context.Context) error
+	// failed reports a carrier that stopped by itself.
+	failed() error
+	// finish stops the carrier cleanly and records what it measured.
+	finish(ctx context.Context, res *SteadyResult) error
+	// close releases whatever finish did not (after a failure); idempotent.
+	close()
+}
+
+func (e *env) startCarrier(ctx context.Context, sys system, aggType, topic string, opts options, log *slog.Logger) (carrier, error) {
+	if sys.isRelay() {
+		return startRelay(ctx, e, relay.Config{DSN: e.dsn, Table: pollTable, Brokers: e.brokers, Topic: topic,
+			PollInterval: sys.Interval, BatchSize: opts.RelayBatch, MaxBufferedRecords: 10000}, log)
+	}
+	slot := "cdc_" + aggType
+	k, err := e.startConnector(ctx, slot, connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Linger: sys.Linger})
+	if err != nil {
+		e.dropSlots(ctx, slot)
+		return nil, err
+	}
+	return &cdcCarrier{e: e, k: k, slot: slot, walsender: e.slotPID(ctx, slot)}, nil
+}
+
+// cdcCarrier is the connector process on its own slot.
+type cdcCarrier struct {
+	e         *env
+	k         *connector
+	slot      string
+	walsender int
+	before    promSamples
+	closed    bool
+}
+
+func (c *cdcCarrier) account(p *cpuProbe) { p.clientPID, p.pathPID = c.k.pid(), c.walsender }
+
+func (c *cdcCarrier) mark(ctx context.Context) (err error) {
+	c.before, err = c.k.scrape(ctx)
+	return err
+}
+
+func (c *cdcCarrier) failed() error {
+	if c.k.exited() {
+		return fmt.Errorf("connector exited (%v):\n%s", c.k.waitErr, c.k.logTail())
+	}
+	return nil
+}
+
+func (c *cdcCarrier) finish(ctx context.Context, res *SteadyResult) error {
+	after, err := c.k.scrape(ctx)
+	if err != nil {
+		return err
+	}
+	res.CommitToAck = after.ack.minus(c.before.ack).quantiles()
+	if res.PeakRSSBytes, _, err = c.k.memory(); err != nil {
+		return err
+	}
+	err = c.k.stop(ctx)
+	c.close()
+	return err
+}
+
+func (c *cdcCarrier) close() {
+	if c.closed {
+		return
+	}
+	c.closed = true
+	c.k.kill()
+	c.e.dropSlots(context.Background(), c.slot)
+}
+
+// relayCarrier is the polling relay running in this process.
+type relayCarrier struct {
+	r      *relay.Relay
+	stop   context.CancelFunc
+	done   chan struct{}
+	err    error // set before done is closed
+	closed sync.Once
+}
+
+func startRelay(ctx context.Context, e *env, cfg relay.Config, log *slog.Logger) (*relayCarrier, error) {
+	r, err := relay.New(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	rctx, stop := context.WithCancel(ctx)
+	c := &relayCarrier{r: r, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		if err := r.Run(rctx); err != nil {
+			c.err = fmt.Errorf("relay: %w", err)
+		} else if rctx.Err() == nil {
+			c.err = errors.New("relay: stopped by itself")
+		}
+	}()
+	return c, nil
+}
+
+func (c *relayCarrier) account(p *cpuProbe) { p.pathPID = c.r.BackendPID() }
+
+func (c *relayCarrier) mark(context.Context) error { return nil }
+
+func (c *relayCarrier) failed() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
+func (c *relayCarrier) finish(_ context.Context, res *SteadyResult) error {
+	if err := c.failed(); err != nil {
+		return err
+	}
+	st := c.r.Stats()
+	res.RelayStats = &st
+	c.close()
+	return nil
+}
+
+func (c *relayCarrier) close() {
+	c.closed.Do(func() {
+		c.stop()
+		<-c.done
+		c.r.Close()
+	})
+}

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// DrainResult is the backlog drain for one transaction size.
+type DrainResult struct {
+	TxSize         int     `json:"tx_size"`
+	Events         int     `json:"events"`
+	Transactions   int     `json:"transactions"`
+	PreloadSeconds float64 `json:"preload_seconds"`
+	WALBytes       int64   `json:"wal_bytes"`
+
+	// Each reader drains its own slot Repeats times, alternating; the
+	// headline numbers are each reader's fastest run (interference from
+	// other processes only ever slows a run down).
+	RecvLogicalRuns []ReaderRun    `json:"pg_recvlogical_runs"`
+	ConnectorRuns   []ConnectorRun `json:"connector_runs"`
+	RecvLogical     ReaderRun      `json:"pg_recvlogical"`
+	Connector       ConnectorRun   `json:"connector"`
+	// Ratio is the connector's best rate over pg_recvlogical's best.
+	Ratio float64 `json:"ratio"`
+	// PeakRSSBytes is the highest VmHWM of the connector runs.
+	PeakRSSBytes int64 `json:"peak_rss_bytes"`
+
+	// Profiled is the in-process drain of one more identical slot under the
+	// CPU profiler (its rate is a cross-check, not the headline).
+	Profiled *ProfileResult `json:"profiled,omitempty"`
+}
+
+// ConnectorRun is one drain by the connector process.
+type ConnectorRun struct {
+	ReaderRun
+	// ReadySeconds is start-up (process start to /readyz), included in
+	// Seconds.
+	ReadySeconds float64  `json:"ready_seconds"`
+	PeakRSSBytes int64    `json:"peak_rss_bytes"`
+	Verified     Verified `json:"verified"`
+}
+
+// Verified is what a consumer found on the drain's topic afterwards.
+type Verified struct {
+	Distinct     int64 `json:"distinct"`
+	Records      int64 `json:"records"`
+	Duplicates   int64 `json:"duplicates"`
+	DeadLettered int64 `json:"dead_lettered"`
+}
+
+// drainSlots names the slots of one drain: all are created before the
+// preload, so each holds the same WAL.
+type drainSlots struct {
+	recv, cdc []string
+	prof      string
+}
+
+func (d drainSlots) all() []string {
+	return append(append(append([]string(nil), d.recv...), d.cdc...), d.prof)
+}
+
+// runDrain preloads events behind the slots, then drains them with
+// pg_recvlogical and the connector process in turn (opts.DrainRepeats each)
+// and, if asked, with the in-process connector under the profiler.
+func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.Logger) (*DrainResult, error) {
+	n := opts.Events
+	aggType := fmt.Sprintf("drain_tx%d", txSize)
+	var slots drainSlots
+	var topics []string
+	for i := range opts.DrainRepeats {
+		slots.recv = append(slots.recv, fmt.Sprintf("recv%d_%s", i+1, aggType))
+		slots.cdc = append(slots.cdc, fmt.Sprintf("cdc%d_%s", i+1, aggType))
+		topics = append(topics, fmt.Sprintf("drain%d.%s", i+1, aggType))
+	}
+	slots.prof = "prof_" + aggType
+	topics = append(topics, "prof."+aggType)
+	log = log.With("scenario", "drain", "tx_size", txSize)
+	res := &DrainResult{TxSize: txSize, Events: n, Transactions: n / txSize}
+
+	defer func() {
+		e.dropSlots(ctx, slots.all()...)
+		e.deleteTopics(ctx, topics...)
+		if err := e.exec(context.WithoutCancel(ctx), "TRUNCATE "+outboxTable); err != nil {
+			log.Warn("truncate", "err", err)
+		}
+	}()
+	if err := e.exec(ctx, "TRUNCATE "+outboxTable); err != nil {
+		return nil, err
+	}
+	if err := e.createTopics(ctx, topics...); err != nil {
+		return nil, err
+	}
+	for _, s := range slots.all() {
+		if _, err := e.createSlot(ctx, s); err != nil {
+			return nil, err
+		}
+	}
+	endpos, err := e.preloadDrain(ctx, opts, aggType, res, log)
+	if err != nil {
+		return nil, err
+	}
+
+	for i := range opts.DrainRepeats {
+		e.waitQuiet(ctx, "pg_recvlogical drain")
+		rr, err := e.recvLogical(ctx, slots.recv[i], endpos, n, opts.DrainTimeout)
+		if err != nil {
+			return res, err
+		}
+		res.RecvLogicalRuns = append(res.RecvLogicalRuns, rr)
+		log.Info("pg_recvlogical drained", "run", i+1, "seconds", round(rr.Seconds, 2), "events_per_sec", int(rr.EventsPerSec))
+
+		e.waitQuiet(ctx, "connector drain")
+		template := fmt.Sprintf("drain%d.{aggregate_type}", i+1)
+		cr, err := drainConnector(ctx, e, opts, slots.cdc[i], template, n, log)
+		if err != nil {
+			return res, err
+		}
+		log.Info("connector drained", "run", i+1, "seconds", round(cr.Seconds, 2), "events_per_sec", int(cr.EventsPerSec),
+			"peak_rss_mb", cr.PeakRSSBytes>>20)
+		err = verifyTopic(ctx, e, topics[i], n, &cr.Verified, log)
+		res.ConnectorRuns = append(res.ConnectorRuns, cr)
+		if err != nil {
+			return res, err
+		}
+		res.summarize()
+	}
+	log.Info("drain rates", "pg_recvlogical", int(res.RecvLogical.EventsPerSec), "connector", int(res.Connector.EventsPerSec),
+		"ratio", round(res.Ratio, 3))
+
+	if opts.Profile {
+		p, err := e.profileDrain(ctx, opts, slots.prof, aggType, n, log)
+		if err != nil {
+			return res, fmt.Errorf("profiled drain: %w", err)
+		}
+		res.Profiled = p
+		log.Info("profiled in-process drain", "seconds", round(p.Seconds, 2), "events_per_sec", int(p.EventsPerSec))
+	}
+	return res, nil
+}
+
+// summarize picks each reader's fastest run and the peak RSS.
+func (d *DrainResult) summarize() {
+	for _, r := range d.RecvLogicalRuns {
+		if d.RecvLogical.Seconds == 0 || r.Seconds < d.RecvLogical.Seconds {
+			d.RecvLogical = r
+		}
+	}
+	for _, r := range d.ConnectorRuns {
+		if d.Connector.Seconds == 0 || r.Seconds < d.Connector.Seconds {
+			d.Connector = r
+		}
+		d.PeakRSSBytes = max(d.PeakRSSBytes, r.PeakRSSBytes)
+	}
+	if d.RecvLogical.EventsPerSec > 0 {
+		d.Ratio = d.Connector.EventsPerSec / d.RecvLogical.EventsPerSec
+	}
+}
+
+// preloadDrain commits the drain's events and returns the WAL position after
+// them (pg_recvlogical's --endpos).
+func (e *env) preloadDrain(ctx context.Context, opts options, aggType string, res *DrainResult, log *slog.Logger) (string, error) {
+	from, err := e.currentLSN(ctx)
+	if err != nil {
+		return "", err
+	}
+	log.Info("preloading", "events", res.Events)
+	pctx, cancel := context.WithTimeout(ctx, opts.DrainTimeout)
+	defer cancel()
+	d, err := timed(func() error { return e.preload(pctx, aggType, res.Events, res.TxSize) })
+	if err != nil {
+		return "", err
+	}
+	res.PreloadSeconds = d.Seconds()
+	endpos, err := e.currentLSN(ctx)
+	if err != nil {
+		return "", err
+	}
+	if res.WALBytes, err = e.walBytes(ctx, from, endpos); err != nil {
+		return "", err
+	}
+	log.Info("preloaded", "seconds", round(d.Seconds(), 1), "wal_mb", res.WALBytes>>20, "endpos", endpos)
+	// Autovacuum would otherwise pick the fresh rows up during the first
+	// drain and compete with it; the WAL this writes lies after endpos.
+	if err := e.exec(pctx, "VACUUM (ANALYZE) "+outboxTable); err != nil {
+		return "", fmt.Errorf("vacuum after preload: %w", err)
+	}
+	if err := e.exec(pctx, "CHECKPOINT"); err != nil {
+		return "", fmt.Errorf("checkpoint after preload: %w", err)
+	}
+	return endpos, nil
+}
+
+// drainConnector runs the connector process on a preloaded slot and times
+// process start to the published counter reaching n.
+func drainConnector(ctx context.Context, e *env, opts options, slot, topicTemplate string, n int, log *slog.Logger) (ConnectorRun, error) {
+	var run ConnectorRun
+	ctx, cancel := context.WithTimeout(ctx, opts.DrainTimeout)
+	defer cancel()
+	probe := cpuProbe{pgPID: e.pgPID, kafkaPID: e.kafkaPID}
+	a := probe.snap()
+	k, err := e.startConnector(ctx, slot, connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Topic: topicTemplate})
+	if err != nil {
+		return run, err
+	}
+	defer k.kill()
+	run.ReadySeconds = time.Since(k.started).Seconds()
+	probe.clientPID, probe.pathPID = k.pid(), e.slotPID(ctx, slot)
+	doneAt, samples, err := k.waitDelivered(ctx, int64(n), 50*time.Millisecond, log)
+	if err != nil {
+		return run, err
+	}
+	b := probe.snap()
+	run.ReaderRun = newReaderRun(doneAt.Sub(k.started), n, usage(a, b))
+	run.Verified.DeadLettered = int64(samples.values[metricDeadLettered])
+	if run.PeakRSSBytes, _, err = k.memory(); err != nil {
+		return run, err
+	}
+	return run, k.stop(ctx)
+}
+
+// verifyTopic reads the drain's topic from the start and requires every one
+// of n events, each at least once; duplicates are counted (at-least-once
+// allows them, none are expected without failures).
+func verifyTopic(ctx context.Context, e *env, topic string, n int, v *Verified, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	a := newArrivals(n)
+	c, err := startConsumer(ctx, e.brokers, topic, a, log)
+	if err != nil {
+		return err
+	}
+	werr := a.waitDistinct(ctx, int64(n))
+	if err := c.stop(); err != nil && werr == nil {
+		werr = err
+	}
+	v.Distinct = a.distinct.Load()
+	if v.Records, err = e.topicRecords(ctx, topic); err != nil {
+		return fmt.Errorf("verify %s: %w", topic, err)
+	}
+	v.Duplicates = v.Records - v.Distinct
+	if werr != nil || v.DeadLettered != 0 || a.foreign.Load() != 0 {
+		return fmt.Errorf("%w: %s has %d of %d events (%d records, %d foreign, %d dead-lettered): %v",
+			errLost, topic, v.Distinct, n, v.Records, a.foreign.Load(), v.DeadLettered, werr)
+	}
+	log.Info("verified", "topic", topic, "distinct", v.Distinct, "duplicates", v.Duplicates)
+	return nil
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// loadSpec is one paced write load: one-row transactions at rate events/s
+// for duration, from writers connections.
+type loadSpec struct {
+	dsn, table, aggType string
+	rate, writers       int
+	duration            time.Duration
+}
+
+// maxEvents is how many events the load can offer (it never runs ahead of
+// its schedule).
+func (s loadSpec) maxEvents() int { return int(float64(s.rate) * s.duration.Seconds()) }
+
+// runLoad offers event i at start + i/rate, taking the next event from a
+// shared counter, so concurrent writers share one schedule; a writer that
+// falls behind inserts at once until it catches up. It stops at start +
+// duration whatever was achieved. commitNs[i] is set to the time event i's
+// COMMIT returned (0 for events not offered). It returns how many committed
+// and the measured window.
+func runLoad(ctx context.Context, s loadSpec, commitNs []int64) (int, time.Duration, error) {
+	conns := make([]*pgx.Conn, 0, s.writers)
+	defer func() {
+		for _, c := range conns {
+			c.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	sql := insertSQL(s.table)
+	for range s.writers {
+		c, err := pgx.Connect(ctx, s.dsn)
+		if err != nil {
+			return 0, 0, fmt.Errorf("writer: %w", err)
+		}
+		// Prepare now, so the first insert of each writer is not slower.
+		if _, err := c.Prepare(ctx, "insert", sql); err != nil {
+			return 0, 0, fmt.Errorf("writer: prepare: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	maxN := min(s.maxEvents(), len(commitNs))
+	nsPerEvent := 1e9 / float64(s.rate)
+	start := time.Now().Add(20 * time.Millisecond)
+	end := start.Add(s.duration)
+	var (
+		next      atomic.Int64
+		committed atomic.Int64
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		errs      []error
+	)
+	for _, c := range conns {
+		wg.Go(func() {
+			timer := time.NewTimer(0)
+			defer timer.Stop()
+			<-timer.C
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= maxN {
+					return
+				}
+				at := start.Add(time.Duration(float64(i) * nsPerEvent))
+				if d := time.Until(at); d > 0 {
+					timer.Reset(d)
+					select {
+					case <-ctx.Done():
+						return
+					case <-timer.C:
+					}
+				}
+				if !time.Now().Before(end) {
+					return
+				}
+				if _, err := c.Exec(ctx, "insert", insertArgs(s.aggType, i)...); err != nil {
+					if ctx.Err() == nil {
+						cancel()
+						mu.Lock()
+						errs = append(errs, fmt.Errorf("writer: insert event %d: %w", i, err))
+						mu.Unlock()
+					}
+					return
+				}
+				commitNs[i] = time.Now().UnixNano()
+				committed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	window := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return int(committed.Load()), window, err
+	}
+	if err := ctx.Err(); err != nil {
+		return int(committed.Load()), window, err
+	}
+	return int(committed.Load()), min(window, s.duration), nil
+}

@@ -1,0 +1,273 @@
+// Command outbox-bench measures outbox-cdc against the physical limit
+// (pg_recvlogical draining the same slot) and against a polling relay
+// (bench/relay), on servers it starts itself (internal/testenv). It writes
+// bench/results/report.md, results.json and latency.png. Run it with
+// `make bench`; flags override the defaults (outbox-bench -h).
+//
+// Scenarios, in order:
+//   - drain: N events preloaded behind three slots created before the preload,
+//     as one-row and as 1,000-row transactions; pg_recvlogical, the connector
+//     process and an in-process connector under the CPU profiler each drain
+//     their own slot.
+//   - steady: paced one-row writers at each offered rate; the connector and
+//     the polling relay (each poll interval) in turn; commit-to-consume per
+//     event, commit-to-ack from the connector's histogram, PostgreSQL CPU.
+//
+// The program exits 1 if any scenario failed (an event lost, a process that
+// did not stop cleanly, a deadline), after writing what it measured.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// envEvents overrides the default event count of the drain scenario.
+const envEvents = "OUTBOX_BENCH_EVENTS"
+
+// options are the command-line flags.
+type options struct {
+	Events         int
+	TxSizes        []int
+	Rates          []int
+	Duration       time.Duration
+	Writers        int
+	Partitions     int
+	RelayIntervals []time.Duration
+	Lingers        []time.Duration
+	RelayBatch     int
+	Scenarios      []string
+	Profile        bool
+	DrainRepeats   int
+
+	Connector    string
+	Micro        string
+	Out          string
+	Go           string
+	Timeout      time.Duration
+	DrainTimeout time.Duration
+	SettleWait   time.Duration
+	QuietBudget  time.Duration
+	LatencyCSV   string
+	LogLevel     string
+}
+
+func parseFlags(args []string) (options, error) {
+	o := options{Events: 1_000_000}
+	if v := os.Getenv(envEvents); v != "" {
+		n, err := strconv.Atoi(strings.ReplaceAll(v, "_", ""))
+		if err != nil || n <= 0 {
+			return o, fmt.Errorf("%s=%q: want a positive integer", envEvents, v)
+		}
+		o.Events = n
+	}
+	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
+	fs.IntVar(&o.Events, "events", o.Events, "drain: events to preload per transaction size (env "+envEvents+")")
+	txSizes := fs.String("tx-sizes", "1,1000", "drain: events per preloaded transaction, comma list")
+	rates := fs.String("rates", "500,2000,10000", "steady: offered loads in events/s, comma list")
+	fs.DurationVar(&o.Duration, "duration", 20*time.Second, "steady: writing time per offered load and system")
+	fs.IntVar(&o.Writers, "writers", 16, "steady: concurrent writer connections")
+	fs.IntVar(&o.Partitions, "partitions", 3, "partitions of every benchmark topic")
+	intervals := fs.String("relay-intervals", "1s,100ms", "steady: polling relay poll intervals, comma list")
+	lingers := fs.String("cdc-lingers", "5ms", "steady: also run outbox-cdc with these kafka.linger values, comma list (\"\": none)")
+	fs.IntVar(&o.RelayBatch, "relay-batch", 100, "steady: polling relay claim batch (LIMIT)")
+	scenarios := fs.String("scenarios", "drain,steady", "scenarios to run, comma list of drain, steady")
+	fs.IntVar(&o.DrainRepeats, "drain-repeats", 2, "drain: runs of each reader per transaction size (the fastest counts)")
+	fs.BoolVar(&o.Profile, "profile", true, "drain: also drain in process under the CPU profiler")
+	fs.StringVar(&o.Connector, "connector", "", "outbox-cdc binary (default: go build ./cmd/outbox-cdc into the work dir)")
+	fs.StringVar(&o.Micro, "micro", "", "output of go test -bench to include in the report")
+	fs.StringVar(&o.Out, "out", "bench/results", "directory for report.md, results.json, latency.png and profiles")
+	fs.StringVar(&o.Go, "go", "go", "go command (for building the connector and go tool pprof)")
+	fs.DurationVar(&o.Timeout, "timeout", 45*time.Minute, "deadline for the whole run")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", 10*time.Minute, "deadline for one drain")
+	fs.DurationVar(&o.SettleWait, "settle", time.Minute, "steady: how long to wait for the last events after writing stops")
+	fs.DurationVar(&o.QuietBudget, "quiet-budget", 4*time.Minute,
+		"total time to spend, before scenarios, waiting for other load on the machine to stop (0: never wait)")
+	fs.StringVar(&o.LatencyCSV, "latency-csv", "", "steady: also write each run's per-event commit and receive times as CSV into this directory")
+	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if o.TxSizes, err = parseInts("tx-sizes", *txSizes); err != nil {
+		return o, err
+	}
+	if o.Rates, err = parseInts("rates", *rates); err != nil {
+		return o, err
+	}
+	for _, s := range splitList(*intervals) {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return o, fmt.Errorf("-relay-intervals: %q is not a positive duration", s)
+		}
+		o.RelayIntervals = append(o.RelayIntervals, d)
+	}
+	for _, s := range splitList(*lingers) {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return o, fmt.Errorf("-cdc-lingers: %q is not a positive duration", s)
+		}
+		o.Lingers = append(o.Lingers, d)
+	}
+	for _, s := range splitList(*scenarios) {
+		if s != "drain" && s != "steady" {
+			return o, fmt.Errorf("-scenarios: unknown scenario %q (want drain, steady)", s)
+		}
+		o.Scenarios = append(o.Scenarios, s)
+	}
+	switch {
+	case o.Events <= 0:
+		return o, fmt.Errorf("-events %d: must be positive", o.Events)
+	case o.Duration < time.Second:
+		return o, fmt.Errorf("-duration %v: must be at least 1s", o.Duration)
+	case o.Writers <= 0:
+		return o, fmt.Errorf("-writers %d: must be positive", o.Writers)
+	case o.Partitions <= 0:
+		return o, fmt.Errorf("-partitions %d: must be positive", o.Partitions)
+	case o.DrainRepeats <= 0:
+		return o, fmt.Errorf("-drain-repeats %d: must be positive", o.DrainRepeats)
+	case o.RelayBatch <= 0:
+		return o, fmt.Errorf("-relay-batch %d: must be positive", o.RelayBatch)
+	}
+	for _, n := range o.TxSizes {
+		if o.Events%n != 0 {
+			return o, fmt.Errorf("-events %d is not a multiple of transaction size %d", o.Events, n)
+		}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.LogLevel)); err != nil {
+		return o, fmt.Errorf("-log-level: %w", err)
+	}
+	return o, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for p := range strings.SplitSeq(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseInts(name, s string) ([]int, error) {
+	var out []int
+	for _, p := range splitList(s) {
+		n, err := strconv.Atoi(strings.ReplaceAll(p, "_", ""))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("-%s: %q is not a positive integer", name, p)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-%s: empty list", name)
+	}
+	return out, nil
+}
+
+func (o options) has(scenario string) bool {
+	for _, s := range o.Scenarios {
+		if s == scenario {
+			return true
+		}
+	}
+	return false
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "outbox-bench:", err)
+		os.Exit(2)
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(opts.LogLevel)) // validated by parseFlags
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	if err := run(ctx, opts, log); err != nil {
+		log.Error("benchmark failed", "err", err)
+		cancel()
+		stop()
+		os.Exit(1)
+	}
+}
+
+// run sets up the servers, runs the scenarios and writes the results. A
+// failed scenario does not stop the others; it makes run return an error
+// after the results are written.
+func run(ctx context.Context, opts options, log *slog.Logger) error {
+	started := time.Now()
+	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
+		return err
+	}
+	res := &Results{StartedAt: started.UTC(), Params: paramsOf(opts)}
+	if opts.Micro != "" {
+		micro, err := parseMicroFile(opts.Micro)
+		if err != nil {
+			return fmt.Errorf("micro-benchmarks: %w", err)
+		}
+		res.Micro = micro
+	}
+
+	e, err := startEnv(ctx, opts, log)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	res.Env = e.info(ctx)
+
+	if opts.has("drain") {
+		for _, size := range opts.TxSizes {
+			d, err := runDrain(ctx, e, opts, size, log)
+			if err != nil {
+				res.fail(fmt.Sprintf("drain, %d-event transactions", size), err, log)
+			}
+			if d != nil {
+				res.Drains = append(res.Drains, *d)
+			}
+		}
+	}
+	if opts.has("steady") {
+		for _, rate := range opts.Rates {
+			for _, sys := range steadySystems(opts) {
+				s, err := runSteady(ctx, e, opts, sys, rate, log)
+				if err != nil {
+					res.fail(fmt.Sprintf("steady, %s at %d events/s", sys.Name, rate), err, log)
+				}
+				if s != nil {
+					res.Steady = append(res.Steady, *s)
+				}
+			}
+		}
+	}
+
+	res.Targets = evaluateTargets(res)
+	res.WallSeconds = time.Since(started).Seconds()
+	if err := writeResults(opts, res, log); err != nil {
+		return err
+	}
+	if len(res.Failures) > 0 {
+		return fmt.Errorf("%d scenario(s) failed: %s", len(res.Failures), strings.Join(res.Failures, "; "))
+	}
+	return nil
+}

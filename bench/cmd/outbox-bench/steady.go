@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/bench/relay"
+)
+
+// system is what carries events to Kafka in a steady run.
+type system struct {
+	Name     string        // "outbox-cdc", "outbox-cdc-linger2ms", "relay-1s", ...
+	Interval time.Duration // poll interval; 0 for outbox-cdc
+	Linger   time.Duration // outbox-cdc's kafka.linger
+}
+
+func (s system) isRelay() bool { return s.Interval > 0 }
+
+func steadySystems(opts options) []system {
+	out := []system{{Name: "outbox-cdc"}}
+	for _, l := range opts.Lingers {
+		out = append(out, system{Name: "outbox-cdc-linger" + l.String(), Linger: l})
+	}
+	for _, d := range opts.RelayIntervals {
+		out = append(out, system{Name: "relay-" + d.String(), Interval: d})
+	}
+	return out
+}
+
+// SteadyResult is one system at one offered load.
+type SteadyResult struct {
+	System          string  `json:"system"`
+	PollInterval    string  `json:"poll_interval,omitempty"`
+	Linger          string  `json:"linger,omitempty"`
+	OfferedRate     int     `json:"offered_rate"`
+	DurationSeconds float64 `json:"duration_seconds"`
+	Committed       int     `json:"committed"`
+	AchievedRate    float64 `json:"achieved_rate"`
+	Received        int64   `json:"received"`
+	Duplicates      int64   `json:"duplicates"`
+	// CommitToConsume is per event: the consumer's receive time minus the
+	// moment the writer's COMMIT returned (same clock, µs precision).
+	CommitToConsume Percentiles `json:"commit_to_consume"`
+	// CommitToConsumeTS is per event: receive time minus the record's
+	// timestamp (ms precision): the commit time for outbox-cdc, created_at
+	// (transaction start) for the relay.
+	CommitToConsumeTS Percentiles `json:"commit_to_consume_record_ts"`
+	// CommitToAck is the connector's histogram over the run (warm-up excluded).
+	CommitToAck *HistQuantiles `json:"commit_to_ack,omitempty"`
+	// PeakRSSBytes is the connector process's VmHWM (its whole life: start,
+	// warm-up and this run).
+	PeakRSSBytes int64    `json:"peak_rss_bytes,omitempty"`
+	CPU          CPUUsage `json:"cpu"`
+	// RelayStats are the relay's counters.
+	RelayStats *relay.Stats `json:"relay_stats,omitempty"`
+}
+
+// warmup events go through the whole path (connections, metadata, the
+// topic's partitions) before the measured run; they use sequence numbers
+// after the run's and are excluded from every statistic.
+const warmup = 12
+
+func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, log *slog.Logger) (*SteadyResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, opts.Duration+opts.SettleWait+3*time.Minute)
+	defer cancel()
+	name := strings.NewReplacer("-", "", ".", "").Replace(sys.Name)
+	aggType := fmt.Sprintf("steady_%s_%d", name, rate)
+	table, topic := outboxTable, "outbox.event."+aggType
+	if sys.isRelay() {
+		table, topic = pollTable, "relay."+aggType
+	}
+	log = log.With("scenario", "steady", "system", sys.Name, "rate", rate)
+	spec := loadSpec{dsn: e.dsn, table: table, aggType: aggType, rate: rate, writers: opts.Writers, duration: opts.Duration}
+	n := spec.maxEvents()
+	res := &SteadyResult{System: sys.Name, OfferedRate: rate}
+	if sys.Linger > 0 {
+		res.Linger = sys.Linger.String()
+	}
+	if sys.isRelay() {
+		res.PollInterval = sys.Interval.String()
+	}
+
+	defer func() {
+		e.deleteTopics(ctx, topic)
+		if err := e.exec(context.WithoutCancel(ctx), "TRUNCATE "+table); err != nil {
+			log.Warn("truncate", "err", err)
+		}
+	}()
+	if err := e.createTopics(ctx, topic); err != nil {
+		return nil, err
+	}
+	arr := newArrivals(n + warmup)
+	cons, err := startConsumer(ctx, e.brokers, topic, arr, log)
+	if err != nil {
+		return nil, err
+	}
+	defer cons.stop()
+
+	car, err := e.startCarrier(ctx, sys, aggType, topic, opts, log)
+	if err != nil {
+		return nil, err
+	}
+	defer car.close()
+	probe := cpuProbe{pgPID: e.pgPID, kafkaPID: e.kafkaPID}
+	car.account(&probe)
+
+	// Warm-up, then the measured run.
+	for i := range warmup {
+		if err := e.exec(ctx, insertSQL(table), insertArgs(aggType, n+i)...); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = arr.waitDistinct(wctx, warmup)
+	wcancel()
+	if err != nil {
+		return nil, fmt.Errorf("warm-up: %w", errors.Join(err, car.failed()))
+	}
+	if err := car.mark(ctx); err != nil {
+		return nil, err
+	}
+	commitNs := make([]int64, n)
+	e.waitQuiet(ctx, sys.Name+" at "+thousands(rate)+"/s")
+	a := probe.snap()
+	committed, window, err := runLoad(ctx, spec, commitNs)
+	res.Committed, res.DurationSeconds = committed, window.Seconds()
+	res.AchievedRate = float64(committed) / window.Seconds()
+	if err != nil {
+		return res, err
+	}
+	log.Info("written", "committed", committed, "achieved_rate", int(res.AchievedRate))
+
+	// Every committed event must arrive.
+	sctx, scancel := context.WithTimeout(ctx, opts.SettleWait)
+	err = arr.waitDistinct(sctx, int64(committed+warmup))
+	scancel()
+	waitReaped(e.pgPID, 2*time.Second) // the writers' backends, so their time is counted
+	res.CPU = usage(a, probe.snap())
+	res.Received = arr.distinct.Load() - warmup
+	if ferr := car.failed(); ferr != nil {
+		return res, ferr
+	}
+	if err != nil {
+		return res, fmt.Errorf("%w: %v", errLost, err)
+	}
+	if err := car.finish(ctx, res); err != nil {
+		return res, err
+	}
+	if err := cons.stop(); err != nil {
+		return res, err
+	}
+	res.Duplicates = arr.records.Load() - arr.distinct.Load()
+	if f := arr.foreign.Load(); f != 0 {
+		return res, fmt.Errorf("%d records on %s that are not benchmark events", f, topic)
+	}
+	if opts.LatencyCSV != "" {
+		if err := writeLatencyCSV(filepath.Join(opts.LatencyCSV, aggType+".csv"), commitNs, arr); err != nil {
+			return res, err
+		}
+	}
+	exact, ts := latencies(commitNs, arr)
+	res.CommitToConsume, res.CommitToConsumeTS = percentiles(exact), percentiles(ts)
+	log.Info("steady run", "p50_ms", round(res.CommitToConsume.P50Ms, 2), "p99_ms", round(res.CommitToConsume.P99Ms, 2),
+		"max_ms", round(res.CommitToConsume.MaxMs, 1), "pg_cpu_s", round(res.CPU.Postgres, 2))
+	return res, nil
+}
+
+// latencies pairs each committed event with its arrival, in ms.
+func latencies(commitNs []int64, arr *arrivals) (exact, ts []float64) {
+	for i, c := range commitNs {
+		if c == 0 || arr.at[i] == 0 {
+			continue
+		}
+		exact = append(exact, float64(arr.at[i]-c)/1e6)
+		ts = append(ts, float64(arr.at[i]-arr.ts[i]*1e6)/1e6)
+	}
+	return exact, ts
+}
+
+// writeLatencyCSV writes one line per committed event: its sequence number,
+// commit time and receive time (unix ns), for looking at latency over time.
+func writeLatencyCSV(path string, commitNs []int64, arr *arrivals) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	var b strings.Builder
+	b.WriteString("seq,commit_ns,receive_ns\n")
+	for i, c := range commitNs {
+		if c != 0 {
+			fmt.Fprintf(&b, "%d,%d,%d\n", i, c, arr.at[i])
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
