@@ -5,9 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -233,44 +231,6 @@ func (e *secureEnv) insertEvent(t *testing.T, aggType, aggID string) {
 		aggType, aggID)
 }
 
-// startWithEnv is startProcess with extra environment variables.
-func startWithEnv(t *testing.T, configPath, addr string, env []string) *process {
-	t.Helper()
-	logPath := filepath.Join(t.TempDir(), "connector.log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(connectorBinary(t), "run", "--config", configPath)
-	cmd.Env = append(cleanEnv(), env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start connector: %v", err)
-	}
-	p := &process{cmd: cmd, log: logPath, addr: addr, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() { p.kill() })
-	waitFor(t, time.Minute, "connector /readyz", func() bool {
-		select {
-		case <-p.done:
-			t.Fatalf("connector exited at start: %v\n%s", p.err, p.output())
-		default:
-		}
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	return p
-}
-
 // stopClean sends SIGTERM and expects exit 0.
 func stopClean(t *testing.T, p *process) {
 	t.Helper()
@@ -310,7 +270,7 @@ func (e *secureEnv) positive(t *testing.T, cfgPath, addr, aggType string, env []
 		t.Fatalf("check: exit %d, want 0 with postgres: ok and kafka: ok:\n%s", code, out)
 	}
 
-	p := startWithEnv(t, cfgPath, addr, env)
+	p := startProc(t, cfgPath, addr, true, env...)
 	if fromFile {
 		e.checkEnviron(t, p)
 	}
@@ -422,7 +382,7 @@ func TestSecurity(t *testing.T) {
 		// credentials may be fixed on the broker while the connector
 		// waits) and the log says why nothing gets out; the password
 		// appears nowhere.
-		p := startWithEnv(t, envCfg, addr, env)
+		p := startProc(t, envCfg, addr, true, env...)
 		e.insertEvent(t, "wrongsasl", "a") // after the slot exists
 		waitFor(t, time.Minute, "the SASL failure in the log", func() bool {
 			select {
