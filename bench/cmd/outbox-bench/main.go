@@ -1,17 +1,19 @@
 // Command outbox-bench measures outbox-cdc against the physical limit
-// (pg_recvlogical draining the same slot) and against a polling relay
+// (pg_recvlogical draining the same WAL) and against a polling relay
 // (bench/relay), on servers it starts itself (internal/testenv). It writes
-// bench/results/report.md, results.json and latency.png. Run it with
-// `make bench`; flags override the defaults (outbox-bench -h).
+// report.md, results.json, latency.png and CPU profiles into -out
+// (bench/results). Run it with `make bench`; flags override the defaults
+// (outbox-bench -h). docs/performance.md describes the method.
 //
 // Scenarios, in order:
-//   - drain: N events preloaded behind three slots created before the preload,
-//     as one-row and as 1,000-row transactions; pg_recvlogical, the connector
-//     process and an in-process connector under the CPU profiler each drain
-//     their own slot.
-//   - steady: paced one-row writers at each offered rate; the connector and
-//     the polling relay (each poll interval) in turn; commit-to-consume per
-//     event, commit-to-ack from the connector's histogram, PostgreSQL CPU.
+//   - drain: N events preloaded, as one-row and as 1,000-row transactions,
+//     behind slots created before the preload; pg_recvlogical and the
+//     connector process drain their own slots in turn, twice each, and an
+//     in-process connector drains one more under the CPU profiler.
+//   - steady: paced one-row writers at each offered rate, carried by the
+//     connector (default and with a linger) and by the polling relay (each
+//     poll interval) in turn: commit-to-consume per event, commit-to-ack from
+//     the connector's histogram, PostgreSQL CPU, connector memory.
 //
 // The program exits 1 if any scenario failed (an event lost, a process that
 // did not stop cleanly, a deadline), after writing what it measured.
@@ -25,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -178,14 +181,7 @@ func parseInts(name, s string) ([]int, error) {
 	return out, nil
 }
 
-func (o options) has(scenario string) bool {
-	for _, s := range o.Scenarios {
-		if s == scenario {
-			return true
-		}
-	}
-	return false
-}
+func (o options) has(scenario string) bool { return slices.Contains(o.Scenarios, scenario) }
 
 func main() {
 	opts, err := parseFlags(os.Args[1:])
