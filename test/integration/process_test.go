@@ -81,6 +81,22 @@ func (p *process) kill() {
 	<-p.done
 }
 
+// stopClean sends SIGTERM and expects exit 0.
+func stopClean(t *testing.T, p *process) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		t.Fatal("connector did not exit within 1m of SIGTERM")
+	}
+	if p.err != nil {
+		t.Errorf("exit after SIGTERM: %v\n%s", p.err, p.output())
+	}
+}
+
 func (p *process) output() string {
 	b, _ := os.ReadFile(p.log)
 	return string(b)
@@ -188,17 +204,7 @@ http:
 	}
 
 	// A clean stop: SIGTERM drains, confirms, exits 0.
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(time.Minute):
-		t.Fatal("connector did not exit within 1m of SIGTERM")
-	}
-	if p.err != nil {
-		t.Fatalf("exit after SIGTERM: %v\n%s", p.err, p.output())
-	}
+	stopClean(t, p)
 }
 
 // TestMetricsEndpoint checks that the contract's metrics are exported.

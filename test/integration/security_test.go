@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -229,22 +228,6 @@ func (e *secureEnv) insertEvent(t *testing.T, aggType, aggID string) {
 	t.Helper()
 	exec1(t, e.adminDSN, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'Secured', '{"ok": true}')`,
 		aggType, aggID)
-}
-
-// stopClean sends SIGTERM and expects exit 0.
-func stopClean(t *testing.T, p *process) {
-	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(time.Minute):
-		t.Fatal("connector did not exit within 1m of SIGTERM")
-	}
-	if p.err != nil {
-		t.Errorf("exit after SIGTERM: %v\n%s", p.err, p.output())
-	}
 }
 
 // checkEnviron fails if the running process's initial environment
