@@ -31,6 +31,12 @@ type Mapping struct {
 	ID, AggregateType, AggregateID, EventType, Payload string
 	// HeaderColumns are extra columns copied to Event.Headers, in order.
 	HeaderColumns []string
+	// RelationID, when set, is the outbox table's OID as resolved at start
+	// (the partitioned root's for a partitioned outbox). Its rows are outbox
+	// rows under whatever name the WAL carries, so rows written while the
+	// table was renamed are still published when the stream is read again
+	// after the rename was undone. Zero matches by name only.
+	RelationID uint32
 }
 
 // Validate reports configuration mistakes that would make every row Invalid.

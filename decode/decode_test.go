@@ -376,6 +376,47 @@ func TestRename(t *testing.T) {
 	mustDecode(t, d, relationMsg(outboxID+1, "public", "outbox", outboxCols()...))
 }
 
+// TestRelationIDMatches: with the outbox OID known, rows under another name
+// (the table renamed while the stream was written) are outbox rows, and a
+// table taking the configured name is one too (dropped and recreated).
+func TestRelationIDMatches(t *testing.T) {
+	m := testMapping()
+	m.RelationID = outboxID
+	row := func(id uint32) []byte {
+		return insertMsg(id, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null())
+	}
+	tests := []struct {
+		name     string
+		id       uint32
+		ns, tbl  string
+		wantKind Kind
+	}{
+		{"renamed, same oid", outboxID, "public", "outbox_v2", KindEvent},
+		{"moved schema, same oid", outboxID, "archive", "outbox", KindEvent},
+		{"recreated under the name", outboxID + 7, "public", "outbox", KindEvent},
+		{"other table", outboxID + 8, "public", "orders", KindSkip},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDecoder(m)
+			res := mustDecode(t, d, relationMsg(tc.id, tc.ns, tc.tbl, outboxCols()...))
+			if res.Relation.Outbox != (tc.wantKind == KindEvent) {
+				t.Errorf("Relation.Outbox = %v", res.Relation.Outbox)
+			}
+			if res := mustDecode(t, d, row(tc.id)); res.Kind != tc.wantKind {
+				t.Errorf("insert kind %v, want %v", res.Kind, tc.wantKind)
+			}
+		})
+	}
+	// A rename seen in the stream is no error when the OID is known: the
+	// pipeline's publication check decides.
+	d := NewDecoder(m)
+	mustDecode(t, d, outboxRelation())
+	if _, err := d.Decode(relationMsg(outboxID, "public", "outbox_v2", outboxCols()...)); err != nil {
+		t.Fatalf("rename with known oid: %v", err)
+	}
+}
+
 func TestSchemaChangeRemaps(t *testing.T) {
 	d := primed(t)
 	// Reordered columns plus two new ones, one of them in front.

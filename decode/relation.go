@@ -85,8 +85,10 @@ func (d *Decoder) relation(r *reader, res *Result) error {
 		namespace: string(ns),
 		name:      string(name),
 		cols:      cols,
-		outbox:    string(ns) == d.m.Schema && string(name) == d.m.Table,
+		outbox:    (d.m.RelationID != 0 && id == d.m.RelationID) || (string(ns) == d.m.Schema && string(name) == d.m.Table),
 	}
+	// Without a known OID a rename can only be noticed here; with one, the
+	// pipeline's publication check reports it and the rows stay outbox rows.
 	if old := d.rels[id]; old != nil && old.outbox && !rel.outbox {
 		return &RenameError{
 			RelationID: id,

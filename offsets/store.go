@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,26 +25,67 @@ type Checkpoint struct {
 	// was fully acknowledged; false while one is in progress.
 	SnapshotDone bool      `json:"snapshot_done"`
 	UpdatedAt    time.Time `json:"updated_at"`
+	// Identity says where LSN is a position; zero in checkpoints written by
+	// versions before it was recorded.
+	Identity
 }
+
+// Identity is what a WAL position belongs to: a position means nothing on
+// another cluster, on a timeline that forked before it, or for another
+// database or slot.
+type Identity struct {
+	SystemID string `json:"system_id,omitempty"` // database system identifier
+	Timeline int32  `json:"timeline,omitempty"`
+	Database string `json:"database,omitempty"`
+	Slot     string `json:"slot,omitempty"`
+}
+
+// IsZero reports a checkpoint written without identity (an older version).
+func (i Identity) IsZero() bool { return i.SystemID == "" }
 
 // ErrNoCheckpoint is returned by Load on the first run.
 var ErrNoCheckpoint = errors.New("no checkpoint saved yet")
 
+// ErrStale is returned by Save when the store holds a later position of the
+// same identity, written by another connector on the slot (a standby that
+// started before the active one moved on must not move it back).
+var ErrStale = errors.New("a later checkpoint of this slot is stored")
+
+// identityColumns were added after the first release; older tables lack them.
+var identityColumns = []string{"system_id", "timeline", "database"}
+
 // TableStore keeps checkpoints in a table of the source database, one row
 // per slot, so they live and fail over with the data they describe.
 type TableStore struct {
-	dsn, slot string
-	table     string // quoted schema.table
-	schema    string
-	conn      *pgx.Conn
+	dsn, slot    string
+	schema, name string // unquoted
+	table        string // quoted schema.table
+	conn         *pgx.Conn
 }
 
 // NewTableStore returns a store in table ("schema.table") for slot. The
 // connection is opened on first use and reopened after an error.
 func NewTableStore(dsn, table, slot string) *TableStore {
 	schema, name, _ := strings.Cut(table, ".")
-	return &TableStore{dsn: dsn, slot: slot, schema: pgx.Identifier{schema}.Sanitize(),
-		table: pgx.Identifier{schema, name}.Sanitize()}
+	return &TableStore{dsn: dsn, slot: slot, schema: schema, name: name, table: pgx.Identifier{schema, name}.Sanitize()}
+}
+
+// Forget is what an operator runs to drop this slot's checkpoint.
+func (s *TableStore) Forget() string {
+	return fmt.Sprintf("DELETE FROM %s WHERE slot = '%s'", s.table, strings.ReplaceAll(s.slot, "'", "''"))
+}
+
+// DDL is the statement that creates the checkpoint table (docs/operations.md
+// has the same, for an administrator to run).
+func (s *TableStore) DDL() string {
+	return fmt.Sprintf(`CREATE TABLE %s (
+	slot          text        PRIMARY KEY,
+	lsn           pg_lsn      NOT NULL,
+	snapshot_done boolean     NOT NULL DEFAULT false,
+	updated_at    timestamptz NOT NULL DEFAULT now(),
+	system_id     text,
+	timeline      integer,
+	database      text)`, s.table)
 }
 
 func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -54,18 +96,71 @@ func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint store: connect: %w", err)
 	}
-	ddl := fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %s;
-		CREATE TABLE IF NOT EXISTS %s (
-			slot          text        PRIMARY KEY,
-			lsn           pg_lsn      NOT NULL,
-			snapshot_done boolean     NOT NULL DEFAULT false,
-			updated_at    timestamptz NOT NULL DEFAULT now())`, s.schema, s.table)
-	if _, err := conn.Exec(ctx, ddl); err != nil {
+	if err := s.prepare(ctx, conn); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("checkpoint store: create %s (grant CREATE on the database, or create it yourself: see docs/operations.md): %w", s.table, err)
+		return nil, err
 	}
 	s.conn = conn
 	return conn, nil
+}
+
+// prepare creates the table when it is missing and adds the identity
+// columns to a table of the old shape. A table that exists is only read
+// from the catalogs, so a role with nothing but USAGE on the schema and
+// SELECT, INSERT, UPDATE on the table works (CREATE ... IF NOT EXISTS checks
+// the CREATE privilege before it checks existence).
+func (s *TableStore) prepare(ctx context.Context, conn *pgx.Conn) error {
+	var role string
+	var usage, sel, ins, upd bool
+	var cols []string
+	err := conn.QueryRow(ctx, `SELECT current_user, has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT'),
+			has_table_privilege(c.oid, 'INSERT'), has_table_privilege(c.oid, 'UPDATE'),
+			array(SELECT attname::text FROM pg_attribute WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
+		s.schema, s.name).Scan(&role, &usage, &sel, &ins, &upd, &cols)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s.create(ctx, conn)
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint store: look up %s: %w", s.table, err)
+	}
+	if !usage || !sel || !ins || !upd {
+		r := pgx.Identifier{role}.Sanitize()
+		return fmt.Errorf("checkpoint store: role %s may not use %s; run GRANT USAGE ON SCHEMA %s TO %s; GRANT SELECT, INSERT, UPDATE ON %s TO %s",
+			role, s.table, pgx.Identifier{s.schema}.Sanitize(), r, s.table, r)
+	}
+	var missing []string
+	for _, c := range identityColumns {
+		if !slices.Contains(cols, c) {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	alter := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline integer, "+
+		"ADD COLUMN IF NOT EXISTS database text", s.table)
+	if _, err := conn.Exec(ctx, alter); err != nil {
+		return fmt.Errorf("checkpoint store: %s lacks the columns %s (written by an older version) and this role cannot add them (%w); "+
+			"have the table's owner run: %s", s.table, strings.Join(missing, ", "), err, alter)
+	}
+	return nil
+}
+
+func (s *TableStore) create(ctx context.Context, conn *pgx.Conn) error {
+	var schemaExists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", s.schema).Scan(&schemaExists); err != nil {
+		return fmt.Errorf("checkpoint store: look up schema %s: %w", s.schema, err)
+	}
+	ddl := strings.Replace(s.DDL(), "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1)
+	if !schemaExists {
+		ddl = fmt.Sprintf("CREATE SCHEMA IF NOT EXISTS %s; %s", pgx.Identifier{s.schema}.Sanitize(), ddl)
+	}
+	if _, err := conn.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("checkpoint store: create %s (grant CREATE on the database, or have an administrator create it: "+
+			"docs/operations.md, least-privilege checkpoint table): %w", s.table, err)
+	}
+	return nil
 }
 
 // Load returns the slot's checkpoint, or ErrNoCheckpoint.
@@ -75,9 +170,9 @@ func (s *TableStore) Load(ctx context.Context) (Checkpoint, error) {
 		return Checkpoint{}, err
 	}
 	var c Checkpoint
-	var l string
-	err = conn.QueryRow(ctx, fmt.Sprintf("SELECT lsn::text, snapshot_done, updated_at FROM %s WHERE slot = $1", s.table), s.slot).
-		Scan(&l, &c.SnapshotDone, &c.UpdatedAt)
+	err = conn.QueryRow(ctx, fmt.Sprintf(`SELECT lsn, snapshot_done, updated_at, coalesce(system_id, ''), coalesce(timeline, 0),
+		coalesce(database, '') FROM %s WHERE slot = $1`, s.table), s.slot).
+		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, ErrNoCheckpoint
 	}
@@ -85,27 +180,49 @@ func (s *TableStore) Load(ctx context.Context) (Checkpoint, error) {
 		s.reset(ctx)
 		return Checkpoint{}, fmt.Errorf("checkpoint store: load: %w", err)
 	}
-	if c.LSN, err = lsn.Parse(l); err != nil {
-		return Checkpoint{}, fmt.Errorf("checkpoint store: %w", err)
-	}
+	c.Slot = s.slot // the row's key
 	return c, nil
 }
 
-// Save upserts the slot's checkpoint; it is durable when Save returns (the
-// row is committed with the server's synchronous_commit).
+// Save upserts the slot's checkpoint unless the stored one has the same
+// identity and a later position (ErrStale). It is durable when Save returns
+// (the row is committed with the server's synchronous_commit).
 func (s *TableStore) Save(ctx context.Context, c Checkpoint) error {
+	return s.save(ctx, c, `WHERE t.lsn <= excluded.lsn
+		OR (t.system_id, t.timeline, t.database) IS DISTINCT FROM (excluded.system_id, excluded.timeline, excluded.database)`)
+}
+
+// Replace stores c whatever is stored: a new slot or a new snapshot starts
+// a new history.
+func (s *TableStore) Replace(ctx context.Context, c Checkpoint) error { return s.save(ctx, c, "") }
+
+func (s *TableStore) save(ctx context.Context, c Checkpoint, where string) error {
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return err
 	}
-	_, err = conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (slot, lsn, snapshot_done, updated_at) VALUES ($1, $2::text::pg_lsn, $3, now())
-		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now()`, s.table),
-		s.slot, c.LSN.String(), c.SnapshotDone)
+	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database)
+		VALUES ($1, $2, $3, now(), $4, $5, $6)
+		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
+			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database %s`, s.table, where),
+		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database))
 	if err != nil {
 		s.reset(ctx)
 		return fmt.Errorf("checkpoint store: save: %w", err)
 	}
+	if tag.RowsAffected() == 0 {
+		return ErrStale
+	}
 	return nil
+}
+
+// nullable stores an unknown identity part (zero) as NULL.
+func nullable[T comparable](v T) any {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return v
 }
 
 func (s *TableStore) reset(ctx context.Context) {
@@ -124,6 +241,9 @@ type FileStore struct{ path string }
 // NewFileStore returns a store at path; a missing file means "first run".
 func NewFileStore(path string) *FileStore { return &FileStore{path: path} }
 
+// Forget is what an operator does to drop the checkpoint.
+func (s *FileStore) Forget() string { return "remove the file " + s.path }
+
 // Load reads the checkpoint file.
 func (s *FileStore) Load(context.Context) (Checkpoint, error) {
 	b, err := os.ReadFile(s.path)
@@ -140,9 +260,20 @@ func (s *FileStore) Load(context.Context) (Checkpoint, error) {
 	return c, nil
 }
 
-// Save writes the checkpoint durably: temp file, fsync, rename, fsync of the
-// directory, so a crash leaves either the old or the new file, whole.
-func (s *FileStore) Save(_ context.Context, c Checkpoint) error {
+// Save writes c unless the file holds a later position of the same identity
+// (ErrStale). Two processes sharing one file can still race; the table
+// store is the one for active/standby.
+func (s *FileStore) Save(ctx context.Context, c Checkpoint) error {
+	if cur, err := s.Load(ctx); err == nil && cur.Identity == c.Identity && cur.LSN > c.LSN {
+		return ErrStale
+	}
+	return s.Replace(ctx, c)
+}
+
+// Replace writes the checkpoint durably whatever the file holds: temp file,
+// fsync, rename, fsync of the directory, so a crash leaves either the old
+// or the new file, whole.
+func (s *FileStore) Replace(_ context.Context, c Checkpoint) error {
 	c.UpdatedAt = time.Now().UTC()
 	b, err := json.Marshal(c)
 	if err != nil {

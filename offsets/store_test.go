@@ -39,6 +39,66 @@ func TestFileStore(t *testing.T) {
 	}
 }
 
+// TestFileStoreIdentity: the identity round-trips, a checkpoint of an older
+// version (no identity fields) loads with a zero identity, Save never moves a
+// same-identity position back, and Replace always writes.
+func TestFileStoreIdentity(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "checkpoint")
+	s := NewFileStore(path)
+	if err := os.WriteFile(path, []byte(`{"lsn":"0/500","snapshot_done":true,"updated_at":"2025-01-01T00:00:00Z"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old, err := s.Load(ctx)
+	if err != nil || !old.IsZero() || old.LSN != 0x500 {
+		t.Fatalf("old-format file: Load = %+v, %v; want LSN 0/500 and no identity", old, err)
+	}
+	a := Identity{SystemID: "7300000000000000001", Timeline: 1, Database: "app", Slot: "outbox_cdc"}
+	b := a
+	b.Timeline = 2
+	steps := []struct {
+		name    string
+		replace bool
+		c       Checkpoint
+		stale   bool
+		want    lsn.LSN // stored LSN afterwards
+	}{
+		{"identity added to an old checkpoint, lower", false, Checkpoint{LSN: 0x400, Identity: a}, false, 0x400},
+		{"forward", false, Checkpoint{LSN: 0x600, Identity: a}, false, 0x600},
+		{"same position again", false, Checkpoint{LSN: 0x600, Identity: a}, false, 0x600},
+		{"back, same identity: stale", false, Checkpoint{LSN: 0x580, Identity: a}, true, 0x600},
+		{"back, identity changed", false, Checkpoint{LSN: 0x100, Identity: b}, false, 0x100},
+		{"replace moves back", true, Checkpoint{LSN: 0x50, Identity: b}, false, 0x50},
+	}
+	for _, st := range steps {
+		save := s.Save
+		if st.replace {
+			save = s.Replace
+		}
+		err := save(ctx, st.c)
+		if errors.Is(err, ErrStale) != st.stale || (err != nil && !st.stale) {
+			t.Fatalf("%s: err = %v, want stale=%v", st.name, err, st.stale)
+		}
+		got, err := s.Load(ctx)
+		if err != nil || got.LSN != st.want {
+			t.Fatalf("%s: stored %+v, %v; want LSN %v", st.name, got, err, st.want)
+		}
+		if !st.stale && got.Identity != st.c.Identity {
+			t.Fatalf("%s: stored identity %+v, want %+v", st.name, got.Identity, st.c.Identity)
+		}
+	}
+	if f := s.Forget(); f != "remove the file "+path {
+		t.Errorf("Forget() = %q", f)
+	}
+}
+
+func TestTableStoreForget(t *testing.T) {
+	s := NewTableStore("postgres://x@h/db", "outbox_cdc.checkpoints", "it's")
+	if got, want := s.Forget(), `DELETE FROM "outbox_cdc"."checkpoints" WHERE slot = 'it''s'`; got != want {
+		t.Errorf("Forget() = %s, want %s", got, want)
+	}
+}
+
 func TestWindow(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	if got := (*Window)(nil).Confirmable(t0, 100); got != 100 {

@@ -4,6 +4,11 @@
 // every transaction committed before it, has all of its events acknowledged by
 // the broker (or by the dead-letter topic). It is the only position outbox-cdc
 // ever confirms to PostgreSQL (contract, guarantee 3).
+//
+// Memory is bounded by the transactions with an event in flight, not by the
+// WAL: a transaction with nothing left to acknowledge behind an unacknowledged
+// one is folded into the queued entry before it (that entry's end is raised),
+// which moves the watermark exactly as keeping it would have.
 package offsets
 
 import (
@@ -14,7 +19,9 @@ import (
 )
 
 // Txn is one source transaction as seen by the tracker. It is created by Begin
-// and owned by the tracker; callers only pass it back.
+// and owned by the tracker; callers only pass it back. After Commit a Txn
+// with nothing in flight is reused by a later Begin, so a caller keeps x past
+// Commit only for the Acks of events it Added.
 type Txn struct {
 	end       lsn.LSN
 	pending   int  // events produced and not yet acknowledged
@@ -29,7 +36,9 @@ type Tracker struct {
 	mu       sync.Mutex
 	queue    []*Txn // committed, not yet fully acknowledged, in commit order
 	head     int    // queue[head:] is live; compacted when the dead prefix grows
+	fold     int    // live length at which complete entries are folded (foldLocked)
 	open     *Txn   // transaction between Begin and Commit, if any
+	spare    *Txn   // a committed Txn nobody refers to, for the next Begin
 	inflight atomic.Int64
 	acked    atomic.Uint64
 	notify   chan struct{}
@@ -38,7 +47,7 @@ type Tracker struct {
 // NewTracker starts the watermark at start, normally the slot's confirmed
 // position: everything at or below it is already delivered.
 func NewTracker(start lsn.LSN) *Tracker {
-	t := &Tracker{notify: make(chan struct{}, 1)}
+	t := &Tracker{notify: make(chan struct{}, 1), fold: minFold}
 	t.acked.Store(uint64(start))
 	return t
 }
@@ -60,8 +69,16 @@ func (t *Tracker) Begin() *Txn {
 	if t.open != nil {
 		t.abortLocked(t.open)
 	}
-	t.open = &Txn{}
-	return t.open
+	// Empty and other-table transactions come by the million: reuse.
+	x := t.spare
+	if x != nil {
+		t.spare = nil
+		*x = Txn{}
+	} else {
+		x = &Txn{}
+	}
+	t.open = x
+	return x
 }
 
 // Add records one more event of x in flight. Call it before producing the
@@ -101,14 +118,66 @@ func (t *Tracker) Commit(x *Txn, end lsn.LSN) {
 		t.mu.Unlock()
 		return
 	}
+	if x.pending == 0 {
+		// Nothing to wait for (no events, or all acknowledged already): x is
+		// complete as it commits. Nobody will Ack it again, so it is reused.
+		advanced := t.completeLocked(end)
+		t.spare = x
+		t.mu.Unlock()
+		if advanced {
+			t.signal()
+		}
+		return
+	}
 	x.end = end
 	x.committed = true
 	t.queue = append(t.queue, x)
-	advanced := t.advanceLocked()
-	t.mu.Unlock()
-	if advanced {
-		t.signal()
+	if len(t.queue)-t.head >= t.fold {
+		t.foldLocked()
 	}
+	t.mu.Unlock()
+}
+
+// completeLocked records a complete transaction ending at end: the watermark
+// moves to end at once when nothing is queued, else the last queued entry
+// takes end over, since the watermark may pass both as soon as it may pass
+// that entry.
+func (t *Tracker) completeLocked(end lsn.LSN) bool {
+	if t.head == len(t.queue) {
+		if uint64(end) > t.acked.Load() {
+			t.acked.Store(uint64(end))
+			return true
+		}
+		return false
+	}
+	if last := t.queue[len(t.queue)-1]; end > last.end {
+		last.end = end
+	}
+	return false
+}
+
+// minFold is the queue length below which complete entries are left in place.
+const minFold = 1024
+
+// foldLocked removes the entries behind the head whose events are all
+// acknowledged (acks on other partitions while the head waits), raising the
+// end of the entry before each. The queue then holds at most about twice
+// the transactions with an event in flight: bounded by the producer buffer.
+func (t *Tracker) foldLocked() {
+	live := t.queue[t.head:]
+	n := 0
+	for _, x := range live {
+		if x.pending == 0 && n > 0 {
+			live[n-1].end = max(live[n-1].end, x.end)
+			continue
+		}
+		live[n] = x
+		n++
+	}
+	n = copy(t.queue, live[:n])
+	clear(t.queue[n:])
+	t.queue, t.head = t.queue[:n], 0
+	t.fold = max(minFold, 2*n)
 }
 
 // Abort forgets the open transaction x after the stream was lost before its

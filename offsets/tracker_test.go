@@ -63,6 +63,35 @@ func TestTrackerScenarios(t *testing.T) {
 			{kind: "begin", txn: 1}, {kind: "add", txn: 1},
 			{kind: "ack", txn: 0, want: 20},
 		}},
+		{"empty transactions behind an unacknowledged one wait for it", []op{
+			{kind: "begin", txn: 0}, {kind: "add", txn: 0}, {kind: "commit", txn: 0, pos: 20},
+			{kind: "begin", txn: 1}, {kind: "commit", txn: 1, pos: 30, want: 10},
+			{kind: "begin", txn: 2}, {kind: "commit", txn: 2, pos: 40, want: 10},
+			{kind: "ack", txn: 0, want: 40},
+		}},
+		{"empty transactions between two unacknowledged ones", []op{
+			{kind: "begin", txn: 0}, {kind: "add", txn: 0}, {kind: "commit", txn: 0, pos: 20},
+			{kind: "begin", txn: 1}, {kind: "commit", txn: 1, pos: 30},
+			{kind: "begin", txn: 2}, {kind: "add", txn: 2}, {kind: "commit", txn: 2, pos: 40},
+			{kind: "begin", txn: 3}, {kind: "commit", txn: 3, pos: 50, want: 10},
+			{kind: "ack", txn: 2, want: 10}, {kind: "ack", txn: 0, want: 50},
+		}},
+		{"empty transactions stop at the next unacknowledged one", []op{
+			{kind: "begin", txn: 0}, {kind: "add", txn: 0}, {kind: "commit", txn: 0, pos: 20},
+			{kind: "begin", txn: 1}, {kind: "commit", txn: 1, pos: 30},
+			{kind: "begin", txn: 2}, {kind: "add", txn: 2}, {kind: "commit", txn: 2, pos: 40},
+			{kind: "ack", txn: 0, want: 30}, {kind: "ack", txn: 2, want: 40},
+		}},
+		{"transaction acked before its commit counts as empty", []op{
+			{kind: "begin", txn: 0}, {kind: "add", txn: 0}, {kind: "commit", txn: 0, pos: 20},
+			{kind: "begin", txn: 1}, {kind: "add", txn: 1}, {kind: "ack", txn: 1}, {kind: "commit", txn: 1, pos: 30, want: 10},
+			{kind: "ack", txn: 0, want: 30},
+		}},
+		{"keepalive waits for empty transactions queued behind events", []op{
+			{kind: "begin", txn: 0}, {kind: "add", txn: 0}, {kind: "commit", txn: 0, pos: 20},
+			{kind: "begin", txn: 1}, {kind: "commit", txn: 1, pos: 30},
+			{kind: "idle", pos: 50, want: 10}, {kind: "ack", txn: 0, want: 30}, {kind: "idle", pos: 50, want: 50},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -107,9 +136,8 @@ func TestTrackerRandomOrder(t *testing.T) {
 			total  []int
 		)
 		pos := lsn.LSN(1)
-		for i := 0; i < 200; i++ {
+		txn := func(n int) {
 			x := tr.Begin()
-			n := rng.IntN(4)
 			for j := 0; j < n; j++ {
 				tr.Add(x)
 				events = append(events, ev{len(txns)})
@@ -120,6 +148,16 @@ func TestTrackerRandomOrder(t *testing.T) {
 			ends = append(ends, pos)
 			acked = append(acked, 0)
 			total = append(total, n)
+		}
+		for i := 0; i < 200; i++ {
+			// Runs of empty transactions (other tables, other message
+			// prefixes) queue behind the unacknowledged ones.
+			if rng.IntN(8) == 0 {
+				for k := rng.IntN(3000); k > 0; k-- {
+					txn(0)
+				}
+			}
+			txn(rng.IntN(4))
 		}
 		rng.Shuffle(len(events), func(i, j int) { events[i], events[j] = events[j], events[i] })
 
@@ -156,6 +194,191 @@ func TestTrackerRandomOrder(t *testing.T) {
 	}
 }
 
+// TestTrackerInterleavedModel runs a random mix of transactions (mostly
+// empty), acks in random order, stalls of single events, keepalives and
+// aborts against a model, and checks after every step that the watermark is
+// the model's and that the queue stays bounded by the transactions with an
+// event in flight, not by the transactions committed.
+func TestTrackerInterleavedModel(t *testing.T) {
+	type mtxn struct {
+		x            *Txn
+		end          lsn.LSN
+		events       int // still to Add before Commit
+		added, acked int
+		aborted      bool
+	}
+	maxLive := 0
+	for seed := uint64(1); seed <= 20; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 99))
+		tr := NewTracker(1)
+		var (
+			committed  []*mtxn // in commit order
+			done       int     // committed[:done] are fully acknowledged
+			open       *mtxn
+			inflight   []*mtxn // one entry per unacknowledged event
+			stuck      []*mtxn // events held back (a broker partition down)
+			incomplete int     // committed transactions with an event unacknowledged
+			peak       int     // highest incomplete so far
+			pos        = lsn.LSN(1)
+			want       = lsn.LSN(1)
+		)
+		ack := func(m *mtxn) {
+			tr.Ack(m.x)
+			m.acked++
+			if !m.aborted && m.end != 0 && m.acked == m.added {
+				incomplete--
+			}
+		}
+		for step := 0; step < 100_000; step++ {
+			switch r := rng.IntN(100); {
+			case r < 60: // the processor
+				switch {
+				case open == nil:
+					open = &mtxn{x: tr.Begin()}
+					if rng.IntN(10) < 3 {
+						open.events = 1 + rng.IntN(3)
+					}
+				case open.events > 0:
+					tr.Add(open.x)
+					open.events--
+					open.added++
+					if rng.IntN(2000) == 0 {
+						stuck = append(stuck, open)
+					} else {
+						inflight = append(inflight, open)
+					}
+				case rng.IntN(500) == 0: // stream lost before the commit
+					tr.Abort(open.x)
+					open.aborted = true
+					open = nil
+				default:
+					pos += lsn.LSN(1 + rng.IntN(100))
+					tr.Commit(open.x, pos)
+					open.end = pos
+					if open.acked < open.added {
+						incomplete++
+						peak = max(peak, incomplete)
+					}
+					committed = append(committed, open)
+					open = nil
+				}
+			case r < 99: // an acknowledgement, in any order
+				if len(inflight) > 0 {
+					i := rng.IntN(len(inflight))
+					m := inflight[i]
+					inflight[i] = inflight[len(inflight)-1]
+					inflight = inflight[:len(inflight)-1]
+					ack(m)
+				}
+				if rng.IntN(3000) == 0 { // the partition is back
+					for _, m := range stuck {
+						ack(m)
+					}
+					stuck = stuck[:0]
+				}
+			default: // a keepalive at the server's sent position
+				if open == nil {
+					pos += lsn.LSN(rng.IntN(10))
+					tr.Idle(pos)
+					if done == len(committed) {
+						want = max(want, pos)
+					}
+				}
+			}
+			for done < len(committed) && committed[done].acked == committed[done].added {
+				want = max(want, committed[done].end)
+				done++
+			}
+			if got := tr.Acked(); got != want {
+				t.Fatalf("seed %d step %d: watermark %v, want %v", seed, step, got, want)
+			}
+			live := len(tr.queue) - tr.head
+			if bound := max(minFold, 2*peak); live > bound {
+				t.Fatalf("seed %d step %d: %d transactions queued, want at most %d (%d with events in flight at most)",
+					seed, step, live, bound, peak)
+			}
+			maxLive = max(maxLive, live)
+		}
+	}
+	if maxLive < minFold/2 {
+		t.Fatalf("the queue never held more than %d transactions: the stalls are too short to test folding", maxLive)
+	}
+}
+
+// TestTrackerQueueBounded pins the queue length while one event stays
+// unacknowledged and up to a million transactions commit behind it.
+func TestTrackerQueueBounded(t *testing.T) {
+	tests := []struct {
+		name   string
+		n      int  // transactions behind the blocked one
+		events int  // in each
+		ackNow bool // acknowledged right after the commit (another partition)
+		limit  int  // queued transactions allowed
+	}{
+		{"empty transactions", 1_000_000, 0, false, 1},
+		{"acknowledged transactions", 300_000, 1, true, 2 * minFold},
+		{"acknowledged before their commit", 300_000, 2, false, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := NewTracker(1)
+			head := tr.Begin()
+			tr.Add(head)
+			tr.Commit(head, 10)
+			pos := lsn.LSN(10)
+			maxLive := 0
+			for i := 0; i < tt.n; i++ {
+				x := tr.Begin()
+				for j := 0; j < tt.events; j++ {
+					tr.Add(x)
+					if !tt.ackNow {
+						tr.Ack(x)
+					}
+				}
+				pos += 7
+				tr.Commit(x, pos)
+				if tt.ackNow {
+					for j := 0; j < tt.events; j++ {
+						tr.Ack(x)
+					}
+				}
+				maxLive = max(maxLive, len(tr.queue)-tr.head)
+			}
+			if maxLive > tt.limit {
+				t.Fatalf("%d transactions queued behind the unacknowledged one, want at most %d", maxLive, tt.limit)
+			}
+			if tr.Acked() != 1 {
+				t.Fatalf("watermark %v passed the unacknowledged transaction", tr.Acked())
+			}
+			tr.Ack(head)
+			if tr.Acked() != pos || len(tr.queue) != 0 {
+				t.Fatalf("after the last ack: watermark %v, %d queued; want %v and 0", tr.Acked(), len(tr.queue), pos)
+			}
+		})
+	}
+}
+
+// TestTrackerEmptyTransactionAllocs: an empty transaction costs no
+// allocation, whether it lands on the watermark or behind a blocked one.
+func TestTrackerEmptyTransactionAllocs(t *testing.T) {
+	for _, blocked := range []bool{false, true} {
+		tr := NewTracker(1)
+		if blocked {
+			x := tr.Begin()
+			tr.Add(x)
+			tr.Commit(x, 5)
+		}
+		pos := lsn.LSN(10)
+		allocs := testing.AllocsPerRun(10_000, func() {
+			pos++
+			tr.Commit(tr.Begin(), pos)
+		})
+		if allocs != 0 {
+			t.Errorf("blocked=%v: %v allocations per empty transaction, want 0", blocked, allocs)
+		}
+	}
+}
+
 func TestTrackerSignalsAdvance(t *testing.T) {
 	tr := NewTracker(1)
 	x := tr.Begin()
@@ -171,6 +394,21 @@ func TestTrackerSignalsAdvance(t *testing.T) {
 	case <-tr.Advanced():
 	default:
 		t.Fatal("no signal after the watermark moved")
+	}
+}
+
+// BenchmarkTrackerEmptyTxn is an empty transaction behind an unacknowledged
+// one: the shape of other-table traffic while the broker is down.
+func BenchmarkTrackerEmptyTxn(b *testing.B) {
+	tr := NewTracker(1)
+	head := tr.Begin()
+	tr.Add(head)
+	tr.Commit(head, 2)
+	b.ReportAllocs()
+	pos := lsn.LSN(2)
+	for b.Loop() {
+		pos += 100
+		tr.Commit(tr.Begin(), pos)
 	}
 }
 

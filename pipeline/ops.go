@@ -15,9 +15,17 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
-// checkpointInterval is how often a moved watermark is saved. Shorter means
-// fewer duplicates after a PostgreSQL crash, at one small write each time.
+// checkpointInterval is how often a watermark moved by acknowledged events
+// is saved. Shorter means fewer duplicates after a PostgreSQL crash, at one
+// small write each time.
 const checkpointInterval = 200 * time.Millisecond
+
+// idleCheckpointInterval spaces saves of a watermark that only keepalives
+// moved. On an idle database each save writes WAL whose keepalive moves the
+// watermark again, so saving such moves every 200 ms never stops; they carry
+// no events, so saving them late costs no duplicates. This keeps the
+// checkpoint near the WAL end (status, lag) at the heartbeat's pace.
+const idleCheckpointInterval = 10 * time.Second
 
 // HeartbeatPrefix is the logical message prefix of heartbeats.
 const HeartbeatPrefix = "outbox-cdc-heartbeat"
@@ -25,31 +33,49 @@ const HeartbeatPrefix = "outbox-cdc-heartbeat"
 func (p *Pipeline) checkpointLoop(ctx context.Context) {
 	t := time.NewTicker(checkpointInterval)
 	defer t.Stop()
-	var saved lsn.LSN
+	saved := p.skipBelow
+	acks := p.replayed.Load() // events acknowledged so far, in every mode
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			saved = p.saveCheckpoint(ctx, saved)
+		case now := <-t.C:
+			n := p.replayed.Load()
+			if n == acks && now.Sub(last) < idleCheckpointInterval {
+				continue
+			}
+			if s := p.saveCheckpoint(ctx, saved); s != saved {
+				saved, acks, last = s, n, now
+			}
 		}
 	}
 }
 
-// saveCheckpoint saves the watermark if it moved past saved and returns the
-// position now saved. A failure is counted and logged; it costs duplicates
-// after a PostgreSQL crash, never events, so streaming goes on.
+// saveCheckpoint saves the watermark if it moved past saved and past where
+// this process started, and returns the position now saved. A failure is
+// counted and logged; it costs duplicates after a PostgreSQL crash, never
+// events, so streaming goes on.
 func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	if !p.snapDone.Load() {
 		return saved // the snapshot's start marker stays until it is done
 	}
+	// Up to the start position nothing was streamed by this process: a
+	// standby still waiting for the slot would save a position older than
+	// the active connector's.
+	saved = max(saved, p.skipBelow)
 	a := p.tracker.Acked()
 	if a <= saved {
 		return saved
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := p.cfg.Checkpoints.Save(ctx, offsets.Checkpoint{LSN: a, SnapshotDone: true}); err != nil {
+	err := p.cfg.Checkpoints.Save(ctx, offsets.Checkpoint{LSN: a, SnapshotDone: true})
+	switch {
+	case errors.Is(err, offsets.ErrStale):
+		p.log.Debug("checkpoint not saved: another connector on the slot saved a later one", "lsn", a)
+		return a
+	case err != nil:
 		if ctx.Err() == nil {
 			p.m.CheckpointErrors.Inc()
 			p.log.Error("save checkpoint", "lsn", a, "err", err)

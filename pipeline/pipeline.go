@@ -30,7 +30,13 @@ import (
 // CheckpointStore saves the acknowledged position durably.
 type CheckpointStore interface {
 	Load(ctx context.Context) (offsets.Checkpoint, error)
+	// Save stores c unless a later position of the same identity is stored
+	// (offsets.ErrStale): another connector on the slot saved it.
 	Save(ctx context.Context, c offsets.Checkpoint) error
+	// Replace stores c whatever is stored: a new slot or snapshot starts over.
+	Replace(ctx context.Context, c offsets.Checkpoint) error
+	// Forget tells an operator how to drop the checkpoint (SQL, or a file).
+	Forget() string
 	Close()
 }
 
@@ -47,6 +53,10 @@ type Config struct {
 	// QueueSize is how many WAL messages may wait between the stream and the
 	// processor.
 	QueueSize int
+	// QueueBytes bounds the WAL data in that queue (0: 64 MiB).
+	QueueBytes int64
+	// ReceiveTimeout ends a silent replication connection (0: 60s).
+	ReceiveTimeout time.Duration
 
 	// Checkpoints is nil when checkpoint.store is none.
 	Checkpoints CheckpointStore
@@ -64,9 +74,16 @@ type Config struct {
 	// Snapshot is "pending" to publish existing rows when the slot is created.
 	Snapshot       string
 	SnapshotFilter string
+	// SnapshotOrderBy is a column the snapshot is ordered by before the
+	// primary key ("": the primary key alone).
+	SnapshotOrderBy string
 
 	// Replay, when set, turns the pipeline into a one-shot replay.
 	Replay *Replay
+
+	// GuardInterval is how often the outbox's publication membership and
+	// columns are checked (default 1s); confirmation trails by up to two.
+	GuardInterval time.Duration
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -100,6 +117,8 @@ type Pipeline struct {
 	replayAt  atomic.Uint64
 
 	streaming atomic.Bool
+	guard     *guard                  // nil in replay
+	gap       atomic.Pointer[gapInfo] // set when the outbox left the stream
 	fatalOnce sync.Once
 	fatal     chan error
 	ready     chan struct{}
@@ -119,6 +138,9 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	if cfg.MonitorInterval <= 0 {
 		cfg.MonitorInterval = 10 * time.Second
+	}
+	if cfg.GuardInterval <= 0 {
+		cfg.GuardInterval = defaultGuardInterval
 	}
 	return &Pipeline{cfg: cfg, log: log, m: m, router: r, fatal: make(chan error, 1), ready: make(chan struct{})}, nil
 }
@@ -142,6 +164,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		StatusInterval: p.cfg.StatusInterval,
 		BackoffMax:     p.cfg.BackoffMax,
 		Messages:       p.cfg.MessagePrefix != "",
+		QueueBytes:     p.cfg.QueueBytes,
+		ReceiveTimeout: p.cfg.ReceiveTimeout,
 	}
 	var (
 		start lsn.LSN
@@ -157,6 +181,16 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if p.cfg.Replay == nil {
+		if p.guard, err = newGuard(ctx, p.cfg.Source, start); err != nil {
+			if snap != nil {
+				snap.Close(ctx)
+			}
+			return fmt.Errorf("setup: %w", err)
+		}
+		defer p.guard.close()
+		p.cfg.Mapping.RelationID = p.guard.start.RelID
+	}
 	p.tracker = offsets.NewTracker(start)
 	p.m.ConfirmedLSN.Set(float64(start))
 	p.sink, err = sink.New(p.cfg.Sink, p.log)
@@ -171,6 +205,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	var pos replication.Positions = p.tracker
 	if p.cfg.RetainFor > 0 || p.cfg.RetainBytes > 0 {
 		pos = &windowed{Tracker: p.tracker, w: offsets.NewWindow(p.cfg.RetainFor, p.cfg.RetainBytes)}
+	}
+	if p.guard != nil {
+		pos = gated{Positions: pos, g: p.guard}
 	}
 	stream := replication.NewStream(streamCfg, pos, p.m, p.log)
 	stream.OnConnected = p.streaming.Store
@@ -207,6 +244,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			auxWG.Go(func() { p.checkpointLoop(aux) })
 		}
 		auxWG.Go(func() { p.monitor(aux) })
+		auxWG.Go(func() { p.guardLoop(aux, p.guard) })
 	} else if p.cfg.Replay.Progress != nil {
 		auxWG.Go(func() { p.progressLoop(aux) })
 	}
@@ -221,18 +259,23 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	if errors.Is(runErr, errReplayDone) {
 		runErr = nil
 	}
+	// The drain deadline runs from the moment the stop begins: the processor
+	// may be blocked in Produce on a full buffer with the broker down, and
+	// cancelling the produce context is what unblocks it.
+	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.DrainTimeout)
+	defer cancel()
+	stopAfterDrain := context.AfterFunc(drainCtx, stopProduce)
+	defer stopAfterDrain()
 	stream.StopReading()
 	stopProc()
 	<-procDone
 
 	// Drain: everything produced gets an outcome, so the final confirmation
 	// covers as much as possible. A fatal error still drains: acks are acks.
-	drainCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.DrainTimeout)
 	if err := p.sink.Flush(drainCtx); err != nil {
 		p.log.Warn("stopping with records in flight; they will be sent again after restart",
 			"inflight", p.tracker.InFlight(), "err", err)
 	}
-	cancel()
 	stopProduce()
 	stopStream()
 	wg.Wait()
@@ -280,44 +323,120 @@ type deliveryError struct{ err error }
 func (e *deliveryError) Error() string { return "deliver event: " + e.err.Error() }
 func (e *deliveryError) Unwrap() error { return e.err }
 
-// setup loads the checkpoint, prepares the slot (and, on its creation in
-// snapshot mode, its exported snapshot) and returns the start position.
+// setup loads the checkpoint and checks it belongs to this server and slot,
+// prepares the slot (and, on its creation in snapshot mode, its exported
+// snapshot) and returns the start position.
 func (p *Pipeline) setup(ctx context.Context) (lsn.LSN, *replication.ExportedSnapshot, error) {
-	if err := replication.Check(ctx, p.cfg.Source); err != nil {
+	src := p.cfg.Source
+	if err := replication.Check(ctx, src); err != nil {
 		return 0, nil, fmt.Errorf("setup: %w", err)
 	}
-	if err := replication.EnsurePublication(ctx, p.cfg.Source); err != nil {
+	if err := replication.EnsurePublication(ctx, src); err != nil {
 		return 0, nil, fmt.Errorf("setup: %w", err)
 	}
-	var ckpt offsets.Checkpoint
-	haveCkpt := false
-	if p.cfg.Checkpoints != nil {
-		c, err := p.cfg.Checkpoints.Load(ctx)
+	var (
+		ckpt     offsets.Checkpoint
+		haveCkpt bool
+		srv      replication.Server
+		forget   string
+	)
+	if store := p.cfg.Checkpoints; store != nil {
+		c, err := store.Load(ctx)
 		switch {
 		case err == nil:
 			ckpt, haveCkpt = c, true
 		case !errors.Is(err, offsets.ErrNoCheckpoint):
 			return 0, nil, fmt.Errorf("load checkpoint: %w", err)
 		}
+		if srv, err = replication.Identify(ctx, src.DSN); err != nil {
+			return 0, nil, fmt.Errorf("setup: %w", err)
+		}
+		forget = store.Forget()
+		if haveCkpt {
+			// Before the slot is touched: a refused start changes nothing.
+			if err := foreignCheckpoint(ckpt, srv, src.Slot, forget); err != nil {
+				return 0, nil, err
+			}
+		}
+		p.cfg.Checkpoints = identified{store, offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline,
+			Database: srv.Database, Slot: src.Slot}}
 	}
 	pending := p.cfg.Snapshot == "pending"
-	if pending && haveCkpt && !ckpt.SnapshotDone {
-		// The last run died inside the initial snapshot, whose exported
-		// snapshot is gone: start over with a new slot and a new snapshot.
-		p.log.Warn("initial snapshot did not finish; recreating the slot to take it again", "slot", p.cfg.Source.Slot)
-		if err := replication.DropSlot(ctx, p.cfg.Source.DSN, p.cfg.Source.Slot); err != nil {
-			return 0, nil, fmt.Errorf("redo snapshot: %w", err)
+	hadSnapshot := haveCkpt && ckpt.SnapshotDone
+	if pending {
+		_, err := replication.Slot(ctx, src.DSN, src.Slot)
+		missing := errors.Is(err, replication.ErrNoSlot)
+		if err != nil && !missing {
+			return 0, nil, fmt.Errorf("setup: %w", err)
 		}
-		haveCkpt, ckpt = false, offsets.Checkpoint{}
+		if !missing && haveCkpt && !ckpt.SnapshotDone {
+			// The last run died inside the initial snapshot, whose exported
+			// snapshot is gone: start over with a new slot and a new snapshot.
+			p.log.Warn("initial snapshot did not finish; recreating the slot to take it again", "slot", src.Slot)
+			if err := replication.DropSlot(ctx, src.DSN, src.Slot); err != nil {
+				return 0, nil, fmt.Errorf("redo snapshot: %w", err)
+			}
+			missing = true
+		}
+		if missing {
+			if err := p.checkSnapshotOrder(ctx); err != nil {
+				return 0, nil, err
+			}
+			if haveCkpt {
+				p.log.Warn("ignoring the checkpoint: the slot is missing, so this run creates it and takes the snapshot",
+					"checkpoint", ckpt.LSN, "snapshot_done", ckpt.SnapshotDone, "slot", src.Slot)
+				haveCkpt = false
+			}
+			if p.cfg.Checkpoints != nil {
+				// The "snapshot started" marker is durable before the slot
+				// exists, so a crash at any later point takes it again.
+				if err := p.cfg.Checkpoints.Replace(ctx, offsets.Checkpoint{LSN: srv.WALEnd}); err != nil {
+					return 0, nil, fmt.Errorf("save snapshot marker: %w", err)
+				}
+			}
+		}
+	} else if haveCkpt && !ckpt.SnapshotDone {
+		p.log.Warn("the checkpoint records an unfinished initial snapshot, which snapshot.mode none does not take again", "slot", src.Slot)
 	}
-	res, err := replication.Setup(ctx, p.cfg.Source, pending)
+	res, err := replication.Setup(ctx, src, pending)
 	if err != nil {
 		return 0, nil, fmt.Errorf("setup: %w", err)
 	}
-	if pending && !res.Created && !(haveCkpt && ckpt.SnapshotDone) {
-		p.log.Info("snapshot.mode pending applies when the slot is created; the slot exists, streaming from it", "slot", p.cfg.Source.Slot)
+	closeSnap := func() {
+		if res.Snapshot != nil {
+			res.Snapshot.Close(ctx)
+		}
 	}
-	p.snapDone.Store(!pending || res.Snapshot == nil || ckpt.SnapshotDone)
+	if res.Created && haveCkpt {
+		// A new slot is a new stream: a position saved for another one must
+		// not skip any of it.
+		p.log.Warn("ignoring the checkpoint: the slot was created by this run; overwriting it", "checkpoint", ckpt.LSN,
+			"slot", src.Slot, "slot_start", res.Confirmed)
+		if err := p.cfg.Checkpoints.Replace(ctx, offsets.Checkpoint{LSN: res.Confirmed, SnapshotDone: res.Snapshot == nil}); err != nil {
+			closeSnap()
+			return 0, nil, fmt.Errorf("save checkpoint: %w", err)
+		}
+		haveCkpt = false
+	}
+	if haveCkpt {
+		if err := checkPosition(ckpt, srv, forget); err != nil {
+			closeSnap()
+			return 0, nil, err
+		}
+		switch {
+		case ckpt.IsZero():
+			p.log.Warn("the checkpoint has no server identity (written by an older version); trusting it as it lies within this server's WAL; "+
+				"the next save records the identity", "checkpoint", ckpt.LSN, "wal_end", srv.WALEnd)
+		case ckpt.Timeline != srv.Timeline:
+			p.log.Info("the checkpoint is from an earlier timeline, before this server's history left it", "checkpoint", ckpt.LSN,
+				"checkpoint_timeline", ckpt.Timeline, "timeline", srv.Timeline)
+		}
+	}
+	if pending && res.Snapshot == nil && !hadSnapshot {
+		p.log.Info("snapshot.mode pending applies when the slot is created; the slot exists, streaming from it", "slot", src.Slot)
+	}
+	// Only a snapshot taken now decides it: never an older checkpoint's flag.
+	p.snapDone.Store(res.Snapshot == nil)
 	start := res.Confirmed
 	if haveCkpt && ckpt.LSN > start {
 		// The slot went back (PostgreSQL crash, or the replay window): what
@@ -328,13 +447,6 @@ func (p *Pipeline) setup(ctx context.Context) (lsn.LSN, *replication.ExportedSna
 	p.skipBelow = start
 	if haveCkpt {
 		p.m.CheckpointLSN.Set(float64(ckpt.LSN))
-	}
-	if res.Snapshot != nil && p.cfg.Checkpoints != nil {
-		// Mark the snapshot as started, so a crash inside it is redone.
-		if err := p.cfg.Checkpoints.Save(ctx, offsets.Checkpoint{LSN: res.Snapshot.ConsistentPoint}); err != nil {
-			res.Snapshot.Close(ctx)
-			return 0, nil, fmt.Errorf("save checkpoint: %w", err)
-		}
 	}
 	return start, res.Snapshot, nil
 }
@@ -398,6 +510,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 		txn        *offsets.Txn
 		skip       bool // transaction delivered before (below the checkpoint)
 		commitTime time.Time
+		txnFinal   lsn.LSN       // commit LSN of the open transaction
 		dispatched = p.skipBelow // end of the last transaction fully handed to the sink
 		rec        router.Record
 	)
@@ -405,8 +518,9 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 	if p.cfg.Replay != nil {
 		stopAt = p.cfg.Replay.To
 	}
+	var m replication.Message
 	for {
-		var m replication.Message
+		m.Release() // the previous message is handled: its bytes may be queued again
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -430,7 +544,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			continue
 		}
 		res, err := dec.Decode(m.Data)
-		if errors.Is(err, decode.ErrTableRenamed) {
+		if errors.Is(err, decode.ErrTableRenamed) { // replay: no known OID
 			return fmt.Errorf("%w: set outbox.table to the new name (and update the publication), or rename it back; "+
 				"rows inserted under the new name were not published", err)
 		}
@@ -443,6 +557,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 				return errReplayDone
 			}
 			txn = p.tracker.Begin()
+			txnFinal = res.Begin.FinalLSN
 			// PostgreSQL skips these when streaming starts at the checkpoint;
 			// this also covers a reconnect that resumed lower.
 			skip = res.Begin.FinalLSN < p.skipBelow
@@ -458,7 +573,14 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			txn = nil
 		case decode.KindRelation:
 			if res.Relation.Outbox && res.Relation.Invalid != "" {
-				p.log.Error("outbox table does not match outbox.columns; its rows go to the dead-letter topic",
+				// A table that lacks a mapped column now is a schema problem
+				// and blocks; one that lacked it only when this transaction was
+				// written (fixed since, as the start-up check found) leaves
+				// rows that can never be mapped: those are dead-lettered.
+				if p.guard == nil || txnFinal >= p.guard.first {
+					return schemaError(res.Relation.Invalid)
+				}
+				p.log.Error("rows written while the outbox table lacked a mapped column go to the dead-letter topic",
 					"table", res.Relation.Namespace+"."+res.Relation.Name, "problem", res.Relation.Invalid)
 			}
 		case decode.KindEvent:

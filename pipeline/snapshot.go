@@ -85,7 +85,9 @@ func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.E
 		}
 	}
 	if p.cfg.Checkpoints != nil {
-		if err := p.cfg.Checkpoints.Save(ctx, offsets.Checkpoint{LSN: max(p.tracker.Acked(), snap.ConsistentPoint), SnapshotDone: true}); err != nil {
+		// Replace: the marker this run saved before creating the slot is
+		// the one to overwrite, whatever position it held.
+		if err := p.cfg.Checkpoints.Replace(ctx, offsets.Checkpoint{LSN: max(p.tracker.Acked(), snap.ConsistentPoint), SnapshotDone: true}); err != nil {
 			return fmt.Errorf("snapshot: save checkpoint: %w", err)
 		}
 	}
@@ -95,23 +97,28 @@ func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.E
 }
 
 // snapshotQuery selects the mapped columns as text, the payload as bytes
-// (bytea raw, other types in their text form), in insertion order when the
-// table has a created_at column.
+// (bytea raw, other types in their text form), in the snapshot order.
 func (p *Pipeline) snapshotQuery(ctx context.Context, tx pgx.Tx) (string, error) {
 	m, src := p.cfg.Mapping, p.cfg.Source
-	table := pgx.Identifier{src.Schema, src.Table}.Sanitize()
 	var payloadType string
-	var hasCreated bool
-	err := tx.QueryRow(ctx, `SELECT format_type(a.atttypid, NULL),
-		EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = a.attrelid AND attname = 'created_at' AND NOT attisdropped)
-		FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`,
-		table, m.Payload).Scan(&payloadType, &hasCreated)
+	err := tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped`,
+		pgx.Identifier{src.Schema, src.Table}.Sanitize(), m.Payload).Scan(&payloadType)
 	if err != nil {
 		return "", fmt.Errorf("snapshot: payload column %s: %w", m.Payload, err)
 	}
+	order, err := p.snapshotOrder(ctx, tx)
+	if err != nil {
+		return "", err
+	}
+	return snapshotSQL(m, src.Schema, src.Table, payloadType == "bytea", p.cfg.SnapshotFilter, order), nil
+}
+
+// snapshotSQL builds the snapshot query.
+func snapshotSQL(m decode.Mapping, schema, table string, payloadBytea bool, filter string, order []string) string {
 	text := func(col string) string { return pgx.Identifier{col}.Sanitize() + "::text" }
 	cols := []string{text(m.ID), text(m.AggregateType), text(m.AggregateID), text(m.EventType)}
-	if payloadType == "bytea" {
+	if payloadBytea {
 		cols = append(cols, pgx.Identifier{m.Payload}.Sanitize())
 	} else {
 		cols = append(cols, "convert_to("+text(m.Payload)+", 'UTF8')")
@@ -119,14 +126,86 @@ func (p *Pipeline) snapshotQuery(ctx context.Context, tx pgx.Tx) (string, error)
 	for _, h := range m.HeaderColumns {
 		cols = append(cols, text(h))
 	}
-	q := "SELECT " + strings.Join(cols, ", ") + " FROM " + table
-	if f := strings.TrimSpace(p.cfg.SnapshotFilter); f != "" {
+	q := "SELECT " + strings.Join(cols, ", ") + " FROM " + pgx.Identifier{schema, table}.Sanitize()
+	if f := strings.TrimSpace(filter); f != "" {
 		q += " WHERE (" + f + ")"
 	}
-	if hasCreated {
-		q += " ORDER BY created_at"
+	if len(order) > 0 {
+		quoted := make([]string, len(order))
+		for i, c := range order {
+			quoted[i] = pgx.Identifier{c}.Sanitize()
+		}
+		q += " ORDER BY " + strings.Join(quoted, ", ")
 	}
-	return q, nil
+	return q
+}
+
+// rowQuerier is a connection or a transaction.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// snapshotOrder returns the snapshot's ORDER BY columns: snapshot.order_by,
+// then the primary key (pg_index), which makes the order total and the same
+// on every run. A table without a primary key needs snapshot.order_by.
+func (p *Pipeline) snapshotOrder(ctx context.Context, q rowQuerier) ([]string, error) {
+	src := p.cfg.Source
+	table := pgx.Identifier{src.Schema, src.Table}.Sanitize()
+	var pk []string
+	// indkey is an int2vector, subscripted from 0; the key columns come first.
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(a.attname::text ORDER BY k), '{}')
+		FROM pg_index i CROSS JOIN generate_series(0, i.indnkeyatts - 1) k
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[k]
+		WHERE i.indrelid = to_regclass($1) AND i.indisprimary`, table).Scan(&pk)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: primary key of %s: %w", table, err)
+	}
+	by := p.cfg.SnapshotOrderBy
+	if by != "" {
+		var exists bool
+		err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+			WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, by).Scan(&exists)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot: column %s: %w", by, err)
+		}
+		if !exists {
+			return nil, &replication.PrerequisiteError{Problem: fmt.Sprintf("snapshot.order_by: %s has no column %s", table, by),
+				Fix: "set snapshot.order_by to a column of the outbox table, or leave it empty to order by the primary key"}
+		}
+	}
+	order := orderColumns(by, pk)
+	if len(order) == 0 {
+		return nil, &replication.PrerequisiteError{Problem: fmt.Sprintf("%s has no primary key, so its snapshot has no stable order", table),
+			Fix: "set snapshot.order_by to a column such as created_at, or add a primary key"}
+	}
+	return order, nil
+}
+
+// orderColumns is by (if set) followed by the primary key columns not
+// already in it.
+func orderColumns(by string, pk []string) []string {
+	var out []string
+	if by != "" {
+		out = append(out, by)
+	}
+	for _, c := range pk {
+		if c != by {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// checkSnapshotOrder finds the snapshot order before the slot is created, so
+// a table that has none is refused before anything changes.
+func (p *Pipeline) checkSnapshotOrder(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, p.cfg.Source.DSN)
+	if err != nil {
+		return fmt.Errorf("snapshot: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = p.snapshotOrder(ctx, conn)
+	return err
 }
 
 func strValue(s *string) decode.Value {

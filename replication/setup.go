@@ -198,13 +198,27 @@ func EnsurePublication(ctx context.Context, src Source) error {
 }
 
 func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
-	var pubInsert bool
-	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", src.Publication).Scan(&pubInsert)
+	var relkind string
+	if err := conn.QueryRow(ctx, "SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), '')",
+		src.qualified()).Scan(&relkind); err != nil {
+		return fmt.Errorf("read table kind: %w", err)
+	}
+	// A partitioned outbox is published under its root's name only with
+	// publish_via_partition_root (PG docs, CREATE PUBLICATION); otherwise
+	// each row arrives as an insert into its partition, which is not the
+	// configured table. With it, partitions attached later are covered too.
+	partitioned := relkind == "p"
+	var pubInsert, viaRoot bool
+	err := conn.QueryRow(ctx, "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1", src.Publication).Scan(&pubInsert, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// publish = 'insert': UPDATEs and DELETEs of outbox rows (cleanup jobs)
 		// are never even decoded into the stream.
-		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-			pgx.Identifier{src.Publication}.Sanitize(), src.qualified())
+		with := "publish = 'insert'"
+		if partitioned {
+			with += ", publish_via_partition_root = true"
+		}
+		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)",
+			pgx.Identifier{src.Publication}.Sanitize(), src.qualified(), with)
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
@@ -220,10 +234,18 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
 	if err != nil {
 		return fmt.Errorf("read publication: %w", err)
 	}
+	pub := pgx.Identifier{src.Publication}.Sanitize()
 	if !pubInsert {
 		return &PrerequisiteError{
 			Problem: fmt.Sprintf("publication %s does not publish inserts", src.Publication),
-			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s SET (publish = 'insert')", pgx.Identifier{src.Publication}.Sanitize()),
+			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s SET (publish = 'insert')", pub),
+		}
+	}
+	if partitioned && !viaRoot {
+		return &PrerequisiteError{
+			Problem: fmt.Sprintf("publication %s publishes the partitions of %s under their own names (publish_via_partition_root is off), "+
+				"so their rows would not be recognised as outbox rows", src.Publication, src.qualified()),
+			Fix: fmt.Sprintf("run ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pub),
 		}
 	}
 	var member bool
@@ -234,7 +256,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
 	if !member {
 		return &PrerequisiteError{
 			Problem: fmt.Sprintf("publication %s does not include %s", src.Publication, src.qualified()),
-			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s", pgx.Identifier{src.Publication}.Sanitize(), src.qualified()),
+			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s", pub, src.qualified()),
 		}
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -43,10 +44,53 @@ type Message struct {
 	WALEnd   lsn.LSN // server's sent position (Keepalive) or WAL end (Data)
 	Data     []byte  // Data: the pgoutput message, owned by the receiver
 	resume   chan lsn.LSN
+	budget   *budget // Data: where Release returns held
+	held     int64   // bytes taken from budget
 }
 
 // Resume answers a Reset message.
 func (m *Message) Resume(pos lsn.LSN) { m.resume <- pos }
+
+// Release tells the stream the receiver is done with m: its data no longer
+// counts against Config.QueueBytes (records made from it are bounded by the
+// producer's buffer). Safe to call more than once and on any kind.
+func (m *Message) Release() {
+	if m.budget != nil {
+		m.budget.release(m.held)
+		m.budget = nil
+	}
+}
+
+// budget bounds the bytes of WAL data handed to the receiver and not yet
+// released. One goroutine (the stream) takes; any goroutine releases.
+type budget struct {
+	limit int64
+	used  atomic.Int64
+	freed chan struct{} // signalled (coalesced) by release
+}
+
+func newBudget(limit int64) *budget {
+	return &budget{limit: limit, freed: make(chan struct{}, 1)}
+}
+
+// take reserves n bytes if they fit, or if nothing is reserved: a message
+// larger than the whole budget goes alone rather than never.
+func (b *budget) take(n int64) bool {
+	// Only releases race with this, and they only make room.
+	if used := b.used.Load(); used > 0 && used+n > b.limit {
+		return false
+	}
+	b.used.Add(n)
+	return true
+}
+
+func (b *budget) release(n int64) {
+	b.used.Add(-n)
+	select {
+	case b.freed <- struct{}{}:
+	default:
+	}
+}
 
 // Positions is what the stream needs to know of delivery: the acknowledged
 // watermark it confirms, and whether anything is still in flight.
@@ -66,6 +110,13 @@ type Config struct {
 	ConfirmDelay time.Duration
 	// BackoffMax caps the reconnect backoff.
 	BackoffMax time.Duration
+	// QueueBytes bounds the WAL data handed to out and not yet released
+	// (Message.Release), whatever the row sizes; default 64 MiB.
+	QueueBytes int64
+	// ReceiveTimeout ends a connection on which nothing arrived for this long
+	// while reading (a half-open TCP connection); half-way through, a status
+	// update asks the server for a reply. Default 60s.
+	ReceiveTimeout time.Duration
 	// StartLSN is where streaming starts; PostgreSQL skips transactions
 	// whose commit record lies before it (zero: the slot's confirmed
 	// position). Reconnects start after the last dispatched transaction.
@@ -85,6 +136,7 @@ type Stream struct {
 	pos Positions
 	log *slog.Logger
 	m   *metrics.Metrics
+	buf *budget
 
 	stopOnce sync.Once
 	stopRead chan struct{}
@@ -106,9 +158,31 @@ func NewStream(cfg Config, pos Positions, m *metrics.Metrics, log *slog.Logger) 
 	if cfg.BackoffMax <= 0 {
 		cfg.BackoffMax = 30 * time.Second
 	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = DefaultQueueBytes
+	}
+	if cfg.ReceiveTimeout <= 0 {
+		cfg.ReceiveTimeout = DefaultReceiveTimeout
+	}
 	rc, cancel := context.WithCancel(context.Background())
-	return &Stream{cfg: cfg, pos: pos, log: log, m: m, stopRead: make(chan struct{}), readCtx: rc, cancel: cancel}
+	return &Stream{cfg: cfg, pos: pos, log: log, m: m, buf: newBudget(cfg.QueueBytes),
+		stopRead: make(chan struct{}), readCtx: rc, cancel: cancel}
 }
+
+// Defaults of Config.
+const (
+	DefaultQueueBytes = 64 << 20
+	// As PostgreSQL's own wal_receiver_timeout.
+	DefaultReceiveTimeout = 60 * time.Second
+)
+
+// errSilent reports a connection on which the server stopped answering; it
+// is retried like any other loss.
+var errSilent = errors.New("nothing received from the server")
+
+// closeTimeout bounds the Terminate sent when a session ends: a dead peer
+// must not hold the reconnect.
+const closeTimeout = 5 * time.Second
 
 // StopReading stops taking new WAL; the stream keeps confirming the
 // watermark as in-flight events are acknowledged, until Run's context ends.
@@ -187,7 +261,11 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		conn.Close(cctx)
+	}()
 
 	// pgoutput options, PG docs 55.5 "Logical Streaming Replication Parameters".
 	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(quoteIdent(s.cfg.Publication))}
@@ -196,9 +274,16 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 	}
 	if s.cfg.CopyOf != "" {
 		// A temporary slot belongs to the session that made it.
-		sql := fmt.Sprintf("SELECT pg_copy_logical_replication_slot(%s, %s, true)", quoteLiteral(s.cfg.CopyOf), quoteLiteral(s.cfg.Slot))
-		if _, err := conn.Exec(ctx, sql).ReadAll(); err != nil {
+		sql := fmt.Sprintf("SELECT * FROM pg_copy_logical_replication_slot(%s, %s, true)", quoteLiteral(s.cfg.CopyOf), quoteLiteral(s.cfg.Slot))
+		res, err := conn.Exec(ctx, sql).ReadAll()
+		if err != nil {
 			return fmt.Errorf("copy slot %s: %w", s.cfg.CopyOf, classify(err))
+		}
+		// The range was checked against the original slot before the copy;
+		// the original may have moved on since, and a copy that starts after
+		// the range's first LSN would skip the events before it, silently.
+		if err := copyCovers(res, s.cfg.CopyOf, start); err != nil {
+			return err
 		}
 	}
 	if err := pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, pglogrepl.LSN(start),
@@ -208,30 +293,48 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 	s.connected(true)
 	s.log.Info("replication started", "slot", s.cfg.Slot, "from", start)
 
-	st := &status{conn: conn}
+	st := &status{conn: conn, timeout: s.cfg.ReceiveTimeout}
 	var received lsn.LSN
 	replyNow := false
+	// Liveness, as PostgreSQL's walreceiver does it (walreceiver.c,
+	// wal_receiver_timeout): the walsender only sends keepalives when it has
+	// not heard from us for wal_sender_timeout/2, which our status updates
+	// prevent, so an idle server may rightly say nothing. After half the
+	// timeout without a message, a status update requests a reply, which the
+	// walsender answers at once (walsender.c, ProcessStandbyReplyMessage).
+	// heard is taken after the message is handled, so the time a push waited
+	// on a full queue (not reading) does not count as silence.
+	heard, pinged, fresh := time.Now(), false, false
 	for {
 		now := time.Now()
+		if fresh {
+			heard, pinged, fresh = now, false, false
+		}
 		acked := s.pos.Acked()
 		if ctx.Err() != nil {
 			// Shutting down: confirm what was delivered, once more.
 			s.m.ConfirmedLSN.Set(float64(acked))
-			return st.send(received, acked, now)
+			return st.send(received, acked, now, false)
 		}
-		if replyNow || now.Sub(st.at) >= s.cfg.StatusInterval ||
+		reading := s.reading()
+		if silent := now.Sub(heard); reading && silent >= s.cfg.ReceiveTimeout {
+			return fmt.Errorf("receive: %w for %v", errSilent, silent.Round(time.Millisecond))
+		}
+		ping := reading && !pinged && now.Sub(heard) >= s.cfg.ReceiveTimeout/2
+		if ping || replyNow || now.Sub(st.at) >= s.cfg.StatusInterval ||
 			(acked != st.flush && now.Sub(st.at) >= s.cfg.ConfirmDelay) {
-			if err := st.send(received, acked, now); err != nil {
+			if err := st.send(received, acked, now, ping); err != nil {
 				return err
 			}
 			s.m.ConfirmedLSN.Set(float64(acked))
 			replyNow = false
+			pinged = pinged || ping
 		}
 		deadline := st.at.Add(s.cfg.StatusInterval)
 		if s.pos.InFlight() > 0 || acked != st.flush {
 			deadline = now.Add(s.cfg.ConfirmDelay)
 		}
-		if !s.reading() {
+		if !reading {
 			// Draining: no new WAL; keep confirming as acks arrive.
 			t := time.NewTimer(time.Until(deadline))
 			select {
@@ -243,6 +346,13 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 			continue
 		}
 
+		wake := heard.Add(s.cfg.ReceiveTimeout)
+		if !pinged {
+			wake = heard.Add(s.cfg.ReceiveTimeout / 2)
+		}
+		if wake.Before(deadline) {
+			deadline = wake
+		}
 		rctx, cancel := context.WithDeadline(s.readCtx, deadline)
 		msg, err := conn.ReceiveMessage(rctx)
 		cancel()
@@ -252,6 +362,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 			}
 			return fmt.Errorf("receive: %w", classify(err))
 		}
+		fresh = true
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
 			if len(msg.Data) == 0 {
@@ -294,27 +405,41 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 	}
 }
 
-// push hands m to the pipeline. While the pipeline is full (Kafka slow or
-// down) it keeps sending status updates, so the walsender does not time out.
+// push hands m to the pipeline once its bytes fit in the queue budget and
+// the queue has room. While the pipeline is full (Kafka slow or down) it
+// keeps sending status updates, so the walsender does not time out.
 func (s *Stream) push(ctx context.Context, st *status, out chan<- Message, m Message, received *lsn.LSN) error {
-	select {
-	case out <- m:
-		return nil
-	default:
+	m.budget, m.held = s.buf, int64(len(m.Data))
+	taken := s.buf.take(m.held)
+	if taken {
+		select {
+		case out <- m:
+			return nil
+		default:
+		}
 	}
 	t := time.NewTicker(s.cfg.StatusInterval)
 	defer t.Stop()
 	for {
+		var send chan<- Message // nil, so never ready, until the bytes are taken
+		if taken {
+			send = out
+		}
 		select {
-		case out <- m:
+		case send <- m:
 			return nil
+		case <-s.buf.freed:
+			taken = taken || s.buf.take(m.held)
 		case <-ctx.Done():
+			m.Release()
 			return nil
 		case <-s.stopRead:
+			m.Release()
 			return nil
 		case now := <-t.C:
 			acked := s.pos.Acked()
-			if err := st.send(*received, acked, now); err != nil {
+			if err := st.send(*received, acked, now, false); err != nil {
+				m.Release()
 				return err
 			}
 			s.m.ConfirmedLSN.Set(float64(acked))
@@ -344,10 +469,11 @@ func (s *Stream) observe(received, walEnd, acked lsn.LSN) {
 
 // status sends standby status updates (PG docs 55.4, "Standby status update (F)").
 type status struct {
-	conn  *pgconn.PgConn
-	flush lsn.LSN
-	at    time.Time
-	buf   [1 + 8 + 8 + 8 + 8 + 1]byte
+	conn    *pgconn.PgConn
+	timeout time.Duration // a write blocked this long means a dead peer
+	flush   lsn.LSN
+	at      time.Time
+	buf     [1 + 8 + 8 + 8 + 8 + 1]byte
 }
 
 // send reports write = what was received and flush = apply = acked. For a
@@ -361,7 +487,9 @@ type status struct {
 // write when flush is invalid, reaches what was sent (walsender.c,
 // WalSndDone); with events stuck behind an unreachable broker a repeated
 // flush would hold a fast shutdown for as long as Kafka is down.
-func (st *status) send(received, acked lsn.LSN, now time.Time) error {
+//
+// ping asks the server to reply at once (the last byte, "reply requested").
+func (st *status) send(received, acked lsn.LSN, now time.Time, ping bool) error {
 	flush := acked
 	if acked == st.flush {
 		flush = 0
@@ -372,12 +500,25 @@ func (st *status) send(received, acked lsn.LSN, now time.Time) error {
 	b = binary.BigEndian.AppendUint64(b, uint64(flush))
 	b = binary.BigEndian.AppendUint64(b, uint64(flush))
 	b = binary.BigEndian.AppendUint64(b, uint64(now.Sub(pgEpoch).Microseconds()))
-	b = append(b, 0)
+	if ping {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
 	wire, err := (&pgproto3.CopyData{Data: b}).Encode(nil)
 	if err != nil {
 		return fatalf("encode status update: %v", err)
 	}
-	if err := st.conn.Frontend().SendUnbufferedEncodedCopyData(wire); err != nil {
+	// A peer that stopped reading fills the socket buffers at last; then the
+	// write would block for ever, here or in a push waiting on Kafka.
+	if st.timeout > 0 {
+		_ = st.conn.Conn().SetWriteDeadline(time.Now().Add(st.timeout))
+	}
+	err = st.conn.Frontend().SendUnbufferedEncodedCopyData(wire)
+	if st.timeout > 0 {
+		_ = st.conn.Conn().SetWriteDeadline(time.Time{})
+	}
+	if err != nil {
 		return fmt.Errorf("send status update: %w", err)
 	}
 	st.flush, st.at = acked, now

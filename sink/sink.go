@@ -6,6 +6,18 @@
 // failures are retried by the client for ever (idempotent producer, no retry
 // or delivery-time limit), so an outcome is either delivery, delivery to the
 // dead-letter topic, or a fatal error.
+//
+// Only a record Kafka refuses on its own is dead-lettered. Records are
+// checked against their topic's max.message.bytes before they are produced,
+// and batches are capped at it. When the broker refuses a batch anyway,
+// franz-go fails every record buffered for that partition with the same
+// error (kgo sink.go: finishBatch → failAllRecords), so the topic is held
+// back (see topics.go): new records wait, records the client has not sent
+// yet are failed too (their kgo.Record.Context, one per topic, is
+// cancelled), and once nothing of the topic is left in the client the failed
+// records are sent again in their original order, each alone: a record
+// refused alone is the guilty one. A topic that does not exist holds its
+// records until it appears or Config.UnknownTopicTimeout passes.
 package sink
 
 import (
@@ -15,8 +27,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -33,6 +47,17 @@ type Config struct {
 	Linger             time.Duration
 	RequestTimeout     time.Duration
 	Compression        string // none, gzip, snappy, lz4, zstd
+	// AutoCreateTopics creates a missing topic, with TopicPartitions and
+	// TopicReplicationFactor, unless the broker forbids auto-creation
+	// (auto.create.topics.enable=false).
+	AutoCreateTopics bool
+	// TopicPartitions and TopicReplicationFactor apply to topics the sink
+	// creates; 0 or -1 leaves them to the broker's defaults.
+	TopicPartitions        int32
+	TopicReplicationFactor int16
+	// UnknownTopicTimeout is how long records wait for a missing topic
+	// before they are dead-lettered; 0 means 2m.
+	UnknownTopicTimeout time.Duration
 	// Opts are extra client options (TLS, SASL, test hooks).
 	Opts []kgo.Opt
 }
@@ -53,36 +78,72 @@ type Outcome struct {
 // not block.
 type Done interface{ Delivered(Outcome) }
 
+const (
+	defaultUnknownTopicTimeout = 2 * time.Minute
+	// defaultBatchMax is franz-go's default batch cap, Kafka's default
+	// max.message.bytes; used while a topic's limit is unknown.
+	defaultBatchMax = 1_000_012
+	// defaultMaxHeld bounds records held back when MaxBufferedRecords is 0.
+	defaultMaxHeld = 10_000
+)
+
 // Sink wraps one idempotent producer.
 type Sink struct {
 	cl  *kgo.Client
+	adm *kadm.Client
 	dlq string
 	log *slog.Logger
 
-	// Dead-lettering a broker-rejected record happens off the promise
-	// goroutine: producing from a promise can deadlock on a full buffer.
-	mu      sync.Mutex
-	queue   []retry
-	pending int  // copies queued or not yet handed to the client
-	closed  bool // the worker stopped: refusals fail at once
-	wake    chan struct{}
-	stop    chan struct{}
-	stopped chan struct{}
-	once    sync.Once
+	autoCreate     bool
+	partitions     int32
+	replication    int16
+	unknownTimeout time.Duration
+	poll           time.Duration // how often a missing topic is looked for
+	maxHeld        int
+	maxHeldBytes   int64 // 0: no byte bound
+
+	// ctx ends at Close; topic workers and their requests run under it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // topic workers
+
+	mu          sync.Mutex
+	topics      map[string]*topicState
+	seq         uint64 // Produce order, to resend records in it
+	held        int    // records in the topics' held queues
+	heldBytes   int64
+	space       chan struct{} // closed when held room frees up
+	spaceWanted bool
+	broker      brokerInfo
+	closed      bool
+
+	outstanding atomic.Int64 // records accepted whose Done has not run
+	once        sync.Once
 }
 
-type retry struct {
-	rec    *kgo.Record
-	reason string
-	done   Done
-}
-
-// New creates the producer and starts its dead-letter worker. It does not
-// contact the brokers: use Ping for that.
+// New creates the producer. It does not contact the brokers: use Ping for
+// that.
 func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	codec, err := codecFor(cfg.Compression)
 	if err != nil {
 		return nil, err
+	}
+	s := &Sink{dlq: cfg.DLQTopic, log: log, autoCreate: cfg.AutoCreateTopics,
+		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor,
+		unknownTimeout: cfg.UnknownTopicTimeout, maxHeld: cfg.MaxBufferedRecords, maxHeldBytes: cfg.MaxBufferedBytes,
+		topics: make(map[string]*topicState), space: make(chan struct{})}
+	if s.partitions == 0 {
+		s.partitions = -1
+	}
+	if s.replication == 0 {
+		s.replication = -1
+	}
+	if s.unknownTimeout <= 0 {
+		s.unknownTimeout = defaultUnknownTopicTimeout
+	}
+	s.poll = min(max(s.unknownTimeout/20, 50*time.Millisecond), time.Second)
+	if s.maxHeld <= 0 {
+		s.maxHeld = defaultMaxHeld
 	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
@@ -95,7 +156,14 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ProducerBatchCompression(codec),
-		kgo.AllowAutoTopicCreation(),
+		// A batch over the topic's limit is refused whole: cap each topic's
+		// batches at it (learned before its first record is produced).
+		kgo.ProducerBatchMaxBytesFn(s.batchMax),
+		// franz-go resets its sequence numbers and carries on; say so loudly.
+		kgo.ProducerOnDataLossDetected(func(topic string, partition int32) {
+			log.Error("kafka: data loss detected: the broker lost records it had acknowledged (unclean leader election or truncation); producing continues",
+				"topic", topic, "partition", partition)
+		}),
 		// Retry quickly after a broker comes back: franz-go's default backoff
 		// grows to seconds, which is what recovery after an outage then takes.
 		kgo.RetryBackoffFn(func(tries int) time.Duration {
@@ -117,9 +185,8 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	s := &Sink{cl: cl, dlq: cfg.DLQTopic, log: log,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{})}
-	go s.deadLetterLoop()
+	s.cl, s.adm = cl, kadm.NewClient(cl)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
 
@@ -147,13 +214,29 @@ func (s *Sink) Ping(ctx context.Context) error {
 	return nil
 }
 
-// record is a kgo.Record with room for the usual headers, so one allocation
-// carries a whole event.
+// record is a kgo.Record with room for the usual headers and its state in
+// the sink, so one allocation carries a whole event. It has one owner at a
+// time: the client, a topic's held queue or retry list, or a worker.
 type record struct {
 	kgo.Record
 	hdr  [8]kgo.RecordHeader
 	done Done
 	sink *Sink
+	ctx  context.Context // Produce's: it governs the record until it is sent
+	t    *topicState     // topic it was last handed to the client for
+	seq  uint64          // Produce order
+	size int             // batchSize: what the broker counts against its limit
+
+	err    error // the refusal, while the record waits in a repair
+	alone  bool  // sent on its own: a refusal now is its own
+	resent bool  // sent again by a repair
+
+	dead   bool   // bound for the dead-letter topic
+	reason string // why it is dead-lettered
+	orig   string // topic it was meant for ("" for the router's dead letters)
+	level  int    // dead-letter copy: 0 whole, 1 without payload, 2 minimal
+
+	finished atomic.Bool
 }
 
 // Produce hands rec to the producer; rec may be reused when Produce returns.
@@ -162,7 +245,7 @@ type record struct {
 // buffered (with a shutdown outcome), so pass a context that outlives the
 // drain. done is called exactly once, also when Produce returns ctx's error.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error {
-	r := &record{done: done, sink: s}
+	r := &record{done: done, sink: s, ctx: ctx}
 	r.Topic = rec.Topic
 	r.Key = rec.Key
 	r.Value = rec.Value
@@ -172,120 +255,164 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 		h = append(h, kgo.RecordHeader{Key: x.Key, Value: x.Value})
 	}
 	r.Headers = h
-	// The record carries the promise's state, so the method value is the
-	// only other allocation.
-	s.cl.Produce(ctx, &r.Record, r.promise)
+	if r.Topic == s.dlq { // the router's dead letter, with its error header
+		r.dead, r.reason = true, headerValue(&r.Record, router.HeaderError)
+	}
+	r.size = batchSize(&r.Record)
+	s.outstanding.Add(1)
 	if err := ctx.Err(); err != nil {
+		r.finish(Outcome{Err: err})
 		return err
 	}
-	return nil
+	if err := s.submit(r, true); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
-func (r *record) promise(_ *kgo.Record, err error) {
-	r.sink.complete(&r.Record, err, r.done, false)
-}
-
-// complete decides a record's outcome. dead is true for a record already
-// bound for the dead-letter topic.
-func (s *Sink) complete(rec *kgo.Record, err error, done Done, dead bool) {
-	dead = dead || rec.Topic == s.dlq
-	if err == nil {
-		o := Outcome{DeadLettered: dead}
-		if dead {
-			o.Reason = reasonOf(rec)
-		}
-		done.Delivered(o)
+// finish reports r's outcome; the guard keeps a bug from reporting twice.
+func (r *record) finish(o Outcome) {
+	if !r.finished.CompareAndSwap(false, true) {
+		r.sink.log.Error("sink: a record's outcome was reported twice; ignoring the second", "topic", r.Topic, "outcome", fmt.Sprint(o))
 		return
 	}
-	switch Classify(err) {
-	case ClassUnpublishable:
-		if dead {
-			// The dead-letter copy itself was refused: drop its payload, keep the
-			// reason, and try once more; a second refusal is fatal.
-			if rec.Value != nil && !headerIs(rec, "payload_omitted") {
-				s.enqueue(retry{rec: withoutPayload(rec, err), reason: reasonOf(rec), done: done})
-				return
-			}
-			done.Delivered(Outcome{Err: fmt.Errorf("dead-letter topic %s refused the record: %w", s.dlq, err)})
-			return
-		}
-		reason := fmt.Sprintf("Kafka refused the record for topic %s: %v", rec.Topic, err)
-		s.enqueue(retry{rec: toDeadLetter(rec, s.dlq, reason), reason: reason, done: done})
-	case ClassShutdown:
-		done.Delivered(Outcome{Err: err})
-	default:
-		done.Delivered(Outcome{Err: fmt.Errorf("produce to %s: %w", rec.Topic, err)})
-	}
+	r.done.Delivered(o)
+	r.sink.outstanding.Add(-1) // after Delivered: Flush returns only once outcomes are in
 }
 
-func (s *Sink) enqueue(r retry) {
+// submit hands r to the client, or to its topic's worker while the topic is
+// not ready (looked up, missing or being repaired). fromProduce waits for
+// room in the held queues and gives up when r's context ends.
+func (s *Sink) submit(r *record, fromProduce bool) error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		r.done.Delivered(Outcome{Err: kgo.ErrClientClosed})
-		return
-	}
-	s.queue = append(s.queue, r)
-	s.pending++
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (s *Sink) deadLetterLoop() {
-	defer close(s.stopped)
 	for {
+		if s.closed {
+			s.mu.Unlock()
+			r.finish(Outcome{Err: kgo.ErrClientClosed})
+			return nil
+		}
+		if r.seq == 0 {
+			s.seq++
+			r.seq = s.seq
+		}
+		t := s.topic(r.Topic)
+		if t.ready {
+			if t.overLimit(r) {
+				s.mu.Unlock()
+				s.tooLarge(t, r)
+				return nil
+			}
+			t.admit(r)
+			s.mu.Unlock()
+			s.cl.Produce(r.ctx, &r.Record, r.promise)
+			return nil
+		}
+		if !fromProduce || s.held < s.maxHeld && (s.maxHeldBytes <= 0 || s.heldBytes < s.maxHeldBytes) {
+			t.held = append(t.held, r)
+			s.held++
+			s.heldBytes += int64(r.size)
+			s.startWorker(t)
+			s.mu.Unlock()
+			return nil
+		}
+		s.spaceWanted = true
+		space := s.space
+		s.mu.Unlock()
 		select {
-		case <-s.stop:
-			s.failQueued(kgo.ErrClientClosed)
-			return
-		case <-s.wake:
+		case <-space:
+		case <-r.ctx.Done():
+			r.finish(Outcome{Err: r.ctx.Err()})
+			return r.ctx.Err()
 		}
 		s.mu.Lock()
-		batch := s.queue
-		s.queue = nil
-		s.mu.Unlock()
-		for _, r := range batch {
-			r := r
-			s.log.Warn("dead-lettering record", "topic", headerValue(r.rec, "topic"), "reason", r.reason)
-			// Background context: Close stops this loop only after Flush, and
-			// closing the client fails anything still buffered.
-			s.cl.Produce(context.Background(), r.rec, func(rec *kgo.Record, err error) {
-				s.complete(rec, err, r.done, true)
-			})
-			// Now buffered in the client, which Flush waits for.
-			s.mu.Lock()
-			s.pending--
-			s.mu.Unlock()
-		}
 	}
 }
 
-func (s *Sink) failQueued(err error) {
+// handOver gives r to the client for the worker that owns t.
+func (s *Sink) handOver(t *topicState, r *record) {
+	if err := r.ctx.Err(); err != nil {
+		r.finish(Outcome{Err: err})
+		return
+	}
 	s.mu.Lock()
-	batch := s.queue
-	s.queue = nil
-	s.pending -= len(batch)
-	s.closed = true
+	if t.overLimit(r) {
+		s.mu.Unlock()
+		s.tooLarge(t, r)
+		return
+	}
+	t.admit(r)
 	s.mu.Unlock()
-	for _, r := range batch {
-		r.done.Delivered(Outcome{Err: err})
+	s.cl.Produce(r.ctx, &r.Record, r.promise)
+}
+
+func (r *record) promise(_ *kgo.Record, err error) { r.sink.settle(r, err) }
+
+// settle decides what a client outcome means. It runs on franz-go's promise
+// goroutine, so it never blocks: refused records go to their topic's worker.
+func (s *Sink) settle(r *record, err error) {
+	t := r.t
+	var (
+		o        *Outcome
+		overtook bool
+		started  bool
+	)
+	s.mu.Lock()
+	t.inClient--
+	switch {
+	case err == nil:
+		first, ok := t.refused[r.Partition]
+		overtook = ok && !r.resent && r.seq > first
+		o = &Outcome{DeadLettered: r.dead, Reason: r.reason}
+	case s.closed:
+		o = &Outcome{Err: shutdownError(err)}
+	case r.ctx.Err() != nil: // the caller stopped: resent after a restart
+		o = &Outcome{Err: shutdownError(err)}
+	case errors.Is(err, context.Canceled) && r.Context.Err() != nil:
+		// Failed unsent because a refusal holds the topic back: it goes
+		// again, in order, with the refused records.
+		t.retry = append(t.retry, r)
+	case Classify(err) == ClassUnpublishable:
+		r.err = err
+		t.retry = append(t.retry, r)
+		started = s.startRepair(t, r)
+	default:
+		o = &Outcome{Err: fmt.Errorf("produce to %s: %w", r.Topic, err)}
+	}
+	running := t.running
+	s.mu.Unlock()
+	if running {
+		t.signal()
+	}
+	if started {
+		s.log.Warn("kafka refused a record; holding the topic back to send the records failed with it again, in order",
+			"topic", r.Topic, "partition", r.Partition, "err", err)
+	}
+	if overtook {
+		s.log.Error("kafka: a record was written before records refused ahead of it were sent again: their order in this partition is broken",
+			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+	}
+	if o != nil {
+		r.finish(*o)
 	}
 }
 
-// Flush waits until everything buffered has an outcome or ctx ends.
+// shutdownError keeps a client-closing or context error as it is (it
+// classifies as shutdown) and marks anything else as cut short by one.
+func shutdownError(err error) error {
+	if Classify(err) == ClassShutdown {
+		return err
+	}
+	return fmt.Errorf("%w (after: %v)", kgo.ErrClientClosed, err)
+}
+
+// Flush waits until everything produced has an outcome or ctx ends.
 func (s *Sink) Flush(ctx context.Context) error {
 	for {
 		if err := s.cl.Flush(ctx); err != nil {
 			return fmt.Errorf("flush: %w", err)
 		}
-		// A flush can complete records that enqueue dead-letter copies.
-		s.mu.Lock()
-		n := s.pending
-		s.mu.Unlock()
-		if n == 0 && s.cl.BufferedProduceRecords() == 0 {
+		// Records held back or being resent are outside the client.
+		if s.outstanding.Load() == 0 {
 			return nil
 		}
 		select {
@@ -296,13 +423,32 @@ func (s *Sink) Flush(ctx context.Context) error {
 	}
 }
 
-// Close stops the dead-letter worker and closes the client; records still
-// buffered fail with a shutdown outcome.
+// Close stops the topic workers and closes the client; records without an
+// outcome yet fail with a shutdown outcome.
 func (s *Sink) Close() {
 	s.once.Do(func() {
-		close(s.stop)
-		<-s.stopped
+		s.mu.Lock()
+		s.closed = true
+		if s.spaceWanted { // Produce waiting for held room: it fails the record
+			close(s.space)
+			s.spaceWanted = false
+		}
+		s.mu.Unlock()
+		s.cancel()
+		// Closing the client first fails what it buffers and unblocks a
+		// worker waiting in Produce for buffer room.
 		s.cl.Close()
+		s.wg.Wait()
+		s.mu.Lock()
+		var left []*record
+		for _, t := range s.topics {
+			left = append(append(left, t.held...), t.retry...)
+			t.held, t.retry = nil, nil
+		}
+		s.mu.Unlock()
+		for _, r := range left {
+			r.finish(Outcome{Err: kgo.ErrClientClosed})
+		}
 	})
 }
 
@@ -316,7 +462,9 @@ type Class int
 const (
 	// ClassFatal: stop the pipeline; the record is re-delivered after restart.
 	ClassFatal Class = iota
-	// ClassUnpublishable: the record can never be accepted; dead-letter it.
+	// ClassUnpublishable: the broker refused the record (or the batch it was
+	// in); the sink finds out whether it is refused on its own and then
+	// dead-letters it.
 	ClassUnpublishable
 	// ClassShutdown: the client is closing; not an error of the record.
 	ClassShutdown
@@ -332,37 +480,20 @@ func Classify(err error) Class {
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge),
 		errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.UnknownTopicOrPartition),
 		errors.Is(err, kerr.UnknownTopicID), errors.Is(err, kerr.InvalidRecord),
-		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.PolicyViolation):
+		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.PolicyViolation),
+		errors.Is(err, kerr.InvalidTimestamp):
 		return ClassUnpublishable
 	}
 	return ClassFatal
 }
 
-// toDeadLetter copies rec to the dead-letter topic with the reason and the
-// topic it was meant for.
-func toDeadLetter(rec *kgo.Record, dlq, reason string) *kgo.Record {
-	h := make([]kgo.RecordHeader, 0, len(rec.Headers)+2)
-	h = append(h, kgo.RecordHeader{Key: router.HeaderError, Value: []byte(reason)},
-		kgo.RecordHeader{Key: "topic", Value: []byte(rec.Topic)})
-	h = append(h, rec.Headers...)
-	return &kgo.Record{Topic: dlq, Key: rec.Key, Value: rec.Value, Headers: h, Timestamp: rec.Timestamp}
-}
+// topicWide reports a refusal that concerns the topic, not the record:
+// sending the record alone again would only be refused again.
+func topicWide(err error) bool { return errors.Is(err, kerr.InvalidTopicException) }
 
-func withoutPayload(rec *kgo.Record, err error) *kgo.Record {
-	h := append(append([]kgo.RecordHeader(nil), rec.Headers...),
-		kgo.RecordHeader{Key: "payload_omitted", Value: []byte(err.Error())})
-	return &kgo.Record{Topic: rec.Topic, Key: rec.Key, Headers: h, Timestamp: rec.Timestamp}
-}
-
-func reasonOf(rec *kgo.Record) string { return headerValue(rec, router.HeaderError) }
-
-func headerIs(rec *kgo.Record, key string) bool {
-	for _, h := range rec.Headers {
-		if h.Key == key {
-			return true
-		}
-	}
-	return false
+// unknownTopic reports a refusal that means the topic does not exist (yet).
+func unknownTopic(err error) bool {
+	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
 }
 
 func headerValue(rec *kgo.Record, key string) string {

@@ -216,8 +216,11 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 			Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, DLQTopic: cfg.Kafka.DLQTopic,
 			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,
 			Linger: cfg.Kafka.ProducerLinger, RequestTimeout: cfg.Kafka.RequestTimeout, Compression: cfg.Kafka.Compression,
+			AutoCreateTopics: cfg.Kafka.AutoCreateTopics, TopicPartitions: int32(cfg.Kafka.TopicPartitions),
+			TopicReplicationFactor: int16(cfg.Kafka.TopicReplicationFactor), UnknownTopicTimeout: cfg.Kafka.UnknownTopicTimeout,
 			Opts: kafkaOpts,
 		},
+		DrainTimeout:    cfg.Kafka.DrainTimeout,
 		StatusInterval:  cfg.Postgres.StatusInterval,
 		BackoffMax:      cfg.Postgres.ReconnectBackoffMax,
 		Checkpoints:     checkpointStore(cfg),
@@ -225,9 +228,12 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		RetainBytes:     retainBytes,
 		Heartbeat:       cfg.Postgres.HeartbeatInterval,
 		RetainedWALWarn: cfg.Postgres.RetainedWALWarnBytes,
+		QueueBytes:      cfg.Postgres.QueueBytes,
+		ReceiveTimeout:  cfg.Postgres.ReceiveTimeout,
 		MessagePrefix:   cfg.Outbox.MessagePrefix,
 		Snapshot:        cfg.Snapshot.Mode,
 		SnapshotFilter:  cfg.Snapshot.Filter,
+		SnapshotOrderBy: cfg.Snapshot.OrderBy,
 	}, nil
 }
 

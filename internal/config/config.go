@@ -77,6 +77,9 @@ type Snapshot struct {
 	Mode string `koanf:"mode"`
 	// Filter is an optional SQL predicate for pending, e.g. status = 'PENDING'.
 	Filter string `koanf:"filter"`
+	// OrderBy is a column the snapshot rows are published in the order of,
+	// the primary key breaking ties; "" orders by the primary key alone.
+	OrderBy string `koanf:"order_by"`
 }
 
 // Postgres is the replication source.
@@ -109,6 +112,13 @@ type Postgres struct {
 	HeartbeatInterval time.Duration `koanf:"heartbeat_interval"`
 	// RetainedWALWarnBytes logs a warning when the slot holds more WAL.
 	RetainedWALWarnBytes int64 `koanf:"retained_wal_warn_bytes"`
+	// QueueBytes bounds the WAL data read from the slot and not yet handled
+	// (besides the producer's buffer); a larger single message goes alone.
+	QueueBytes int64 `koanf:"queue_bytes"`
+	// ReceiveTimeout gives up a replication connection on which nothing
+	// arrived for this long (a half-open connection) and reconnects; after
+	// half of it the server is asked for a reply.
+	ReceiveTimeout time.Duration `koanf:"receive_timeout"`
 }
 
 // Outbox describes the outbox table.
@@ -167,6 +177,24 @@ type Kafka struct {
 	RequestTimeout time.Duration `koanf:"request_timeout"`
 	// Compression is the batch codec: none, gzip, snappy, lz4 or zstd.
 	Compression string `koanf:"compression"`
+	// DrainTimeout bounds how long a stop waits for records in flight; it
+	// starts when the stop begins, so a stop with the broker down and the
+	// buffer full ends after it. What is not acknowledged by then is sent
+	// again after the restart.
+	DrainTimeout time.Duration `koanf:"drain_timeout"`
+	// AutoCreateTopics creates a missing topic (with TopicPartitions and
+	// TopicReplicationFactor) when its first record comes, unless the broker
+	// forbids auto-creation (auto.create.topics.enable=false).
+	AutoCreateTopics bool `koanf:"auto_create_topics"`
+	// TopicPartitions is the partition count of created topics; -1 uses the
+	// broker's num.partitions.
+	TopicPartitions int `koanf:"topic_partitions"`
+	// TopicReplicationFactor is the replication factor of created topics;
+	// -1 uses the broker's default.replication.factor. Production: 3.
+	TopicReplicationFactor int `koanf:"topic_replication_factor"`
+	// UnknownTopicTimeout is how long records wait for a missing topic to
+	// appear before they go to the dead-letter topic.
+	UnknownTopicTimeout time.Duration `koanf:"unknown_topic_timeout"`
 	// TLS configures the encryption of broker connections.
 	TLS KafkaTLS `koanf:"tls"`
 	// SASL configures the authentication of broker connections.
@@ -243,12 +271,16 @@ const (
 	DefaultMaxBufferedBytes     = 64 << 20
 	DefaultLinger               = 0
 	DefaultRequestTimeout       = 30 * time.Second
+	DefaultDrainTimeout         = 30 * time.Second
 	DefaultCompression          = "none"
+	DefaultUnknownTopicTimeout  = 2 * time.Minute
 	DefaultHTTPListen           = "127.0.0.1:9187"
 	DefaultLogLevel             = "info"
 	DefaultLogFormat            = "text"
 	DefaultHeartbeatInterval    = 10 * time.Second
 	DefaultRetainedWALWarnBytes = 1 << 30
+	DefaultQueueBytes           = 64 << 20
+	DefaultReceiveTimeout       = 60 * time.Second
 	DefaultCheckpointTable      = "outbox_cdc.checkpoints"
 )
 
@@ -264,6 +296,8 @@ func Default() Config {
 			Retain:               "0",
 			HeartbeatInterval:    DefaultHeartbeatInterval,
 			RetainedWALWarnBytes: DefaultRetainedWALWarnBytes,
+			QueueBytes:           DefaultQueueBytes,
+			ReceiveTimeout:       DefaultReceiveTimeout,
 		},
 		Outbox: Outbox{
 			Table: DefaultTable,
@@ -285,7 +319,13 @@ func Default() Config {
 			MaxBufferedBytes:   DefaultMaxBufferedBytes,
 			ProducerLinger:     DefaultLinger,
 			RequestTimeout:     DefaultRequestTimeout,
+			DrainTimeout:       DefaultDrainTimeout,
 			Compression:        DefaultCompression,
+
+			AutoCreateTopics:       true,
+			TopicPartitions:        -1,
+			TopicReplicationFactor: -1,
+			UnknownTopicTimeout:    DefaultUnknownTopicTimeout,
 		},
 		HTTP:       HTTP{Listen: DefaultHTTPListen},
 		Log:        Log{Level: DefaultLogLevel, Format: DefaultLogFormat},

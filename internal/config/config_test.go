@@ -137,6 +137,10 @@ func TestDefaults(t *testing.T) {
 		{"kafka.linger", cfg.Kafka.ProducerLinger, time.Duration(0)},
 		{"kafka.request_timeout", cfg.Kafka.RequestTimeout, 30 * time.Second},
 		{"kafka.compression", cfg.Kafka.Compression, "none"},
+		{"kafka.auto_create_topics", cfg.Kafka.AutoCreateTopics, true},
+		{"kafka.topic_partitions", cfg.Kafka.TopicPartitions, -1},
+		{"kafka.topic_replication_factor", cfg.Kafka.TopicReplicationFactor, -1},
+		{"kafka.unknown_topic_timeout", cfg.Kafka.UnknownTopicTimeout, 2 * time.Minute},
 		{"http.listen", cfg.HTTP.Listen, "127.0.0.1:9187"},
 		{"log.level", cfg.Log.Level, "info"},
 		{"log.format", cfg.Log.Format, "text"},
@@ -469,6 +473,11 @@ func TestValidate(t *testing.T) {
 		{"request timeout long", func(c *Config) { c.Kafka.RequestTimeout = time.Hour }, "kafka.request_timeout", "15m0s"},
 		{"compression", func(c *Config) { c.Kafka.Compression = "brotli" }, "kafka.compression", "none, gzip, snappy, lz4, zstd"},
 		{"compression case", func(c *Config) { c.Kafka.Compression = "ZSTD" }, "kafka.compression", `"ZSTD"`},
+		{"partitions zero", func(c *Config) { c.Kafka.TopicPartitions = 0 }, "kafka.topic_partitions", "-1 for the broker's num.partitions"},
+		{"partitions negative", func(c *Config) { c.Kafka.TopicPartitions = -2 }, "kafka.topic_partitions", "must be -1 or 1 to"},
+		{"replication zero", func(c *Config) { c.Kafka.TopicReplicationFactor = 0 }, "kafka.topic_replication_factor", "3 in production"},
+		{"replication too high", func(c *Config) { c.Kafka.TopicReplicationFactor = 1 << 15 }, "kafka.topic_replication_factor", "1 to 32767"},
+		{"unknown topic timeout zero", func(c *Config) { c.Kafka.UnknownTopicTimeout = 0 }, "kafka.unknown_topic_timeout", "must be positive"},
 		{"listen no port", func(c *Config) { c.HTTP.Listen = "localhost" }, "http.listen", "host:port"},
 		{"listen bad port", func(c *Config) { c.HTTP.Listen = "localhost:http" }, "http.listen", "0 to 65535"},
 		{"log level", func(c *Config) { c.Log.Level = "verbose" }, "log.level", "debug, info, warn, error"},
@@ -742,7 +751,7 @@ func TestSchema(t *testing.T) {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 45 {
+	if len(leaves) != 53 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }
@@ -780,6 +789,9 @@ func TestValidateOperationsKeys(t *testing.T) {
 		{"unknown snapshot mode", func(c *Config) { c.Snapshot.Mode = "all" }, "snapshot.mode"},
 		{"filter without pending", func(c *Config) { c.Snapshot.Filter = "true" }, "snapshot.filter"},
 		{"filter with two statements", func(c *Config) { c.Snapshot.Mode = "pending"; c.Snapshot.Filter = "true; DROP TABLE x" }, "snapshot.filter"},
+		{"order_by without pending", func(c *Config) { c.Snapshot.OrderBy = "created_at" }, "snapshot.order_by"},
+		{"order_by not a name", func(c *Config) { c.Snapshot.Mode = "pending"; c.Snapshot.OrderBy = "created_at desc" }, "snapshot.order_by"},
+		{"pending without a checkpoint store", func(c *Config) { c.Snapshot.Mode = "pending"; c.Checkpoint.Store = "none" }, "checkpoint.store is none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

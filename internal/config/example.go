@@ -46,6 +46,12 @@ postgres:
   heartbeat_interval: 10s
   # Log a warning when the slot holds more WAL than this; 0 disables it.
   retained_wal_warn_bytes: 1073741824   # 1 GiB
+  # WAL data read from the slot and not yet handled, in bytes (besides
+  # kafka.max_buffered_bytes); at least 1 MiB. A larger row goes alone.
+  queue_bytes: 67108864   # 64 MiB
+  # Reconnect when nothing arrived from the server for this long (a half-open
+  # connection); the server is asked for a reply after half of it. 1s to 1h.
+  receive_timeout: 60s
 
 outbox:
   # "schema.table", or "table" for public.table. Names are as stored in the
@@ -85,8 +91,19 @@ kafka:
   linger: 0s
   # How long the broker may take to answer a produce request: 100ms to 15m.
   request_timeout: 30s
+  # How long a stop waits for records in flight, from the moment it begins
+  # (also with the broker down): 1s to 15m. The rest is sent after restart.
+  drain_timeout: 30s
   # none, gzip, snappy, lz4 or zstd.
   compression: none
+  # Create a missing topic when its first record comes, unless the broker
+  # forbids auto-creation (auto.create.topics.enable=false); false never
+  # creates topics. Created topics get these settings (-1: broker default).
+  auto_create_topics: true
+  topic_partitions: -1
+  topic_replication_factor: -1        # production: 3
+  # How long records wait for a missing topic before they are dead-lettered.
+  unknown_topic_timeout: 2m0s
   # Encryption of broker connections (docs/security.md). The other tls keys
   # may only be set when enabled is true.
   tls:
@@ -127,4 +144,8 @@ snapshot:
   # the slot's exported snapshot: no gap, no duplicate), optionally filtered.
   mode: none
   filter: ""   # e.g. status = 'PENDING'
+  # Snapshot rows go out in primary key order, or in the order of this column
+  # with the key breaking ties. With a random key (uuid), created_at keeps each
+  # aggregate's events in order.
+  order_by: ""
 `

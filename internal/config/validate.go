@@ -19,6 +19,14 @@ const (
 	minStatusInterval = 10 * time.Millisecond
 	maxStatusInterval = 30 * time.Second
 
+	// Below this the stream hands rows over one or two at a time.
+	minQueueBytes = 1 << 20
+
+	// Below a second a busy server can miss a ping; above an hour a dead
+	// connection goes unnoticed for too long.
+	minReceiveTimeout = time.Second
+	maxReceiveTimeout = time.Hour
+
 	minReconnectBackoffMax = 100 * time.Millisecond
 	maxReconnectBackoffMax = 10 * time.Minute
 
@@ -34,6 +42,11 @@ const (
 	// to the DLQ. Below 1 MiB (the broker's default message.max.bytes) records
 	// the broker would accept would be dead-lettered.
 	minBufferedBytes = 1 << 20
+
+	// Kafka's CreateTopics fields are int32 and int16; a topic rarely
+	// needs more than a few thousand partitions.
+	maxTopicPartitions   = 1 << 20
+	maxReplicationFactor = 1<<15 - 1
 
 	maxClientIDLen   = 256 // franz-go's limit
 	maxTopicLen      = 249 // Kafka's limit
@@ -192,6 +205,11 @@ func (c *Config) Validate() error {
 	if pg.RetainedWALWarnBytes < 0 {
 		v.add("postgres.retained_wal_warn_bytes", strconv.FormatInt(pg.RetainedWALWarnBytes, 10), "must not be negative", "0 disables the warning")
 	}
+	if pg.QueueBytes < minQueueBytes {
+		v.add("postgres.queue_bytes", strconv.FormatInt(pg.QueueBytes, 10), fmt.Sprintf("must be at least %d (1 MiB)", minQueueBytes), "")
+	}
+	v.durationRange("postgres.receive_timeout", pg.ReceiveTimeout, minReceiveTimeout, maxReceiveTimeout,
+		"PostgreSQL's own wal_receiver_timeout is 60s")
 
 	// outbox
 	ob := c.Outbox
@@ -282,7 +300,20 @@ func (c *Config) Validate() error {
 	}
 	v.durationRange("kafka.linger", k.ProducerLinger, 0, maxLinger, "")
 	v.durationRange("kafka.request_timeout", k.RequestTimeout, minRequestTimeout, maxRequestTimeout, "")
+	v.durationRange("kafka.drain_timeout", k.DrainTimeout, time.Second, maxRequestTimeout, "")
 	v.oneOf("kafka.compression", k.Compression, compressions)
+	if k.TopicPartitions == 0 || k.TopicPartitions < -1 || k.TopicPartitions > maxTopicPartitions {
+		v.add("kafka.topic_partitions", strconv.Itoa(k.TopicPartitions), fmt.Sprintf("must be -1 or 1 to %d", maxTopicPartitions),
+			"use -1 for the broker's num.partitions")
+	}
+	if k.TopicReplicationFactor == 0 || k.TopicReplicationFactor < -1 || k.TopicReplicationFactor > maxReplicationFactor {
+		v.add("kafka.topic_replication_factor", strconv.Itoa(k.TopicReplicationFactor), fmt.Sprintf("must be -1 or 1 to %d", maxReplicationFactor),
+			"use -1 for the broker's default.replication.factor; 3 in production")
+	}
+	if k.UnknownTopicTimeout <= 0 {
+		v.add("kafka.unknown_topic_timeout", k.UnknownTopicTimeout.String(), "must be positive",
+			"use a duration such as 2m: how long records wait for a missing topic before they are dead-lettered")
+	}
 	v.kafkaTLS(k.TLS)
 	v.kafkaSASL(k.SASL)
 
@@ -317,6 +348,18 @@ func (c *Config) Validate() error {
 	}
 	if strings.Contains(c.Snapshot.Filter, ";") {
 		v.add("snapshot.filter", c.Snapshot.Filter, "must be a single SQL predicate", "remove the ';'")
+	}
+	if c.Snapshot.OrderBy != "" {
+		if c.Snapshot.Mode != "pending" {
+			v.add("snapshot.order_by", c.Snapshot.OrderBy, "only used with snapshot.mode pending", "set snapshot.mode: pending or remove it")
+		}
+		v.identifier("snapshot.order_by", c.Snapshot.OrderBy)
+	}
+	// The "snapshot started" marker lives in the checkpoint: without one an
+	// interrupted snapshot would never be taken again.
+	if c.Snapshot.Mode == "pending" && c.Checkpoint.Store == "none" {
+		v.add("snapshot.mode", c.Snapshot.Mode, "pending needs a checkpoint store to redo an interrupted snapshot, but checkpoint.store is none",
+			"set checkpoint.store: table (or file), or snapshot.mode: none")
 	}
 
 	// log

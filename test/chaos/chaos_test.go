@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +28,11 @@ const (
 	EnvMode = "OUTBOX_CDC_CHAOS"
 	// EnvSeed replays a run: OUTBOX_CDC_CHAOS_SEED=<seed printed by a run>.
 	EnvSeed = "OUTBOX_CDC_CHAOS_SEED"
+	// EnvSkip leaves fault kinds out of the run (comma list), e.g. the
+	// operations whose connector support is not there yet. Skipping
+	// ops-partition also leaves the outbox unpartitioned. The report names
+	// the skipped kinds.
+	EnvSkip = "OUTBOX_CDC_CHAOS_SKIP"
 )
 
 // Fault kinds.
@@ -46,10 +52,36 @@ const (
 	fNetPGStall    = "net-pg-stall"
 	fNetPGSlow     = "net-pg-slow"
 	fNetPGReset    = "net-pg-reset"
+	// Operations (ops_test.go): schema, publication and checkpoint changes
+	// an operator makes under load.
+	fOpsPartition   = "ops-partition"
+	fOpsAddColumn   = "ops-add-column"
+	fOpsDropMapped  = "ops-drop-mapped-column"
+	fOpsPubGap      = "ops-publication-gap"
+	fOpsForeignCkpt = "ops-foreign-checkpoint"
+	fOpsOversize    = "ops-oversize"
 )
 
 var allFaults = []string{fConnKill, fConnKillAck, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate,
-	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset}
+	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
+	fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize}
+
+// faultClass groups the kinds for the report.
+func faultClass(kind string) string {
+	switch {
+	case strings.HasPrefix(kind, "connector-"):
+		return "connector"
+	case strings.HasPrefix(kind, "kafka-"):
+		return "kafka"
+	case strings.HasPrefix(kind, "pg-"):
+		return "postgres"
+	case strings.HasPrefix(kind, "net-"):
+		return "network"
+	case strings.HasPrefix(kind, "ops-"):
+		return "operations"
+	}
+	return "other"
+}
 
 // kafkaStopDowntime is how long kafka-stop-8s keeps the broker down: longer
 // than the connector's kafka.request_timeout (5s).
@@ -86,6 +118,7 @@ var shortMode = mode{
 		fPGFast: 3, fPGCrash: 2, fPGImmediate: 1,
 		fNetKafkaDrop: 1, fNetKafkaStall: 1, fNetKafkaSlow: 1, fNetKafkaReset: 1,
 		fNetPGDrop: 1, fNetPGStall: 1, fNetPGSlow: 1, fNetPGReset: 1,
+		fOpsPartition: 1, fOpsAddColumn: 1, fOpsDropMapped: 1, fOpsPubGap: 1, fOpsForeignCkpt: 1, fOpsOversize: 1,
 	},
 	GapMin: 300 * time.Millisecond, GapMax: 1500 * time.Millisecond, WaitProb: 0.6,
 	Budget: 5 * time.Minute, CatchUp: time.Minute,
@@ -99,6 +132,7 @@ var longMode = mode{
 		fPGFast: 4, fPGCrash: 4, fPGImmediate: 2,
 		fNetKafkaDrop: 3, fNetKafkaStall: 3, fNetKafkaSlow: 3, fNetKafkaReset: 3,
 		fNetPGDrop: 3, fNetPGStall: 3, fNetPGSlow: 3, fNetPGReset: 3,
+		fOpsPartition: 4, fOpsAddColumn: 3, fOpsDropMapped: 2, fOpsPubGap: 3, fOpsForeignCkpt: 2, fOpsOversize: 3,
 	},
 	MinChaos: 9 * time.Minute,
 	GapMin:   500 * time.Millisecond, GapMax: 4 * time.Second, WaitProb: 0.6,
@@ -123,6 +157,9 @@ type faultRecord struct {
 	// restarted is when a killed connector was started again: the end of
 	// a connector fault (its start-up counts as recovery).
 	restarted time.Time
+	// ExpectedExit describes the exit an operations fault required of the
+	// connector (exit code 1 and the message), when it did.
+	ExpectedExit string
 }
 
 // run is one chaos run.
@@ -135,17 +172,35 @@ type run struct {
 	prefix string
 	topics []string // outbox topics
 	dlq    string
+	// bigTopic is the topic of aggregate type "big": max.message.bytes is
+	// bigTopicMaxBytes, and ops-oversize writes events larger than that.
+	bigTopic string
+	pub      string // publication (the connector creates it)
+	// partitioned: the outbox is RANGE-partitioned on bucket; bucket is the
+	// writers' current partition key, scratch the empty partition the next
+	// ops-partition detaches and drops.
+	partitioned bool
+	bucket      atomic.Int64
+	scratch     int
+	opsN        int // operations faults so far, for unique names
+	skip        map[string]bool
 
-	conn    *connector
-	live    *liveConsumer
-	samp    *sampler
-	ledger  *ledger
-	wstats  *writerStats
-	burst   *writer
-	faults  []faultRecord
-	exits   []string // unexpected connector exits, with evidence
-	hangs   []string // catch-up timeouts
-	workers chan error
+	conn   *connector
+	live   *liveConsumer
+	samp   *sampler
+	ledger *ledger
+	wstats *writerStats
+	burst  *writer
+	big    *writer // ops-oversize
+	faults []faultRecord
+	exits  []string // unexpected connector exits, with evidence
+	hangs  []string // catch-up timeouts
+	// expectedExits are the exits the operations faults required (exit 1
+	// and the message); opsFailures what went wrong with them (a connector
+	// that did not stop, or stopped the wrong way).
+	expectedExits []string
+	opsFailures   []string
+	workers       chan error
 }
 
 func TestChaos(t *testing.T) {
@@ -178,6 +233,8 @@ func TestChaos(t *testing.T) {
 
 	r := &run{t: t, m: m, seed: seed, rng: mrand.New(mrand.NewPCG(seed, 0x6368616f73)),
 		ledger: &ledger{}, wstats: &writerStats{}, live: newLiveConsumer(), workers: make(chan error, 64)}
+	r.skip = skippedKinds(t)
+	r.partitioned = !r.skip[fOpsPartition]
 	r.setup(ctx)
 
 	// Observers and writers run for the whole chaos phase.
@@ -185,7 +242,9 @@ func TestChaos(t *testing.T) {
 	var obsWG sync.WaitGroup
 	defer func() { stopObs(); obsWG.Wait() }()
 	ready := make(chan error, 1)
-	obsWG.Go(func() { r.live.run(obsCtx, r.topics, ready) })
+	// The live consumer reads the dead-letter topic too: the events
+	// ops-oversize writes end there.
+	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.dlq), ready) })
 	if err := <-ready; err != nil {
 		t.Fatalf("live consumer: %v", err)
 	}
@@ -203,6 +262,7 @@ func TestChaos(t *testing.T) {
 			aggs[a] = &aggregate{id: fmt.Sprintf("w%d-a%d", w, a), typ: typ, next: 1}
 		}
 		wr := newWriter(w, r.dsn, aggs, m.Multi, seed, r.ledger, r.wstats)
+		wr.bucket = &r.bucket
 		wWG.Go(func() {
 			if err := wr.run(ctx, stopWriters, m.Interval); err != nil {
 				r.workers <- fmt.Errorf("writer %d: %w", w, err)
@@ -210,7 +270,11 @@ func TestChaos(t *testing.T) {
 		})
 	}
 	r.burst = newWriter(m.Writers, r.dsn, []*aggregate{{id: "burst", typ: "order", next: 1}}, 0, seed, r.ledger, r.wstats)
+	r.burst.bucket = &r.bucket
 	defer r.burst.closeConn()
+	r.big = newWriter(m.Writers+1, r.dsn, []*aggregate{{id: "big", typ: "big", next: 1}}, 0, seed, r.ledger, r.wstats)
+	r.big.bucket, r.big.pad = &r.bucket, oversizePad
+	defer r.big.closeConn()
 	stopAll := func() {
 		select {
 		case <-stopWriters:
@@ -274,7 +338,9 @@ func (r *run) setup(ctx context.Context) {
 	r.prefix = "chaos-" + id
 	r.topics = []string{r.prefix + ".order", r.prefix + ".payment"}
 	r.dlq = r.prefix + "-dlq"
+	r.bigTopic = r.prefix + ".big"
 	slot := "chaos_" + id
+	r.pub = slot
 
 	db := fmt.Sprintf("chaos_%s_%d", id, os.Getpid())
 	dsn, err := env.pg.CreateDatabase(ctx, db)
@@ -286,13 +352,10 @@ func (r *run) setup(ctx context.Context) {
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	_, err = conn.Exec(ctx, `CREATE TABLE outbox (
-		id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
-		aggregate_type text        NOT NULL,
-		aggregate_id   text        NOT NULL,
-		event_type     text        NOT NULL,
-		payload        jsonb,
-		created_at     timestamptz NOT NULL DEFAULT now())`)
+	ddl := outboxDDL(r.partitioned)
+	r.bucket.Store(1)
+	r.scratch = 1
+	_, err = conn.Exec(ctx, ddl)
 	conn.Close(context.Background())
 	if err != nil {
 		t.Fatalf("create outbox: %v", err)
@@ -311,8 +374,12 @@ func (r *run) setup(ctx context.Context) {
 	for _, spec := range []struct {
 		topics []string
 		parts  int32
-	}{{r.topics, 3}, {[]string{r.dlq}, 1}} {
-		resps, err := adm.CreateTopics(ctx, spec.parts, 1, cfg, spec.topics...)
+		cfg    map[string]*string
+	}{{r.topics, 3, cfg}, {[]string{r.dlq}, 1, cfg}, {[]string{r.bigTopic}, 1, map[string]*string{
+		"message.timestamp.type": kadm.StringPtr("LogAppendTime"),
+		"max.message.bytes":      kadm.StringPtr(strconv.Itoa(bigTopicMaxBytes)),
+	}}} {
+		resps, err := adm.CreateTopics(ctx, spec.parts, 1, spec.cfg, spec.topics...)
 		if err == nil {
 			err = resps.Error()
 		}
@@ -328,7 +395,7 @@ func (r *run) setup(ctx context.Context) {
 			return
 		}
 		defer cl.Close()
-		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, append(slices.Clone(r.topics), r.dlq)...)
+		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, append(slices.Clone(r.topics), r.dlq, r.bigTopic)...)
 	})
 
 	dir := t.TempDir()
@@ -366,14 +433,22 @@ log:
 		logPath: filepath.Join(dir, "connector.log"), dsn: dsn, slot: slot}
 	t.Cleanup(r.conn.close)
 	r.samp = &sampler{dsn: dsn, slot: slot}
-	t.Logf("chaos: database %s, slot %s, topics %s.{order,payment}, %s, %s", db, slot, r.prefix, env.brokerProxy, env.pgProxy)
+	shape := "plain"
+	if r.partitioned {
+		shape = "RANGE-partitioned on bucket"
+	}
+	t.Logf("chaos: database %s, slot and publication %s, outbox %s, topics %s.{order,payment,big}, %s, %s", db, slot, shape, r.prefix, env.brokerProxy, env.pgProxy)
 }
 
 // inject runs the fault schedule.
 func (r *run) inject(ctx context.Context) {
 	t := r.t
-	var deck []string
+	var deck, kinds []string
 	for _, k := range allFaults {
+		if r.skip[k] {
+			continue
+		}
+		kinds = append(kinds, k)
 		for range r.m.Deck[k] {
 			deck = append(deck, k)
 		}
@@ -387,7 +462,7 @@ func (r *run) inject(ctx context.Context) {
 		case i < len(deck):
 			kind = deck[i]
 		case time.Since(start) < r.m.MinChaos:
-			kind = allFaults[r.rng.IntN(len(allFaults))]
+			kind = kinds[r.rng.IntN(len(kinds))]
 		default:
 			return
 		}
@@ -449,6 +524,8 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		}
 		sleepCtx(ctx, kafkaStopDowntime)
 		return fmt.Sprintf("SIGTERM, down %v before restart", kafkaStopDowntime), restartKafka(ctx)
+	case fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize:
+		return r.doOps(ctx, kind, f)
 	case fPGFast, fPGCrash, fPGImmediate:
 		var err error
 		switch kind {
@@ -651,8 +728,8 @@ func (r *run) waitCaughtUp(ctx context.Context, until time.Time, timeout time.Du
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d events committed before %s not consumed after %v; oldest %s (%s seq %d, committed %s, post-commit LSN %v)",
-				pending, until.Format("15:04:05.000"), timeout, oldest.ID, oldest.Agg, oldest.Seq,
+			return fmt.Errorf("%d events committed before %s not consumed after %v; oldest %s (%s seq %d, bucket %d, committed %s, post-commit LSN %v)",
+				pending, until.Format("15:04:05.000"), timeout, oldest.ID, oldest.Agg, oldest.Seq, oldest.Bucket,
 				oldest.Committed.Format("15:04:05.000"), oldest.PostLSN)
 		}
 		r.checkConnector(ctx)

@@ -40,6 +40,8 @@ type copyRec struct {
 	Producer  int64
 	Append    time.Time // LogAppendTime
 	LogAppend bool      // the timestamp is the broker's append time
+	Err       string    // the error header (dead-letter records)
+	HasErr    bool
 }
 
 // Report is what a run found; it is written to results/last-run.json.
@@ -59,15 +61,28 @@ type Report struct {
 
 	FaultsTotal    int            `json:"faults_total"`
 	FaultsByKind   map[string]int `json:"faults_by_kind"`
+	FaultsByClass  map[string]int `json:"faults_by_class"`
+	SkippedKinds   []string       `json:"fault_kinds_skipped,omitempty"`
 	ConnectorKills int            `json:"connector_kills"`
+	// Operations faults: the exits they required (exit 1 and the message)
+	// and what went wrong with them.
+	ExpectedExits    []string `json:"connector_expected_exits,omitempty"`
+	OpsFailures      []string `json:"operations_failures,omitempty"`
+	WriterRefusedCol int64    `json:"writer_attempts_refused_missing_column"`
 
 	EventsLost        int      `json:"events_lost"`
 	LostExamples      []string `json:"lost_examples,omitempty"`
 	TableMismatches   int      `json:"table_vs_writers_mismatches"`
 	UnexpectedRecords int      `json:"unexpected_records"`
 	DeadLettered      int      `json:"dead_lettered"`
-	OrderViolations   int      `json:"order_violations"`
-	OrderExamples     []string `json:"order_examples,omitempty"`
+	// DeadLetteredIntended are copies of events written oversize on
+	// purpose (ops-oversize); every other dead-lettered record fails.
+	DeadLetteredIntended   int      `json:"dead_lettered_intended_oversize"`
+	DeadLetteredUnexpected int      `json:"dead_lettered_unexpected"`
+	DeadLetterExamples     []string `json:"dead_letter_examples,omitempty"`
+	OversizeEvents         int      `json:"oversize_events_written"`
+	OrderViolations        int      `json:"order_violations"`
+	OrderExamples          []string `json:"order_examples,omitempty"`
 
 	Duplicates              int            `json:"duplicate_copies"`
 	DuplicatesAfterKills    int            `json:"duplicates_after_connector_kills"`
@@ -78,11 +93,16 @@ type Report struct {
 	DupsBelowCheckpoint     int            `json:"duplicates_below_checkpoint"`
 	DupsBelowEarlierSample  int            `json:"duplicates_below_a_position_confirmed_before"`
 	DupExamples             []string       `json:"duplicate_violation_examples,omitempty"`
-	KillsAfterAck           int            `json:"kills_after_ack"`
-	KillsBeforeConfirm      int            `json:"kills_after_ack_before_confirmation"`
-	KillsInAckWindow        int            `json:"kills_between_an_ack_and_its_confirmation"`
-	MaxResentAckedAge       int64          `json:"max_ms_an_event_resent_after_a_kill_had_been_appended"`
-	AckedResent             int            `json:"events_acked_before_a_kill_and_resent"`
+	// Copies sent by a process started after ops-publication-gap, which
+	// backfills the gap from the table: allowed, not held to the two
+	// "below" rules above.
+	GapBackfillDuplicates     int   `json:"duplicates_after_publication_gap"`
+	GapBackfillBelowConfirmed int   `json:"duplicates_after_publication_gap_below_start_position"`
+	KillsAfterAck             int   `json:"kills_after_ack"`
+	KillsBeforeConfirm        int   `json:"kills_after_ack_before_confirmation"`
+	KillsInAckWindow          int   `json:"kills_between_an_ack_and_its_confirmation"`
+	MaxResentAckedAge         int64 `json:"max_ms_an_event_resent_after_a_kill_had_been_appended"`
+	AckedResent               int   `json:"events_acked_before_a_kill_and_resent"`
 
 	WatermarkSamples          int      `json:"watermark_samples"`
 	WatermarkSamplesKafkaDown int      `json:"watermark_samples_while_kafka_unreachable"`
@@ -124,6 +144,7 @@ type faultJSON struct {
 	Start         string  `json:"start"`
 	Seconds       float64 `json:"seconds"`
 	Detail        string  `json:"detail"`
+	ExpectedExit  string  `json:"expected_exit,omitempty"`
 	FirstDelivery int64   `json:"first_delivery_ms"`
 	CaughtUp      int64   `json:"caught_up_ms"`
 	Measured      bool    `json:"measured"`
@@ -147,7 +168,7 @@ type incJSON struct {
 // analyze reads everything back and runs the checks.
 func (r *run) analyze(ctx context.Context) *Report {
 	t := r.t
-	rep := &Report{FaultsByKind: map[string]int{}, RecoveryByKind: map[string]recovery{},
+	rep := &Report{FaultsByKind: map[string]int{}, FaultsByClass: map[string]int{}, RecoveryByKind: map[string]recovery{},
 		DuplicatesByIncarnation: map[string]int{}, SlackMillis: consumeSlack.Milliseconds()}
 	fail := func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
@@ -165,9 +186,21 @@ func (r *run) analyze(ctx context.Context) *Report {
 	rep.UnknownCommitted = r.wstats.unknownWon.Load()
 	for _, f := range r.faults {
 		rep.FaultsByKind[f.Kind]++
+		rep.FaultsByClass[faultClass(f.Kind)]++
 		rep.ConnectorKills += f.Kills
 	}
+	for _, k := range allFaults {
+		if r.skip[k] {
+			rep.SkippedKinds = append(rep.SkippedKinds, k)
+		}
+	}
 	rep.FaultsTotal = len(r.faults)
+	rep.ExpectedExits = r.expectedExits
+	rep.OpsFailures = r.opsFailures
+	for _, f := range r.opsFailures {
+		rep.Failures = append(rep.Failures, "operations: "+strings.SplitN(f, "\n", 2)[0])
+	}
+	rep.WriterRefusedCol = r.wstats.undefinedColumn.Load()
 	rep.UnexpectedExits = r.exits
 	rep.Hangs = r.hangs
 	for _, h := range r.hangs {
@@ -209,25 +242,33 @@ func (r *run) analyze(ctx context.Context) *Report {
 		}
 	}
 
-	recs, dlq, err := readAll(rctx, r.topics, r.dlq)
+	recs, dlq, err := readAll(rctx, append(slices.Clone(r.topics), r.bigTopic), r.dlq)
 	if err != nil {
 		fail("read topics: %v", err)
 	}
 	rep.RecordsInKafka = len(recs)
-	rep.DeadLettered = len(dlq)
-	if len(dlq) > 0 {
-		fail("%d records on the dead-letter topic %s (transient failures must never be dead-lettered); first: id %s key %s",
-			len(dlq), r.dlq, dlq[0].ID, dlq[0].Key)
-	}
 
-	// Copies per event, in partition order.
+	// Copies per event, in partition order; the dead-letter copies of the
+	// events written oversize on purpose count as their delivery.
 	copies := map[string][]copyRec{}
 	createTime := 0
+	for _, c := range dlq {
+		if !c.LogAppend {
+			createTime++
+		}
+	}
+	r.checkDeadLetters(rep, dlq, byID, copies, fail)
 	for _, c := range recs {
 		if !c.LogAppend {
 			createTime++
 		}
 		e := byID[c.ID]
+		if e != nil && e.Oversize {
+			rep.UnexpectedRecords++
+			fail("record %s/%d@%d is event %s, written larger (%d-byte pad) than its topic's max.message.bytes (%d): the broker accepted it",
+				c.Topic, c.Partition, c.Offset, c.ID, oversizePad, bigTopicMaxBytes)
+			continue
+		}
 		if e == nil {
 			rep.UnexpectedRecords++
 			if rep.UnexpectedRecords <= 5 {
@@ -250,18 +291,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	if rep.UnexpectedRecords > 5 {
 		fail("%d unexpected records in all", rep.UnexpectedRecords)
 	}
-	for _, e := range events {
-		if len(copies[e.ID]) == 0 {
-			rep.EventsLost++
-			if len(rep.LostExamples) < 20 {
-				rep.LostExamples = append(rep.LostExamples, fmt.Sprintf("%s (%s seq %d, committed %s, post-commit LSN %v, resolved %v)",
-					e.ID, e.Agg, e.Seq, e.Committed.Format("15:04:05.000"), e.PostLSN, e.Resolved))
-			}
-		}
-	}
-	if rep.EventsLost > 0 {
-		fail("%d committed events are not in Kafka; first: %s", rep.EventsLost, strings.Join(rep.LostExamples, "; "))
-	}
+	checkLoss(rep, events, copies, fail)
 
 	r.checkOrder(rep, recs, fail)
 	r.checkDuplicates(rep, copies, byID, fail)
@@ -270,11 +300,69 @@ func (r *run) analyze(ctx context.Context) *Report {
 
 	for _, f := range r.faults {
 		rep.Faults = append(rep.Faults, faultJSON{Kind: f.Kind, Start: f.Start.Format("15:04:05.000"),
-			Seconds: round2(f.End.Sub(f.Start).Seconds()), Detail: f.Detail,
+			Seconds: round2(f.End.Sub(f.Start).Seconds()), Detail: f.Detail, ExpectedExit: f.ExpectedExit,
 			FirstDelivery: f.FirstDelivery.Milliseconds(), CaughtUp: f.CaughtUp.Milliseconds(), Measured: f.Measured})
 	}
 	rep.Pass = len(rep.Failures) == 0 && !t.Failed()
 	return rep
+}
+
+// checkLoss: every committed event has a copy (on its topic, or on the
+// dead-letter topic for an event written oversize on purpose).
+func checkLoss(rep *Report, events []event, copies map[string][]copyRec, fail func(string, ...any)) {
+	for _, e := range events {
+		if e.Oversize {
+			rep.OversizeEvents++
+		}
+		if len(copies[e.ID]) == 0 {
+			rep.EventsLost++
+			if len(rep.LostExamples) < 20 {
+				where := ""
+				if e.Oversize {
+					where = ", oversize: expected on the dead-letter topic"
+				}
+				rep.LostExamples = append(rep.LostExamples, fmt.Sprintf("%s (%s seq %d, bucket %d, committed %s, post-commit LSN %v, resolved %v%s)",
+					e.ID, e.Agg, e.Seq, e.Bucket, e.Committed.Format("15:04:05.000"), e.PostLSN, e.Resolved, where))
+			}
+		}
+	}
+	if rep.EventsLost > 0 {
+		fail("%d committed events are not in Kafka; first: %s", rep.EventsLost, strings.Join(rep.LostExamples, "; "))
+	}
+}
+
+// checkDeadLetters accepts on the dead-letter topic only copies of events
+// the suite wrote oversize on purpose, each with a non-empty error header,
+// and adds them to copies. Any other dead-lettered record fails the run:
+// transient failures must never be dead-lettered.
+func (r *run) checkDeadLetters(rep *Report, dlq []copyRec, byID map[string]*event, copies map[string][]copyRec, fail func(string, ...any)) {
+	rep.DeadLettered = len(dlq)
+	bad := func(format string, args ...any) {
+		rep.DeadLetteredUnexpected++
+		if len(rep.DeadLetterExamples) < 10 {
+			rep.DeadLetterExamples = append(rep.DeadLetterExamples, fmt.Sprintf(format, args...))
+		}
+	}
+	for _, c := range dlq {
+		e := byID[c.ID]
+		switch {
+		case e == nil:
+			bad("%s/%d@%d id %q key %s (error %q) is no committed event", c.Topic, c.Partition, c.Offset, c.ID, c.Key, c.Err)
+		case !e.Oversize:
+			bad("%s/%d@%d is event %s (%s seq %d), which was not written oversize (error %q)", c.Topic, c.Partition, c.Offset, c.ID, e.Agg, e.Seq, c.Err)
+		case !c.HasErr || strings.TrimSpace(c.Err) == "":
+			bad("%s/%d@%d is oversize event %s but has no error header", c.Topic, c.Partition, c.Offset, c.ID)
+		case c.Key != e.Agg || c.Seq != e.Seq:
+			bad("%s/%d@%d (key %s seq %d) does not match oversize event %s (%s seq %d)", c.Topic, c.Partition, c.Offset, c.Key, c.Seq, c.ID, e.Agg, e.Seq)
+		default:
+			rep.DeadLetteredIntended++
+			copies[c.ID] = append(copies[c.ID], c)
+		}
+	}
+	if rep.DeadLetteredUnexpected > 0 {
+		fail("%d unexpected records on the dead-letter topic %s (only events written oversize on purpose may be dead-lettered; transient failures never); first: %s",
+			rep.DeadLetteredUnexpected, r.dlq, strings.Join(rep.DeadLetterExamples, "; "))
+	}
 }
 
 type tableRow struct {
@@ -353,6 +441,7 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 			c := copyRec{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key),
 				Producer: r.ProducerID, Append: r.Timestamp}
 			c.ID, _ = header(r, "id")
+			c.Err, c.HasErr = header(r, "error")
 			c.LogAppend = r.Attrs.TimestampType() == 1
 			var v struct{ Seq int }
 			if json.Unmarshal(r.Value, &v) == nil {
@@ -495,14 +584,14 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 		first := incOf[cs[0].Producer]
 		for _, c := range cs[1:] {
 			rep.Duplicates++
-			if conf, at := confirmedBefore(c.Append); conf != 0 && e.PostLSN <= conf {
+			in := incOf[c.Producer]
+			if conf, at := confirmedBefore(c.Append); conf != 0 && e.PostLSN <= conf && (in == nil || in.Reason != reasonAfterGap) {
 				rep.DupsBelowEarlierSample++
 				if len(rep.DupExamples) < 10 {
 					rep.DupExamples = append(rep.DupExamples, fmt.Sprintf("event %s (%s seq %d, post-commit LSN %v) appended again at %s although the slot had confirmed %v by %s",
 						id, e.Agg, e.Seq, e.PostLSN, c.Append.Format("15:04:05.000"), conf, at.Format("15:04:05.000")))
 				}
 			}
-			in := incOf[c.Producer]
 			if in == nil || in == first {
 				// Resent by the process that sent it first: a replication
 				// reconnect resending the open transaction.
@@ -510,6 +599,16 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 				continue
 			}
 			perInc[in.N]++
+			if in.Reason == reasonAfterGap {
+				// The gap's backfill reads rows from the table and may send
+				// again events confirmed before the gap: allowed
+				// (at-least-once), counted.
+				rep.GapBackfillDuplicates++
+				if e.PostLSN <= in.SlotAtStart {
+					rep.GapBackfillBelowConfirmed++
+				}
+				continue
+			}
 			if p := prev[in.N]; p != nil && in.Reason == "after-kill" && cs[0].Append.Before(p.ExitAt) {
 				ackedResent[in.N]++
 				// Age at the death of the process that sent it first.
@@ -802,15 +901,29 @@ func (r *run) report(rep *Report) {
 			kinds = append(kinds, fmt.Sprintf("%s=%d", k, n))
 		}
 	}
+	var classList []string
+	for _, c := range []string{"connector", "kafka", "postgres", "network", "operations"} {
+		classList = append(classList, fmt.Sprintf("%s=%d", c, rep.FaultsByClass[c]))
+	}
+	classes := strings.Join(classList, " ")
+	skipped := "none"
+	if len(rep.SkippedKinds) > 0 {
+		skipped = strings.Join(rep.SkippedKinds, ",")
+	}
 	lines := []string{
 		fmt.Sprintf("mode %s, seed %d, pass %v, wall %.1fs (fault phase %.1fs)", rep.Mode, rep.Seed, rep.Pass, rep.WallSeconds, rep.ChaosSeconds),
 		fmt.Sprintf("events written %d in %d transactions (writer retries %d, unknown commit outcomes %d of which committed %d); records in Kafka %d",
 			rep.EventsWritten, rep.Transactions, rep.WriterRetries, rep.UnknownCommits, rep.UnknownCommitted, rep.RecordsInKafka),
 		fmt.Sprintf("faults %d: %s", rep.FaultsTotal, strings.Join(kinds, " ")),
-		fmt.Sprintf("events lost %d; unexpected records %d; dead-lettered %d; order violations %d; table/writer mismatches %d",
-			rep.EventsLost, rep.UnexpectedRecords, rep.DeadLettered, rep.OrderViolations, rep.TableMismatches),
+		fmt.Sprintf("faults by class: %s; skipped kinds: %s", classes, skipped),
+		fmt.Sprintf("events lost %d; unexpected records %d; dead-lettered %d (%d intended oversize of %d written, %d unexpected); order violations %d; table/writer mismatches %d",
+			rep.EventsLost, rep.UnexpectedRecords, rep.DeadLettered, rep.DeadLetteredIntended, rep.OversizeEvents, rep.DeadLetteredUnexpected, rep.OrderViolations, rep.TableMismatches),
+		fmt.Sprintf("operations: %d expected connector exits (exit 1 with the message), %d failed expectations; writer attempts refused for a missing column %d",
+			len(rep.ExpectedExits), len(rep.OpsFailures), rep.WriterRefusedCol),
 		fmt.Sprintf("duplicates %d: %d after %d connector kills (max %d per kill), %d within one process; of confirmed events: %d below the start position, %d below an earlier sample (below the checkpoint: %d)",
 			rep.Duplicates, rep.DuplicatesAfterKills, rep.ConnectorKills, rep.MaxDuplicatesPerKill, rep.InProcessDuplicates, rep.DupsBelowConfirmed, rep.DupsBelowEarlierSample, rep.DupsBelowCheckpoint),
+		fmt.Sprintf("duplicates sent by processes started after a publication gap (backfill, allowed): %d, %d of them at or below the start position",
+			rep.GapBackfillDuplicates, rep.GapBackfillBelowConfirmed),
 		fmt.Sprintf("kills between a broker ack and its confirmation (an event appended before the kill was sent again): %d of %d, %d such events, the oldest appended %dms before its kill; burst kills: %d, %d of them before the burst's last event was confirmed",
 			rep.KillsInAckWindow, rep.ConnectorKills, rep.AckedResent, rep.MaxResentAckedAge, rep.KillsAfterAck, rep.KillsBeforeConfirm),
 		fmt.Sprintf("watermark: %d samples of slot and checkpoint (%d while Kafka was unreachable), %d checks; violations: %d against broker append time, %d against the live consumer (slack %v); %d consumer-late checks excused by append time (%d outside Kafka outages)",

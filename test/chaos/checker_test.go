@@ -1,7 +1,10 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +176,19 @@ func TestCheckDuplicates(t *testing.T) {
 			t.Fatalf("below earlier sample %d, in process %d, fails %v", rep.DupsBelowEarlierSample, rep.InProcessDuplicates, f.fails)
 		}
 	})
+	t.Run("a publication-gap backfill may resend confirmed events", func(t *testing.T) {
+		f := newFixture(t)
+		t1 := f.events[3].Committed.Add(time.Second)
+		f.sample(t1, 400)
+		f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: reasonAfterGap, Start: t1.Add(time.Second), SlotAtStart: 400})
+		f.addCopy(f.events[2], t1.Add(1100*time.Millisecond), 8) // e3 (LSN 300), confirmed, sent again
+		rep := &Report{DuplicatesByIncarnation: map[string]int{}}
+		f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+		if len(f.fails) != 0 || rep.GapBackfillDuplicates != 1 || rep.GapBackfillBelowConfirmed != 1 || rep.DupsBelowConfirmed != 0 || rep.DupsBelowEarlierSample != 0 {
+			t.Fatalf("gap dups %d (below start %d), below confirmed %d, below earlier sample %d, fails %v", rep.GapBackfillDuplicates,
+				rep.GapBackfillBelowConfirmed, rep.DupsBelowConfirmed, rep.DupsBelowEarlierSample, f.fails)
+		}
+	})
 	t.Run("a PostgreSQL restart may lose the confirmed position", func(t *testing.T) {
 		f := newFixture(t)
 		t1 := f.events[3].Committed.Add(time.Second)
@@ -184,6 +200,179 @@ func TestCheckDuplicates(t *testing.T) {
 		f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
 		if rep.DupsBelowEarlierSample != 0 || len(f.fails) != 0 {
 			t.Fatalf("below earlier sample %d, fails %v", rep.DupsBelowEarlierSample, f.fails)
+		}
+	})
+}
+
+// dlqCopy is a dead-letter copy of e with the given error header.
+func (f *checkFixture) dlqCopy(e event, errHeader *string) copyRec {
+	c := copyRec{Topic: "p-dlq", Key: e.Agg, ID: e.ID, Seq: e.Seq, Producer: 7,
+		Append: e.Committed.Add(8 * time.Millisecond).Truncate(time.Millisecond), LogAppend: true}
+	if errHeader != nil {
+		c.Err, c.HasErr = *errHeader, true
+	}
+	return c
+}
+
+func TestCheckDeadLetters(t *testing.T) {
+	tooLarge := "Kafka refused the record for topic p.big: MESSAGE_TOO_LARGE"
+	// newBig adds an oversize event ("big" seq 1) to the fixture, without
+	// any copy yet.
+	newBig := func(t *testing.T) (*checkFixture, event) {
+		f := newFixture(t)
+		f.r.dlq = "p-dlq"
+		big := event{ID: "big1", Agg: "big", Type: "big", Seq: 1, PostLSN: 450, Oversize: true,
+			Committed: f.events[3].Committed.Add(5 * time.Millisecond)}
+		f.events = append(f.events, big)
+		f.byID = map[string]*event{}
+		for i := range f.events {
+			f.byID[f.events[i].ID] = &f.events[i]
+		}
+		return f, big
+	}
+	t.Run("the intended oversize record is accepted", func(t *testing.T) {
+		f, big := newBig(t)
+		rep := &Report{}
+		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, &tooLarge)}, f.byID, f.copies, f.fail)
+		checkLoss(rep, f.events, f.copies, f.fail)
+		if len(f.fails) != 0 || rep.DeadLetteredIntended != 1 || rep.DeadLetteredUnexpected != 0 || rep.EventsLost != 0 || rep.OversizeEvents != 1 {
+			t.Fatalf("intended %d, unexpected %d, lost %d, fails %v", rep.DeadLetteredIntended, rep.DeadLetteredUnexpected, rep.EventsLost, f.fails)
+		}
+		// Its dead-letter copy is what the watermark check sees as appended.
+		f.sample(big.Committed.Add(20*time.Millisecond), 450)
+		f.r.live.seen[big.ID] = big.Committed.Add(30 * time.Millisecond)
+		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		if rep.WatermarkViolations != 0 || len(f.fails) != 0 {
+			t.Fatalf("watermark violations %d, fails %v", rep.WatermarkViolations, f.fails)
+		}
+	})
+	t.Run("an ordinary event on the dead-letter topic", func(t *testing.T) {
+		f, big := newBig(t)
+		reason := "Kafka refused the record for topic p.order: UNKNOWN_TOPIC_OR_PARTITION"
+		rep := &Report{}
+		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, &tooLarge), f.dlqCopy(f.events[1], &reason)}, f.byID, f.copies, f.fail)
+		if rep.DeadLetteredUnexpected != 1 || rep.DeadLetteredIntended != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "event e2") {
+			t.Fatalf("unexpected %d, intended %d, fails %v", rep.DeadLetteredUnexpected, rep.DeadLetteredIntended, f.fails)
+		}
+	})
+	t.Run("a dead-lettered record that is no event", func(t *testing.T) {
+		f, _ := newBig(t)
+		ghost := event{ID: "ghost", Agg: "a", Seq: 9}
+		rep := &Report{}
+		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(ghost, &tooLarge)}, f.byID, f.copies, f.fail)
+		if rep.DeadLetteredUnexpected != 1 || len(f.fails) != 1 {
+			t.Fatalf("unexpected %d, fails %v", rep.DeadLetteredUnexpected, f.fails)
+		}
+	})
+	t.Run("the oversize record without an error header", func(t *testing.T) {
+		f, big := newBig(t)
+		rep := &Report{}
+		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, nil)}, f.byID, f.copies, f.fail)
+		if rep.DeadLetteredUnexpected != 1 || rep.DeadLetteredIntended != 0 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "no error header") {
+			t.Fatalf("unexpected %d, intended %d, fails %v", rep.DeadLetteredUnexpected, rep.DeadLetteredIntended, f.fails)
+		}
+	})
+	t.Run("the oversize record never dead-lettered", func(t *testing.T) {
+		f, _ := newBig(t)
+		rep := &Report{}
+		f.r.checkDeadLetters(rep, nil, f.byID, f.copies, f.fail)
+		checkLoss(rep, f.events, f.copies, f.fail)
+		if rep.EventsLost != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "big1") {
+			t.Fatalf("lost %d, fails %v", rep.EventsLost, f.fails)
+		}
+	})
+}
+
+// fakeConnector is a connector whose binary is a shell script: it prints
+// lines and exits with a code, or keeps running.
+func fakeConnector(t *testing.T, script string) *connector {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "fake-outbox-cdc")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := &connector{bin: bin, cfgPath: filepath.Join(dir, "cfg.yaml"), logPath: filepath.Join(dir, "connector.log")}
+	t.Cleanup(c.close)
+	return c
+}
+
+func TestExpectExit(t *testing.T) {
+	failLine := `echo 'time=2026-01-01T00:00:00Z level=ERROR msg="connector failed" err="outbox table public.outbox lacks mapped column(s) [\"event_type\"]"'`
+	for _, tt := range []struct {
+		name, script string
+		timeout      time.Duration
+		want         string // "" when the exit is as required; else part of the error
+	}{
+		{"exit 1 naming the column", "echo starting; " + failLine + "; exit 1", 10 * time.Second, ""},
+		{"did not stop", "exec sleep 30", 300 * time.Millisecond, "did not stop"},
+		{"exit 2", failLine + "; exit 2", 10 * time.Second, "exit code 2"},
+		{"exit 0", failLine + "; exit 0", 10 * time.Second, "exit code 0"},
+		{"exit 1 without naming the column", `echo 'level=ERROR msg="connector failed" err="delivery failed"'; echo 'level=INFO msg=streaming table=event_type'; exit 1`, 10 * time.Second, "no error line matches"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := fakeConnector(t, tt.script)
+			ctx := context.Background()
+			in, err := c.launch(ctx, "initial")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, line, err := c.expectExit(ctx, in, in.Start, tt.timeout, wantDroppedColumn)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("expectExit: %v", err)
+			case tt.want == "" && !strings.Contains(line, "event_type"):
+				t.Fatalf("line %q", line)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("expectExit error %v, want one containing %q", err, tt.want)
+			}
+			if tt.want != "did not stop" && c.unexpectedExit() != nil {
+				t.Fatalf("an exit the fault waited for counts as the connector exiting on its own")
+			}
+		})
+	}
+	t.Run("the refusal of a foreign checkpoint names the system identifier", func(t *testing.T) {
+		re := wantForeignSystem("7312345678901234568")
+		for line, want := range map[string]bool{
+			`err="checkpoint 0/1 was written for database system 7312345678901234568, but this server is database system 7312345678901234567"`: true,
+			`err="checkpoint system identifier differs from the server's"`:                                                                     true,
+			`err="checkpoint system_id mismatch"`:                                                                                              true,
+			`err="checkpoint 0/1 lies beyond this server's WAL end 0/0"`:                                                                       false,
+			`err="checkpoint was written for database system 7312345678901234567"`:                                                             false,
+		} {
+			if re.MatchString(line) != want {
+				t.Errorf("%s: match %v, want %v", line, !want, want)
+			}
+		}
+	})
+	t.Run("an exit nobody expected stays unexpected", func(t *testing.T) {
+		c := fakeConnector(t, failLine+"; exit 1")
+		in, err := c.launch(context.Background(), "initial")
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-in.done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("fake connector did not exit")
+		}
+		if c.unexpectedExit() != in {
+			t.Fatalf("the liveness check does not see the exit")
+		}
+	})
+	t.Run("only the stopping process's own log counts", func(t *testing.T) {
+		// #1 names the column and exits 1; #2 exits 1 without naming it.
+		c := fakeConnector(t, `if [ -e "$0.ran" ]; then echo 'level=ERROR msg="connector failed" err=other'; exit 1; fi; touch "$0.ran"; `+failLine+"; exit 1")
+		ctx := context.Background()
+		for n, want := range []string{"", "no error line matches"} {
+			in, err := c.launch(ctx, "initial")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = c.expectExit(ctx, in, in.Start, 10*time.Second, wantDroppedColumn)
+			if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {
+				t.Fatalf("#%d: expectExit error %v, want %q", n+1, err, want)
+			}
 		}
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,7 +50,22 @@ type incarnation struct {
 	done   chan struct{}
 	err    error // cmd.Wait's result, read after done
 	killed bool  // guarded by connector.mu
-	ExitAt time.Time
+	// expected is set when an operations fault saw the process exit as it
+	// must (exit 1 with the right message); guarded by connector.mu.
+	expected bool
+	ExitAt   time.Time
+}
+
+// exitCode is the process's exit status once done: -1 when a signal ended it.
+func (in *incarnation) exitCode() int {
+	if in.err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(in.err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
 }
 
 func (in *incarnation) exited() bool {
@@ -196,10 +212,92 @@ func (c *connector) stop(timeout time.Duration) error {
 func (c *connector) unexpectedExit() *incarnation {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cur != nil && c.cur.exited() && !c.cur.killed {
+	if c.cur != nil && c.cur.exited() && !c.cur.killed && !c.cur.expected {
 		return c.cur
 	}
 	return nil
+}
+
+// current returns the process started last.
+func (c *connector) current() *incarnation {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur
+}
+
+// expectExit waits until in exits on its own, for at most timeout, and
+// checks that it failed the way an operator needs: exit code 1 and an error
+// line matching want. An exit, whatever its code, is marked expected (it is
+// not "the connector exited on its own"); the problems found are returned
+// in err. took is from since to the exit.
+func (c *connector) expectExit(ctx context.Context, in *incarnation, since time.Time, timeout time.Duration, want *regexp.Regexp) (took time.Duration, line string, err error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-in.done:
+	case <-t.C:
+		return 0, "", fmt.Errorf("connector #%d did not stop within %v", in.N, timeout)
+	case <-ctx.Done():
+		return 0, "", ctx.Err()
+	}
+	c.mu.Lock()
+	in.expected = true
+	c.mu.Unlock()
+	took = in.ExitAt.Sub(since)
+	lines := errorLines(c.logOf(in.N))
+	for _, l := range lines {
+		if want.MatchString(l) {
+			line = l
+			break
+		}
+	}
+	var problems []string
+	if code := in.exitCode(); code != 1 {
+		problems = append(problems, fmt.Sprintf("exit code %d, want 1 (%v)", code, in.err))
+	}
+	if line == "" {
+		problems = append(problems, fmt.Sprintf("no error line matches %q; error lines: %q", want, lines))
+	}
+	if len(problems) > 0 {
+		return took, line, fmt.Errorf("connector #%d stopped after %v but %s", in.N, took.Round(time.Millisecond), strings.Join(problems, "; "))
+	}
+	return took, line, nil
+}
+
+// errorLines are the lines of a process's log that report a failure: slog
+// ERROR records (text or JSON) and the plain "outbox-cdc: ..." messages of
+// start-up errors.
+func errorLines(log string) []string {
+	var out []string
+	for l := range strings.SplitSeq(log, "\n") {
+		if strings.Contains(l, "level=ERROR") || strings.Contains(l, `"level":"ERROR"`) || strings.HasPrefix(l, "outbox-cdc:") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// logOf returns what process n wrote: its part of the shared log file.
+func (c *connector) logOf(n int) string {
+	b, err := os.ReadFile(c.logPath)
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.Index(s, fmt.Sprintf("===== chaos: incarnation %d (", n))
+	if i < 0 {
+		return ""
+	}
+	s = s[i:]
+	if nl := strings.IndexByte(s, '\n'); nl >= 0 {
+		s = s[nl+1:]
+	} else {
+		return ""
+	}
+	if j := strings.Index(s, "\n===== chaos: incarnation "); j >= 0 {
+		s = s[:j]
+	}
+	return s
 }
 
 // close kills whatever still runs (test cleanup).
@@ -228,6 +326,9 @@ func (c *connector) incarnations() []*incarnation {
 // checkpoint: a new process resumes from the larger, and PostgreSQL may
 // resend anything after the slot's.
 func (c *connector) restartPosition(ctx context.Context) (slot, ckpt lsn.LSN, err error) {
+	if c.dsn == "" {
+		return 0, 0, nil // checker tests with a stand-in binary
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, c.dsn)

@@ -30,6 +30,12 @@ type event struct {
 	PostLSN   lsn.LSN
 	Committed time.Time // when the writer learned the commit
 	Resolved  bool      // the outcome was unknown and settled by looking the id up
+	// Bucket is the row's partition key (the writers' current bucket when
+	// the transaction was built; retries reuse it).
+	Bucket int
+	// Oversize marks an event written larger than its topic's
+	// max.message.bytes on purpose: it must end on the dead-letter topic.
+	Oversize bool
 }
 
 // ledger collects committed events from all writers.
@@ -70,6 +76,9 @@ type writerStats struct {
 	unknownWon  atomic.Int64 // ... and turned out committed
 	reconnects  atomic.Int64
 	lsnDeferred atomic.Int64 // committed, LSN read on a new connection
+	// undefinedColumn counts attempts refused because a column the INSERT
+	// names was missing (ops-drop-mapped-column); they are retried.
+	undefinedColumn atomic.Int64
 }
 
 // writer inserts outbox rows for its own aggregates, one transaction at a
@@ -87,6 +96,10 @@ type writer struct {
 	stats  *writerStats
 	conn   *pgx.Conn
 	txn    int64
+	// bucket is the shared current partition key (nil: 1); pad, when > 0,
+	// adds that many bytes to each payload and marks the events Oversize.
+	bucket *atomic.Int64
+	pad    int
 }
 
 type aggregate struct {
@@ -128,6 +141,10 @@ func (w *writer) commitNext(ctx context.Context) ([]event, error) {
 		k = 2 + w.rng.IntN(3)
 	}
 	w.txn++
+	bucket := 1
+	if w.bucket != nil {
+		bucket = int(w.bucket.Load())
+	}
 	evs := make([]event, k)
 	next := map[*aggregate]int{}
 	for i := range evs {
@@ -135,7 +152,7 @@ func (w *writer) commitNext(ctx context.Context) ([]event, error) {
 		if _, ok := next[a]; !ok {
 			next[a] = a.next
 		}
-		evs[i] = event{ID: newUUID(), Agg: a.id, Type: a.typ, Seq: next[a], Writer: w.n, Txn: w.txn}
+		evs[i] = event{ID: newUUID(), Agg: a.id, Type: a.typ, Seq: next[a], Writer: w.n, Txn: w.txn, Bucket: bucket, Oversize: w.pad > 0}
 		next[a]++
 	}
 	if err := w.commit(ctx, evs); err != nil {
@@ -220,8 +237,34 @@ func stamp(evs []event, post lsn.LSN, resolved bool) {
 	}
 }
 
-const insertSQL = `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-	VALUES ($1::uuid, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint))`
+// The INSERT names event_type (a mapped column): while ops-drop-mapped-column
+// has dropped it, every attempt fails and is retried.
+const (
+	insertSQL = `INSERT INTO outbox (id, bucket, aggregate_type, aggregate_id, event_type, payload)
+	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint))`
+	insertPadSQL = `INSERT INTO outbox (id, bucket, aggregate_type, aggregate_id, event_type, payload)
+	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint, 'pad', repeat('x', $8::int)))`
+)
+
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func (w *writer) insert(ctx context.Context, q execer, e event) error {
+	if w.pad > 0 {
+		_, err := q.Exec(ctx, insertPadSQL, e.ID, e.Type, e.Agg, e.Seq, e.Writer, e.Txn, e.Bucket, w.pad)
+		return err
+	}
+	_, err := q.Exec(ctx, insertSQL, e.ID, e.Type, e.Agg, e.Seq, e.Writer, e.Txn, e.Bucket)
+	return err
+}
+
+// isUndefinedColumn: the statement named a column the table lacks; it was
+// refused before it ran, so nothing committed.
+func isUndefinedColumn(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42703"
+}
 
 // try runs one attempt.
 func (w *writer) try(ctx context.Context, evs []event) (outcome, lsn.LSN) {
@@ -229,9 +272,13 @@ func (w *writer) try(ctx context.Context, evs []event) (outcome, lsn.LSN) {
 	defer cancel()
 	if len(evs) == 1 {
 		e := evs[0]
-		if _, err := w.conn.Exec(octx, insertSQL, e.ID, e.Type, e.Agg, e.Seq, e.Writer, e.Txn); err != nil {
+		if err := w.insert(octx, w.conn, e); err != nil {
 			if isUniqueViolation(err) {
 				return committedBefore, 0
+			}
+			if isUndefinedColumn(err) {
+				w.stats.undefinedColumn.Add(1)
+				return notCommitted, 0
 			}
 			// Even an error response may follow a commit (a shutdown
 			// interrupt after the commit record): look it up.
@@ -243,10 +290,13 @@ func (w *writer) try(ctx context.Context, evs []event) (outcome, lsn.LSN) {
 			return notCommitted, 0
 		}
 		for _, e := range evs {
-			if _, err := tx.Exec(octx, insertSQL, e.ID, e.Type, e.Agg, e.Seq, e.Writer, e.Txn); err != nil {
+			if err := w.insert(octx, tx, e); err != nil {
 				_ = tx.Rollback(context.Background())
 				if isUniqueViolation(err) {
 					return committedBefore, 0 // all or nothing: the earlier attempt committed
+				}
+				if isUndefinedColumn(err) {
+					w.stats.undefinedColumn.Add(1)
 				}
 				return notCommitted, 0
 			}

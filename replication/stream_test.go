@@ -1,0 +1,414 @@
+package replication
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// fakeWalsender speaks just enough of the replication protocol for the
+// stream: startup, START_REPLICATION, then CopyBoth. Each connection is
+// handed to the test goroutine, which decides what the server says.
+type fakeWalsender struct {
+	ln    net.Listener
+	conns chan *walConn
+	errs  chan error // server-side failures, reported to the test goroutine
+	wg    sync.WaitGroup
+}
+
+// walConn is one replication connection as the server sees it.
+type walConn struct {
+	c       net.Conn
+	be      *pgproto3.Backend
+	updates chan update // standby status updates, in order
+	closed  chan struct{}
+	mu      sync.Mutex // guards be's send side
+}
+
+// update is one standby status update from the client.
+type update struct {
+	write, flush lsn.LSN
+	ping         bool
+}
+
+func newFakeWalsender(t *testing.T) *fakeWalsender {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeWalsender{ln: ln, conns: make(chan *walConn, 16), errs: make(chan error, 16)}
+	f.wg.Go(f.accept)
+	t.Cleanup(func() {
+		ln.Close()
+		f.wg.Wait()
+	})
+	return f
+}
+
+func (f *fakeWalsender) dsn() string {
+	host, port, _ := net.SplitHostPort(f.ln.Addr().String())
+	return fmt.Sprintf("host=%s port=%s user=u dbname=d sslmode=disable", host, port)
+}
+
+func (f *fakeWalsender) report(err error) {
+	select {
+	case f.errs <- err:
+	default:
+	}
+}
+
+func (f *fakeWalsender) accept() {
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		conns = append(conns, c)
+		f.wg.Go(func() { f.serve(c) })
+	}
+}
+
+func (f *fakeWalsender) serve(c net.Conn) {
+	be := pgproto3.NewBackend(c, c)
+	if _, err := be.ReceiveStartupMessage(); err != nil {
+		f.report(fmt.Errorf("startup: %w", err))
+		return
+	}
+	be.Send(&pgproto3.AuthenticationOk{})
+	be.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
+	be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	if err := be.Flush(); err != nil {
+		f.report(err)
+		return
+	}
+	msg, err := be.Receive()
+	if err != nil {
+		f.report(fmt.Errorf("receive START_REPLICATION: %w", err))
+		return
+	}
+	if _, ok := msg.(*pgproto3.Query); !ok {
+		f.report(fmt.Errorf("got %T, want START_REPLICATION", msg))
+		return
+	}
+	be.Send(&pgproto3.CopyBothResponse{})
+	if err := be.Flush(); err != nil {
+		f.report(err)
+		return
+	}
+	w := &walConn{c: c, be: be, updates: make(chan update, 1024), closed: make(chan struct{})}
+	f.conns <- w
+	defer close(w.closed)
+	for {
+		msg, err := be.Receive()
+		if err != nil {
+			return // the client closed the connection (or the test ended)
+		}
+		cd, ok := msg.(*pgproto3.CopyData)
+		if !ok || len(cd.Data) != 34 || cd.Data[0] != pglogrepl.StandbyStatusUpdateByteID {
+			continue
+		}
+		u := update{
+			write: lsn.LSN(binary.BigEndian.Uint64(cd.Data[1:])),
+			flush: lsn.LSN(binary.BigEndian.Uint64(cd.Data[9:])),
+			ping:  cd.Data[33] == 1,
+		}
+		select {
+		case w.updates <- u:
+		default:
+			f.report(errors.New("too many status updates unread"))
+		}
+	}
+}
+
+// send writes one CopyData payload to the client.
+func (w *walConn) send(data []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.be.Send(&pgproto3.CopyData{Data: data})
+	return w.be.Flush()
+}
+
+func (w *walConn) keepalive(end lsn.LSN) error {
+	b := []byte{pglogrepl.PrimaryKeepaliveMessageByteID}
+	b = binary.BigEndian.AppendUint64(b, uint64(end))
+	b = binary.BigEndian.AppendUint64(b, 0)
+	return w.send(append(b, 0))
+}
+
+func (w *walConn) xlogData(start lsn.LSN, payload []byte) error {
+	b := []byte{pglogrepl.XLogDataByteID}
+	b = binary.BigEndian.AppendUint64(b, uint64(start))
+	b = binary.BigEndian.AppendUint64(b, uint64(start))
+	b = binary.BigEndian.AppendUint64(b, 0)
+	return w.send(append(b, payload...))
+}
+
+// fixedPositions is a tracker with nothing in flight.
+type fixedPositions struct{ advanced chan struct{} }
+
+func (fixedPositions) Acked() lsn.LSN              { return 0 }
+func (fixedPositions) InFlight() int               { return 0 }
+func (p fixedPositions) Advanced() <-chan struct{} { return p.advanced }
+
+func newTestStream(f *fakeWalsender, tune func(*Config)) *Stream {
+	cfg := Config{Source: Source{DSN: f.dsn(), Slot: "s", Publication: "p"}}
+	tune(&cfg)
+	return NewStream(cfg, fixedPositions{make(chan struct{})}, metrics.New(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// runStream runs s until the returned stop is called; stop waits for Run.
+func runStream(t *testing.T, ctx context.Context, s *Stream, out chan Message) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, out) }()
+	return func() {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return within 10s of the cancel")
+		}
+	}
+}
+
+// next waits for the next connection, answering the Reset of a lost one.
+func next(t *testing.T, ctx context.Context, f *fakeWalsender, out chan Message) *walConn {
+	t.Helper()
+	for {
+		select {
+		case w := <-f.conns:
+			return w
+		case m := <-out:
+			if m.Kind == Reset {
+				m.Resume(0)
+			}
+			m.Release()
+		case err := <-f.errs:
+			t.Fatalf("fake walsender: %v", err)
+		case <-ctx.Done():
+			t.Fatal("timed out waiting for a replication connection")
+		}
+	}
+}
+
+// TestStreamReceiveTimeout: a server that says nothing is first asked for a
+// reply; one that answers keeps its connection however long it is idle, one
+// that does not is given up and the stream reconnects.
+func TestStreamReceiveTimeout(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	tests := []struct {
+		name      string
+		answer    bool // the server answers each ping with a keepalive
+		reconnect bool
+	}{
+		{"silent server is given up", false, true},
+		{"answering server is kept", true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			f := newFakeWalsender(t)
+			s := newTestStream(f, func(c *Config) {
+				c.StatusInterval = 50 * time.Millisecond
+				c.ReceiveTimeout = timeout
+				c.BackoffMax = 100 * time.Millisecond
+			})
+			out := make(chan Message, 16)
+			defer runStream(t, ctx, s, out)()
+
+			w := next(t, ctx, f, out)
+			pings := 0
+			// Watch the first connection for ten timeouts, or until it closes.
+			watch := time.After(10 * timeout)
+		loop:
+			for {
+				select {
+				case u := <-w.updates:
+					if !u.ping {
+						continue
+					}
+					pings++
+					if tt.answer {
+						if err := w.keepalive(100); err != nil {
+							t.Fatalf("keepalive: %v", err)
+						}
+					}
+				case <-w.closed:
+					break loop
+				case <-watch:
+					break loop
+				case m := <-out:
+					if m.Kind == Reset {
+						m.Resume(0)
+					}
+				case err := <-f.errs:
+					t.Fatalf("fake walsender: %v", err)
+				case <-ctx.Done():
+					t.Fatal("test deadline")
+				}
+			}
+			if pings == 0 {
+				t.Fatal("no status update asked the server for a reply")
+			}
+			select {
+			case <-w.closed:
+				if !tt.reconnect {
+					t.Fatalf("the stream dropped a connection whose server answered %d pings", pings)
+				}
+				next(t, ctx, f, out) // and it reconnects
+			default:
+				if tt.reconnect {
+					t.Fatalf("the stream kept a silent connection for %v", 10*timeout)
+				}
+				if pings < 5 {
+					t.Fatalf("%d pings in %v, want one every %v of silence", pings, 10*timeout, timeout/2)
+				}
+			}
+		})
+	}
+}
+
+// TestStreamQueueBytes: the stream hands over at most QueueBytes of WAL data
+// not yet released, lets a message larger than that through alone, keeps
+// sending status updates while it waits, and loses nothing.
+func TestStreamQueueBytes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := newFakeWalsender(t)
+	const limit = 1000
+	s := newTestStream(f, func(c *Config) {
+		c.StatusInterval = 20 * time.Millisecond
+		c.QueueBytes = limit
+	})
+	out := make(chan Message, 1024) // the byte budget, not the count, must bind
+	defer runStream(t, ctx, s, out)()
+	w := next(t, ctx, f, out)
+
+	sizes := []int{300, 300, 300, 300, 300, 5000, 10, 10, 300, 300, 300, 300}
+	for i, n := range sizes {
+		if err := w.xlogData(lsn.LSN(i+1), make([]byte, n)); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	}
+	// waitBlocked returns once the stream has sent a few status updates
+	// with nothing read from out: it is waiting in push by then.
+	waitBlocked := func() {
+		t.Helper()
+		for seen := 0; seen < 3; {
+			select {
+			case <-w.updates:
+				seen++
+			case err := <-f.errs:
+				t.Fatalf("fake walsender: %v", err)
+			case <-ctx.Done():
+				t.Fatal("no status updates while the queue is full")
+			}
+		}
+	}
+	// queued takes what out holds now, without releasing it.
+	queued := func() (msgs []Message, bytes int) {
+		for len(out) > 0 {
+			m := <-out
+			msgs = append(msgs, m)
+			bytes += len(m.Data)
+		}
+		return msgs, bytes
+	}
+
+	var got []int
+	var held []Message
+	for len(got) < len(sizes) {
+		waitBlocked()
+		msgs, bytes := queued()
+		heldBytes := 0
+		for _, m := range held {
+			heldBytes += len(m.Data)
+		}
+		if total := heldBytes + bytes; total > limit && len(held)+len(msgs) > 1 {
+			t.Fatalf("%d bytes in %d messages handed over and not released, want at most %d or one message",
+				total, len(held)+len(msgs), limit)
+		}
+		if len(msgs) == 0 && len(held) == 0 {
+			t.Fatalf("stream blocked with nothing handed over (after %d messages)", len(got))
+		}
+		for _, m := range msgs {
+			got = append(got, len(m.Data))
+		}
+		held = append(held, msgs...)
+		// Release the oldest one, as the processor does after handling it.
+		held[0].Release()
+		held = held[1:]
+	}
+	for i := range sizes {
+		if got[i] != sizes[i] {
+			t.Fatalf("message sizes %v, want %v", got, sizes)
+		}
+	}
+	for _, m := range held {
+		m.Release()
+	}
+	if used := s.buf.used.Load(); used != 0 {
+		t.Fatalf("%d bytes still taken after every message was released", used)
+	}
+}
+
+func TestBudget(t *testing.T) {
+	tests := []struct {
+		name  string
+		limit int64
+		ops   []int64 // positive: take, negative: release
+		want  []bool  // result of each take
+	}{
+		{"fits until full", 100, []int64{40, 40, 40}, []bool{true, true, false}},
+		{"exactly full", 100, []int64{60, 40, 1}, []bool{true, true, false}},
+		{"larger than the budget goes alone", 100, []int64{500, 1, -500, 1}, []bool{true, false, true}},
+		{"larger than the budget waits for an empty queue", 100, []int64{10, 500, -10, 500}, []bool{true, false, true}},
+		{"release makes room", 100, []int64{80, 30, -80, 30}, []bool{true, false, true}},
+		{"empty message always fits", 100, []int64{100, 0}, []bool{true, true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBudget(tt.limit)
+			var got []bool
+			for _, op := range tt.ops {
+				if op < 0 {
+					b.release(-op)
+					select {
+					case <-b.freed:
+					default:
+						t.Fatal("release did not signal")
+					}
+					continue
+				}
+				got = append(got, b.take(op))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Fatalf("takes %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

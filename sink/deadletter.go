@@ -1,0 +1,141 @@
+package sink
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+// Header names the sink adds to dead letters.
+const (
+	HeaderTopic          = "topic"           // the topic the record was meant for
+	HeaderPayloadOmitted = "payload_omitted" // why the payload (and more) was left out
+	HeaderTruncated      = "truncated"       // the key and headers were cut to fit
+)
+
+// recordBatchOverhead is the size of a v2 record batch without records
+// (Kafka's DefaultRecordBatch.RECORD_BATCH_OVERHEAD, log overhead included).
+const recordBatchOverhead = 61
+
+// batchSize is what a broker counts against max.message.bytes for r sent
+// alone: the batch header and the record (attributes, timestamp and offset
+// deltas of 0, varint-framed key, value and headers). Uncompressed, as
+// franz-go caps batches.
+func batchSize(r *kgo.Record) int {
+	n := 1 + 1 + 1 + // attributes, timestamp delta, offset delta
+		kbin.VarintLen(int32(len(r.Key))) + len(r.Key) +
+		kbin.VarintLen(int32(len(r.Value))) + len(r.Value) +
+		kbin.VarintLen(int32(len(r.Headers)))
+	for _, h := range r.Headers {
+		n += kbin.VarintLen(int32(len(h.Key))) + len(h.Key) + kbin.VarintLen(int32(len(h.Value))) + len(h.Value)
+	}
+	return recordBatchOverhead + kbin.VarintLen(int32(n)) + n
+}
+
+// deadLetter turns r into its dead-letter copy and produces it: headers
+// error (the reason) and topic first, then its own; key, value and
+// timestamp as they were. cause is the refusal that led here, if any.
+func (s *Sink) deadLetter(r *record, reason string, cause error) {
+	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
+	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
+	h = append(h, kgo.RecordHeader{Key: router.HeaderError, Value: []byte(reason)},
+		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)})
+	r.Headers = append(h, r.Headers...)
+	r.orig, r.Topic = r.Topic, s.dlq
+	r.dead, r.reason, r.level = true, reason, 0
+	r.err, r.alone, r.resent, r.seq = nil, false, false, 0
+	if errors.Is(cause, kerr.InvalidTimestamp) {
+		r.Timestamp = time.Now() // the dead-letter topic would refuse it too
+	}
+	r.size = batchSize(&r.Record)
+	_ = s.submit(r, false)
+}
+
+// tooLarge handles r over t's limit before it is sent: a record is
+// dead-lettered, a dead letter made smaller.
+func (s *Sink) tooLarge(t *topicState, r *record) {
+	why := fmt.Sprintf("record of %d bytes exceeds max.message.bytes %d of topic %s (%s)",
+		r.size, t.limit.Load(), t.name, kerr.MessageTooLarge.Message)
+	if !r.dead {
+		s.deadLetter(r, why, nil)
+		return
+	}
+	shrink(r, why, nil)
+	_ = s.submit(r, false)
+}
+
+// refusedAlone handles r refused on its own (or for a reason of the whole
+// topic): a record is dead-lettered; a dead letter is sent again smaller,
+// and its refusal once minimal is fatal, never a silent drop.
+func (s *Sink) refusedAlone(t *topicState, r *record) {
+	if !r.dead {
+		s.deadLetter(r, fmt.Sprintf("Kafka refused the record for topic %s: %v", r.Topic, r.err), r.err)
+		return
+	}
+	if r.level >= 2 || topicWide(r.err) {
+		r.finish(Outcome{Err: fmt.Errorf("dead-letter topic %s refused the record: %w", s.dlq, r.err)})
+		return
+	}
+	s.log.Warn("dead-letter topic refused the record; sending it smaller", "topic", s.dlq, "err", r.err)
+	shrink(r, r.err.Error(), r.err)
+	// Back to the repair, to be sent alone again.
+	r.alone = false
+	s.mu.Lock()
+	t.retry = append(t.retry, r)
+	s.mu.Unlock()
+}
+
+// missingDeadLetter handles r whose topic did not appear in time.
+func (s *Sink) missingDeadLetter(t *topicState, r *record) {
+	if r.dead {
+		r.finish(Outcome{Err: fmt.Errorf("dead-letter topic %s did not exist for %v (kafka.unknown_topic_timeout): %w",
+			t.name, s.unknownTimeout, kerr.UnknownTopicOrPartition)})
+		return
+	}
+	s.deadLetter(r, fmt.Sprintf("topic %s did not exist for %v (kafka.unknown_topic_timeout): %v",
+		t.name, s.unknownTimeout, kerr.UnknownTopicOrPartition), nil)
+}
+
+// shrink makes a dead letter smaller after why (a refusal or the size check):
+// first without its payload; then a minimal record that fits any sensible
+// limit: the reason, the topic and the event id (cut short), a cut key, no
+// other header, and the current time, which the broker cannot find too old.
+func shrink(r *record, why string, cause error) {
+	if r.level == 0 && !errors.Is(cause, kerr.InvalidTimestamp) {
+		r.level = 1
+		r.Value = nil
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderPayloadOmitted, Value: []byte(why)})
+		r.size = batchSize(&r.Record)
+		return
+	}
+	r.level = 2
+	h := []kgo.RecordHeader{{Key: router.HeaderError, Value: clip(r.reason, 256)}}
+	if r.orig != "" {
+		h = append(h, kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.orig)})
+	}
+	if id := headerValue(&r.Record, router.HeaderID); id != "" {
+		h = append(h, kgo.RecordHeader{Key: router.HeaderID, Value: clip(id, 64)})
+	}
+	h = append(h, kgo.RecordHeader{Key: HeaderPayloadOmitted, Value: clip(why, 256)},
+		kgo.RecordHeader{Key: HeaderTruncated, Value: []byte("key cut to 64 bytes, other headers dropped")})
+	r.Headers = h
+	if len(r.Key) > 64 {
+		r.Key = r.Key[:64]
+	}
+	r.Value = nil
+	r.Timestamp = time.Now()
+	r.size = batchSize(&r.Record)
+}
+
+func clip(s string, n int) []byte {
+	if len(s) > n {
+		s = s[:n]
+	}
+	return []byte(s)
+}

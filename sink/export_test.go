@@ -1,0 +1,17 @@
+package sink
+
+import (
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+// BatchSize is batchSize for the tests: what a broker counts against
+// max.message.bytes for rec sent alone.
+func BatchSize(rec *router.Record) int {
+	r := kgo.Record{Key: rec.Key, Value: rec.Value}
+	for _, h := range rec.Headers {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	return batchSize(&r)
+}

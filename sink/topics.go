@@ -1,0 +1,475 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// topicState is what the sink knows about one topic. Fields other than
+// limit are guarded by Sink.mu.
+//
+// A ready topic's records go straight to the client. Otherwise they wait in
+// held and a worker goroutine owns the topic: it looks the topic up (and
+// creates it), waits for a missing one, repairs after a refusal, then hands
+// the held records over in order and marks the topic ready again.
+type topicState struct {
+	name string
+	// limit is the topic's max.message.bytes, 0 while unknown. franz-go
+	// reads it from its own goroutines (batchMax).
+	limit atomic.Int32
+
+	ready   bool
+	running bool          // a worker owns the topic
+	wake    chan struct{} // tells the worker that something changed
+
+	known        bool      // looked up at least once
+	stale        bool      // a refusal may mean the limit changed: look up again
+	checked      time.Time // last lookup
+	missing      bool
+	missingSince time.Time
+	expired      bool // missing for longer than the timeout: dead-letter
+
+	inClient  int       // records handed to the client, outcome not in yet
+	held      []*record // records waiting for the worker, in Produce order
+	repairing bool
+	retry     []*record        // records failed during a repair, any order
+	isolating bool             // a record is being sent alone
+	refused   map[int32]uint64 // per partition, lowest seq refused in this repair
+
+	// gen is the Context of the records handed to the client; a refusal
+	// cancels it so that the client fails, rather than sends, what it still
+	// holds of the topic (kgo recBatch.maybeFailErr).
+	gen     context.Context
+	stopGen context.CancelFunc
+}
+
+// topic returns name's state, creating it (not ready) on first use.
+// Called with s.mu held.
+func (s *Sink) topic(name string) *topicState {
+	t := s.topics[name]
+	if t == nil {
+		t = &topicState{name: name, wake: make(chan struct{}, 1)}
+		t.gen, t.stopGen = context.WithCancel(s.ctx)
+		s.topics[name] = t
+	}
+	return t
+}
+
+// admit counts r as in the client for t. Called with s.mu held.
+func (t *topicState) admit(r *record) {
+	t.inClient++
+	r.t = t
+	r.Context = t.gen
+}
+
+// overLimit reports whether r cannot fit t's known limit. A minimal dead
+// letter is sent regardless: only the broker's refusal makes it fatal.
+func (t *topicState) overLimit(r *record) bool {
+	limit := int(t.limit.Load())
+	return limit > 0 && r.size > limit && !(r.dead && r.level >= 2)
+}
+
+func (t *topicState) signal() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// startWorker starts t's worker unless it runs. Called with s.mu held.
+func (s *Sink) startWorker(t *topicState) {
+	if t.running || s.closed {
+		return
+	}
+	t.running = true
+	s.wg.Add(1)
+	go s.work(t)
+}
+
+// startRepair holds t back after r was refused and reports whether this
+// starts a repair. Called with s.mu held.
+func (s *Sink) startRepair(t *topicState, r *record) bool {
+	started := !t.repairing
+	if started {
+		t.repairing, t.ready = true, false
+		t.refused = make(map[int32]uint64)
+	}
+	if errors.Is(r.err, kerr.MessageTooLarge) || errors.Is(r.err, kerr.RecordListTooLarge) {
+		t.stale = true // the limit may have been lowered since it was read
+	}
+	if !r.alone {
+		if first, ok := t.refused[r.Partition]; !ok || r.seq < first {
+			t.refused[r.Partition] = r.seq
+		}
+		// Whatever the client has not sent of t yet would overtake the
+		// refused records: fail it too, to send it again after them.
+		t.stopGen()
+		t.gen, t.stopGen = context.WithCancel(s.ctx)
+	}
+	s.startWorker(t)
+	return started
+}
+
+func (s *Sink) work(t *topicState) {
+	defer s.wg.Done()
+	for s.step(t) {
+	}
+}
+
+// step does one piece of t's pending work and reports whether there is more.
+func (s *Sink) step(t *topicState) bool {
+	s.mu.Lock()
+	if s.closed {
+		t.running = false
+		s.mu.Unlock()
+		return false
+	}
+	now := time.Now()
+	switch {
+	case !t.known || t.stale || t.missing && now.Sub(t.checked) >= s.poll:
+		s.mu.Unlock()
+		s.lookup(t)
+		return true
+	case t.missing && !t.expired:
+		if now.Sub(t.missingSince) < s.unknownTimeout {
+			s.mu.Unlock()
+			return s.sleep(s.poll)
+		}
+		t.expired = true
+		s.mu.Unlock()
+		s.log.Error("kafka: topic still missing after kafka.unknown_topic_timeout; its records go to the dead-letter topic",
+			"topic", t.name, "timeout", s.unknownTimeout)
+		return true
+	case t.repairing:
+		return s.repairStep(t)
+	case len(t.held) > 0:
+		r := s.popHeld(t)
+		expired := t.expired
+		s.mu.Unlock()
+		if expired {
+			s.missingDeadLetter(t, r)
+		} else {
+			s.handOver(t, r)
+		}
+		return true
+	}
+	// A missing topic stays held back: its next record starts a worker,
+	// which looks again.
+	t.ready = !t.missing
+	t.running = false
+	s.mu.Unlock()
+	return false
+}
+
+// repairStep sends t's failed records again, lowest seq first: a record
+// failed with a refusal goes alone, so that a second refusal is its own; one
+// refused alone (or for a reason of the whole topic) is dead-lettered.
+// Called with s.mu held; returns with it released.
+func (s *Sink) repairStep(t *topicState) bool {
+	// Nothing may join a record sent alone before its outcome is in.
+	if t.inClient > 0 && t.isolating {
+		s.mu.Unlock()
+		return s.waitWake(t)
+	}
+	t.isolating = false
+	if len(t.retry) == 0 {
+		if t.inClient > 0 {
+			s.mu.Unlock()
+			return s.waitWake(t)
+		}
+		t.repairing, t.refused = false, nil
+		s.mu.Unlock()
+		return true
+	}
+	i := 0
+	for j, r := range t.retry {
+		if r.seq < t.retry[i].seq {
+			i = j
+		}
+	}
+	r := t.retry[i]
+	switch {
+	case t.expired:
+		t.retry = slices.Delete(t.retry, i, i+1)
+		s.mu.Unlock()
+		s.missingDeadLetter(t, r)
+	case r.err == nil: // failed unsent, never refused
+		t.retry = slices.Delete(t.retry, i, i+1)
+		r.resent = true
+		s.mu.Unlock()
+		s.handOver(t, r)
+	case unknownTopic(r.err):
+		// Look the topic up again before anything is sent; these records
+		// were not refused for what they are.
+		for _, x := range t.retry {
+			if x.err != nil && unknownTopic(x.err) {
+				x.err, x.alone = nil, false
+			}
+		}
+		t.known = false
+		s.mu.Unlock()
+	case r.alone || topicWide(r.err):
+		t.retry = slices.Delete(t.retry, i, i+1)
+		s.mu.Unlock()
+		s.refusedAlone(t, r)
+	default: // refused with its batch: send it alone
+		if t.inClient > 0 {
+			s.mu.Unlock()
+			return s.waitWake(t)
+		}
+		t.retry = slices.Delete(t.retry, i, i+1)
+		r.alone, r.resent, r.err = true, true, nil
+		t.isolating = true
+		s.mu.Unlock()
+		s.handOver(t, r)
+	}
+	return true
+}
+
+// popHeld takes t's oldest held record. Called with s.mu held.
+func (s *Sink) popHeld(t *topicState) *record {
+	r := t.held[0]
+	t.held[0] = nil
+	t.held = t.held[1:]
+	s.held--
+	s.heldBytes -= int64(r.size)
+	if s.spaceWanted {
+		close(s.space)
+		s.space, s.spaceWanted = make(chan struct{}), false
+	}
+	return r
+}
+
+// waitWake waits for a settled record or for Close.
+func (s *Sink) waitWake(t *topicState) bool {
+	select {
+	case <-t.wake:
+	case <-s.ctx.Done():
+	}
+	return true
+}
+
+// sleep waits for d or for Close.
+func (s *Sink) sleep(d time.Duration) bool {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+	case <-s.ctx.Done():
+	}
+	return true
+}
+
+// lookup learns whether t exists (creating it when allowed) and its
+// max.message.bytes. Failing requests are retried for ever, as the client
+// retries produce requests: the records wait.
+func (s *Sink) lookup(t *topicState) {
+	var (
+		exists bool
+		err    error
+	)
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		exists, err = s.exists(t.name)
+		if err == nil && !exists && s.mayCreate() {
+			exists, err = s.create(t.name)
+		}
+		if err == nil {
+			break
+		}
+		s.log.Warn("kafka: cannot look up topic; retrying", "topic", t.name, "err", err)
+		if s.sleep(backoff); s.ctx.Err() != nil {
+			return
+		}
+	}
+	var limit int32
+	if exists {
+		limit = s.maxMessageBytes(t.name)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.known, t.stale, t.checked = true, false, time.Now()
+	if limit > 0 {
+		t.limit.Store(limit)
+	}
+	switch {
+	case exists && t.missing:
+		s.log.Info("kafka: topic exists now; sending its records", "topic", t.name, "waited", time.Since(t.missingSince).Round(time.Millisecond))
+		t.missing, t.expired = false, false
+	case !exists && !t.missing:
+		t.missing, t.missingSince = true, time.Now()
+		s.log.Warn("kafka: topic does not exist; its records wait for it", "topic", t.name, "timeout", s.unknownTimeout)
+	}
+}
+
+// exists asks a broker for name's metadata, never auto-creating it.
+func (s *Sink) exists(name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(name)
+	req.Topics = append(req.Topics, rt)
+	req.AllowAutoTopicCreation = false
+	resp, err := req.RequestWith(ctx, s.cl)
+	if err != nil {
+		return false, fmt.Errorf("metadata: %w", err)
+	}
+	if len(resp.Brokers) > 0 {
+		s.mu.Lock()
+		s.broker.node = resp.Brokers[0].NodeID
+		s.mu.Unlock()
+	}
+	for _, rt := range resp.Topics {
+		if rt.Topic != nil && *rt.Topic == name {
+			// Any other error (not authorized, say) is for producing to
+			// report: the topic is not missing.
+			return !errors.Is(kerr.ErrorForCode(rt.ErrorCode), kerr.UnknownTopicOrPartition), nil
+		}
+	}
+	return false, fmt.Errorf("metadata: no answer for topic %s", name)
+}
+
+// create creates name with the configured partitions and replication factor.
+// It reports false, without error, when the cluster refuses (a policy, a
+// replication factor it cannot meet, no permission): the topic stays missing
+// and its records wait for it.
+func (s *Sink) create(name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+	defer cancel()
+	resp, err := s.adm.CreateTopic(ctx, s.partitions, s.replication, nil, name)
+	var ke *kerr.Error
+	switch {
+	case err == nil:
+		s.log.Info("kafka: created topic", "topic", name, "partitions", resp.NumPartitions,
+			"replication_factor", resp.ReplicationFactor,
+			"requested", fmt.Sprintf("partitions %s, replication factor %s", orDefault(int(s.partitions)), orDefault(int(s.replication))))
+		return true, nil
+	case errors.Is(err, kerr.TopicAlreadyExists):
+		return true, nil
+	case errors.As(err, &ke):
+		s.log.Error("kafka: cannot create topic; its records wait for it", "topic", name,
+			"partitions", s.partitions, "replication_factor", s.replication, "err", err)
+		return false, nil
+	}
+	return false, fmt.Errorf("create topic: %w", err)
+}
+
+func orDefault(n int) string {
+	if n < 0 {
+		return "broker default"
+	}
+	return strconv.Itoa(n)
+}
+
+// mayCreate: kafka.auto_create_topics is on and the broker does not forbid
+// auto-creation, so the sink creates exactly the topics the broker's own
+// auto-creation would have, with the stated settings.
+func (s *Sink) mayCreate() bool {
+	if !s.autoCreate {
+		return false
+	}
+	b := s.brokerConfig()
+	return b.autoCreate == nil || *b.autoCreate
+}
+
+// brokerInfo holds broker settings read once.
+type brokerInfo struct {
+	node       int32 // a broker to ask
+	read       time.Time
+	ok         bool
+	maxBytes   int32 // message.max.bytes, 0 if unknown
+	autoCreate *bool // auto.create.topics.enable, nil if unknown
+}
+
+// brokerConfig reads a broker's message.max.bytes and
+// auto.create.topics.enable, once, retrying at most once a minute.
+func (s *Sink) brokerConfig() brokerInfo {
+	s.mu.Lock()
+	b := s.broker
+	s.mu.Unlock()
+	if b.ok || time.Since(b.read) < time.Minute {
+		return b
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+	defer cancel()
+	rcs, err := s.adm.DescribeBrokerConfigs(ctx, b.node)
+	b.read = time.Now()
+	if err == nil && len(rcs) == 1 && rcs[0].Err == nil {
+		b.ok = true
+		for _, c := range rcs[0].Configs {
+			switch c.Key {
+			case "message.max.bytes":
+				b.maxBytes = parseLimit(c.MaybeValue())
+			case "auto.create.topics.enable":
+				v := c.MaybeValue() == "true"
+				b.autoCreate = &v
+			}
+		}
+	} else {
+		s.log.Info("kafka: cannot read the broker's configuration; topic limits are learned from the topics only", "err", err)
+	}
+	s.mu.Lock()
+	node := s.broker.node
+	s.broker = b
+	s.broker.node = node
+	s.mu.Unlock()
+	return b
+}
+
+// maxMessageBytes is name's max.message.bytes, or the broker's
+// message.max.bytes if the topic's cannot be read, or 0.
+func (s *Sink) maxMessageBytes(name string) int32 {
+	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+	defer cancel()
+	rcs, err := s.adm.DescribeTopicConfigs(ctx, name)
+	if err == nil {
+		if rc, err := rcs.On(name, nil); err == nil && rc.Err == nil {
+			for _, c := range rc.Configs {
+				if c.Key == "max.message.bytes" {
+					if n := parseLimit(c.MaybeValue()); n > 0 {
+						return n
+					}
+				}
+			}
+		}
+	}
+	return s.brokerConfig().maxBytes
+}
+
+func parseLimit(v string) int32 {
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return int32(n)
+}
+
+// batchMax is franz-go's batch cap for topic (ProducerBatchMaxBytesFn),
+// asked when the client first produces to one of its partitions, which is
+// after the lookup. franz-go counts a batch with a length prefix the broker
+// does not count: 4 bytes until it knows the produce version, a uvarint (1
+// to 3 bytes here) after. Allowing 4 lets every record that passed the size
+// check through; the rare batch that ends up 1 to 3 bytes over is refused
+// and repaired, which beats dead-lettering a record that fits.
+func (s *Sink) batchMax(topic string) int32 {
+	var limit int32
+	if topic != "" {
+		s.mu.Lock()
+		if t := s.topics[topic]; t != nil {
+			limit = t.limit.Load()
+		}
+		s.mu.Unlock()
+	}
+	if limit <= 0 {
+		return defaultBatchMax
+	}
+	return min(max(limit+4, 512), 1<<30)
+}
