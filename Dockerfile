@@ -15,6 +15,10 @@ ARG GO_VERSION=1.26
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+# go.mod replaces the library modules with these directories; their go.mod
+# files must be there for go mod download.
+COPY outbox/go.mod outbox/go.sum ./outbox/
+COPY inbox/go.mod inbox/go.sum ./inbox/
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ARG VERSION=dev

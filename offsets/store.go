@@ -28,6 +28,18 @@ type Checkpoint struct {
 	// Identity says where LSN is a position; zero in checkpoints written by
 	// versions before it was recorded.
 	Identity
+	// Gap, when set, records that the outbox table left the stream (removed
+	// from the publication, dropped): the rows written since could not be
+	// decoded and are read back from the table at the next start.
+	Gap *Gap `json:"gap,omitempty"`
+}
+
+// Gap is where the rows the stream could not decode begin: no position
+// after Since was confirmed, and every such row was written by a
+// transaction whose (64-bit) id is at least Xmin.
+type Gap struct {
+	Since lsn.LSN `json:"since"`
+	Xmin  uint64  `json:"xmin"`
 }
 
 // Identity is what a WAL position belongs to: a position means nothing on
@@ -52,7 +64,7 @@ var ErrNoCheckpoint = errors.New("no checkpoint saved yet")
 var ErrStale = errors.New("a later checkpoint of this slot is stored")
 
 // identityColumns were added after the first release; older tables lack them.
-var identityColumns = []string{"system_id", "timeline", "database"}
+var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin"}
 
 // TableStore keeps checkpoints in a table of the source database, one row
 // per slot, so they live and fail over with the data they describe.
@@ -85,7 +97,9 @@ func (s *TableStore) DDL() string {
 	updated_at    timestamptz NOT NULL DEFAULT now(),
 	system_id     text,
 	timeline      integer,
-	database      text)`, s.table)
+	database      text,
+	gap_since     pg_lsn,
+	gap_xmin      bigint)`, s.table)
 }
 
 func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -139,7 +153,7 @@ func (s *TableStore) prepare(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	alter := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline integer, "+
-		"ADD COLUMN IF NOT EXISTS database text", s.table)
+		"ADD COLUMN IF NOT EXISTS database text, ADD COLUMN IF NOT EXISTS gap_since pg_lsn, ADD COLUMN IF NOT EXISTS gap_xmin bigint", s.table)
 	if _, err := conn.Exec(ctx, alter); err != nil {
 		return fmt.Errorf("checkpoint store: %s lacks the columns %s (written by an older version) and this role cannot add them (%w); "+
 			"have the table's owner run: %s", s.table, strings.Join(missing, ", "), err, alter)
@@ -170,9 +184,11 @@ func (s *TableStore) Load(ctx context.Context) (Checkpoint, error) {
 		return Checkpoint{}, err
 	}
 	var c Checkpoint
+	var gapSince *lsn.LSN
+	var gapXmin *int64
 	err = conn.QueryRow(ctx, fmt.Sprintf(`SELECT lsn, snapshot_done, updated_at, coalesce(system_id, ''), coalesce(timeline, 0),
-		coalesce(database, '') FROM %s WHERE slot = $1`, s.table), s.slot).
-		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database)
+		coalesce(database, ''), gap_since, gap_xmin FROM %s WHERE slot = $1`, s.table), s.slot).
+		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Checkpoint{}, ErrNoCheckpoint
 	}
@@ -181,6 +197,9 @@ func (s *TableStore) Load(ctx context.Context) (Checkpoint, error) {
 		return Checkpoint{}, fmt.Errorf("checkpoint store: load: %w", err)
 	}
 	c.Slot = s.slot // the row's key
+	if gapSince != nil && gapXmin != nil {
+		c.Gap = &Gap{Since: *gapSince, Xmin: uint64(*gapXmin)}
+	}
 	return c, nil
 }
 
@@ -201,11 +220,17 @@ func (s *TableStore) save(ctx context.Context, c Checkpoint, where string) error
 	if err != nil {
 		return err
 	}
-	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database)
-		VALUES ($1, $2, $3, now(), $4, $5, $6)
+	var gapSince, gapXmin any
+	if c.Gap != nil {
+		gapSince, gapXmin = c.Gap.Since, int64(c.Gap.Xmin)
+	}
+	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
+			gap_since, gap_xmin)
+		VALUES ($1, $2, $3, now(), $4, $5, $6, $7, $8)
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
-			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database %s`, s.table, where),
-		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database))
+			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
+			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin %s`, s.table, where),
+		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin)
 	if err != nil {
 		s.reset(ctx)
 		return fmt.Errorf("checkpoint store: save: %w", err)

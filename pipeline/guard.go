@@ -105,7 +105,7 @@ func (p *Pipeline) guardLoop(ctx context.Context, g *guard) {
 		}
 		switch why, gap := g.check(ctx); {
 		case gap:
-			p.failGap(why, g.Verified(), g.xmin.Load())
+			_ = p.failGap(why, g.Verified(), g.xmin.Load()) // reaches Run through fail
 			return
 		case why != "":
 			p.fail(schemaError(why))
@@ -124,9 +124,16 @@ type gapInfo struct {
 }
 
 // failGap stops the connector because the outbox left the stream.
-func (p *Pipeline) failGap(why string, verified lsn.LSN, xmin uint64) {
-	p.gap.Store(&gapInfo{Since: verified, Xmin: xmin})
-	p.fail(replication.LeftStreamError(p.cfg.Source, why, verified, p.cfg.Checkpoints != nil))
+func (p *Pipeline) failGap(why string, verified lsn.LSN, xmin uint64) error {
+	g := &gapInfo{Since: verified, Xmin: xmin}
+	if old := p.gap.Load(); old != nil { // an earlier gap, not repaired yet
+		g = &gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin)}
+	}
+	p.gap.Store(g)
+	p.gapClear.Store(0)
+	err := replication.LeftStreamError(p.cfg.Source, why, verified, p.cfg.Checkpoints != nil)
+	p.fail(err)
+	return err
 }
 
 // schemaError is the fatal error for an outbox table that lost a mapped
@@ -137,4 +144,55 @@ func schemaError(problem string) error {
 		Fix: "restore the column (ALTER TABLE ... ADD COLUMN) or map another one under outbox.columns, and restart; " +
 			"rows written while it was missing then go to the dead-letter topic with the reason",
 	}}
+}
+
+// recordedGap is the gap to record with a checkpoint at acked: nil once the
+// backfill ran and the watermark passed every row it published.
+func (p *Pipeline) recordedGap(acked lsn.LSN) *gapInfo {
+	g := p.gap.Load()
+	if g == nil {
+		return nil
+	}
+	if c := lsn.LSN(p.gapClear.Load()); c != 0 && acked >= c && p.gap.CompareAndSwap(g, nil) {
+		p.log.Info("gap repaired", "since", g.Since)
+		return nil
+	}
+	return p.gap.Load()
+}
+
+// confirmable is the acknowledged position that may be saved or confirmed:
+// never beyond what the guard vouched for.
+func (p *Pipeline) confirmable() lsn.LSN {
+	a := p.tracker.Acked()
+	if p.guard != nil {
+		a = min(a, p.guard.Verified())
+	}
+	return a
+}
+
+// finalMargin separates the two readings of the final check: the first one
+// covers every commit decoded before the stop, the second one, taken later,
+// vouches that it saw them all.
+const finalMargin = 100 * time.Millisecond
+
+// finalCheck runs when the stream no longer reads, so that a clean stop
+// confirms everything acknowledged instead of what the last periodic
+// reading vouched for. It returns the error for an outbox found outside the
+// stream (the gap is recorded), nil otherwise.
+func (p *Pipeline) finalCheck(ctx context.Context) error {
+	g := p.guard
+	if g == nil || p.gap.Load() != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for i := range 2 {
+		if i == 1 {
+			time.Sleep(finalMargin)
+		}
+		if why, gap := g.check(ctx); gap {
+			return p.failGap(why, g.Verified(), g.xmin.Load())
+		}
+	}
+	return nil
 }

@@ -118,7 +118,10 @@ type Pipeline struct {
 
 	streaming atomic.Bool
 	guard     *guard                  // nil in replay
-	gap       atomic.Pointer[gapInfo] // set when the outbox left the stream
+	gap       atomic.Pointer[gapInfo] // a gap not yet repaired: recorded in every checkpoint
+	gapClear  atomic.Uint64           // set once the backfill ran: the gap is repaired past it
+	bf        *backfill               // the processor's repair of a recorded gap
+	savedGap  *gapInfo                // the gap in the last checkpoint saved (checkpoint writers only)
 	fatalOnce sync.Once
 	fatal     chan error
 	ready     chan struct{}
@@ -277,10 +280,15 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			"inflight", p.tracker.InFlight(), "err", err)
 	}
 	stopProduce()
-	stopStream()
-	wg.Wait()
 	stopAux()
 	auxWG.Wait()
+	// The stream's last status update and the last checkpoint confirm what
+	// the guard vouches for: have it vouch for everything decoded so far.
+	if err := p.finalCheck(context.WithoutCancel(ctx)); err != nil && runErr == nil {
+		runErr = err
+	}
+	stopStream()
+	wg.Wait()
 	if p.cfg.Checkpoints != nil && p.cfg.Replay == nil {
 		p.saveCheckpoint(context.WithoutCancel(ctx), 0)
 		p.cfg.Checkpoints.Close()
@@ -431,6 +439,14 @@ func (p *Pipeline) setup(ctx context.Context) (lsn.LSN, *replication.ExportedSna
 			p.log.Info("the checkpoint is from an earlier timeline, before this server's history left it", "checkpoint", ckpt.LSN,
 				"checkpoint_timeline", ckpt.Timeline, "timeline", srv.Timeline)
 		}
+		if g := ckpt.Gap; g != nil {
+			p.log.Warn("the outbox table was outside the stream when the connector stopped: its rows written since are read "+
+				"from the table when the stream reaches the gap", "since", g.Since, "xmin", g.Xmin)
+			gi := &gapInfo{Since: g.Since, Xmin: g.Xmin}
+			p.gap.Store(gi)
+			p.savedGap = gi
+			p.bf = &backfill{gapInfo: *gi}
+		}
 	}
 	if pending && res.Snapshot == nil && !hadSnapshot {
 		p.log.Info("snapshot.mode pending applies when the slot is created; the slot exists, streaming from it", "slot", src.Slot)
@@ -535,6 +551,11 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			m.Resume(dispatched)
 			continue
 		case replication.Keepalive:
+			if txn == nil && p.bf.due(m.WALEnd) {
+				if err := p.runBackfill(ctx, produceCtx, p.bf, dispatched); err != nil {
+					return err
+				}
+			}
 			if txn == nil {
 				if stopAt != 0 && m.WALEnd >= stopAt {
 					return errReplayDone
@@ -556,11 +577,16 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			if stopAt != 0 && res.Begin.FinalLSN >= stopAt {
 				return errReplayDone
 			}
+			if p.bf.due(res.Begin.FinalLSN) {
+				if err := p.runBackfill(ctx, produceCtx, p.bf, dispatched); err != nil {
+					return err
+				}
+			}
 			txn = p.tracker.Begin()
 			txnFinal = res.Begin.FinalLSN
 			// PostgreSQL skips these when streaming starts at the checkpoint;
 			// this also covers a reconnect that resumed lower.
-			skip = res.Begin.FinalLSN < p.skipBelow
+			skip = res.Begin.FinalLSN < p.skipBelow || p.bf.delivered(res.Begin.Xid)
 			commitTime = res.Begin.CommitTime
 			p.m.Transactions.Inc()
 		case decode.KindCommit:

@@ -161,17 +161,25 @@ func (p *Pipeline) snapshotOrder(ctx context.Context, q rowQuerier) ([]string, e
 		return nil, fmt.Errorf("snapshot: primary key of %s: %w", table, err)
 	}
 	by := p.cfg.SnapshotOrderBy
-	if by != "" {
-		var exists bool
-		err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-			WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, by).Scan(&exists)
-		if err != nil {
-			return nil, fmt.Errorf("snapshot: column %s: %w", by, err)
-		}
-		if !exists {
-			return nil, &replication.PrerequisiteError{Problem: fmt.Sprintf("snapshot.order_by: %s has no column %s", table, by),
-				Fix: "set snapshot.order_by to a column of the outbox table, or leave it empty to order by the primary key"}
-		}
+	// Without snapshot.order_by, created_at (the column of sql/outbox.sql,
+	// set at insert) keeps each aggregate's events in the order they were
+	// written, which a random uuid key does not.
+	want := by
+	if want == "" {
+		want = "created_at"
+	}
+	var exists bool
+	err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, want).Scan(&exists)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: column %s: %w", want, err)
+	}
+	switch {
+	case exists:
+		by = want
+	case by != "":
+		return nil, &replication.PrerequisiteError{Problem: fmt.Sprintf("snapshot.order_by: %s has no column %s", table, by),
+			Fix: "set snapshot.order_by to a column of the outbox table, or leave it empty to order by created_at or the primary key"}
 	}
 	order := orderColumns(by, pk)
 	if len(order) == 0 {

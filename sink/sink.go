@@ -181,6 +181,9 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		opts = append(opts, kgo.ProduceRequestTimeout(cfg.RequestTimeout))
 	}
 	opts = append(opts, cfg.Opts...)
+	// Last, so that no option replaces it: the sink's order guarantee after
+	// a refusal rests on it.
+	opts = append(opts, kgo.WithLogger(clientLog{s}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
@@ -328,17 +331,36 @@ func (s *Sink) submit(r *record, fromProduce bool) error {
 	}
 }
 
-// handOver gives r to the client for the worker that owns t.
-func (s *Sink) handOver(t *topicState, r *record) {
+// How a worker hands a record over.
+const (
+	fromHeld    = iota // next in the held queue
+	resend             // sent again in a repair, with others
+	resendAlone        // sent again in a repair, alone: a refusal is its own
+)
+
+// handOver gives r to the client for the worker that owns t. A repair
+// noticed since the worker picked r sends r (back) to the repair instead:
+// records refused ahead of it may not have come back yet.
+func (s *Sink) handOver(t *topicState, r *record, how int) {
 	if err := r.ctx.Err(); err != nil {
 		r.finish(Outcome{Err: err})
 		return
 	}
 	s.mu.Lock()
+	if how == fromHeld && t.repairing || how != fromHeld && t.synced != t.notices {
+		t.retry = append(t.retry, r)
+		t.isolating = false
+		s.mu.Unlock()
+		return
+	}
 	if t.overLimit(r) {
 		s.mu.Unlock()
 		s.tooLarge(t, r)
 		return
+	}
+	if how != fromHeld {
+		r.resent = true
+		r.alone, r.err = how == resendAlone, nil
 	}
 	t.admit(r)
 	s.mu.Unlock()
@@ -350,7 +372,8 @@ func (r *record) promise(_ *kgo.Record, err error) { r.sink.settle(r, err) }
 // settle decides what a client outcome means. It runs on franz-go's promise
 // goroutine, so it never blocks: refused records go to their topic's worker.
 func (s *Sink) settle(r *record, err error) {
-	t := r.t
+	// Read for the logs now: once in t.retry, r belongs to t's worker.
+	t, tp, part, offset := r.t, r.Topic, r.Partition, r.Offset
 	var (
 		o        *Outcome
 		overtook bool
@@ -385,11 +408,11 @@ func (s *Sink) settle(r *record, err error) {
 	}
 	if started {
 		s.log.Warn("kafka refused a record; holding the topic back to send the records failed with it again, in order",
-			"topic", r.Topic, "partition", r.Partition, "err", err)
+			"topic", tp, "partition", part, "err", err)
 	}
 	if overtook {
 		s.log.Error("kafka: a record was written before records refused ahead of it were sent again: their order in this partition is broken",
-			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+			"topic", tp, "partition", part, "offset", offset)
 	}
 	if o != nil {
 		r.finish(*o)

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -40,6 +42,9 @@ type topicState struct {
 	inClient  int       // records handed to the client, outcome not in yet
 	held      []*record // records waiting for the worker, in Produce order
 	repairing bool
+	announced bool   // the repair's first refusal was logged
+	notices   uint64 // refusals noticed (see clientLog and settle)
+	synced    uint64 // notices when nothing of t was last in the client
 	retry     []*record        // records failed during a repair, any order
 	isolating bool             // a record is being sent alone
 	refused   map[int32]uint64 // per partition, lowest seq refused in this repair
@@ -94,20 +99,20 @@ func (s *Sink) startWorker(t *topicState) {
 	go s.work(t)
 }
 
-// startRepair holds t back after r was refused and reports whether this
-// starts a repair. Called with s.mu held.
+// startRepair holds t back because the broker refused r (nil: a refusal
+// the client is about to report) and reports whether r is the first refusal
+// of this repair to be reported. Called with s.mu held.
 func (s *Sink) startRepair(t *topicState, r *record) bool {
-	started := !t.repairing
-	if started {
-		t.repairing, t.ready = true, false
+	if !t.repairing {
+		t.repairing, t.ready, t.announced = true, false, false
 		t.refused = make(map[int32]uint64)
 	}
-	if errors.Is(r.err, kerr.MessageTooLarge) || errors.Is(r.err, kerr.RecordListTooLarge) {
-		t.stale = true // the limit may have been lowered since it was read
-	}
-	if !r.alone {
-		if first, ok := t.refused[r.Partition]; !ok || r.seq < first {
-			t.refused[r.Partition] = r.seq
+	t.notices++
+	if r == nil || !r.alone {
+		if r != nil {
+			if first, ok := t.refused[r.Partition]; !ok || r.seq < first {
+				t.refused[r.Partition] = r.seq
+			}
 		}
 		// Whatever the client has not sent of t yet would overtake the
 		// refused records: fail it too, to send it again after them.
@@ -115,7 +120,63 @@ func (s *Sink) startRepair(t *topicState, r *record) bool {
 		t.gen, t.stopGen = context.WithCancel(s.ctx)
 	}
 	s.startWorker(t)
-	return started
+	if r == nil {
+		return false
+	}
+	if errors.Is(r.err, kerr.MessageTooLarge) || errors.Is(r.err, kerr.RecordListTooLarge) {
+		t.stale = true // the limit may have been lowered since it was read
+	}
+	first := !t.announced
+	t.announced = true
+	return first
+}
+
+// holdBack starts a repair of topic the moment franz-go logs that it fails
+// a batch for good: see clientLog.
+func (s *Sink) holdBack(topic string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.topics[topic]; t != nil && !s.closed {
+		s.startRepair(t, nil)
+	}
+}
+
+// clientLog is franz-go's logger, used as a hook and logging nothing.
+// franz-go logs a batch it fails for good on the goroutine handling the
+// response, holding the partition's buffer lock, before it fails every
+// record buffered for the partition (kgo sink.go handleReqRespBatch: "batch
+// in a produce request failed" with err_is_retryable; bumpRepeatedLoadErr
+// with will_fail; waitUnknownTopic: "failing all records"). Holding the
+// topic back right there, rather than when the outcomes arrive (possibly
+// much later, after other promises), means a record produced after the
+// failure cannot be sent before the failed ones are sent again: it is held,
+// or it is on its way into the client with the cancelled Context and fails
+// unsent.
+type clientLog struct{ s *Sink }
+
+func (clientLog) Level() kgo.LogLevel { return kgo.LogLevelInfo }
+
+func (l clientLog) Log(_ kgo.LogLevel, msg string, keyvals ...any) {
+	var (
+		topic   string
+		err     error
+		failing = strings.Contains(msg, "failing all records")
+	)
+	for i := 0; i+1 < len(keyvals); i += 2 {
+		switch keyvals[i] {
+		case "topic":
+			topic, _ = keyvals[i+1].(string)
+		case "err":
+			err, _ = keyvals[i+1].(error)
+		case "err_is_retryable":
+			failing = true
+		case "will_fail":
+			failing, _ = keyvals[i+1].(bool)
+		}
+	}
+	if failing && topic != "" && err != nil && Classify(err) == ClassUnpublishable {
+		l.s.holdBack(topic)
+	}
 }
 
 func (s *Sink) work(t *topicState) {
@@ -157,7 +218,7 @@ func (s *Sink) step(t *topicState) bool {
 		if expired {
 			s.missingDeadLetter(t, r)
 		} else {
-			s.handOver(t, r)
+			s.handOver(t, r, fromHeld)
 		}
 		return true
 	}
@@ -174,8 +235,13 @@ func (s *Sink) step(t *topicState) bool {
 // refused alone (or for a reason of the whole topic) is dead-lettered.
 // Called with s.mu held; returns with it released.
 func (s *Sink) repairStep(t *topicState) bool {
-	// Nothing may join a record sent alone before its outcome is in.
-	if t.inClient > 0 && t.isolating {
+	if t.inClient == 0 {
+		// Every record refused so far has come back: retry is complete.
+		t.synced = t.notices
+	}
+	// Nothing may join a record sent alone before its outcome is in, and
+	// nothing goes while refused records are still on their way back.
+	if t.inClient > 0 && (t.isolating || t.synced != t.notices) {
 		s.mu.Unlock()
 		return s.waitWake(t)
 	}
@@ -203,9 +269,8 @@ func (s *Sink) repairStep(t *topicState) bool {
 		s.missingDeadLetter(t, r)
 	case r.err == nil: // failed unsent, never refused
 		t.retry = slices.Delete(t.retry, i, i+1)
-		r.resent = true
 		s.mu.Unlock()
-		s.handOver(t, r)
+		s.handOver(t, r, resend)
 	case unknownTopic(r.err):
 		// Look the topic up again before anything is sent; these records
 		// were not refused for what they are.
@@ -226,10 +291,9 @@ func (s *Sink) repairStep(t *topicState) bool {
 			return s.waitWake(t)
 		}
 		t.retry = slices.Delete(t.retry, i, i+1)
-		r.alone, r.resent, r.err = true, true, nil
 		t.isolating = true
 		s.mu.Unlock()
-		s.handOver(t, r)
+		s.handOver(t, r, resendAlone)
 	}
 	return true
 }

@@ -78,7 +78,8 @@ type Snapshot struct {
 	// Filter is an optional SQL predicate for pending, e.g. status = 'PENDING'.
 	Filter string `koanf:"filter"`
 	// OrderBy is a column the snapshot rows are published in the order of,
-	// the primary key breaking ties; "" orders by the primary key alone.
+	// the primary key breaking ties; "" orders by created_at when the table
+	// has it, else by the primary key. The gap repair uses the same order.
 	OrderBy string `koanf:"order_by"`
 }
 

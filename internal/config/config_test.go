@@ -789,7 +789,7 @@ func TestValidateOperationsKeys(t *testing.T) {
 		{"unknown snapshot mode", func(c *Config) { c.Snapshot.Mode = "all" }, "snapshot.mode"},
 		{"filter without pending", func(c *Config) { c.Snapshot.Filter = "true" }, "snapshot.filter"},
 		{"filter with two statements", func(c *Config) { c.Snapshot.Mode = "pending"; c.Snapshot.Filter = "true; DROP TABLE x" }, "snapshot.filter"},
-		{"order_by without pending", func(c *Config) { c.Snapshot.OrderBy = "created_at" }, "snapshot.order_by"},
+		{"order_by not a column name", func(c *Config) { c.Snapshot.OrderBy = "created_at; DROP TABLE x" }, "snapshot.order_by"},
 		{"order_by not a name", func(c *Config) { c.Snapshot.Mode = "pending"; c.Snapshot.OrderBy = "created_at desc" }, "snapshot.order_by"},
 		{"pending without a checkpoint store", func(c *Config) { c.Snapshot.Mode = "pending"; c.Checkpoint.Store = "none" }, "checkpoint.store is none"},
 	}

@@ -144,8 +144,8 @@ snapshot:
   # the slot's exported snapshot: no gap, no duplicate), optionally filtered.
   mode: none
   filter: ""   # e.g. status = 'PENDING'
-  # Snapshot rows go out in primary key order, or in the order of this column
-  # with the key breaking ties. With a random key (uuid), created_at keeps each
-  # aggregate's events in order.
+  # Snapshot rows (and rows of a gap repair) go out in the order of this
+  # column, the key breaking ties; "" is created_at when the table has it,
+  # else the primary key.
   order_by: ""
 `

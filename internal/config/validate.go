@@ -349,10 +349,7 @@ func (c *Config) Validate() error {
 	if strings.Contains(c.Snapshot.Filter, ";") {
 		v.add("snapshot.filter", c.Snapshot.Filter, "must be a single SQL predicate", "remove the ';'")
 	}
-	if c.Snapshot.OrderBy != "" {
-		if c.Snapshot.Mode != "pending" {
-			v.add("snapshot.order_by", c.Snapshot.OrderBy, "only used with snapshot.mode pending", "set snapshot.mode: pending or remove it")
-		}
+	if c.Snapshot.OrderBy != "" { // also the order of the gap repair, in every mode
 		v.identifier("snapshot.order_by", c.Snapshot.OrderBy)
 	}
 	// The "snapshot started" marker lives in the checkpoint: without one an

@@ -32,6 +32,7 @@ type Metrics struct {
 	CheckpointLSN    prometheus.Gauge
 	CheckpointErrors prometheus.Counter
 	SnapshotEvents   prometheus.Counter
+	BackfilledEvents prometheus.Counter
 	FatalErrors      *prometheus.CounterVec
 
 	start     time.Time
@@ -92,8 +93,10 @@ func New() *Metrics {
 		Help: "Failed checkpoint saves (each means more duplicates after a PostgreSQL crash, never loss)."})
 	m.SnapshotEvents = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "snapshot_events_total",
 		Help: "Rows published from the initial snapshot (snapshot.mode pending)."})
+	m.BackfilledEvents = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "backfilled_events_total",
+		Help: "Rows read back from the outbox table after it had been outside the publication (gap repair)."})
 	m.FatalErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fatal_errors_total",
-		Help: "Errors that stopped the connector, by reason (slot_missing, slot_invalidated, table_renamed, delivery, other)."}, []string{"reason"})
+		Help: "Errors that stopped the connector, by reason (slot_missing, slot_invalidated, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
 	m.start = time.Now()
 	sinceLast := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "seconds_since_last_event",
 		Help: "Seconds since the last event was acknowledged (since start when none yet)."}, func() float64 {
@@ -105,7 +108,7 @@ func New() *Metrics {
 	})
 	m.Registry.MustRegister(m.Published, m.DeadLettered, m.ConfirmedLSN, m.ReceivedLSN, m.LagBytes, m.InFlight,
 		m.CommitToAck, m.Connected, m.Reconnects, m.Transactions,
-		m.RetainedWAL, m.SlotWALStatus, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.FatalErrors, sinceLast,
+		m.RetainedWAL, m.SlotWALStatus, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.BackfilledEvents, m.FatalErrors, sinceLast,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

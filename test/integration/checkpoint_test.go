@@ -106,6 +106,11 @@ func TestCheckpointForeignRefused(t *testing.T) {
 					t.Fatalf("exit %d, want 1 with %q in the message:\n%s", code, w, out)
 				}
 			}
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "connector failed") {
+					t.Log(line)
+				}
+			}
 			if got := slotConfirmed(t, dsn, "foreign"); got != confirmed {
 				t.Fatalf("slot confirmed moved from %v to %v: a refused start confirmed something", confirmed, got)
 			}
@@ -447,17 +452,18 @@ func TestSnapshotBookkeeping(t *testing.T) {
 // or by snapshot.order_by (primary key as the tie-break).
 func TestSnapshotOrder(t *testing.T) {
 	for _, tt := range []struct {
-		slot, extra string
-		want        []int
+		slot, column, extra string
+		want                []int
 	}{
-		{"snaporderpk", "", []int{1, 2, 3, 4, 5, 6}},
-		{"snapordercol", "  order_by: created_at\n", []int{6, 5, 4, 3, 1, 2}}, // 1 and 2 tie: key order
+		{"snaporderpk", "written_at", "", []int{1, 2, 3, 4, 5, 6}},                          // no created_at: the key
+		{"snapordercreated", "created_at", "", []int{6, 5, 4, 3, 1, 2}},                     // created_at, key for ties
+		{"snapordercol", "written_at", "  order_by: written_at\n", []int{6, 5, 4, 3, 1, 2}}, // 1 and 2 tie: key order
 	} {
 		t.Run(tt.slot, func(t *testing.T) {
 			dsn := newDatabase(t)
 			exec1(t, dsn, `CREATE TABLE outbox (id bigint PRIMARY KEY, aggregate_type text NOT NULL, aggregate_id text,
-				event_type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL)`)
-			// created_at runs against the key, and two rows tie.
+				event_type text NOT NULL, payload jsonb, `+tt.column+` timestamptz NOT NULL)`)
+			// The time column runs against the key, and two rows tie.
 			exec1(t, dsn, fmt.Sprintf(`INSERT INTO outbox SELECT g, '%s', 'one', 'E', jsonb_build_object('seq', g),
 				timestamptz '2026-01-01' - make_interval(secs => CASE WHEN g IN (1, 2) THEN 2 ELSE g END)
 				FROM generate_series(6, 1, -1) g`, tt.slot))
@@ -477,4 +483,35 @@ func TestSnapshotOrder(t *testing.T) {
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		})
 	}
+}
+
+// TestCheckpointTableUpgrade: a checkpoint table of the old shape that the
+// connector's role owns gets the identity columns; its checkpoint (no
+// identity) is trusted as it lies within the WAL, and the next save records
+// the identity.
+func TestCheckpointTableUpgrade(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	exec1(t, dsn, `CREATE SCHEMA outbox_cdc; CREATE TABLE outbox_cdc.checkpoints (slot text PRIMARY KEY, lsn pg_lsn NOT NULL,
+		snapshot_done boolean NOT NULL DEFAULT false, updated_at timestamptz NOT NULL DEFAULT now())`)
+	cfg := testConfig(t, dsn, "public.outbox", "upgrade")
+	exec1(t, dsn, "CREATE PUBLICATION upgrade FOR TABLE outbox WITH (publish = 'insert')")
+	exec1(t, dsn, "SELECT pg_create_logical_replication_slot('upgrade', 'pgoutput')")
+	exec1(t, dsn, `INSERT INTO outbox_cdc.checkpoints (slot, lsn, snapshot_done)
+		SELECT 'upgrade', confirmed_flush_lsn, true FROM pg_replication_slots WHERE slot_name = 'upgrade'`)
+	conn := pgConnect(t, dsn)
+	writeEvents(t, conn, "upgrade", 0, 5)
+	startConnector(t, cfg)
+	recs := consumeN(t, []string{topicFor("upgrade")}, 5, time.Minute, 2*time.Second)
+	if len(recs) != 5 {
+		t.Fatalf("%d records, want exactly 5", len(recs))
+	}
+	sys, tli, db := serverIdentity(t, dsn)
+	waitFor(t, 30*time.Second, "identity recorded", func() bool {
+		var s, d *string
+		var tl *int32
+		_ = conn.QueryRow(context.Background(), "SELECT system_id, timeline, database FROM outbox_cdc.checkpoints WHERE slot = 'upgrade'").
+			Scan(&s, &tl, &d)
+		return s != nil && *s == sys && tl != nil && *tl == tli && d != nil && *d == db
+	})
 }

@@ -1,0 +1,53 @@
+package replication
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestLeftStream(t *testing.T) {
+	src := Source{Publication: "pub", Schema: "public", Table: "outbox"}
+	start := Membership{Publication: true, PubInsert: true, RelID: 100, PubRelID: 7, Member: true}
+	tests := []struct {
+		name string
+		now  func(m *Membership)
+		want string // "" for still in the stream
+	}{
+		{"unchanged", func(m *Membership) {}, ""},
+		{"publication dropped", func(m *Membership) { *m = Membership{RelID: 100} }, "publication pub was dropped"},
+		{"renamed", func(m *Membership) { m.RelID, m.Member, m.StartName = 0, false, "public.outbox_v2" }, "was renamed to public.outbox_v2"},
+		{"dropped", func(m *Membership) { m.RelID, m.Member = 0, false }, `"public"."outbox" was dropped`},
+		{"renamed and name taken", func(m *Membership) { m.RelID, m.StartName = 101, "public.old" }, "renamed to public.old and another table took its name"},
+		{"dropped and created", func(m *Membership) { m.RelID, m.Member = 101, false }, "dropped and created again (oid 101, was 100)"},
+		{"removed", func(m *Membership) { m.Member, m.PubRelID = false, 0 }, "was removed from publication pub"},
+		{"removed and added", func(m *Membership) { m.PubRelID = 8 }, "removed from publication pub and added again"},
+		{"inserts off", func(m *Membership) { m.PubInsert = false }, "no longer publishes inserts"},
+		{"via root off", func(m *Membership) { m.Partitioned = true }, "no longer has publish_via_partition_root"},
+		{"partitioned via root", func(m *Membership) { m.Partitioned, m.ViaRoot = true, true }, ""},
+		{"column dropped is no stream change", func(m *Membership) { m.Missing = []string{"tenant"} }, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			now := start
+			tc.now(&now)
+			got := now.LeftStream(src, start)
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Errorf("LeftStream = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSchemaProblem(t *testing.T) {
+	src := Source{Schema: "public", Table: "outbox"}
+	if got := (Membership{RelID: 1}).SchemaProblem(src); got != "" {
+		t.Errorf("no missing column: %q", got)
+	}
+	got := (Membership{RelID: 1, Missing: []string{"tenant", "payload"}}).SchemaProblem(src)
+	if !strings.Contains(got, `["tenant" "payload"]`) {
+		t.Errorf("SchemaProblem = %q, want both columns named", got)
+	}
+	if got := (Membership{Missing: []string{"x"}}).SchemaProblem(src); got != "" {
+		t.Errorf("a missing table is LeftStream's to report, got %q", got)
+	}
+}
