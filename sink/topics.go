@@ -42,9 +42,9 @@ type topicState struct {
 	inClient  int       // records handed to the client, outcome not in yet
 	held      []*record // records waiting for the worker, in Produce order
 	repairing bool
-	announced bool   // the repair's first refusal was logged
-	notices   uint64 // refusals noticed (see clientLog and settle)
-	synced    uint64 // notices when nothing of t was last in the client
+	announced bool             // the repair's first refusal was logged
+	notices   uint64           // refusals noticed (see clientLog and settle)
+	synced    uint64           // notices when nothing of t was last in the client
 	retry     []*record        // records failed during a repair, any order
 	isolating bool             // a record is being sent alone
 	refused   map[int32]uint64 // per partition, lowest seq refused in this repair

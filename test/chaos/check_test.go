@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -83,6 +84,9 @@ type Report struct {
 	OversizeEvents         int      `json:"oversize_events_written"`
 	OrderViolations        int      `json:"order_violations"`
 	OrderExamples          []string `json:"order_examples,omitempty"`
+	// FirstCopyOrderViolations (diagnosis): first copies of an aggregate's
+	// events that skip a seq, i.e. new events out of order, not replays.
+	FirstCopyOrderViolations int `json:"order_violations_among_first_copies"`
 
 	Duplicates              int            `json:"duplicate_copies"`
 	DuplicatesAfterKills    int            `json:"duplicates_after_connector_kills"`
@@ -93,16 +97,17 @@ type Report struct {
 	DupsBelowCheckpoint     int            `json:"duplicates_below_checkpoint"`
 	DupsBelowEarlierSample  int            `json:"duplicates_below_a_position_confirmed_before"`
 	DupExamples             []string       `json:"duplicate_violation_examples,omitempty"`
-	// Copies sent by a process started after ops-publication-gap, which
-	// backfills the gap from the table: allowed, not held to the two
-	// "below" rules above.
-	GapBackfillDuplicates     int   `json:"duplicates_after_publication_gap"`
-	GapBackfillBelowConfirmed int   `json:"duplicates_after_publication_gap_below_start_position"`
-	KillsAfterAck             int   `json:"kills_after_ack"`
-	KillsBeforeConfirm        int   `json:"kills_after_ack_before_confirmation"`
-	KillsInAckWindow          int   `json:"kills_between_an_ack_and_its_confirmation"`
-	MaxResentAckedAge         int64 `json:"max_ms_an_event_resent_after_a_kill_had_been_appended"`
-	AckedResent               int   `json:"events_acked_before_a_kill_and_resent"`
+	// Copies sent by a process that published rows of a publication gap
+	// from the table (started after ops-publication-gap, or its log says it
+	// backfilled): allowed, not held to the two "below" rules above.
+	GapBackfillDuplicates     int      `json:"duplicates_after_publication_gap"`
+	Backfills                 []string `json:"gap_backfills,omitempty"`
+	GapBackfillBelowConfirmed int      `json:"duplicates_after_publication_gap_below_start_position"`
+	KillsAfterAck             int      `json:"kills_after_ack"`
+	KillsBeforeConfirm        int      `json:"kills_after_ack_before_confirmation"`
+	KillsInAckWindow          int      `json:"kills_between_an_ack_and_its_confirmation"`
+	MaxResentAckedAge         int64    `json:"max_ms_an_event_resent_after_a_kill_had_been_appended"`
+	AckedResent               int      `json:"events_acked_before_a_kill_and_resent"`
 
 	WatermarkSamples          int      `json:"watermark_samples"`
 	WatermarkSamplesKafkaDown int      `json:"watermark_samples_while_kafka_unreachable"`
@@ -293,6 +298,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	}
 	checkLoss(rep, events, copies, fail)
 
+	r.noteBackfills(rep)
 	r.checkOrder(rep, recs, fail)
 	r.checkDuplicates(rep, copies, byID, fail)
 	r.checkWatermark(rep, events, copies, fail)
@@ -305,6 +311,26 @@ func (r *run) analyze(ctx context.Context) *Report {
 	}
 	rep.Pass = len(rep.Failures) == 0 && !t.Failed()
 	return rep
+}
+
+// backfillLine is how a connector process says it published rows of a
+// publication gap from the table.
+var backfillLine = regexp.MustCompile(`(?i)published the rows written while|backfill`)
+
+// noteBackfills marks the processes that published rows of a publication
+// gap from the table, from their logs, and lists what each said.
+func (r *run) noteBackfills(rep *Report) {
+	for _, in := range r.conn.incarnations() {
+		for l := range strings.SplitSeq(r.conn.logOf(in.N), "\n") {
+			if backfillLine.MatchString(l) {
+				in.Backfilled = true
+				if _, rest, ok := strings.Cut(l, "msg="); ok {
+					l = rest
+				}
+				rep.Backfills = append(rep.Backfills, fmt.Sprintf("#%d (%s): %s", in.N, in.Reason, l))
+			}
+		}
+	}
 }
 
 // checkLoss: every committed event has a copy (on its topic, or on the
@@ -482,10 +508,11 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any))
 		last, max int
 	}
 	st := map[string]*state{}
-	bad := func(format string, args ...any) {
+	proc := processOf(r.conn.incarnations(), recs)
+	bad := func(c copyRec, format string, args ...any) {
 		rep.OrderViolations++
 		if len(rep.OrderExamples) < 10 {
-			rep.OrderExamples = append(rep.OrderExamples, fmt.Sprintf(format, args...))
+			rep.OrderExamples = append(rep.OrderExamples, fmt.Sprintf(format, args...)+proc(c))
 		}
 	}
 	for _, c := range recs {
@@ -495,7 +522,7 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any))
 			st[c.Key] = s
 		}
 		if s.topic != c.Topic || s.partition != c.Partition {
-			bad("aggregate %s in %s/%d and %s/%d", c.Key, s.topic, s.partition, c.Topic, c.Partition)
+			bad(c, "aggregate %s in %s/%d and %s/%d", c.Key, s.topic, s.partition, c.Topic, c.Partition)
 			continue
 		}
 		switch {
@@ -504,13 +531,42 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any))
 			// A replay restarting at an event already delivered (every seq
 			// up to last has been seen); it must then continue +1.
 		default:
-			bad("aggregate %s: seq %d after %d (max seen %d) at %s/%d@%d", c.Key, c.Seq, s.last, s.max, c.Topic, c.Partition, c.Offset)
+			bad(c, "aggregate %s: seq %d after %d (max seen %d) at %s/%d@%d", c.Key, c.Seq, s.last, s.max, c.Topic, c.Partition, c.Offset)
+		}
+		// Diagnosis only: the first copies alone, are they in order?
+		if c.Seq > s.max && c.Seq != s.max+1 {
+			rep.FirstCopyOrderViolations++
 		}
 		s.last = c.Seq
 		s.max = max(s.max, c.Seq)
 	}
 	if rep.OrderViolations > 0 {
-		fail("%d order violations; first: %s", rep.OrderViolations, strings.Join(rep.OrderExamples, "; "))
+		fail("%d order violations (%d of them among first copies); first: %s", rep.OrderViolations, rep.FirstCopyOrderViolations,
+			strings.Join(rep.OrderExamples, "; "))
+	}
+}
+
+// processOf tells, for the examples, which connector process appended a
+// copy: a producer id belongs to the last process started before its first
+// append.
+func processOf(incs []*incarnation, recs []copyRec) func(copyRec) string {
+	firstAppend := map[int64]time.Time{}
+	for _, c := range recs {
+		if t, ok := firstAppend[c.Producer]; !ok || c.Append.Before(t) {
+			firstAppend[c.Producer] = c.Append
+		}
+	}
+	return func(c copyRec) string {
+		var in *incarnation
+		for _, x := range incs {
+			if !x.Start.Truncate(time.Millisecond).After(firstAppend[c.Producer]) {
+				in = x
+			}
+		}
+		if in == nil {
+			return ""
+		}
+		return fmt.Sprintf(" (process #%d, %s)", in.N, in.Reason)
 	}
 }
 
@@ -585,7 +641,7 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 		for _, c := range cs[1:] {
 			rep.Duplicates++
 			in := incOf[c.Producer]
-			if conf, at := confirmedBefore(c.Append); conf != 0 && e.PostLSN <= conf && (in == nil || in.Reason != reasonAfterGap) {
+			if conf, at := confirmedBefore(c.Append); conf != 0 && e.PostLSN <= conf && (in == nil || (in.Reason != reasonAfterGap && !in.Backfilled)) {
 				rep.DupsBelowEarlierSample++
 				if len(rep.DupExamples) < 10 {
 					rep.DupExamples = append(rep.DupExamples, fmt.Sprintf("event %s (%s seq %d, post-commit LSN %v) appended again at %s although the slot had confirmed %v by %s",
@@ -599,7 +655,7 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 				continue
 			}
 			perInc[in.N]++
-			if in.Reason == reasonAfterGap {
+			if in.Reason == reasonAfterGap || in.Backfilled {
 				// The gap's backfill reads rows from the table and may send
 				// again events confirmed before the gap: allowed
 				// (at-least-once), counted.
@@ -922,8 +978,8 @@ func (r *run) report(rep *Report) {
 			len(rep.ExpectedExits), len(rep.OpsFailures), rep.WriterRefusedCol),
 		fmt.Sprintf("duplicates %d: %d after %d connector kills (max %d per kill), %d within one process; of confirmed events: %d below the start position, %d below an earlier sample (below the checkpoint: %d)",
 			rep.Duplicates, rep.DuplicatesAfterKills, rep.ConnectorKills, rep.MaxDuplicatesPerKill, rep.InProcessDuplicates, rep.DupsBelowConfirmed, rep.DupsBelowEarlierSample, rep.DupsBelowCheckpoint),
-		fmt.Sprintf("duplicates sent by processes started after a publication gap (backfill, allowed): %d, %d of them at or below the start position",
-			rep.GapBackfillDuplicates, rep.GapBackfillBelowConfirmed),
+		fmt.Sprintf("duplicates sent by processes that backfilled a publication gap (allowed): %d, %d of them at or below the start position; %d backfills: %s",
+			rep.GapBackfillDuplicates, rep.GapBackfillBelowConfirmed, len(rep.Backfills), strings.Join(rep.Backfills, "; ")),
 		fmt.Sprintf("kills between a broker ack and its confirmation (an event appended before the kill was sent again): %d of %d, %d such events, the oldest appended %dms before its kill; burst kills: %d, %d of them before the burst's last event was confirmed",
 			rep.KillsInAckWindow, rep.ConnectorKills, rep.AckedResent, rep.MaxResentAckedAge, rep.KillsAfterAck, rep.KillsBeforeConfirm),
 		fmt.Sprintf("watermark: %d samples of slot and checkpoint (%d while Kafka was unreachable), %d checks; violations: %d against broker append time, %d against the live consumer (slack %v); %d consumer-late checks excused by append time (%d outside Kafka outages)",

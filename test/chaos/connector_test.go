@@ -54,6 +54,9 @@ type incarnation struct {
 	// must (exit 1 with the right message); guarded by connector.mu.
 	expected bool
 	ExitAt   time.Time
+	// Backfilled: the process published rows of a publication gap from the
+	// table (its log says so; set by the analysis).
+	Backfilled bool
 }
 
 // exitCode is the process's exit status once done: -1 when a signal ended it.

@@ -298,14 +298,28 @@ func TestLoweredLimitRefusalKeepsOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	v := fmt.Sprint(lowered)
-	resp, err := newAdmin(t).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, topic)
+	adm := newAdmin(t)
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, topic)
 	if err == nil {
 		_, err = resp.On(topic, nil)
 	}
 	if err != nil {
 		t.Fatalf("lower max.message.bytes: %v", err)
 	}
-	time.Sleep(time.Second) // the broker applies the change
+	// The (single) broker describes the value it applies.
+	waitFor(t, 20*time.Second, "the lowered limit", func() bool {
+		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err != nil {
+			return false
+		}
+		rc, err := rcs.On(topic, nil)
+		for _, c := range rc.Configs {
+			if err == nil && c.Key == "max.message.bytes" {
+				return c.MaybeValue() == v
+			}
+		}
+		return false
+	})
 
 	committed(t, conn, func(tx pgx.Tx) {
 		for i := 1; i <= total; i++ {
