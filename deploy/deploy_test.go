@@ -176,9 +176,9 @@ func TestComposeConnectorConfig(t *testing.T) {
 
 	// PostgreSQL: the DSN's host is the postgres service, on its port, with
 	// logical decoding on.
-	u, err := url.Parse(cfg.Postgres.DSN)
+	u, err := url.Parse(string(cfg.Postgres.DSN))
 	if err != nil || u.Hostname() == "" {
-		t.Fatalf("postgres.dsn %q: want the URL form with a host (%v)", config.RedactDSN(cfg.Postgres.DSN), err)
+		t.Fatalf("postgres.dsn %q: want the URL form with a host (%v)", cfg.Postgres.DSN, err)
 	}
 	pg, ok := c.Services[u.Hostname()]
 	if !ok {

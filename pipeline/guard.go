@@ -10,8 +10,20 @@ import (
 )
 
 // defaultGuardInterval is how often the outbox's publication membership is
-// read. The confirmed position trails by up to two intervals.
-const defaultGuardInterval = time.Second
+// read while acknowledged positions wait for it; the confirmed position
+// trails by about one to two intervals. With nothing waiting it is read
+// every guardIdleInterval, to notice a change on a quiet outbox.
+const (
+	defaultGuardInterval = 100 * time.Millisecond
+	guardIdleInterval    = time.Second
+	// guardMargin vouches for a reading that a transaction running at it
+	// keeps from settling (a long transaction elsewhere in the cluster): a
+	// reading that much later sees every commit written before it, barring
+	// one held back for as long by a synchronous standby.
+	guardMargin = time.Second
+	// maxPending bounds the readings waiting to be vouched for.
+	maxPending = 64
+)
 
 // guard keeps the outbox in the stream. PostgreSQL decodes an insert only if
 // the table was in the publication when the insert was written, so an outbox
@@ -22,10 +34,10 @@ const defaultGuardInterval = time.Second
 // beyond that position is confirmed (gate), so a restart after the fix
 // starts before the first insert that was not decoded.
 type guard struct {
-	src   replication.Source
-	watch *replication.Watch
-	start replication.Membership
-	prev  replication.Snapshot // the last good reading, vouched for by the next
+	src     replication.Source
+	watch   *replication.Watch
+	start   replication.Membership
+	pending []reading // good readings not vouched for yet, oldest first
 	// first is the WAL position read before the first reading, which found
 	// every mapped column: a Relation message of a transaction committed
 	// before it describes the table as it was, not as it is.
@@ -33,6 +45,12 @@ type guard struct {
 
 	verified atomic.Uint64 // position up to which membership held
 	xmin     atomic.Uint64 // snapshot xmin of the reading behind verified
+}
+
+// reading is a good membership reading and when it was taken.
+type reading struct {
+	replication.Snapshot
+	at time.Time
 }
 
 // newGuard takes the first reading; from is the start position, vouched for
@@ -48,7 +66,8 @@ func newGuard(ctx context.Context, src replication.Source, from lsn.LSN) (*guard
 		g.watch.Close()
 		return nil, &replication.PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"The outbox leaving the stream\""}
 	}
-	g.start, g.prev, g.first = s.Membership, s, s.Before
+	g.start, g.first = s.Membership, s.Before
+	g.pending = []reading{{s, time.Now()}}
 	g.verified.Store(uint64(from))
 	g.xmin.Store(s.Xmin)
 	return g, nil
@@ -71,16 +90,45 @@ func (g *guard) check(ctx context.Context) (why string, gap bool) {
 	if why := s.SchemaProblem(g.src); why != "" {
 		return why, false
 	}
-	// The previous reading's position is vouched for now: this reading's
-	// snapshot was taken a whole interval later, so it sees every commit
-	// before that position, including one that was caught between its WAL
-	// record and its visibility back then.
-	if g.prev.Before > g.Verified() {
-		g.xmin.Store(g.prev.Xmin)
-		g.verified.Store(uint64(g.prev.Before))
-	}
-	g.prev = s
+	g.vouch(reading{s, time.Now()})
 	return "", false
+}
+
+// vouch adds a good reading and moves the verified position. A reading
+// vouches for its own position only once no commit written before it can
+// have been invisible to it: once every transaction running at it has
+// ended, seen by a later good reading (a commit record is written before
+// the transaction stops running, so a commit before Before that the reading
+// did not see was one of its running transactions). The outbox was in the
+// stream at every good reading, and a removal between two of them shows in
+// the later one, so the position is then safe.
+func (g *guard) vouch(r reading) {
+	best := -1
+	for i, p := range g.pending {
+		if p.Settled(r.Snapshot) || r.at.Sub(p.at) >= guardMargin {
+			best = i
+		}
+	}
+	if best >= 0 {
+		g.advance(g.pending[best].Snapshot)
+		g.pending = g.pending[best+1:]
+	}
+	if len(r.Running) == 0 { // nothing could be in flight: vouches for itself
+		g.advance(r.Snapshot)
+		g.pending = g.pending[:0]
+		return
+	}
+	if len(g.pending) == maxPending {
+		g.pending = g.pending[1:]
+	}
+	g.pending = append(g.pending, r)
+}
+
+func (g *guard) advance(s replication.Snapshot) {
+	if s.Before > g.Verified() {
+		g.xmin.Store(s.Xmin)
+		g.verified.Store(uint64(s.Before))
+	}
 }
 
 func (g *guard) close() { g.watch.Close() }
@@ -97,11 +145,17 @@ func (x gated) Acked() lsn.LSN { return min(x.Positions.Acked(), x.g.Verified())
 func (p *Pipeline) guardLoop(ctx context.Context, g *guard) {
 	t := time.NewTicker(p.cfg.GuardInterval)
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case now := <-t.C:
+			// Read often only while acknowledged positions wait for it.
+			if p.tracker.Acked() <= g.Verified() && now.Sub(last) < guardIdleInterval {
+				continue
+			}
+			last = now
 		}
 		switch why, gap := g.check(ctx); {
 		case gap:
@@ -170,15 +224,14 @@ func (p *Pipeline) confirmable() lsn.LSN {
 	return a
 }
 
-// finalMargin separates the two readings of the final check: the first one
-// covers every commit decoded before the stop, the second one, taken later,
-// vouches that it saw them all.
-const finalMargin = 100 * time.Millisecond
+// finalPause spaces the readings of the final check.
+const finalPause = 20 * time.Millisecond
 
 // finalCheck runs when the stream no longer reads, so that a clean stop
-// confirms everything acknowledged instead of what the last periodic
-// reading vouched for. It returns the error for an outbox found outside the
-// stream (the gap is recorded), nil otherwise.
+// confirms everything acknowledged instead of what the periodic readings
+// vouched for so far: it reads until the acknowledged watermark is vouched
+// for (at most guardMargin and a little). It returns the error for an outbox
+// found outside the stream (the gap is recorded), nil otherwise.
 func (p *Pipeline) finalCheck(ctx context.Context) error {
 	g := p.guard
 	if g == nil || p.gap.Load() != nil {
@@ -186,13 +239,12 @@ func (p *Pipeline) finalCheck(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	for i := range 2 {
-		if i == 1 {
-			time.Sleep(finalMargin)
-		}
+	deadline := time.Now().Add(guardMargin + 200*time.Millisecond)
+	for g.Verified() < p.tracker.Acked() && time.Now().Before(deadline) {
 		if why, gap := g.check(ctx); gap {
 			return p.failGap(why, g.Verified(), g.xmin.Load())
 		}
+		time.Sleep(finalPause)
 	}
 	return nil
 }

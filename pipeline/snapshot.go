@@ -189,12 +189,14 @@ func (p *Pipeline) snapshotOrder(ctx context.Context, q rowQuerier) ([]string, e
 	return order, nil
 }
 
-// orderColumns is by (if set) followed by the primary key columns not
-// already in it.
+// orderColumns is by (if set) and ctid, followed by the primary key columns
+// not already in it. Rows of one transaction share created_at (now() is the
+// transaction's start); ctid, the row's place in the heap, keeps them in the
+// order they were inserted, where a random key would shuffle them.
 func orderColumns(by string, pk []string) []string {
 	var out []string
 	if by != "" {
-		out = append(out, by)
+		out = append(out, by, "ctid")
 	}
 	for _, c := range pk {
 		if c != by {

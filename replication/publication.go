@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -94,6 +95,22 @@ type Snapshot struct {
 	// Xmin is the reading's snapshot xmin (a full 64-bit transaction id):
 	// every transaction below it had ended when the membership was read.
 	Xmin uint64
+	// Running are the transactions in progress at the reading (the
+	// snapshot's xip list, cluster-wide): a commit written before Before
+	// that the reading did not see is one of them.
+	Running []uint64
+}
+
+// Settled reports whether every transaction running at s had ended when
+// later was read: then later, which saw them all end, vouches for every
+// commit before s.Before.
+func (s Snapshot) Settled(later Snapshot) bool {
+	for _, x := range s.Running {
+		if x >= later.Xmin && slices.Contains(later.Running, x) {
+			return false
+		}
+	}
+	return true
 }
 
 // Read returns the membership now. startRel is the OID the outbox had at
@@ -136,6 +153,7 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 	var relID, pubRelID *uint32
 	var relkind, startName *string
 	err = conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+		ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) x),
 		p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
 		c.oid, c.relkind::text,
 		(SELECT pr.oid FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid),
@@ -147,7 +165,7 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 		LEFT JOIN pg_publication p ON p.pubname = $1
 		LEFT JOIN pg_class c ON c.oid = to_regclass($4)`,
 		src.Publication, src.Schema, src.Table, src.qualified(), startRel, src.Columns).
-		Scan(&s.Xmin, &s.Publication, &s.PubInsert, &s.ViaRoot, &relID, &relkind, &pubRelID, &s.Member, &startName, &s.Missing)
+		Scan(&s.Xmin, &s.Running, &s.Publication, &s.PubInsert, &s.ViaRoot, &relID, &relkind, &pubRelID, &s.Member, &startName, &s.Missing)
 	if err != nil {
 		return s, fmt.Errorf("read publication membership: %w", err)
 	}

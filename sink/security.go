@@ -49,28 +49,37 @@ type TLS struct {
 	InsecureSkipVerify bool
 }
 
-// SASL configures broker authentication. Its String and GoString methods
-// keep the password out of anything printed.
+// SASL configures broker authentication.
 type SASL struct {
 	Mechanism string // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
 	Username  string
-	Password  string
+	Password  Secret
 }
 
 // String shows the mechanism and user, never the password.
 func (s SASL) String() string {
-	return fmt.Sprintf("{mechanism: %s, username: %s, password: %s}", s.Mechanism, s.Username, redactedIfSet(s.Password))
+	return fmt.Sprintf("{mechanism: %s, username: %s, password: %s}", s.Mechanism, s.Username, s.Password)
 }
 
-// GoString keeps %#v from printing the password.
-func (s SASL) GoString() string { return "sink.SASL" + s.String() }
+// Secret is a password. However it is printed (every fmt verb, %#v
+// included; encoding/json, YAML and other TextMarshaler users; slog) it
+// shows as xxxxx, or as nothing when empty. string(s) is the password, for
+// the code that uses it. The configuration and the sink share this type.
+type Secret string
 
-func redactedIfSet(s string) string {
+func (s Secret) String() string {
 	if s == "" {
-		return `""`
+		return ""
 	}
 	return "xxxxx"
 }
+
+// Format applies the verb to the redacted text.
+func (s Secret) Format(f fmt.State, verb rune) { fmt.Fprintf(f, fmt.FormatString(f, verb), s.String()) }
+
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
 // SecurityOpts returns the client options for sec: kgo.DialTLSConfig for
 // TLS and kgo.SASL for SASL. Files are read now; errors name the file and
@@ -138,13 +147,14 @@ func SASLMechanism(s SASL) (sasl.Mechanism, error) {
 	if s.Password == "" {
 		return nil, errors.New("kafka.sasl.password: required with a SASL mechanism")
 	}
+	pw := string(s.Password)
 	switch s.Mechanism {
 	case MechanismPlain:
-		return plain.Auth{User: s.Username, Pass: s.Password}.AsMechanism(), nil
+		return plain.Auth{User: s.Username, Pass: pw}.AsMechanism(), nil
 	case MechanismScramSHA256:
-		return scram.Auth{User: s.Username, Pass: s.Password}.AsSha256Mechanism(), nil
+		return scram.Auth{User: s.Username, Pass: pw}.AsSha256Mechanism(), nil
 	case MechanismScramSHA512:
-		return scram.Auth{User: s.Username, Pass: s.Password}.AsSha512Mechanism(), nil
+		return scram.Auth{User: s.Username, Pass: pw}.AsSha512Mechanism(), nil
 	}
 	return nil, fmt.Errorf("kafka.sasl.mechanism %q: use %s, %s or %s", s.Mechanism, MechanismPlain, MechanismScramSHA256, MechanismScramSHA512)
 }
@@ -246,3 +256,10 @@ func SecurityFailure(err error) string {
 	}
 	return ""
 }
+
+// RetryEOF makes the client retry a connection the broker closes before
+// answering. franz-go takes that for a TLS or SASL mismatch and fails the
+// records, but a restarting broker does it too, and a running connector must
+// wait for it; a real mismatch is still reported by SecurityFailureLog.
+// check, which must answer, goes without it.
+func RetryEOF() kgo.Opt { return kgo.AlwaysRetryEOF() }

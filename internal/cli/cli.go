@@ -73,7 +73,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", lookupEnv(environ, "OUTBOX_CDC_CONFIG"), "config file (YAML)")
+	path := fs.String("config", lookupEnv(environ, config.EnvConfigPath), "config file (YAML)")
 	var ro replayOpts
 	var so statusOpts
 	switch args[0] {
@@ -126,6 +126,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 }
 
 func run(ctx context.Context, cfg *config.Config, pc pipeline.Config, log *slog.Logger, stderr io.Writer) int {
+	pc.Sink.Opts = append(pc.Sink.Opts, sink.RetryEOF())
 	m := metrics.New()
 	p, err := pipeline.New(pc, m, log)
 	if err != nil {
@@ -207,7 +208,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	}
 	return pipeline.Config{
 		Source: replication.Source{
-			DSN: cfg.Postgres.DSN, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
+			DSN: string(cfg.Postgres.DSN), Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
 			Schema: schema, Table: table, Columns: cols,
 		},
 		Mapping: mapping,
@@ -253,7 +254,7 @@ func kafkaSecurity(k config.Kafka) (sink.Security, error) {
 		if err != nil {
 			return sink.Security{}, err
 		}
-		sec.SASL = &sink.SASL{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: pw}
+		sec.SASL = &sink.SASL{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: sink.Secret(pw)}
 	}
 	return sec, nil
 }
@@ -281,7 +282,7 @@ func usePostgresPasswordFile(p config.Postgres) error {
 func checkpointStore(cfg *config.Config) pipeline.CheckpointStore {
 	switch cfg.Checkpoint.Store {
 	case "table":
-		return offsets.NewTableStore(cfg.Postgres.DSN, cfg.Checkpoint.Table, cfg.Postgres.Slot)
+		return offsets.NewTableStore(string(cfg.Postgres.DSN), cfg.Checkpoint.Table, cfg.Postgres.Slot)
 	case "file":
 		return offsets.NewFileStore(cfg.Checkpoint.File)
 	}

@@ -3,7 +3,6 @@ package config
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -15,165 +14,78 @@ import (
 	"strings"
 )
 
-// secretKeys are the keys whose value is a secret: never shown in a message,
-// redacted by String, LogValue and MarshalJSON. (postgres.dsn is a connection
-// string with a password inside; RedactDSN handles it.)
-var secretKeys = map[string]bool{
-	"kafka.sasl.password": true,
-}
+// DSN is a libpq connection string. However it is printed (every fmt verb,
+// %#v included; encoding/json, YAML and other TextMarshaler users; slog) it
+// shows as RedactDSN makes it, like sink.Secret. string(d) is the connection
+// string itself, for the code that connects.
+type DSN string
 
-// holdsSecret reports whether key is a secret key or a section that holds
-// one, so a value written there must not be shown in an error.
-func holdsSecret(key string) bool {
-	for k := range secretKeys {
-		if k == key || strings.HasPrefix(k, key+".") {
-			return true
-		}
-	}
-	return false
-}
+func (d DSN) String() string { return RedactDSN(string(d)) }
 
-// maxSecretFileSize bounds a password file: anything larger is a mistake
-// (a key or a directory listing), not a password.
-const maxSecretFileSize = 64 << 10
+// Format applies the verb to the redacted text.
+func (d DSN) Format(f fmt.State, verb rune) { fmt.Fprintf(f, fmt.FormatString(f, verb), d.String()) }
 
-// readSecretFile reads a password file: the whole content minus trailing
-// newlines (\n or \r\n, as editors and `echo` leave them). Its errors name
-// the file, never its content.
-func readSecretFile(path string) (string, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return "", fileProblem(err)
-	}
-	if !fi.Mode().IsRegular() {
-		return "", errors.New("not a regular file")
-	}
-	if fi.Size() > maxSecretFileSize {
-		return "", fmt.Errorf("larger than %d bytes, not a password", maxSecretFileSize)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fileProblem(err)
-	}
-	s := strings.TrimRight(string(b), "\r\n")
-	if s == "" {
-		return "", errors.New("is empty")
-	}
-	return s, nil
-}
+func (d DSN) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
-// fileProblem turns a file error into a short reason without the path
-// (FieldError.Value already shows it).
-func fileProblem(err error) error {
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return errors.New("file does not exist")
-	case errors.Is(err, fs.ErrPermission):
-		return errors.New("file is not readable by this process (permission denied)")
-	}
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
-// FilePassword returns the password read from postgres.password_file now,
-// or "" when the key is not set. The caller puts it into the connection
-// settings, never into the DSN string.
-func (p Postgres) FilePassword() (string, error) {
-	if p.PasswordFile == "" {
-		return "", nil
-	}
-	pw, err := readSecretFile(p.PasswordFile)
-	if err != nil {
-		return "", fmt.Errorf("postgres.password_file %s: %w", p.PasswordFile, err)
-	}
-	return pw, nil
-}
-
-// Secret returns the SASL password: kafka.sasl.password, or the content of
-// kafka.sasl.password_file read now.
-func (s KafkaSASL) Secret() (string, error) {
-	if s.PasswordFile == "" {
-		return s.Password, nil
-	}
-	pw, err := readSecretFile(s.PasswordFile)
-	if err != nil {
-		return "", fmt.Errorf("kafka.sasl.password_file %s: %w", s.PasswordFile, err)
-	}
-	return pw, nil
-}
-
-// String renders the section with the password redacted.
-func (s KafkaSASL) String() string {
-	c := Config{Kafka: Kafka{SASL: s}}
-	return renderFlow(&c, section("kafka.sasl"))
-}
-
-// GoString keeps %#v from printing the password.
-func (s KafkaSASL) GoString() string { return "config.KafkaSASL" + s.String() }
-
-// LogValue keeps slog from printing the password.
-func (s KafkaSASL) LogValue() slog.Value {
-	c := Config{Kafka: Kafka{SASL: s}}
-	return slog.GroupValue(logAttrs(&c, section("kafka.sasl"))...)
-}
-
-// MarshalJSON keeps encoding/json from printing the password.
-func (s KafkaSASL) MarshalJSON() ([]byte, error) {
-	c := Config{Kafka: Kafka{SASL: s}}
-	return json.Marshal(asMap(&c, section("kafka.sasl")))
-}
-
-// String renders the section with the SASL password redacted.
-func (k Kafka) String() string {
-	c := Config{Kafka: k}
-	return renderFlow(&c, section("kafka"))
-}
-
-// GoString keeps %#v from printing the SASL password.
-func (k Kafka) GoString() string { return "config.Kafka" + k.String() }
-
-// LogValue keeps slog from printing the SASL password.
-func (k Kafka) LogValue() slog.Value {
-	c := Config{Kafka: k}
-	return slog.GroupValue(logAttrs(&c, section("kafka"))...)
-}
-
-// MarshalJSON keeps encoding/json from printing the SASL password.
-func (k Kafka) MarshalJSON() ([]byte, error) {
-	c := Config{Kafka: k}
-	return json.Marshal(asMap(&c, section("kafka")))
-}
-
-// Warning is a setting that is accepted but weakens security. The command
-// line logs each one at start.
-type Warning struct {
-	Key     string
-	Message string
-}
-
-// Warnings lists the accepted but unsafe settings of a valid configuration.
-func (c *Config) Warnings() []Warning {
-	var out []Warning
-	t, s := c.Kafka.TLS, c.Kafka.SASL
-	if t.Enabled && t.InsecureSkipVerify {
-		out = append(out, Warning{"kafka.tls.insecure_skip_verify",
-			"broker certificates are not verified: anyone on the network path can impersonate the brokers; set a CA with kafka.tls.ca_file instead"})
-	}
-	if s.Mechanism == SASLPlain && !t.Enabled {
-		out = append(out, Warning{"kafka.sasl.mechanism",
-			"SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
-	}
-	return out
-}
+func (d DSN) LogValue() slog.Value { return slog.StringValue(d.String()) }
 
 var (
-	// keywordHasPasswordRE finds a password keyword (not sslpassword) in
-	// the keyword=value form.
+	// password=... or sslpassword=... in keyword form; the value is quoted
+	// ('...' with \ escapes) or runs to the next unescaped space. An
+	// unterminated quote swallows the rest, which errs on the safe side.
+	keywordPasswordRE = regexp.MustCompile(`(?i)(\w*password\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:[^\s\\]|\\.)*)`)
+	// password=... as a URL query parameter.
+	queryPasswordRE = regexp.MustCompile(`(?i)(\w*password=)[^&#]*`)
+	// A password keyword (not sslpassword) in the keyword form.
 	keywordHasPasswordRE = regexp.MustCompile(`(?i)(^|\s)password\s*=`)
+	// libpq's keyword form: keyword=value pairs, a value single-quoted (with
+	// \' and \\ escapes) or running to the next space (with \ escapes).
+	keywordDSNRE = regexp.MustCompile(`(?s)^\s*(?:[^=\s]+\s*=\s*(?:'(?:[^'\\]|\\.)*'\s*|(?:[^\s'\\]|\\.)(?:[^\s\\]|\\.)*(?:\s+|$)|$))+$`)
 )
+
+const redacted = "xxxxx"
+
+func isURLForm(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+// RedactDSN returns dsn with every password replaced by xxxxx, in the URL
+// form (postgres://user:pw@host/db, and ?password=… or ?sslpassword=… in the
+// query) and in the keyword form (password=pw, password='p w'). A URL that
+// does not parse keeps only what follows its last @. The result is safe to
+// print; it is not meant to be used to connect.
+func RedactDSN(dsn string) string {
+	if !isURLForm(dsn) {
+		return keywordPasswordRE.ReplaceAllString(dsn, "${1}"+redacted)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		scheme, rest, _ := strings.Cut(dsn, "://")
+		if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+			rest = redacted + rest[i:]
+		}
+		return scheme + "://" + queryPasswordRE.ReplaceAllString(rest, "${1}"+redacted)
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), redacted)
+	}
+	u.RawQuery = queryPasswordRE.ReplaceAllString(u.RawQuery, "${1}"+redacted)
+	u.Fragment, u.RawFragment = "", ""
+	return u.String()
+}
+
+// dsnProblem checks that dsn is a well-formed connection string. It never
+// includes the DSN, or parser messages that may quote it, in its answer.
+func dsnProblem(dsn string) string {
+	if !isURLForm(dsn) {
+		if !keywordDSNRE.MatchString(dsn) {
+			return "neither a postgres:// URL nor a list of keyword=value settings"
+		}
+	} else if _, err := url.Parse(dsn); err != nil {
+		return "not a valid postgres:// URL (check that special characters in the password are percent-encoded)"
+	}
+	return ""
+}
 
 // dsnHasPassword reports whether the DSN carries a password of its own, in
 // the URL's user info, as a password query parameter or as a password
@@ -186,10 +98,8 @@ func dsnHasPassword(dsn string) bool {
 	if err != nil {
 		return false // reported as an invalid DSN already
 	}
-	if u.User != nil {
-		if _, has := u.User.Password(); has {
-			return true
-		}
+	if _, has := u.User.Password(); has {
+		return true
 	}
 	for k := range u.Query() {
 		if strings.EqualFold(k, "password") {
@@ -199,14 +109,59 @@ func dsnHasPassword(dsn string) bool {
 	return false
 }
 
+// readSecretFile reads a password file: the whole content minus trailing
+// newlines (\n or \r\n, as editors and `echo` leave them). Its errors name
+// the file, never its content.
+func readSecretFile(path string) (string, error) {
+	b, err := readRegularFile(path, maxSecretFileSize)
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimRight(string(b), "\r\n")
+	if s == "" {
+		return "", errors.New("is empty")
+	}
+	return s, nil
+}
+
+// maxSecretFileSize bounds a password file: anything larger is a mistake (a
+// key or a directory listing), not a password.
+const maxSecretFileSize = 64 << 10
+
+// readRegularFile reads a password, certificate or key file no larger than
+// maxSize (0: any size), with short reasons that leave out the path
+// (FieldError.Value already shows it).
+func readRegularFile(path string, maxSize int64) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err == nil && !fi.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	if err == nil && maxSize > 0 && fi.Size() > maxSize {
+		return nil, fmt.Errorf("larger than %d bytes, not a password", maxSize)
+	}
+	var b []byte
+	if err == nil {
+		b, err = os.ReadFile(path)
+	}
+	var pe *fs.PathError
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, errors.New("file does not exist")
+	case errors.Is(err, fs.ErrPermission):
+		return nil, errors.New("file is not readable by this process (permission denied)")
+	case errors.As(err, &pe):
+		return nil, pe.Err
+	}
+	return b, err
+}
+
 // checkCAFile reports why a CA bundle cannot be used, or "".
 func checkCAFile(path string) string {
-	b, err := readPEMFile(path)
+	b, err := readRegularFile(path, 0)
 	if err != nil {
 		return err.Error()
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
+	if !x509.NewCertPool().AppendCertsFromPEM(b) {
 		return "holds no PEM certificate"
 	}
 	return ""
@@ -215,41 +170,24 @@ func checkCAFile(path string) string {
 // checkKeyPair reports why a client certificate and key cannot be used, or
 // "". The messages never include key material.
 func checkKeyPair(certFile, keyFile string) (certProblem, keyProblem, pairProblem string) {
-	cert, err := readPEMFile(certFile)
+	cert, err := readRegularFile(certFile, 0)
 	if err != nil {
 		certProblem = err.Error()
 	} else if !hasPEMBlock(cert, "CERTIFICATE") {
 		certProblem = "holds no PEM certificate"
 	}
-	key, err := readPEMFile(keyFile)
+	key, err := readRegularFile(keyFile, 0)
 	if err != nil {
 		keyProblem = err.Error()
 	} else if !hasPEMBlock(key, "PRIVATE KEY") {
 		keyProblem = "holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)"
 	}
-	if certProblem != "" || keyProblem != "" {
-		return
-	}
-	if _, err := tls.X509KeyPair(cert, key); err != nil {
-		pairProblem = strings.TrimPrefix(err.Error(), "tls: ")
+	if certProblem == "" && keyProblem == "" {
+		if _, err := tls.X509KeyPair(cert, key); err != nil {
+			pairProblem = strings.TrimPrefix(err.Error(), "tls: ")
+		}
 	}
 	return
-}
-
-// readPEMFile reads a certificate or key file, with short reasons.
-func readPEMFile(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, fileProblem(err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, errors.New("not a regular file")
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fileProblem(err)
-	}
-	return b, nil
 }
 
 // hasPEMBlock reports whether b holds a PEM block whose type ends with
@@ -257,8 +195,7 @@ func readPEMFile(path string) ([]byte, error) {
 func hasPEMBlock(b []byte, suffix string) bool {
 	for {
 		var blk *pem.Block
-		blk, b = pem.Decode(b)
-		if blk == nil {
+		if blk, b = pem.Decode(b); blk == nil {
 			return false
 		}
 		if strings.HasSuffix(blk.Type, suffix) && !strings.Contains(blk.Type, "ENCRYPTED") {

@@ -14,7 +14,6 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -93,16 +92,6 @@ func TestBoolKind(t *testing.T) {
 	for _, bad := range []string{"kafka: {tls: {enabled: 1}}", "kafka: {tls: {enabled: [true]}}", "kafka: {tls: {enabled: yes}}"} {
 		_, err := Load(writeFile(t, withRequiredYAML(t, bad)), nil)
 		hasKey(t, err, "kafka.tls.enabled", "true or false")
-	}
-	// A bool renders as a YAML boolean and survives the round trip.
-	c := withRequired()
-	c.Kafka.TLS.Enabled = true
-	if !strings.Contains(c.String(), "enabled: true") {
-		t.Errorf("String() lacks enabled: true:\n%s", c)
-	}
-	got, err := Load(writeFile(t, c.String()), nil)
-	if err != nil || !reflect.DeepEqual(*got, c) {
-		t.Errorf("round trip: %v\n got %#v\nwant %#v", err, got, c)
 	}
 }
 
@@ -402,10 +391,6 @@ func TestSASLPasswordNeverPrinted(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	check("String", c.String())
-	if !strings.Contains(c.String(), "password: xxxxx") {
-		t.Errorf("String() does not show the redacted password:\n%s", c)
-	}
 	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
 		check(verb+" Config", fmt.Sprintf(verb, c))
 		check(verb+" *Config", fmt.Sprintf(verb, &c))
@@ -422,7 +407,7 @@ func TestSASLPasswordNeverPrinted(t *testing.T) {
 		check(fmt.Sprintf("json %T", v), string(js))
 	}
 	js, _ := json.Marshal(c.Kafka)
-	if !strings.Contains(string(js), `"username":"alice"`) || !strings.Contains(string(js), `"linger":"0s"`) {
+	if !strings.Contains(string(js), `"Username":"alice","Password":"xxxxx"`) {
 		t.Errorf("json.Marshal(Kafka) = %s", js)
 	}
 	var buf bytes.Buffer
@@ -432,12 +417,12 @@ func TestSASLPasswordNeverPrinted(t *testing.T) {
 	if !strings.Contains(buf.String(), "alice") {
 		t.Errorf("slog output lacks the username:\n%s", buf.String())
 	}
-	if got := c.Kafka.SASL.String(); got != `{mechanism: SCRAM-SHA-512, username: alice, password: xxxxx, password_file: ""}` {
-		t.Errorf("KafkaSASL.String() = %s", got)
+	if got := fmt.Sprintf("%+v", c.Kafka.SASL); got != "{Mechanism:SCRAM-SHA-512 Username:alice Password:xxxxx PasswordFile:}" {
+		t.Errorf("%%+v of KafkaSASL = %s", got)
 	}
-	// An empty password stays empty (nothing to hide, and the round trip holds).
+	// An empty password stays empty: nothing to hide.
 	c.Kafka.SASL.Password = ""
-	if !strings.Contains(c.String(), `password: ""`) {
-		t.Errorf("empty password rendered as:\n%s", c)
+	if got := fmt.Sprintf("%v|%#v", c.Kafka.SASL.Password, c.Kafka.SASL.Password); got != `|""` {
+		t.Errorf("empty password printed as %s", got)
 	}
 }

@@ -84,7 +84,7 @@ func run(ctx context.Context) error {
 	}
 
 	cfg := config.Default()
-	cfg.Postgres.DSN = dsn
+	cfg.Postgres.DSN = config.DSN(dsn)
 	cfg.Kafka.Brokers = kafka.Brokers()
 	pc, err := cli.PipelineConfig(&cfg)
 	if err != nil {

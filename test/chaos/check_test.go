@@ -86,7 +86,8 @@ type Report struct {
 	OrderExamples          []string `json:"order_examples,omitempty"`
 	// FirstCopyOrderViolations (diagnosis): first copies of an aggregate's
 	// events that skip a seq, i.e. new events out of order, not replays.
-	FirstCopyOrderViolations int `json:"order_violations_among_first_copies"`
+	FirstCopyOrderViolations int            `json:"order_violations_among_first_copies"`
+	OrderViolationsByProcess map[string]int `json:"order_violations_by_process,omitempty"`
 
 	Duplicates              int            `json:"duplicate_copies"`
 	DuplicatesAfterKills    int            `json:"duplicates_after_connector_kills"`
@@ -511,6 +512,12 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any))
 	proc := processOf(r.conn.incarnations(), recs)
 	bad := func(c copyRec, format string, args ...any) {
 		rep.OrderViolations++
+		if who := proc(c); who != "" {
+			if rep.OrderViolationsByProcess == nil {
+				rep.OrderViolationsByProcess = map[string]int{}
+			}
+			rep.OrderViolationsByProcess[strings.Trim(who, " ()")]++
+		}
 		if len(rep.OrderExamples) < 10 {
 			rep.OrderExamples = append(rep.OrderExamples, fmt.Sprintf(format, args...)+proc(c))
 		}
@@ -541,8 +548,8 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any))
 		s.max = max(s.max, c.Seq)
 	}
 	if rep.OrderViolations > 0 {
-		fail("%d order violations (%d of them among first copies); first: %s", rep.OrderViolations, rep.FirstCopyOrderViolations,
-			strings.Join(rep.OrderExamples, "; "))
+		fail("%d order violations (%d of them among first copies; by process %v); first: %s", rep.OrderViolations, rep.FirstCopyOrderViolations,
+			rep.OrderViolationsByProcess, strings.Join(rep.OrderExamples, "; "))
 	}
 }
 

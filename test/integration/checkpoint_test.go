@@ -455,9 +455,9 @@ func TestSnapshotOrder(t *testing.T) {
 		slot, column, extra string
 		want                []int
 	}{
-		{"snaporderpk", "written_at", "", []int{1, 2, 3, 4, 5, 6}},                          // no created_at: the key
-		{"snapordercreated", "created_at", "", []int{6, 5, 4, 3, 1, 2}},                     // created_at, key for ties
-		{"snapordercol", "written_at", "  order_by: written_at\n", []int{6, 5, 4, 3, 1, 2}}, // 1 and 2 tie: key order
+		{"snaporderpk", "written_at", "", []int{1, 2, 3, 4, 5, 6}},      // no created_at: the key
+		{"snapordercreated", "created_at", "", []int{6, 5, 4, 3, 2, 1}}, // created_at; 2 and 1 tie: insertion order
+		{"snapordercol", "written_at", "  order_by: written_at\n", []int{6, 5, 4, 3, 2, 1}},
 	} {
 		t.Run(tt.slot, func(t *testing.T) {
 			dsn := newDatabase(t)

@@ -125,6 +125,7 @@ func TestUnknownTopicWithAutoCreateOff(t *testing.T) {
 	createOutbox(t, dsn, "outbox", "jsonb")
 	cfg := testConfig(t, dsn, "public.outbox", "noauto")
 	cfg.Kafka.Brokers = k.Brokers()
+	cfg.Kafka.UnknownTopicTimeout = 5 * time.Second // the topic never appears: no need to wait the default 2m
 	startConnector(t, cfg)
 	conn := pgConnect(t, dsn)
 	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "missing", "k", "E", `{}`) })

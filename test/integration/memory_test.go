@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -257,7 +258,7 @@ func TestReplicationReceiveTimeout(t *testing.T) {
 	})
 	px := newStallProxy(t, fmt.Sprintf("127.0.0.1:%d", pgServer.Port()))
 	cfg := testConfig(t, dsn, "public.outbox", "silent")
-	cfg.Postgres.DSN = px.rewrite(t, dsn)
+	cfg.Postgres.DSN = config.DSN(px.rewrite(t, dsn))
 	cfg.Postgres.ReceiveTimeout = timeout
 	cfg.Postgres.HeartbeatInterval = 0 // an idle server says nothing unless asked
 	c := startConnector(t, cfg)

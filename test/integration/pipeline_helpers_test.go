@@ -116,7 +116,7 @@ func dropSlotAtEnd(t *testing.T, dsn, slot string) {
 func testConfig(t *testing.T, dsn, table, slot string) *config.Config {
 	dropSlotAtEnd(t, dsn, slot)
 	c := config.Default()
-	c.Postgres.DSN = dsn
+	c.Postgres.DSN = config.DSN(dsn)
 	c.Postgres.Slot = slot
 	c.Postgres.Publication = slot
 	c.Postgres.StatusInterval = 200 * time.Millisecond

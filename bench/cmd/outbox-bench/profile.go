@@ -36,7 +36,7 @@ func (e *env) profileDrain(ctx context.Context, opts options, slot, aggType stri
 	ctx, cancel := context.WithTimeout(ctx, opts.DrainTimeout)
 	defer cancel()
 	cfg := config.Default()
-	cfg.Postgres.DSN = e.dsn
+	cfg.Postgres.DSN = config.DSN(e.dsn)
 	cfg.Postgres.Slot = slot
 	cfg.Postgres.Publication = publication
 	cfg.Outbox.Table = outboxTable

@@ -1,0 +1,523 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"math"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+// EnvConfigPath names the environment variable that holds the path of the
+// config file. The caller reads it (Load ignores it).
+const EnvConfigPath = EnvPrefix + "CONFIG"
+
+// envTestPrefix starts variables reserved for tests; Load ignores them.
+const envTestPrefix = EnvPrefix + "TEST_"
+
+// ErrInvalid matches, with errors.Is, every error that means "the
+// configuration is bad" (exit code 2): a *ValidationError and a *FileError.
+var ErrInvalid = errors.New("invalid configuration")
+
+// FileError is a config file that cannot be read or parsed. It matches
+// ErrInvalid and, through Err, the underlying cause (fs.ErrNotExist, …).
+type FileError struct {
+	Path string
+	Err  error
+}
+
+func (e *FileError) Error() string {
+	msg := e.Err.Error()
+	var pe *fs.PathError
+	if errors.As(e.Err, &pe) {
+		msg = pe.Err.Error() // the path is already in front
+	}
+	return "config file " + e.Path + ": " + msg
+}
+
+// Unwrap exposes both ErrInvalid and the cause.
+func (e *FileError) Unwrap() []error { return []error{ErrInvalid, e.Err} }
+
+// Load builds the configuration from the defaults, the YAML file at path (none
+// if path is ""), and the OUTBOX_CDC_* variables in environ (os.Environ() in
+// production), in that order, then validates it. An error for a bad
+// configuration matches errors.Is(err, ErrInvalid): a *FileError when the file
+// cannot be read or is not YAML, else a *ValidationError listing every
+// problem. On error the returned *Config is nil.
+func Load(path string, environ []string) (*Config, error) {
+	k := koanf.New(".")
+	var problems []FieldError
+	if path != "" {
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return nil, &FileError{Path: path, Err: err}
+		}
+		problems = checkKeys("", k.Raw())
+	}
+	// The env provider cannot fail.
+	_ = k.Load(env.Provider(".", env.Opt{
+		Prefix:      EnvPrefix,
+		EnvironFunc: func() []string { return environ },
+		TransformFunc: func(name, value string) (string, any) {
+			key, v, fe := fromEnv(name, value)
+			if fe != nil {
+				problems = append(problems, *fe)
+			}
+			return key, v
+		},
+	}), nil)
+
+	cfg := Default()
+	problems = append(problems, decode(k.Raw(), &cfg)...)
+	reported := map[string]bool{}
+	for _, p := range problems {
+		reported[p.Key] = true
+	}
+	var ve *ValidationError
+	if errors.As(cfg.Validate(), &ve) {
+		for _, p := range ve.Fields {
+			// kafka.brokers[1] → kafka.brokers
+			if parent, _, _ := strings.Cut(p.Key, "["); !reported[p.Key] && !reported[parent] {
+				problems = append(problems, p)
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return nil, &ValidationError{Fields: problems}
+	}
+	return &cfg, nil
+}
+
+// The schema is derived from the Config struct tags, so the known keys, their
+// variable names and their types cannot drift from the struct.
+
+type kind int
+
+const (
+	kindString kind = iota
+	kindInt
+	kindDuration
+	kindStrings   // []string
+	kindStringMap // map[string]string
+	kindBool
+)
+
+// leaf is one settable key.
+type leaf struct {
+	key    string // dotted path: kafka.max_buffered_records
+	env    string // OUTBOX_CDC_KAFKA_MAX_BUFFERED_RECORDS
+	index  []int  // reflect field path from Config
+	typ    reflect.Type
+	kind   kind
+	secret bool // a DSN or a sink.Secret: its value is never shown
+}
+
+var (
+	leaves    []leaf // in struct order
+	leafByKey = map[string]*leaf{}
+	leafByEnv = map[string]*leaf{}
+	sections  = map[string]bool{} // struct-valued keys → whether they hold a secret
+	envNames  []string            // for suggestions
+	allKeys   []string            // every leaf and section key, sorted, for suggestions
+)
+
+func init() {
+	walkSchema(reflect.TypeFor[Config](), "", nil)
+	for i := range leaves {
+		l := &leaves[i]
+		leafByKey[l.key], leafByEnv[l.env] = l, l
+		envNames = append(envNames, l.env)
+		for s := range sections {
+			sections[s] = sections[s] || l.secret && strings.HasPrefix(l.key, s+".")
+		}
+	}
+	allKeys = slices.Concat(slices.Collect(maps.Keys(leafByKey)), slices.Collect(maps.Keys(sections)))
+	slices.Sort(allKeys)
+}
+
+func walkSchema(t reflect.Type, prefix string, index []int) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		key := strings.TrimPrefix(prefix+"."+f.Tag.Get("koanf"), ".")
+		idx := append(slices.Clone(index), i)
+		k := kindString
+		switch f.Type {
+		case reflect.TypeFor[time.Duration]():
+			k = kindDuration
+		case reflect.TypeFor[[]string]():
+			k = kindStrings
+		case reflect.TypeFor[map[string]string]():
+			k = kindStringMap
+		default:
+			switch f.Type.Kind() {
+			case reflect.Struct:
+				sections[key] = false
+				walkSchema(f.Type, key, idx)
+				continue
+			case reflect.Bool:
+				k = kindBool
+			case reflect.Int, reflect.Int64:
+				k = kindInt
+			}
+		}
+		secret := f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[sink.Secret]()
+		leaves = append(leaves, leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: k, secret: secret})
+	}
+}
+
+func envName(key string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// kinds says, for messages, what a kind of value is and how to write it in
+// the file and in the environment (ENV stands for the variable).
+var kinds = [...]struct{ expected, howTo string }{
+	kindString:    {"a string", "write a plain string"},
+	kindInt:       {"an integer", "write an integer such as 1000 (environment: ENV=1000)"},
+	kindDuration:  {"a duration", "write a duration with a unit such as 500ms, 1s or 2m (environment: ENV=1s)"},
+	kindStrings:   {"a list", "write a list such as [a, b] (environment: a comma list, ENV=a,b)"},
+	kindStringMap: {"a mapping", "write a mapping such as {order: orders.v1} (environment: key=value pairs, ENV=order=orders.v1,user=users)"},
+	kindBool:      {"true or false", "write true or false (environment: ENV=true, false, 1 or 0)"},
+}
+
+// checkKeys reports every key of the raw file map that is not in the schema,
+// and every section that is not a mapping. Entries under a map-valued key
+// (kafka.topics) are data, not keys.
+func checkKeys(prefix string, m map[string]any) []FieldError {
+	var out []FieldError
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		path := strings.TrimPrefix(prefix+"."+k, ".")
+		v := m[k]
+		secret, isSection := sections[path]
+		switch sub, isMap := v.(map[string]any); {
+		case leafByKey[path] != nil || isSection && v == nil:
+		case isSection && isMap:
+			out = append(out, checkKeys(path, sub)...)
+		case isSection:
+			fe := FieldError{Key: path, Problem: "expected a section (mapping of keys), got " + typeName(v),
+				Fix: "keys in " + path + " are: " + strings.Join(childKeys(path), ", ")}
+			if !secret { // else it may be a secret written one level too high
+				fe.Value = fmt.Sprint(v)
+			}
+			out = append(out, fe)
+		default:
+			fe := FieldError{Key: path, Problem: "unknown key"}
+			if s := suggest(path, allKeys); s != "" {
+				fe.Fix = "did you mean " + s + "?"
+			} else if prefix != "" {
+				fe.Fix = "keys in " + prefix + " are: " + strings.Join(childKeys(prefix), ", ")
+			} else {
+				fe.Fix = "top-level sections are: " + strings.Join(childKeys(""), ", ")
+			}
+			out = append(out, fe)
+		}
+	}
+	return out
+}
+
+// childKeys lists the direct children of a section ("" for the top level).
+func childKeys(section string) []string {
+	var out []string
+	for _, k := range allKeys {
+		rest, ok := k, section == ""
+		if !ok {
+			rest, ok = strings.CutPrefix(k, section+".")
+		}
+		if child, _, _ := strings.Cut(rest, "."); ok && !slices.Contains(out, child) {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
+// fromEnv maps one environment variable to a key and a value of the key's
+// type. It returns key "" for variables to skip (reserved, unknown or
+// invalid), with a FieldError for the unknown and invalid ones.
+func fromEnv(name, value string) (string, any, *FieldError) {
+	if name == EnvConfigPath || strings.HasPrefix(name, envTestPrefix) {
+		return "", nil, nil
+	}
+	l := leafByEnv[name]
+	if l == nil {
+		fe := &FieldError{Key: name, Problem: "unknown environment variable",
+			Fix: "unset it; see the configuration reference for the variable names"}
+		if s := suggest(name, envNames); s != "" {
+			fe.Fix = "did you mean " + s + "?"
+		}
+		return "", nil, fe
+	}
+	v, fe := convert(l, value, name)
+	if fe != nil {
+		return "", nil, fe
+	}
+	return l.key, v.Interface(), nil
+}
+
+// decode sets every leaf present in raw onto cfg, which holds the defaults.
+// A null value keeps the default.
+func decode(raw map[string]any, cfg *Config) []FieldError {
+	var out []FieldError
+	root := reflect.ValueOf(cfg).Elem()
+	for i := range leaves {
+		l := &leaves[i]
+		if v, ok := lookup(raw, l.key); ok && v != nil {
+			if val, fe := convert(l, v, ""); fe != nil {
+				out = append(out, *fe)
+			} else {
+				root.FieldByIndex(l.index).Set(val)
+			}
+		}
+	}
+	return out
+}
+
+// lookup finds a dotted key in the nested raw map. A file may also spell a
+// key flat (log.level: … at the top level), which the YAML parser keeps as
+// one key with a dot; that is found too, but the nested spelling, which is
+// also where the environment puts its values, wins.
+func lookup(m map[string]any, key string) (any, bool) {
+	for i := range len(key) {
+		if sub, ok := m[key[:i]].(map[string]any); key[i] == '.' && ok {
+			if v, ok := lookup(sub, key[i+1:]); ok {
+				return v, true
+			}
+		}
+	}
+	v, ok := m[key]
+	return v, ok
+}
+
+// convert turns a value from the file, or the text of the environment
+// variable env, into the leaf's type. The file's YAML values are checked
+// strictly: a string where a list is expected is an error, not a
+// one-element list. In the environment lists are comma lists and mappings
+// key=value pairs.
+func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
+	if reflect.TypeOf(v) == l.typ { // a YAML int or boolean, or converted by fromEnv
+		return reflect.ValueOf(v), nil
+	}
+	bad := func(problem string) (reflect.Value, *FieldError) {
+		fe := &FieldError{Key: l.key, Problem: problem, Fix: strings.ReplaceAll(kinds[l.kind].howTo, "ENV", l.env)}
+		if env != "" {
+			fe.Problem = "invalid " + env + ": " + problem
+		}
+		if !l.secret {
+			fe.Value = fmt.Sprint(v)
+		}
+		return reflect.Value{}, fe
+	}
+	item := func(key, what string, x any) (reflect.Value, *FieldError) {
+		return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
+			Problem: "expected a string, got " + typeName(x), Fix: "each " + what + " of " + l.key + " is a plain string"}
+	}
+	s, isString := v.(string)
+	fromEnv := isString && env != ""
+	switch l.kind {
+	case kindString:
+		if str, ok := scalarString(v); ok {
+			return reflect.ValueOf(str).Convert(l.typ), nil
+		}
+	case kindInt:
+		str, ok := scalarString(v)
+		n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
+		_, isBool := v.(bool)
+		switch _, isFloat := v.(float64); {
+		case !ok || isBool || err != nil && isString && !fromEnv: // a quoted number is unambiguous; nothing else is
+		case err != nil && fromEnv:
+			return bad("not an integer")
+		case err != nil && isFloat:
+			return bad("not an integer, or out of range")
+		case err != nil || l.typ.Kind() == reflect.Int && int64(int(n)) != n:
+			return bad("out of range")
+		default:
+			return reflect.ValueOf(n).Convert(l.typ), nil
+		}
+	case kindDuration:
+		switch x := v.(type) {
+		case string:
+			if d, err := time.ParseDuration(strings.TrimSpace(x)); err == nil {
+				return reflect.ValueOf(d), nil
+			}
+			return bad("not a duration")
+		case int, int64, uint64, float64:
+			if x == 0 { // 0 needs no unit
+				return reflect.ValueOf(time.Duration(0)), nil
+			}
+			return bad("a number without a unit is ambiguous")
+		}
+	case kindStrings:
+		list, ok := v.([]any)
+		if fromEnv {
+			list, ok = nil, true
+			for item := range strings.SplitSeq(s, ",") {
+				if strings.TrimSpace(s) != "" {
+					list = append(list, strings.TrimSpace(item))
+				}
+			}
+		}
+		if ok {
+			out := make([]string, 0, len(list))
+			for i, x := range list {
+				str, ok := scalarString(x)
+				if !ok || x == nil {
+					return item(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
+				}
+				out = append(out, str)
+			}
+			return reflect.ValueOf(out), nil
+		}
+	case kindStringMap:
+		m, ok := v.(map[string]any)
+		if fromEnv {
+			m, ok = map[string]any{}, true
+			for item := range strings.SplitSeq(s, ",") {
+				k, val, found := strings.Cut(item, "=")
+				k = strings.TrimSpace(k)
+				switch _, dup := m[k]; {
+				case strings.TrimSpace(s) == "":
+				case !found || k == "":
+					return bad(fmt.Sprintf("entry %q is not key=value", strings.TrimSpace(item)))
+				case dup:
+					return bad(fmt.Sprintf("key %q is given twice", k))
+				default:
+					m[k] = strings.TrimSpace(val)
+				}
+			}
+		}
+		if ok {
+			out := make(map[string]string, len(m))
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				str, ok := scalarString(m[k])
+				if !ok || m[k] == nil {
+					return item(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
+				}
+				out[k] = str
+			}
+			return reflect.ValueOf(out), nil
+		}
+	case kindBool:
+		if isString { // quoted in the file: the same words as in the environment
+			if b, ok := parseBool(s); ok {
+				return reflect.ValueOf(b), nil
+			}
+			return bad("not true, false, 1 or 0")
+		}
+	}
+	return bad("expected " + kinds[l.kind].expected + ", got " + typeName(v))
+}
+
+// parseBool accepts the spellings of a boolean allowed in the environment:
+// true, false, 1 and 0 (any case, surrounding space ignored).
+func parseBool(s string) (value, ok bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "true", "1":
+		return true, true
+	case "false", "0":
+		return false, true
+	}
+	return false, false
+}
+
+// scalarString accepts a YAML scalar as a string: 9187 and true are taken as
+// the text they were written as (YAML has already parsed them).
+func scalarString(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case int, int64, uint64, bool:
+		return fmt.Sprint(x), true
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64), true
+	case nil:
+		return "", true
+	}
+	return "", false
+}
+
+func typeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case string:
+		return "a string"
+	case int, int64, uint64:
+		return "an integer"
+	case float64:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case []any, []string:
+		return "a list"
+	case map[string]any, map[string]string:
+		return "a mapping"
+	case time.Time:
+		return "a timestamp"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// suggest returns the candidate closest to name, or "" if none is close. It
+// also recognises a key written in the wrong section (dsn, kafka.dsn →
+// postgres.dsn) by its last part.
+func suggest(name string, candidates []string) string {
+	lname := strings.ToLower(name)
+	best, bestD := "", math.MaxInt
+	for _, c := range candidates {
+		if d := editDistance(lname, strings.ToLower(c)); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	if bestD <= 2 || bestD == 3 && len(name) >= 12 {
+		return best
+	}
+	sep := "."
+	if strings.HasPrefix(name, EnvPrefix) {
+		sep = "_"
+	}
+	last := lname[strings.LastIndex(lname, sep)+1:]
+	var match string
+	for _, c := range candidates {
+		if _, isSection := sections[c]; strings.HasSuffix(strings.ToLower(c), sep+last) && !isSection {
+			if match != "" {
+				return "" // ambiguous
+			}
+			match = c
+		}
+	}
+	return match
+}
+
+// editDistance is the optimal string alignment distance: insertions,
+// deletions, substitutions and transpositions of neighbours cost 1.
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	prev2, prev, cur := make([]int, len(rb)+1), make([]int, len(rb)+1), make([]int, len(rb)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		cur[0] = i
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(rb)]
+}

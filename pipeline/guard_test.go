@@ -1,0 +1,63 @@
+package pipeline
+
+import (
+	"testing"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+)
+
+// TestGuardVouch: a reading vouches for its position once every transaction
+// running at it has ended (seen by a later reading), or by itself when none
+// was running, or after guardMargin; never earlier.
+func TestGuardVouch(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	rd := func(before lsn.LSN, xmin uint64, at time.Duration, running ...uint64) reading {
+		return reading{replication.Snapshot{Before: before, Xmin: xmin, Running: running}, t0.Add(at)}
+	}
+	tests := []struct {
+		name     string
+		readings []reading
+		want     lsn.LSN // verified after the last reading
+		wantXmin uint64
+	}{
+		{"nothing running: at once", []reading{rd(100, 10, 0)}, 100, 10},
+		{"running at the first, ended by the second", []reading{rd(100, 10, 0, 10, 12), rd(200, 15, 100*time.Millisecond, 15)}, 100, 10},
+		{"still running at the second", []reading{rd(100, 10, 0, 10, 12), rd(200, 12, 100*time.Millisecond, 12)}, 0, 0},
+		{"one of two ended, other below the later xmin", []reading{rd(100, 10, 0, 10, 12), rd(200, 13, 100*time.Millisecond, 14)}, 100, 10},
+		{"long transaction: the margin vouches", []reading{rd(100, 5, 0, 5), rd(200, 5, 500*time.Millisecond, 5), rd(300, 5, time.Second, 5)}, 100, 5},
+		{"a transaction still running holds every reading", []reading{
+			rd(100, 5, 0, 5, 9), rd(200, 9, 100*time.Millisecond, 9, 20), rd(300, 9, 200*time.Millisecond, 9, 21)}, 0, 0},
+		{"settled in the middle", []reading{
+			rd(100, 5, 0, 5), rd(200, 7, 100*time.Millisecond, 7), rd(300, 8, 200*time.Millisecond, 8)}, 200, 7},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &guard{}
+			for _, r := range tc.readings {
+				g.vouch(r)
+			}
+			if got := g.Verified(); got != tc.want {
+				t.Errorf("verified %v, want %v", got, tc.want)
+			}
+			if got := g.xmin.Load(); got != tc.wantXmin {
+				t.Errorf("xmin %d, want %d", got, tc.wantXmin)
+			}
+			if len(g.pending) > maxPending {
+				t.Errorf("%d readings pending", len(g.pending))
+			}
+		})
+	}
+}
+
+func TestGuardPendingBounded(t *testing.T) {
+	g := &guard{}
+	t0 := time.Unix(1_000_000, 0)
+	for i := range 10 * maxPending { // one transaction runs throughout, readings 1 ms apart
+		g.vouch(reading{replication.Snapshot{Before: lsn.LSN(i + 1), Xmin: 1, Running: []uint64{1}}, t0.Add(time.Duration(i) * time.Millisecond)})
+	}
+	if len(g.pending) > maxPending {
+		t.Fatalf("%d readings pending, want at most %d", len(g.pending), maxPending)
+	}
+}
