@@ -41,15 +41,17 @@ func (b *backfill) due(pos lsn.LSN) bool { return b != nil && !b.done && pos >= 
 // xid already.
 func (b *backfill) delivered(xid uint32) bool { return b != nil && b.done && b.skip[xid] }
 
-// xidFilter selects the rows whose inserting transaction (xmin, 32 bits) is
-// at or after xmin8 (64 bits), given ref, a full transaction id at least as
-// new as any row's: the epoch is ref's, or the one before when that would
-// put the row after ref.
-func xidFilter(ref, xmin8 uint64) string {
-	base := strconv.FormatUint(ref&^0xffffffff, 10)
-	full := "(" + base + " + xmin::text::bigint)"
-	return fmt.Sprintf("%s - CASE WHEN %s > %d THEN 4294967296 ELSE 0 END >= %d", full, full, ref, xmin8)
+// xid8 is the full (64-bit) id of the transaction that wrote a row, from its
+// 32-bit xmin and ref, a full transaction id at least as new as any row's:
+// the epoch is ref's, or the one before when that would put the row after
+// ref.
+func xid8(ref uint64) string {
+	full := "(" + strconv.FormatUint(ref&^0xffffffff, 10) + " + xmin::text::bigint)"
+	return fmt.Sprintf("(%s - CASE WHEN %s > %d THEN 4294967296 ELSE 0 END)", full, full, ref)
 }
+
+// xidFilter selects the rows written by transactions at or after xmin8.
+func xidFilter(ref, xmin8 uint64) string { return fmt.Sprintf("%s >= %d", xid8(ref), xmin8) }
 
 // runBackfill publishes the gap's rows as one tracked pseudo-transaction
 // ending at end (the last position dispatched, so the watermark cannot pass
@@ -90,7 +92,7 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end
 	for _, x := range ids {
 		b.skip[uint32(x)] = true
 	}
-	query, err := p.rowsQuery(ctx, tx, filter)
+	query, err := p.rowsQuery(ctx, tx, filter, xid8(ref))
 	if err != nil {
 		return fmt.Errorf("backfill: %w", err)
 	}
@@ -133,9 +135,9 @@ func (p *Pipeline) publishRows(ctx context.Context, rows pgx.Rows, txn *offsets.
 	return n, nil
 }
 
-// rowsQuery selects the mapped columns of the rows matching filter (SQL, ""
-// for all) in the snapshot order: the query of the snapshot and the backfill.
-func (p *Pipeline) rowsQuery(ctx context.Context, tx pgx.Tx, filter string) (string, error) {
+// rowsQuery selects the mapped columns of the backfill's rows (filter: SQL)
+// in the order their transactions wrote them.
+func (p *Pipeline) rowsQuery(ctx context.Context, tx pgx.Tx, filter, xidOrder string) (string, error) {
 	m, src := p.cfg.Mapping, p.cfg.Source
 	var payloadType string
 	err := tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
@@ -144,11 +146,10 @@ func (p *Pipeline) rowsQuery(ctx context.Context, tx pgx.Tx, filter string) (str
 	if err != nil {
 		return "", fmt.Errorf("payload column %s: %w", m.Payload, err)
 	}
-	order, err := p.snapshotOrder(ctx, tx)
-	if err != nil {
-		return "", err
-	}
-	return snapshotSQL(m, src.Schema, src.Table, payloadType == "bytea", filter, order), nil
+	// Per aggregate, a writer's transactions get increasing ids; the stream
+	// delivers in commit order, which for one aggregate's serialized
+	// writes is the same. Within a transaction, ctid is insertion order.
+	return snapshotSQL(m, src.Schema, src.Table, payloadType == "bytea", filter, []string{xidOrder, "ctid"}), nil
 }
 
 // scanEvent reads one row of rowsQuery.

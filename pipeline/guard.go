@@ -38,6 +38,7 @@ type guard struct {
 	watch   *replication.Watch
 	start   replication.Membership
 	pending []reading // good readings not vouched for yet, oldest first
+	last    uint64    // snapshot xmin of the last good reading
 	// first is the WAL position read before the first reading, which found
 	// every mapped column: a Relation message of a transaction committed
 	// before it describes the table as it was, not as it is.
@@ -51,6 +52,11 @@ type guard struct {
 type reading struct {
 	replication.Snapshot
 	at time.Time
+	// before is the snapshot xmin of the reading taken just before this
+	// one. A transaction that committed between this reading's Before and
+	// its snapshot can be below its own xmin, but was running at (or began
+	// after) the one before: the gap's rows are bounded by that xmin.
+	before uint64
 }
 
 // newGuard takes the first reading; from is the start position, vouched for
@@ -67,7 +73,8 @@ func newGuard(ctx context.Context, src replication.Source, from lsn.LSN) (*guard
 		return nil, &replication.PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"The outbox leaving the stream\""}
 	}
 	g.start, g.first = s.Membership, s.Before
-	g.pending = []reading{{s, time.Now()}}
+	g.pending = []reading{{s, time.Now(), s.Xmin}}
+	g.last = s.Xmin
 	g.verified.Store(uint64(from))
 	g.xmin.Store(s.Xmin)
 	return g, nil
@@ -90,7 +97,8 @@ func (g *guard) check(ctx context.Context) (why string, gap bool) {
 	if why := s.SchemaProblem(g.src); why != "" {
 		return why, false
 	}
-	g.vouch(reading{s, time.Now()})
+	g.vouch(reading{s, time.Now(), g.last})
+	g.last = s.Xmin
 	return "", false
 }
 
@@ -110,11 +118,11 @@ func (g *guard) vouch(r reading) {
 		}
 	}
 	if best >= 0 {
-		g.advance(g.pending[best].Snapshot)
+		g.advance(g.pending[best])
 		g.pending = g.pending[best+1:]
 	}
 	if len(r.Running) == 0 { // nothing could be in flight: vouches for itself
-		g.advance(r.Snapshot)
+		g.advance(r)
 		g.pending = g.pending[:0]
 		return
 	}
@@ -124,10 +132,10 @@ func (g *guard) vouch(r reading) {
 	g.pending = append(g.pending, r)
 }
 
-func (g *guard) advance(s replication.Snapshot) {
-	if s.Before > g.Verified() {
-		g.xmin.Store(s.Xmin)
-		g.verified.Store(uint64(s.Before))
+func (g *guard) advance(r reading) {
+	if r.Before > g.Verified() {
+		g.xmin.Store(min(r.Xmin, r.before))
+		g.verified.Store(uint64(r.Before))
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 func TestGuardVouch(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	rd := func(before lsn.LSN, xmin uint64, at time.Duration, running ...uint64) reading {
-		return reading{replication.Snapshot{Before: before, Xmin: xmin, Running: running}, t0.Add(at)}
+		return reading{Snapshot: replication.Snapshot{Before: before, Xmin: xmin, Running: running}, at: t0.Add(at), before: xmin}
 	}
 	tests := []struct {
 		name     string
@@ -51,11 +51,23 @@ func TestGuardVouch(t *testing.T) {
 	}
 }
 
+// TestGuardGapXmin: the gap's xmin is the older of the vouched reading's
+// and the one before it, so a transaction that committed between the
+// vouched reading's WAL position and its snapshot is inside the gap.
+func TestGuardGapXmin(t *testing.T) {
+	g := &guard{}
+	t0 := time.Unix(1_000_000, 0)
+	g.vouch(reading{Snapshot: replication.Snapshot{Before: 100, Xmin: 20}, at: t0, before: 12})
+	if g.Verified() != 100 || g.xmin.Load() != 12 {
+		t.Fatalf("verified %v xmin %d, want 100 and 12", g.Verified(), g.xmin.Load())
+	}
+}
+
 func TestGuardPendingBounded(t *testing.T) {
 	g := &guard{}
 	t0 := time.Unix(1_000_000, 0)
 	for i := range 10 * maxPending { // one transaction runs throughout, readings 1 ms apart
-		g.vouch(reading{replication.Snapshot{Before: lsn.LSN(i + 1), Xmin: 1, Running: []uint64{1}}, t0.Add(time.Duration(i) * time.Millisecond)})
+		g.vouch(reading{Snapshot: replication.Snapshot{Before: lsn.LSN(i + 1), Xmin: 1, Running: []uint64{1}}, at: t0.Add(time.Duration(i) * time.Millisecond)})
 	}
 	if len(g.pending) > maxPending {
 		t.Fatalf("%d readings pending, want at most %d", len(g.pending), maxPending)

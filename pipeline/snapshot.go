@@ -134,6 +134,9 @@ func snapshotSQL(m decode.Mapping, schema, table string, payloadBytea bool, filt
 		quoted := make([]string, len(order))
 		for i, c := range order {
 			quoted[i] = pgx.Identifier{c}.Sanitize()
+			if strings.HasPrefix(c, "(") { // an expression (the backfill's transaction order)
+				quoted[i] = c
+			}
 		}
 		q += " ORDER BY " + strings.Join(quoted, ", ")
 	}

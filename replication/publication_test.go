@@ -3,6 +3,10 @@ package replication
 import (
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
 func TestLeftStream(t *testing.T) {
@@ -49,5 +53,43 @@ func TestSchemaProblem(t *testing.T) {
 	}
 	if got := (Membership{Missing: []string{"x"}}).SchemaProblem(src); got != "" {
 		t.Errorf("a missing table is LeftStream's to report, got %q", got)
+	}
+}
+
+// TestCopyCovers: a replay whose slot copy starts after --from-lsn (the
+// original slot moved on between the range check and the copy) is refused
+// instead of skipping the events in between.
+func TestCopyCovers(t *testing.T) {
+	res := func(pos string) []*pgconn.Result {
+		return []*pgconn.Result{{Rows: [][][]byte{{[]byte("copy"), []byte(pos)}}}}
+	}
+	tests := []struct {
+		name    string
+		res     []*pgconn.Result
+		from    lsn.LSN
+		wantErr string
+	}{
+		{"copy at from", res("0/100"), 0x100, ""},
+		{"copy before from", res("0/F0"), 0x100, ""},
+		{"copy moved past from", res("0/180"), 0x100, "it moved to 0/180 while the replay started"},
+		{"no row", []*pgconn.Result{{}}, 0x100, "unexpected result"},
+		{"bad position", res("nonsense"), 0x100, "copy slot s"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := copyCovers(tc.res, "s", tc.from)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("copyCovers: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("copyCovers = %v, want %q", err, tc.wantErr)
+			}
+			if !IsFatal(err) {
+				t.Errorf("%v is retried, want fatal", err)
+			}
+		})
 	}
 }

@@ -67,11 +67,14 @@ func (s SASL) String() string {
 // the code that uses it. The configuration and the sink share this type.
 type Secret string
 
+// Redacted is what a Secret prints as.
+const Redacted = "xxxxx"
+
 func (s Secret) String() string {
 	if s == "" {
 		return ""
 	}
-	return "xxxxx"
+	return Redacted
 }
 
 // Format applies the verb to the redacted text.

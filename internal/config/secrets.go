@@ -12,6 +12,8 @@ import (
 	"os"
 	"regexp"
 	"strings"
+
+	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 // DSN is a libpq connection string. However it is printed (every fmt verb,
@@ -43,8 +45,6 @@ var (
 	keywordDSNRE = regexp.MustCompile(`(?s)^\s*(?:[^=\s]+\s*=\s*(?:'(?:[^'\\]|\\.)*'\s*|(?:[^\s'\\]|\\.)(?:[^\s\\]|\\.)*(?:\s+|$)|$))+$`)
 )
 
-const redacted = "xxxxx"
-
 func isURLForm(dsn string) bool {
 	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
@@ -56,20 +56,20 @@ func isURLForm(dsn string) bool {
 // print; it is not meant to be used to connect.
 func RedactDSN(dsn string) string {
 	if !isURLForm(dsn) {
-		return keywordPasswordRE.ReplaceAllString(dsn, "${1}"+redacted)
+		return keywordPasswordRE.ReplaceAllString(dsn, "${1}"+sink.Redacted)
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
 		scheme, rest, _ := strings.Cut(dsn, "://")
 		if i := strings.LastIndexByte(rest, '@'); i >= 0 {
-			rest = redacted + rest[i:]
+			rest = sink.Redacted + rest[i:]
 		}
-		return scheme + "://" + queryPasswordRE.ReplaceAllString(rest, "${1}"+redacted)
+		return scheme + "://" + queryPasswordRE.ReplaceAllString(rest, "${1}"+sink.Redacted)
 	}
 	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), redacted)
+		u.User = url.UserPassword(u.User.Username(), sink.Redacted)
 	}
-	u.RawQuery = queryPasswordRE.ReplaceAllString(u.RawQuery, "${1}"+redacted)
+	u.RawQuery = queryPasswordRE.ReplaceAllString(u.RawQuery, "${1}"+sink.Redacted)
 	u.Fragment, u.RawFragment = "", ""
 	return u.String()
 }
