@@ -57,16 +57,11 @@ func xidFilter(ref, xmin8 uint64) string { return fmt.Sprintf("%s >= %d", xid8(r
 // ending at end (the last position dispatched, so the watermark cannot pass
 // the stream), in the snapshot order.
 func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end lsn.LSN) error {
-	conn, err := pgx.Connect(ctx, p.cfg.Source.DSN)
+	tx, done, err := p.readTx(ctx)
 	if err != nil {
-		return fmt.Errorf("backfill: connect: %w", err)
+		return fmt.Errorf("backfill: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("backfill: begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer done()
 	// The first statement fixes the snapshot; the WAL position read in it
 	// is past every commit the snapshot sees.
 	var ref uint64
@@ -92,7 +87,10 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end
 	for _, x := range ids {
 		b.skip[uint32(x)] = true
 	}
-	query, err := p.rowsQuery(ctx, tx, filter, xid8(ref))
+	// Per aggregate, a writer's transactions get increasing ids; the stream
+	// delivers in commit order, which for one aggregate's serialized writes
+	// is the same. Within a transaction, ctid is insertion order.
+	query, err := p.rowsQuery(ctx, tx, filter, []string{xid8(ref), "ctid"})
 	if err != nil {
 		return fmt.Errorf("backfill: %w", err)
 	}
@@ -102,21 +100,39 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end
 	}
 	defer rows.Close()
 	txn := p.tracker.Begin()
-	n, err := p.publishRows(produceCtx, rows, txn, time.Now())
+	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), p.m.BackfilledEvents.Inc)
 	if err != nil {
 		return fmt.Errorf("backfill: %w", err)
 	}
 	p.tracker.Commit(txn, end)
 	b.done = true
 	p.gapClear.Store(uint64(b.clearAt))
-	p.m.BackfilledEvents.Add(float64(n))
 	p.log.Warn("published the rows written while the outbox was outside the publication",
 		"rows", n, "since", b.Since, "transactions", len(b.skip))
 	return nil
 }
 
-// publishRows publishes rows selected by rowsQuery as events of txn.
-func (p *Pipeline) publishRows(ctx context.Context, rows pgx.Rows, txn *offsets.Txn, at time.Time) (int, error) {
+// readTx opens a connection and a read-only repeatable-read transaction on
+// it, for the snapshot and the backfill; done ends both.
+func (p *Pipeline) readTx(ctx context.Context) (pgx.Tx, func(), error) {
+	conn, err := pgx.Connect(ctx, p.cfg.Source.DSN)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect: %w", err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, nil, fmt.Errorf("begin: %w", err)
+	}
+	return tx, func() {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		conn.Close(context.WithoutCancel(ctx))
+	}, nil
+}
+
+// publishRows publishes rows selected by rowsQuery as events of txn,
+// calling counted after each one.
+func (p *Pipeline) publishRows(ctx context.Context, rows pgx.Rows, txn *offsets.Txn, at time.Time, counted func()) (int, error) {
 	var rec router.Record
 	n := 0
 	for rows.Next() {
@@ -127,6 +143,7 @@ func (p *Pipeline) publishRows(ctx context.Context, rows pgx.Rows, txn *offsets.
 		if err := p.publish(ctx, txn, at, &ev, nil, &rec); err != nil {
 			return n, err
 		}
+		counted()
 		n++
 	}
 	if err := rows.Err(); err != nil {
@@ -135,9 +152,11 @@ func (p *Pipeline) publishRows(ctx context.Context, rows pgx.Rows, txn *offsets.
 	return n, nil
 }
 
-// rowsQuery selects the mapped columns of the backfill's rows (filter: SQL)
-// in the order their transactions wrote them.
-func (p *Pipeline) rowsQuery(ctx context.Context, tx pgx.Tx, filter, xidOrder string) (string, error) {
+// rowsQuery selects the mapped columns as text, the payload as bytes (bytea
+// raw, other types in their text form), of the rows matching filter (SQL,
+// "" for all), ordered by order (columns, or expressions in parentheses).
+// It is the query of the snapshot and of the backfill.
+func (p *Pipeline) rowsQuery(ctx context.Context, tx pgx.Tx, filter string, order []string) (string, error) {
 	m, src := p.cfg.Mapping, p.cfg.Source
 	var payloadType string
 	err := tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
@@ -146,10 +165,7 @@ func (p *Pipeline) rowsQuery(ctx context.Context, tx pgx.Tx, filter, xidOrder st
 	if err != nil {
 		return "", fmt.Errorf("payload column %s: %w", m.Payload, err)
 	}
-	// Per aggregate, a writer's transactions get increasing ids; the stream
-	// delivers in commit order, which for one aggregate's serialized
-	// writes is the same. Within a transaction, ctid is insertion order.
-	return snapshotSQL(m, src.Schema, src.Table, payloadType == "bytea", filter, []string{xidOrder, "ctid"}), nil
+	return snapshotSQL(m, src.Schema, src.Table, payloadType == "bytea", filter, order), nil
 }
 
 // scanEvent reads one row of rowsQuery.

@@ -11,7 +11,6 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
-	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 // snapshot publishes the rows already in the outbox table, read in the
@@ -20,22 +19,21 @@ import (
 // cut-over. It returns once every row is acknowledged, before streaming.
 func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.ExportedSnapshot) error {
 	defer snap.Close(context.WithoutCancel(ctx))
-	conn, err := pgx.Connect(ctx, p.cfg.Source.DSN)
+	tx, done, err := p.readTx(ctx)
 	if err != nil {
-		return fmt.Errorf("snapshot: connect: %w", err)
+		return fmt.Errorf("snapshot: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("snapshot: begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer done()
 	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snap.Name)); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
-	query, err := p.snapshotQuery(ctx, tx)
+	order, err := p.snapshotOrder(ctx, tx)
 	if err != nil {
 		return err
+	}
+	query, err := p.rowsQuery(ctx, tx, p.cfg.SnapshotFilter, order)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
 	}
 	rows, err := tx.Query(ctx, query)
 	if err != nil {
@@ -44,35 +42,10 @@ func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.E
 	defer rows.Close()
 
 	// Snapshot rows carry the snapshot's time: their commit times are gone.
-	at := time.Now()
 	txn := p.tracker.Begin()
-	nh := len(p.cfg.Mapping.HeaderColumns)
-	var rec router.Record
-	n := 0
-	for rows.Next() {
-		vals := make([]*string, 4)
-		var payload []byte
-		hdrs := make([]*string, nh)
-		dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &payload}
-		for i := range hdrs {
-			dest = append(dest, &hdrs[i])
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return fmt.Errorf("snapshot: scan: %w", err)
-		}
-		ev := decode.Event{ID: strValue(vals[0]), AggregateType: strValue(vals[1]), AggregateID: strValue(vals[2]),
-			EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}}
-		for i, h := range p.cfg.Mapping.HeaderColumns {
-			ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
-		}
-		if err := p.publish(produceCtx, txn, at, &ev, nil, &rec); err != nil {
-			return err
-		}
-		p.m.SnapshotEvents.Inc()
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("snapshot: read: %w", err)
+	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), p.m.SnapshotEvents.Inc)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
 	}
 	p.tracker.Commit(txn, snap.ConsistentPoint)
 	p.log.Info("snapshot rows produced; waiting for acknowledgements", "rows", n)
@@ -94,24 +67,6 @@ func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.E
 	p.snapDone.Store(true)
 	p.log.Info("snapshot published", "rows", n, "consistent_point", snap.ConsistentPoint)
 	return nil
-}
-
-// snapshotQuery selects the mapped columns as text, the payload as bytes
-// (bytea raw, other types in their text form), in the snapshot order.
-func (p *Pipeline) snapshotQuery(ctx context.Context, tx pgx.Tx) (string, error) {
-	m, src := p.cfg.Mapping, p.cfg.Source
-	var payloadType string
-	err := tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped`,
-		pgx.Identifier{src.Schema, src.Table}.Sanitize(), m.Payload).Scan(&payloadType)
-	if err != nil {
-		return "", fmt.Errorf("snapshot: payload column %s: %w", m.Payload, err)
-	}
-	order, err := p.snapshotOrder(ctx, tx)
-	if err != nil {
-		return "", err
-	}
-	return snapshotSQL(m, src.Schema, src.Table, payloadType == "bytea", p.cfg.SnapshotFilter, order), nil
 }
 
 // snapshotSQL builds the snapshot query.

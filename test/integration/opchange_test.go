@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
@@ -324,10 +325,8 @@ func TestStopHonoursDrainTimeout(t *testing.T) {
 	for i := 1; i <= 50; i++ {
 		committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "ds", "k", "E", fmt.Sprintf(`{"seq": %d}`, i)) })
 	}
-	// The processor is blocked in Produce once the buffer (3) and the queue
-	// (2) are full.
-	waitFor(t, 30*time.Second, "records in flight", func() bool { return c.p.Streaming() && counterValue(c, "events_published") >= 0 })
-	time.Sleep(time.Second)
+	// The processor is blocked in Produce once the buffer (3) is full.
+	waitFor(t, 30*time.Second, "the producer buffer full", func() bool { return testutil.ToFloat64(c.m.InFlight) >= 3 })
 	c.cancel()
 	c.cancel = nil
 	select {
