@@ -131,7 +131,7 @@ func (p *Pipeline) failGap(why string, verified lsn.LSN, xmin uint64) error {
 	}
 	p.gap.Store(g)
 	p.gapClear.Store(0)
-	err := replication.LeftStreamError(p.cfg.Source, why, verified, p.cfg.Checkpoints != nil)
+	err := replication.LeftStreamError(p.cfg.Source, why, verified, p.plan.checkpoints != nil)
 	p.fail(err)
 	return err
 }
@@ -164,8 +164,8 @@ func (p *Pipeline) recordedGap(acked lsn.LSN) *gapInfo {
 // never beyond what the guard vouched for.
 func (p *Pipeline) confirmable() lsn.LSN {
 	a := p.tracker.Acked()
-	if p.guard != nil {
-		a = min(a, p.guard.Verified())
+	if g := p.plan.guard; g != nil {
+		a = min(a, g.Verified())
 	}
 	return a
 }
@@ -180,7 +180,7 @@ const finalMargin = 100 * time.Millisecond
 // reading vouched for. It returns the error for an outbox found outside the
 // stream (the gap is recorded), nil otherwise.
 func (p *Pipeline) finalCheck(ctx context.Context) error {
-	g := p.guard
+	g := p.plan.guard
 	if g == nil || p.gap.Load() != nil {
 		return nil
 	}

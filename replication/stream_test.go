@@ -170,7 +170,11 @@ func (fixedPositions) InFlight() int               { return 0 }
 func (p fixedPositions) Advanced() <-chan struct{} { return p.advanced }
 
 func newTestStream(f *fakeWalsender, tune func(*Config)) *Stream {
-	cfg := Config{Source: Source{DSN: f.dsn(), Slot: "s", Publication: "p"}}
+	db, err := ParseDB(f.dsn(), "")
+	if err != nil {
+		panic(err) // a constant DSN
+	}
+	cfg := Config{Source: Source{DB: db, Slot: "s", Publication: "p"}}
 	tune(&cfg)
 	return NewStream(cfg, fixedPositions{make(chan struct{})}, metrics.New(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
