@@ -112,7 +112,7 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 		forget = store.Forget()
 		if haveCkpt {
 			// Before the slot is touched: a refused start changes nothing.
-			if err := foreignCheckpoint(ckpt, srv, src.Slot, forget); err != nil {
+			if err := replication.ForeignCheckpoint(ckpt, srv, src.Slot, forget); err != nil {
 				return err
 			}
 		}
@@ -173,7 +173,7 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 		haveCkpt = false
 	}
 	if haveCkpt {
-		if err := checkPosition(ckpt, srv, forget); err != nil {
+		if err := replication.CheckPosition(ckpt, srv, forget); err != nil {
 			pl.close(ctx)
 			return err
 		}

@@ -145,7 +145,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			if skip {
 				continue
 			}
-			ev := parseMessage(msg.Content)
+			ev := decode.ParseMessage(msg.Content)
 			if err := p.publish(produceCtx, txn, commitTime, &ev, msg.Content, &rec); err != nil {
 				return err
 			}

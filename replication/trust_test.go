@@ -1,4 +1,4 @@
-package pipeline
+package replication
 
 import (
 	"errors"
@@ -7,14 +7,13 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // TestCheckpointTrust: which loaded checkpoints may decide what is skipped.
 func TestCheckpointTrust(t *testing.T) {
 	const forget = "DELETE FROM outbox_cdc.checkpoints WHERE slot = 'outbox_cdc'"
-	srv := replication.Server{SystemID: "7300000000000000001", Timeline: 3, WALEnd: 0x9000000, Database: "app",
-		History: []replication.TimelineSwitch{{Timeline: 1, End: 0x3000000}, {Timeline: 2, End: 0x5000000}}}
+	srv := Server{SystemID: "7300000000000000001", Timeline: 3, WALEnd: 0x9000000, Database: "app",
+		History: []TimelineSwitch{{Timeline: 1, End: 0x3000000}, {Timeline: 2, End: 0x5000000}}}
 	own := offsets.Identity{SystemID: srv.SystemID, Timeline: 3, Database: "app", Slot: "outbox_cdc"}
 	with := func(l lsn.LSN, f func(*offsets.Identity)) offsets.Checkpoint {
 		id := own
@@ -45,9 +44,9 @@ func TestCheckpointTrust(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := foreignCheckpoint(tt.c, srv, "outbox_cdc", forget)
+			err := ForeignCheckpoint(tt.c, srv, "outbox_cdc", forget)
 			if err == nil {
-				err = checkPosition(tt.c, srv, forget)
+				err = CheckPosition(tt.c, srv, forget)
 			}
 			if tt.want == nil {
 				if err != nil {
@@ -55,9 +54,9 @@ func TestCheckpointTrust(t *testing.T) {
 				}
 				return
 			}
-			var pe *replication.PrerequisiteError
+			var pe *PrerequisiteError
 			if !errors.As(err, &pe) {
-				t.Fatalf("err = %v, want a *replication.PrerequisiteError (exit 1)", err)
+				t.Fatalf("err = %v, want a *PrerequisiteError (exit 1)", err)
 			}
 			for _, w := range append(tt.want, forget, "outbox-cdc replay") {
 				if !strings.Contains(err.Error(), w) {
