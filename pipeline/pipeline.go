@@ -194,9 +194,15 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	return p.shutdown(ctx, r, cause)
 }
 
+// streamer is the replication stream as a run uses it.
+type streamer interface {
+	Run(ctx context.Context, out chan<- replication.Message) error
+	StopReading()
+}
+
 // running is what a run started and its shutdown stops, in order.
 type running struct {
-	stream      interface{ StopReading() }
+	stream      streamer
 	stopStream  context.CancelFunc // ends the stream after its final status update
 	streamDone  chan struct{}
 	streamErr   error
@@ -209,7 +215,7 @@ type running struct {
 }
 
 // start runs the stream, the processor and the side loops the plan asks for.
-func (p *Pipeline) start(ctx context.Context, stream *replication.Stream) *running {
+func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 	r := &running{stream: stream, streamDone: make(chan struct{}), procDone: make(chan struct{})}
 	// The stream, the producer and the side loops outlive ctx: a stop
 	// drains, confirms and saves before they end.

@@ -51,6 +51,12 @@ type Message struct {
 // Resume answers a Reset message.
 func (m *Message) Resume(pos lsn.LSN) { m.resume <- pos }
 
+// NewReset returns a Reset message and the channel its Resume answers on.
+func NewReset() (Message, <-chan lsn.LSN) {
+	c := make(chan lsn.LSN, 1)
+	return Message{Kind: Reset, resume: c}, c
+}
+
 // Release tells the stream the receiver is done with m: its data no longer
 // counts against Config.QueueBytes (records made from it are bounded by the
 // producer's buffer). Safe to call more than once and on any kind.
@@ -236,14 +242,14 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
 		backoff = min(backoff*2, s.cfg.BackoffMax)
 
 		// Everything sent before the loss is in out; learn where it ends.
-		reset := Message{Kind: Reset, resume: make(chan lsn.LSN, 1)}
+		reset, resumed := NewReset()
 		select {
 		case out <- reset:
 		case <-ctx.Done():
 			return nil
 		}
 		select {
-		case start = <-reset.resume:
+		case start = <-resumed:
 		case <-ctx.Done():
 			return nil
 		}
