@@ -35,7 +35,7 @@ type walConn struct {
 	be      *pgproto3.Backend
 	updates chan update // standby status updates, in order
 	closed  chan struct{}
-	start   string // the START_REPLICATION command
+	start   string     // the START_REPLICATION command
 	mu      sync.Mutex // guards be's send side
 }
 
