@@ -61,3 +61,6 @@ func (d *DB) replication(ctx context.Context) (*pgconn.PgConn, error) {
 
 // Database is the database the connections open.
 func (d *DB) Database() string { return d.cfg.Database }
+
+// Config returns a copy of the connection settings.
+func (d *DB) Config() *pgconn.Config { return d.cfg.Config.Copy() }
