@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -13,88 +12,16 @@ import (
 // read. The confirmed position trails by up to two intervals.
 const defaultGuardInterval = time.Second
 
-// guard keeps the outbox in the stream. PostgreSQL decodes an insert only if
-// the table was in the publication when the insert was written, so an outbox
-// dropped, renamed or removed from the publication stops producing events
-// without any error in the stream. The guard reads the membership every
-// interval and vouches for a position only once a later reading, which sees
-// everything committed before it, still finds the table in place; nothing
-// beyond that position is confirmed (gate), so a restart after the fix
-// starts before the first insert that was not decoded.
-type guard struct {
-	src   replication.Source
-	watch *replication.Watch
-	start replication.Membership
-	prev  replication.Snapshot // the last good reading, vouched for by the next
-	// first is the WAL position read before the first reading, which found
-	// every mapped column: a Relation message of a transaction committed
-	// before it describes the table as it was, not as it is.
-	first lsn.LSN
-
-	verified atomic.Uint64 // position up to which membership held
-	xmin     atomic.Uint64 // snapshot xmin of the reading behind verified
-}
-
-// newGuard takes the first reading; from is the start position, vouched for
-// by the setup that checked the table.
-func newGuard(ctx context.Context, src replication.Source, from lsn.LSN) (*guard, error) {
-	g := &guard{src: src, watch: replication.NewWatch(src)}
-	s, err := g.watch.Read(ctx, 0)
-	if err != nil {
-		g.watch.Close()
-		return nil, err
-	}
-	if why := s.LeftStream(src, s.Membership) + s.SchemaProblem(src); why != "" {
-		g.watch.Close()
-		return nil, &replication.PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"The outbox leaving the stream\""}
-	}
-	g.start, g.prev, g.first = s.Membership, s, s.Before
-	g.verified.Store(uint64(from))
-	g.xmin.Store(s.Xmin)
-	return g, nil
-}
-
-// Verified is the highest position the membership readings vouch for.
-func (g *guard) Verified() lsn.LSN { return lsn.LSN(g.verified.Load()) }
-
-// check reads the membership once. It returns why the outbox left the stream
-// (gap: inserts are no longer decoded) or why its rows can no longer be
-// mapped, or "" (also on a failed reading, which only holds the gate).
-func (g *guard) check(ctx context.Context) (why string, gap bool) {
-	s, err := g.watch.Read(ctx, g.start.RelID)
-	if err != nil {
-		return "", false
-	}
-	if why := s.LeftStream(g.src, g.start); why != "" {
-		return why, true
-	}
-	if why := s.SchemaProblem(g.src); why != "" {
-		return why, false
-	}
-	// The previous reading's position is vouched for now: this reading's
-	// snapshot was taken a whole interval later, so it sees every commit
-	// before that position, including one that was caught between its WAL
-	// record and its visibility back then.
-	if g.prev.Before > g.Verified() {
-		g.xmin.Store(g.prev.Xmin)
-		g.verified.Store(uint64(g.prev.Before))
-	}
-	g.prev = s
-	return "", false
-}
-
-func (g *guard) close() { g.watch.Close() }
-
 // gated confirms no position the guard has not vouched for.
 type gated struct {
 	replication.Positions
-	g *guard
+	g *replication.Guard
 }
 
 func (x gated) Acked() lsn.LSN { return min(x.Positions.Acked(), x.g.Verified()) }
 
 // guardLoop runs the guard until ctx ends or the outbox leaves the stream.
-func (p *Pipeline) guardLoop(ctx context.Context, g *guard) {
+func (p *Pipeline) guardLoop(ctx context.Context, g *replication.Guard) {
 	t := time.NewTicker(p.cfg.GuardInterval)
 	defer t.Stop()
 	for {
@@ -103,9 +30,9 @@ func (p *Pipeline) guardLoop(ctx context.Context, g *guard) {
 			return
 		case <-t.C:
 		}
-		switch why, gap := g.check(ctx); {
+		switch why, gap := g.Check(ctx); {
 		case gap:
-			_ = p.failGap(why, g.Verified(), g.xmin.Load()) // reaches Run through fail
+			_ = p.failGap(why, g.Verified(), g.Xmin()) // reaches Run through fail
 			return
 		case why != "":
 			p.fail(schemaError(why))
@@ -190,8 +117,8 @@ func (p *Pipeline) finalCheck(ctx context.Context) error {
 		if i == 1 {
 			time.Sleep(finalMargin)
 		}
-		if why, gap := g.check(ctx); gap {
-			return p.failGap(why, g.Verified(), g.xmin.Load())
+		if why, gap := g.Check(ctx); gap {
+			return p.failGap(why, g.Verified(), g.Xmin())
 		}
 	}
 	return nil

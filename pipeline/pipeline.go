@@ -166,7 +166,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		return err
 	}
 	if pl.guard != nil {
-		defer pl.guard.close()
+		defer pl.guard.Close()
 	}
 	defer s.Close()
 	p.plan, p.out = pl, s

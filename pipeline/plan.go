@@ -34,7 +34,7 @@ type plan struct {
 	checkpoints CheckpointStore
 	// guard keeps the outbox in the stream; nil in replay, where no side
 	// loop but the progress report runs.
-	guard *guard
+	guard *replication.Guard
 	// schemaFrom: a Relation message lacking a mapped column in a
 	// transaction committing at or after it is a schema problem (fatal);
 	// before it, the table was checked at start and has the column now, so
@@ -51,7 +51,7 @@ func (pl *plan) close(ctx context.Context) {
 		pl.snapshot.Close(ctx)
 	}
 	if pl.guard != nil {
-		pl.guard.close()
+		pl.guard.Close()
 	}
 }
 
@@ -72,12 +72,12 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 		return nil, err
 	}
 	pl.stream.StartLSN = pl.start
-	g, err := newGuard(ctx, p.cfg.Source, pl.start)
+	g, err := replication.NewGuard(ctx, p.cfg.Source, pl.start)
 	if err != nil {
 		pl.close(ctx)
 		return nil, fmt.Errorf("setup: %w", err)
 	}
-	pl.guard, pl.schemaFrom, pl.relID = g, g.first, g.start.RelID
+	pl.guard, pl.schemaFrom, pl.relID = g, g.First(), g.RelID()
 	return pl, nil
 }
 
