@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/pgwire"
 )
 
 // A realistic outbox row: uuid id, short aggregate type and id, event type,
@@ -13,14 +15,14 @@ const benchPayload = `{"orderId":"ord-7f3a9c","customerId":"cus-19d2","currency"
 	`"total":"129.90","items":[{"sku":"SKU-1001","qty":2,"price":"39.95"},` +
 	`{"sku":"SKU-2040","qty":1,"price":"50.00"}],"placedAt":"2024-05-06T07:08:09Z"}`
 
-func benchDecoder(b *testing.B, payloadType uint32) (*Decoder, wire) {
+func benchDecoder(b *testing.B, payloadType uint32) (*Decoder, pgwire.Wire) {
 	m := testMapping()
 	m.HeaderColumns = []string{"trace_id"}
 	d := NewDecoder(m)
-	rel := relationMsg(outboxID, "public", "outbox",
-		col{"id", oidUUID}, col{"aggregate_type", oidVarchar}, col{"aggregate_id", oidText},
-		col{"event_type", oidVarchar}, col{"payload", payloadType}, col{"trace_id", oidText},
-		col{"created_at", oidTimestamptz})
+	rel := pgwire.Relation(outboxID, "public", "outbox",
+		pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDVarchar}, pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText},
+		pgwire.Col{Name: "event_type", OID: pgwire.OIDVarchar}, pgwire.Col{Name: "payload", OID: payloadType}, pgwire.Col{Name: "trace_id", OID: pgwire.OIDText},
+		pgwire.Col{Name: "created_at", OID: pgwire.OIDTimestamptz})
 	if _, err := d.Decode(rel); err != nil {
 		b.Fatal(err)
 	}
@@ -28,9 +30,9 @@ func benchDecoder(b *testing.B, payloadType uint32) (*Decoder, wire) {
 	if payloadType == oidBytea {
 		payload = `\x` + hex.EncodeToString([]byte(benchPayload))
 	}
-	ins := insertMsg(outboxID, txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), txt("order"), txt("ord-7f3a9c"),
-		txt("OrderPlaced"), txt(payload), txt("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-		txt("2024-05-06 07:08:09.123456+00"))
+	ins := pgwire.Insert(outboxID, pgwire.Txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), pgwire.Txt("order"), pgwire.Txt("ord-7f3a9c"),
+		pgwire.Txt("OrderPlaced"), pgwire.Txt(payload), pgwire.Txt("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+		pgwire.Txt("2024-05-06 07:08:09.123456+00"))
 	return d, ins
 }
 
@@ -46,17 +48,17 @@ func benchInsert(b *testing.B, payloadType uint32) {
 	}
 }
 
-func BenchmarkDecodeInsert(b *testing.B)      { benchInsert(b, oidJSONB) }
+func BenchmarkDecodeInsert(b *testing.B)      { benchInsert(b, pgwire.OIDJSONB) }
 func BenchmarkDecodeInsertBytea(b *testing.B) { benchInsert(b, oidBytea) }
 
 // BenchmarkDecodeInsertOtherTable measures the skip path for tables that share
 // the publication.
 func BenchmarkDecodeInsertOtherTable(b *testing.B) {
-	d, _ := benchDecoder(b, oidJSONB)
-	if _, err := d.Decode(relationMsg(otherID, "public", "orders", col{"id", oidInt8}, col{"body", oidText})); err != nil {
+	d, _ := benchDecoder(b, pgwire.OIDJSONB)
+	if _, err := d.Decode(pgwire.Relation(otherID, "public", "orders", pgwire.Col{Name: "id", OID: pgwire.OIDInt8}, pgwire.Col{Name: "body", OID: pgwire.OIDText})); err != nil {
 		b.Fatal(err)
 	}
-	ins := insertMsg(otherID, txt("12345"), txt(strings.Repeat("x", 200)))
+	ins := pgwire.Insert(otherID, pgwire.Txt("12345"), pgwire.Txt(strings.Repeat("x", 200)))
 	b.ReportAllocs()
 	for b.Loop() {
 		if res, err := d.Decode(ins); err != nil || res.Kind != KindSkip {
@@ -68,8 +70,8 @@ func BenchmarkDecodeInsertOtherTable(b *testing.B) {
 func BenchmarkDecodeBeginCommit(b *testing.B) {
 	d := NewDecoder(testMapping())
 	benchTime := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
-	begin := beginMsg(0x16_B374D848, benchTime, 771)
-	commit := commitMsg(0x16_B374D848, 0x16_B374D878, benchTime)
+	begin := pgwire.Begin(0x16_B374D848, benchTime, 771)
+	commit := pgwire.Commit(0x16_B374D848, 0x16_B374D878, benchTime)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := d.Decode(begin); err != nil {

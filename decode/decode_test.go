@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/pgwire"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
 // mustDecode decodes msgs in order and returns the last result.
-func mustDecode(t *testing.T, d *Decoder, msgs ...wire) *Result {
+func mustDecode(t *testing.T, d *Decoder, msgs ...pgwire.Wire) *Result {
 	t.Helper()
 	var res *Result
 	for i, m := range msgs {
@@ -59,18 +60,18 @@ func TestBeginCommit(t *testing.T) {
 
 	tests := []struct {
 		name string
-		in   wire
+		in   pgwire.Wire
 		want Result
 	}{
-		{"begin", beginMsg(0x16_B374D848, at, 0xFFFF_FFFE), Result{Kind: KindBegin,
+		{"begin", pgwire.Begin(0x16_B374D848, at, 0xFFFF_FFFE), Result{Kind: KindBegin,
 			Begin: Begin{FinalLSN: 0x16_B374D848, CommitTime: at, Xid: 0xFFFF_FFFE}}},
-		{"begin before 2000", beginMsg(1, before2000, 7), Result{Kind: KindBegin,
+		{"begin before 2000", pgwire.Begin(1, before2000, 7), Result{Kind: KindBegin,
 			Begin: Begin{FinalLSN: 1, CommitTime: before2000, Xid: 7}}},
-		{"begin at epoch", beginMsg(0, time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), 0), Result{Kind: KindBegin,
+		{"begin at epoch", pgwire.Begin(0, time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC), 0), Result{Kind: KindBegin,
 			Begin: Begin{CommitTime: time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)}}},
-		{"commit", commitMsg(0x16_B374D848, 0x16_B374D878, at), Result{Kind: KindCommit,
+		{"commit", pgwire.Commit(0x16_B374D848, 0x16_B374D878, at), Result{Kind: KindCommit,
 			Commit: Commit{CommitLSN: 0x16_B374D848, EndLSN: 0x16_B374D878, CommitTime: at}}},
-		{"commit max LSN", commitMsg(^uint64(0), ^uint64(0), at), Result{Kind: KindCommit,
+		{"commit max LSN", pgwire.Commit(^uint64(0), ^uint64(0), at), Result{Kind: KindCommit,
 			Commit: Commit{CommitLSN: lsn.LSN(^uint64(0)), EndLSN: lsn.LSN(^uint64(0)), CommitTime: at}}},
 	}
 	for _, tc := range tests {
@@ -89,41 +90,41 @@ func TestBeginCommit(t *testing.T) {
 			}
 		})
 	}
-	if got := mustDecode(t, d, beginMsg(0x16_B374D848, at, 1)).Begin.FinalLSN.String(); got != "16/B374D848" {
+	if got := mustDecode(t, d, pgwire.Begin(0x16_B374D848, at, 1)).Begin.FinalLSN.String(); got != "16/B374D848" {
 		t.Errorf("FinalLSN prints %s", got)
 	}
 }
 
 func TestOriginTypeMessageTruncate(t *testing.T) {
 	d := primed(t)
-	mustDecode(t, d, relationMsg(otherID, "public", "orders", col{"id", oidInt8}))
+	mustDecode(t, d, pgwire.Relation(otherID, "public", "orders", pgwire.Col{Name: "id", OID: pgwire.OIDInt8}))
 
-	res := mustDecode(t, d, msg('O').u64(0x1_00000010).str("node_a"))
+	res := mustDecode(t, d, pgwire.Msg('O').U64(0x1_00000010).Str("node_a"))
 	if res.Kind != KindOrigin || res.Origin.LSN != 0x1_00000010 || res.Origin.Name != "node_a" {
 		t.Errorf("origin: %+v", res.Origin)
 	}
 
-	res = mustDecode(t, d, msg('Y').u32(16500).str("public").str("mood"))
+	res = mustDecode(t, d, pgwire.Msg('Y').U32(16500).Str("public").Str("mood"))
 	if res.Kind != KindType || res.Type != (TypeInfo{OID: 16500, Namespace: "public", Name: "mood"}) {
 		t.Errorf("type: %+v", res.Type)
 	}
 
-	res = mustDecode(t, d, msg('M').u8(1).u64(0x2_0000_0001).str("outbox-cdc").i32(5).lit("hello"))
+	res = mustDecode(t, d, pgwire.Msg('M').U8(1).U64(0x2_0000_0001).Str("outbox-cdc").I32(5).Lit("hello"))
 	if res.Kind != KindMessage || !res.Message.Transactional || res.Message.LSN != 0x2_0000_0001 ||
 		res.Message.Prefix != "outbox-cdc" || string(res.Message.Content) != "hello" {
 		t.Errorf("message: %+v", res.Message)
 	}
-	res = mustDecode(t, d, msg('M').u8(0).u64(3).str("").i32(0))
+	res = mustDecode(t, d, pgwire.Msg('M').U8(0).U64(3).Str("").I32(0))
 	if res.Kind != KindMessage || res.Message.Transactional || res.Message.Prefix != "" || len(res.Message.Content) != 0 {
 		t.Errorf("empty message: %+v", res.Message)
 	}
 
-	res = mustDecode(t, d, msg('T').i32(2).u8(3).u32(otherID).u32(outboxID))
+	res = mustDecode(t, d, pgwire.Msg('T').I32(2).U8(3).U32(otherID).U32(outboxID))
 	if res.Kind != KindTruncate || !res.Truncate.Cascade || !res.Truncate.RestartIdentity || !res.Truncate.Outbox ||
 		len(res.Truncate.RelationIDs) != 2 || res.Truncate.RelationIDs[0] != otherID || res.Truncate.RelationIDs[1] != outboxID {
 		t.Errorf("truncate: %+v", res.Truncate)
 	}
-	res = mustDecode(t, d, msg('T').i32(1).u8(0).u32(otherID))
+	res = mustDecode(t, d, pgwire.Msg('T').I32(1).U8(0).U32(otherID))
 	if res.Truncate.Outbox || res.Truncate.Cascade || res.Truncate.RestartIdentity || len(res.Truncate.RelationIDs) != 1 {
 		t.Errorf("truncate other: %+v", res.Truncate)
 	}
@@ -135,16 +136,16 @@ func TestRelationResult(t *testing.T) {
 	if res.Kind != KindRelation || res.Relation != (RelationInfo{ID: outboxID, Namespace: "public", Name: "outbox", Outbox: true}) {
 		t.Errorf("outbox relation: %+v", res.Relation)
 	}
-	res = mustDecode(t, d, relationMsg(otherID, "public", "orders", col{"id", oidInt8}))
+	res = mustDecode(t, d, pgwire.Relation(otherID, "public", "orders", pgwire.Col{Name: "id", OID: pgwire.OIDInt8}))
 	if res.Relation.Outbox || res.Relation.Name != "orders" {
 		t.Errorf("other relation: %+v", res.Relation)
 	}
 	// Same table name in another schema is not the outbox.
-	res = mustDecode(t, d, relationMsg(otherID+1, "audit", "outbox", outboxCols()...))
+	res = mustDecode(t, d, pgwire.Relation(otherID+1, "audit", "outbox", outboxCols()...))
 	if res.Relation.Outbox {
 		t.Errorf("audit.outbox treated as the outbox")
 	}
-	res = mustDecode(t, d, relationMsg(outboxID+5, "public", "outbox", col{"id", oidUUID}))
+	res = mustDecode(t, d, pgwire.Relation(outboxID+5, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}))
 	if !res.Relation.Outbox || !strings.Contains(res.Relation.Invalid, `"payload"`) {
 		t.Errorf("relation lacking columns: %+v", res.Relation)
 	}
@@ -155,16 +156,16 @@ func TestInsertEvent(t *testing.T) {
 	utf8Payload := `{"name":"Zoë","city":"東京","emoji":"🚀"}`
 	tests := []struct {
 		name    string
-		rel     wire
-		ins     wire
+		rel     pgwire.Wire
+		ins     pgwire.Wire
 		want    Event
 		invalid string
 	}{
 		{
 			name: "all fields",
 			rel:  outboxRelation(),
-			ins: insertMsg(outboxID, txt(uuid), txt("order"), txt("42"), txt("OrderCreated"),
-				txt(`{"total":10}`), txt("trace-1"), txt("acme"), txt("2024-05-06 07:08:09+00")),
+			ins: pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("order"), pgwire.Txt("42"), pgwire.Txt("OrderCreated"),
+				pgwire.Txt(`{"total":10}`), pgwire.Txt("trace-1"), pgwire.Txt("acme"), pgwire.Txt("2024-05-06 07:08:09+00")),
 			want: Event{ID: val(uuid), AggregateType: val("order"), AggregateID: val("42"),
 				EventType: val("OrderCreated"), Payload: val(`{"total":10}`),
 				Headers: []Header{{"trace_id", val("trace-1")}, {"tenant", val("acme")}}},
@@ -172,7 +173,7 @@ func TestInsertEvent(t *testing.T) {
 		{
 			name: "null versus empty",
 			rel:  outboxRelation(),
-			ins:  insertMsg(outboxID, txt(uuid), txt(""), null(), txt(""), null(), null(), txt(""), null()),
+			ins:  pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt(""), pgwire.Null(), pgwire.Txt(""), pgwire.Null(), pgwire.Null(), pgwire.Txt(""), pgwire.Null()),
 			want: Event{ID: val(uuid), AggregateType: val(""), AggregateID: nullValue,
 				EventType: val(""), Payload: nullValue,
 				Headers: []Header{{"trace_id", nullValue}, {"tenant", val("")}}},
@@ -180,63 +181,63 @@ func TestInsertEvent(t *testing.T) {
 		{
 			name: "multi-byte UTF-8",
 			rel:  outboxRelation(),
-			ins: insertMsg(outboxID, txt(uuid), txt("Bestellung"), txt("Ärger-1"), txt("日本"),
-				txt(utf8Payload), txt("🚀"), txt("ü"), null()),
+			ins: pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("Bestellung"), pgwire.Txt("Ärger-1"), pgwire.Txt("日本"),
+				pgwire.Txt(utf8Payload), pgwire.Txt("🚀"), pgwire.Txt("ü"), pgwire.Null()),
 			want: Event{ID: val(uuid), AggregateType: val("Bestellung"), AggregateID: val("Ärger-1"),
 				EventType: val("日本"), Payload: val(utf8Payload),
 				Headers: []Header{{"trace_id", val("🚀")}, {"tenant", val("ü")}}},
 		},
 		{
 			name: "bytea hex",
-			rel: relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
-				col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
-				col{"trace_id", oidBytea}, col{"tenant", oidText}),
-			ins: insertMsg(outboxID, txt(uuid), txt("a"), txt("1"), txt("E"), txt(`\x00ff10deadBEEF`), txt(`\x`), txt("x")),
+			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
+				pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
+				pgwire.Col{Name: "trace_id", OID: oidBytea}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
+			ins: pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(`\x00ff10deadBEEF`), pgwire.Txt(`\x`), pgwire.Txt("x")),
 			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
 				Payload: Value{Bytes: []byte{0x00, 0xff, 0x10, 0xde, 0xad, 0xbe, 0xef}},
 				Headers: []Header{{"trace_id", val("")}, {"tenant", val("x")}}},
 		},
 		{
 			name: "bytea escape format",
-			rel: relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
-				col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
-				col{"trace_id", oidBytea}, col{"tenant", oidText}),
-			ins: insertMsg(outboxID, txt(uuid), txt("a"), txt("1"), txt("E"), txt(`ab\\c\000\377\012`), null(), txt("x")),
+			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
+				pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
+				pgwire.Col{Name: "trace_id", OID: oidBytea}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
+			ins: pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(`ab\\c\000\377\012`), pgwire.Null(), pgwire.Txt("x")),
 			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
 				Payload: Value{Bytes: []byte{'a', 'b', '\\', 'c', 0, 0xff, '\n'}},
 				Headers: []Header{{"trace_id", nullValue}, {"tenant", val("x")}}},
 		},
 		{
 			name: "bytea text that is not a mapped column stays text",
-			rel: relationMsg(outboxID, "public", "outbox", col{"blob", oidBytea}, col{"id", oidUUID},
-				col{"aggregate_type", oidText}, col{"aggregate_id", oidText}, col{"event_type", oidText},
-				col{"payload", oidJSON}, col{"trace_id", oidText}, col{"tenant", oidText}),
-			ins: insertMsg(outboxID, txt(`\xzz`), txt(uuid), txt("a"), txt("1"), txt("E"), txt(`{}`), txt("t"), txt("x")),
+			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "blob", OID: oidBytea}, pgwire.Col{Name: "id", OID: pgwire.OIDUUID},
+				pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText}, pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText},
+				pgwire.Col{Name: "payload", OID: pgwire.OIDJSON}, pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
+			ins: pgwire.Insert(outboxID, pgwire.Txt(`\xzz`), pgwire.Txt(uuid), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(`{}`), pgwire.Txt("t"), pgwire.Txt("x")),
 			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
 				Payload: val(`{}`), Headers: []Header{{"trace_id", val("t")}, {"tenant", val("x")}}},
 		},
 		{
 			name: "payload column missing",
-			rel: relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
-				col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"trace_id", oidText}, col{"tenant", oidText}),
-			ins: insertMsg(outboxID, txt(uuid), txt("a"), txt("1"), txt("E"), txt("t"), txt("x")),
+			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
+				pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
+			ins: pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("t"), pgwire.Txt("x")),
 			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
 				Headers: []Header{{"trace_id", val("t")}, {"tenant", val("x")}}},
 			invalid: `column "payload" missing from table public.outbox`,
 		},
 		{
 			name: "header column missing",
-			rel: relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
-				col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidJSONB}, col{"tenant", oidText}),
-			ins: insertMsg(outboxID, txt(uuid), txt("a"), txt("1"), txt("E"), txt("{}"), txt("x")),
+			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
+				pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: pgwire.OIDJSONB}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
+			ins: pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("x")),
 			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
 				Payload: val("{}"), Headers: []Header{{"trace_id", Value{}}, {"tenant", val("x")}}},
 			invalid: `column "trace_id" missing from table public.outbox`,
 		},
 		{
 			name: "several columns missing",
-			rel:  relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"payload", oidJSONB}),
-			ins:  insertMsg(outboxID, txt(uuid), txt("{}")),
+			rel:  pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "payload", OID: pgwire.OIDJSONB}),
+			ins:  pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("{}")),
 			want: Event{ID: val(uuid), Payload: val("{}"),
 				Headers: []Header{{"trace_id", Value{}}, {"tenant", Value{}}}},
 			invalid: `columns "aggregate_type", "aggregate_id", "event_type", "trace_id", "tenant" missing from table public.outbox`,
@@ -276,7 +277,7 @@ func TestInsertEvent(t *testing.T) {
 
 func TestInsertAliasesInput(t *testing.T) {
 	d := primed(t)
-	in := insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null())
+	in := pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null())
 	res := mustDecode(t, d, in)
 	p := res.Event.Payload.Bytes
 	if &p[0] != &in[bytes.Index(in, []byte("{}"))] {
@@ -294,7 +295,7 @@ func TestNoHeaderColumns(t *testing.T) {
 	m.HeaderColumns = nil
 	d := NewDecoder(m)
 	res := mustDecode(t, d, outboxRelation(),
-		insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+		pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null()))
 	if res.Kind != KindEvent || res.Event.Headers != nil || res.Event.Invalid != "" {
 		t.Errorf("got %+v", res.Event)
 	}
@@ -305,7 +306,7 @@ func TestMappingCopied(t *testing.T) {
 	d := NewDecoder(m)
 	m.HeaderColumns[0] = "changed"
 	res := mustDecode(t, d, outboxRelation(),
-		insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+		pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null()))
 	if res.Event.Headers[0].Name != "trace_id" || res.Event.Invalid != "" {
 		t.Errorf("decoder saw the caller's later edit: %+v", res.Event)
 	}
@@ -313,19 +314,19 @@ func TestMappingCopied(t *testing.T) {
 
 func TestSkips(t *testing.T) {
 	d := primed(t)
-	mustDecode(t, d, relationMsg(otherID, "public", "orders", col{"id", oidInt8}, col{"note", oidText}))
+	mustDecode(t, d, pgwire.Relation(otherID, "public", "orders", pgwire.Col{Name: "id", OID: pgwire.OIDInt8}, pgwire.Col{Name: "note", OID: pgwire.OIDText}))
 	tests := []struct {
 		name string
-		in   wire
+		in   pgwire.Wire
 	}{
-		{"insert into other table", insertMsg(otherID, txt("1"), null())},
-		{"update new only", tuple(msg('U').u32(outboxID).u8('N'), txt("x"), toast())},
-		{"update with key", tuple(tuple(msg('U').u32(outboxID).u8('K'), txt("k")).u8('N'), txt("x"), txt("y"))},
-		{"update with old row", tuple(tuple(msg('U').u32(otherID).u8('O'), txt("1"), null()).u8('N'), txt("1"), toast())},
-		{"delete by key", tuple(msg('D').u32(outboxID).u8('K'), txt("k"), null())},
-		{"delete old row", tuple(msg('D').u32(otherID).u8('O'), txt("1"), txt("n"))},
+		{"insert into other table", pgwire.Insert(otherID, pgwire.Txt("1"), pgwire.Null())},
+		{"update new only", pgwire.Tuple(pgwire.Msg('U').U32(outboxID).U8('N'), pgwire.Txt("x"), pgwire.Toast())},
+		{"update with key", pgwire.Tuple(pgwire.Tuple(pgwire.Msg('U').U32(outboxID).U8('K'), pgwire.Txt("k")).U8('N'), pgwire.Txt("x"), pgwire.Txt("y"))},
+		{"update with old row", pgwire.Tuple(pgwire.Tuple(pgwire.Msg('U').U32(otherID).U8('O'), pgwire.Txt("1"), pgwire.Null()).U8('N'), pgwire.Txt("1"), pgwire.Toast())},
+		{"delete by key", pgwire.Tuple(pgwire.Msg('D').U32(outboxID).U8('K'), pgwire.Txt("k"), pgwire.Null())},
+		{"delete old row", pgwire.Tuple(pgwire.Msg('D').U32(otherID).U8('O'), pgwire.Txt("1"), pgwire.Txt("n"))},
 		// Update and Delete never consult the cache, so an unseen id is fine.
-		{"delete unknown relation", tuple(msg('D').u32(999).u8('K'), txt("k"))},
+		{"delete unknown relation", pgwire.Tuple(pgwire.Msg('D').U32(999).U8('K'), pgwire.Txt("k"))},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -338,7 +339,7 @@ func TestSkips(t *testing.T) {
 
 func TestUnknownRelation(t *testing.T) {
 	d := primed(t)
-	res, err := d.Decode(insertMsg(999, txt("x")))
+	res, err := d.Decode(pgwire.Insert(999, pgwire.Txt("x")))
 	if !errors.Is(err, ErrUnknownRelation) || res != nil {
 		t.Fatalf("got %v, %v; want ErrUnknownRelation", res, err)
 	}
@@ -350,7 +351,7 @@ func TestUnknownRelation(t *testing.T) {
 func TestRename(t *testing.T) {
 	for _, tc := range []struct{ ns, name string }{{"public", "outbox_old"}, {"archive", "outbox"}} {
 		d := primed(t)
-		_, err := d.Decode(relationMsg(outboxID, tc.ns, tc.name, outboxCols()...))
+		_, err := d.Decode(pgwire.Relation(outboxID, tc.ns, tc.name, outboxCols()...))
 		if !errors.Is(err, ErrTableRenamed) {
 			t.Fatalf("rename to %s.%s: got %v, want ErrTableRenamed", tc.ns, tc.name, err)
 		}
@@ -365,7 +366,7 @@ func TestRename(t *testing.T) {
 			}
 		}
 		// The error leaves the cache alone.
-		res := mustDecode(t, d, insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+		res := mustDecode(t, d, pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null()))
 		if res.Kind != KindEvent {
 			t.Errorf("after refused rename: kind %v", res.Kind)
 		}
@@ -373,7 +374,7 @@ func TestRename(t *testing.T) {
 
 	// A new table taking the outbox name under a new id is no rename.
 	d := primed(t)
-	mustDecode(t, d, relationMsg(outboxID+1, "public", "outbox", outboxCols()...))
+	mustDecode(t, d, pgwire.Relation(outboxID+1, "public", "outbox", outboxCols()...))
 }
 
 // TestRelationIDMatches: with the outbox OID known, rows under another name
@@ -383,7 +384,7 @@ func TestRelationIDMatches(t *testing.T) {
 	m := testMapping()
 	m.RelationID = outboxID
 	row := func(id uint32) []byte {
-		return insertMsg(id, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null())
+		return pgwire.Insert(id, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null())
 	}
 	tests := []struct {
 		name     string
@@ -399,7 +400,7 @@ func TestRelationIDMatches(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewDecoder(m)
-			res := mustDecode(t, d, relationMsg(tc.id, tc.ns, tc.tbl, outboxCols()...))
+			res := mustDecode(t, d, pgwire.Relation(tc.id, tc.ns, tc.tbl, outboxCols()...))
 			if res.Relation.Outbox != (tc.wantKind == KindEvent) {
 				t.Errorf("Relation.Outbox = %v", res.Relation.Outbox)
 			}
@@ -412,7 +413,7 @@ func TestRelationIDMatches(t *testing.T) {
 	// pipeline's publication check decides.
 	d := NewDecoder(m)
 	mustDecode(t, d, outboxRelation())
-	if _, err := d.Decode(relationMsg(outboxID, "public", "outbox_v2", outboxCols()...)); err != nil {
+	if _, err := d.Decode(pgwire.Relation(outboxID, "public", "outbox_v2", outboxCols()...)); err != nil {
 		t.Fatalf("rename with known oid: %v", err)
 	}
 }
@@ -420,12 +421,12 @@ func TestRelationIDMatches(t *testing.T) {
 func TestSchemaChangeRemaps(t *testing.T) {
 	d := primed(t)
 	// Reordered columns plus two new ones, one of them in front.
-	rel := relationMsg(outboxID, "public", "outbox",
-		col{"version", oidInt8}, col{"payload", oidJSON}, col{"tenant", oidText}, col{"event_type", oidText},
-		col{"id", oidUUID}, col{"aggregate_id", oidText}, col{"extra", oidText}, col{"trace_id", oidText},
-		col{"aggregate_type", oidText})
+	rel := pgwire.Relation(outboxID, "public", "outbox",
+		pgwire.Col{Name: "version", OID: pgwire.OIDInt8}, pgwire.Col{Name: "payload", OID: pgwire.OIDJSON}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText},
+		pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "extra", OID: pgwire.OIDText}, pgwire.Col{Name: "trace_id", OID: pgwire.OIDText},
+		pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText})
 	res := mustDecode(t, d, rel,
-		insertMsg(outboxID, txt("3"), txt(`{"v":2}`), txt("acme"), txt("E2"), txt("uuid-2"), txt("agg-2"), txt("zzz"), txt("tr-2"), txt("type-2")))
+		pgwire.Insert(outboxID, pgwire.Txt("3"), pgwire.Txt(`{"v":2}`), pgwire.Txt("acme"), pgwire.Txt("E2"), pgwire.Txt("uuid-2"), pgwire.Txt("agg-2"), pgwire.Txt("zzz"), pgwire.Txt("tr-2"), pgwire.Txt("type-2")))
 	ev := res.Event
 	checkValue(t, "ID", ev.ID, val("uuid-2"))
 	checkValue(t, "AggregateType", ev.AggregateType, val("type-2"))
@@ -439,19 +440,19 @@ func TestSchemaChangeRemaps(t *testing.T) {
 	}
 
 	// The old 8-column layout is gone: a tuple in it no longer fits.
-	if _, err := d.Decode(insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null())); err == nil {
+	if _, err := d.Decode(pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null())); err == nil {
 		t.Errorf("8-column tuple accepted for a 9-column relation")
 	}
 
 	// The payload column is dropped while running, then comes back.
-	res = mustDecode(t, d, relationMsg(outboxID, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
-		col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"trace_id", oidText}, col{"tenant", oidText}),
-		insertMsg(outboxID, txt("u"), txt("a"), txt("1"), txt("E"), txt("t"), txt("x")))
+	res = mustDecode(t, d, pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
+		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
+		pgwire.Insert(outboxID, pgwire.Txt("u"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("t"), pgwire.Txt("x")))
 	if res.Event.Invalid != `column "payload" missing from table public.outbox` {
 		t.Errorf("after drop: Invalid %q", res.Event.Invalid)
 	}
 	res = mustDecode(t, d, outboxRelation(),
-		insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+		pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null()))
 	if res.Event.Invalid != "" || string(res.Event.Payload.Bytes) != "{}" {
 		t.Errorf("after re-add: %+v", res.Event)
 	}
@@ -459,28 +460,28 @@ func TestSchemaChangeRemaps(t *testing.T) {
 
 // validMessages returns one well-formed message of every kind, to be decoded
 // in order by a fresh decoder.
-func validMessages() []wire {
+func validMessages() []pgwire.Wire {
 	at := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
-	byteaRel := relationMsg(outboxID+1, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
-		col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
-		col{"trace_id", oidText}, col{"tenant", oidBytea})
-	return []wire{
+	byteaRel := pgwire.Relation(outboxID+1, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
+		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
+		pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: oidBytea})
+	return []pgwire.Wire{
 		outboxRelation(),
 		byteaRel,
-		relationMsg(otherID, "public", "orders", col{"id", oidInt8}, col{"note", oidText}),
-		beginMsg(0x16_B374D848, at, 771),
-		msg('O').u64(0x1_00000010).str("node_a"),
-		msg('Y').u32(16500).str("public").str("mood"),
-		insertMsg(outboxID, txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), txt("order"), txt("42"), txt("OrderCreated"),
-			txt(`{"total":10,"name":"Zoë"}`), txt("trace-1"), null(), txt("2024-05-06 07:08:09+00")),
-		insertMsg(outboxID+1, txt("u"), txt("a"), txt("1"), txt("E"), txt(`\xdeadbeef`), txt(""), txt(`a\\b\001`)),
-		insertMsg(otherID, txt("1"), null()),
-		tuple(tuple(msg('U').u32(otherID).u8('O'), txt("1"), null()).u8('N'), txt("1"), toast()),
-		tuple(msg('U').u32(outboxID).u8('N'), txt("x")),
-		tuple(msg('D').u32(otherID).u8('K'), txt("1")),
-		msg('T').i32(2).u8(1).u32(otherID).u32(outboxID),
-		msg('M').u8(1).u64(0x2_0000_0001).str("outbox-cdc").i32(5).lit("hello"),
-		commitMsg(0x16_B374D848, 0x16_B374D878, at),
+		pgwire.Relation(otherID, "public", "orders", pgwire.Col{Name: "id", OID: pgwire.OIDInt8}, pgwire.Col{Name: "note", OID: pgwire.OIDText}),
+		pgwire.Begin(0x16_B374D848, at, 771),
+		pgwire.Msg('O').U64(0x1_00000010).Str("node_a"),
+		pgwire.Msg('Y').U32(16500).Str("public").Str("mood"),
+		pgwire.Insert(outboxID, pgwire.Txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), pgwire.Txt("order"), pgwire.Txt("42"), pgwire.Txt("OrderCreated"),
+			pgwire.Txt(`{"total":10,"name":"Zoë"}`), pgwire.Txt("trace-1"), pgwire.Null(), pgwire.Txt("2024-05-06 07:08:09+00")),
+		pgwire.Insert(outboxID+1, pgwire.Txt("u"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(`\xdeadbeef`), pgwire.Txt(""), pgwire.Txt(`a\\b\001`)),
+		pgwire.Insert(otherID, pgwire.Txt("1"), pgwire.Null()),
+		pgwire.Tuple(pgwire.Tuple(pgwire.Msg('U').U32(otherID).U8('O'), pgwire.Txt("1"), pgwire.Null()).U8('N'), pgwire.Txt("1"), pgwire.Toast()),
+		pgwire.Tuple(pgwire.Msg('U').U32(outboxID).U8('N'), pgwire.Txt("x")),
+		pgwire.Tuple(pgwire.Msg('D').U32(otherID).U8('K'), pgwire.Txt("1")),
+		pgwire.Msg('T').I32(2).U8(1).U32(otherID).U32(outboxID),
+		pgwire.Msg('M').U8(1).U64(0x2_0000_0001).Str("outbox-cdc").I32(5).Lit("hello"),
+		pgwire.Commit(0x16_B374D848, 0x16_B374D878, at),
 	}
 }
 
@@ -515,7 +516,7 @@ func TestTruncatedPrefixes(t *testing.T) {
 				t.Fatalf("%q cut to %d: offset %d outside the message", m[0], n, fe.Offset)
 			}
 		}
-		long := append(append(wire{}, m...), 0)
+		long := append(append(pgwire.Wire{}, m...), 0)
 		if _, err := d.Decode(long); err == nil {
 			t.Errorf("%q with a trailing byte accepted", m[0])
 		}
@@ -527,47 +528,47 @@ func TestTruncatedPrefixes(t *testing.T) {
 }
 
 func TestFormatErrors(t *testing.T) {
-	rows := func(vals ...tv) wire { return insertMsg(outboxID, vals...) }
-	ok := []tv{txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x")}
-	with := func(last tv) wire { return rows(append(ok[:len(ok):len(ok)], last)...) }
-	byteaRel := relationMsg(outboxID+1, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
-		col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
-		col{"trace_id", oidText}, col{"tenant", oidText})
-	byteaRow := func(payload string) wire {
-		return insertMsg(outboxID+1, txt("id"), txt("a"), txt("1"), txt("E"), txt(payload), txt("t"), txt("x"))
+	rows := func(vals ...pgwire.Value) pgwire.Wire { return pgwire.Insert(outboxID, vals...) }
+	ok := []pgwire.Value{pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x")}
+	with := func(last pgwire.Value) pgwire.Wire { return rows(append(ok[:len(ok):len(ok)], last)...) }
+	byteaRel := pgwire.Relation(outboxID+1, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
+		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
+		pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText})
+	byteaRow := func(payload string) pgwire.Wire {
+		return pgwire.Insert(outboxID+1, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(payload), pgwire.Txt("t"), pgwire.Txt("x"))
 	}
 	tests := []struct {
 		name   string
-		in     wire
+		in     pgwire.Wire
 		msg    byte
 		reason string
 	}{
-		{"empty", wire{}, 0, "message type"},
-		{"unknown type", msg('Z'), 'Z', "unknown message type"},
-		{"stream start", msg('S').u32(1).u8(1), 'S', "streaming"},
-		{"begin prepare", msg('b'), 'b', "two-phase"},
-		{"binary value", with(bin("\x00\x01")), 'I', "binary"},
-		{"binary value in other table", insertMsg(otherID, bin("1"), null()), 'I', "binary"},
-		{"binary value in update", tuple(msg('U').u32(otherID).u8('N'), bin("1"), null()), 'U', "binary"},
-		{"unchanged toast in insert", with(toast()), 'I', "unchanged TOAST"},
-		{"unknown column kind", with(func(w wire) wire { return w.u8('x') }), 'I', "unknown column kind"},
-		{"negative column length", with(func(w wire) wire { return w.u8('t').i32(-1) }), 'I', "negative column length"},
-		{"huge column length", with(func(w wire) wire { return w.u8('t').i32(0x7fffffff) }), 'I', "truncated"},
+		{"empty", pgwire.Wire{}, 0, "message type"},
+		{"unknown type", pgwire.Msg('Z'), 'Z', "unknown message type"},
+		{"stream start", pgwire.Msg('S').U32(1).U8(1), 'S', "streaming"},
+		{"begin prepare", pgwire.Msg('b'), 'b', "two-phase"},
+		{"binary value", with(pgwire.Bin("\x00\x01")), 'I', "binary"},
+		{"binary value in other table", pgwire.Insert(otherID, pgwire.Bin("1"), pgwire.Null()), 'I', "binary"},
+		{"binary value in update", pgwire.Tuple(pgwire.Msg('U').U32(otherID).U8('N'), pgwire.Bin("1"), pgwire.Null()), 'U', "binary"},
+		{"unchanged toast in insert", with(pgwire.Toast()), 'I', "unchanged TOAST"},
+		{"unknown column kind", with(func(w pgwire.Wire) pgwire.Wire { return w.U8('x') }), 'I', "unknown column kind"},
+		{"negative column length", with(func(w pgwire.Wire) pgwire.Wire { return w.U8('t').I32(-1) }), 'I', "negative column length"},
+		{"huge column length", with(func(w pgwire.Wire) pgwire.Wire { return w.U8('t').I32(0x7fffffff) }), 'I', "truncated"},
 		{"too few columns", rows(ok...), 'I', "tuple has 7 columns"},
-		{"too many columns", rows(append(ok[:len(ok):len(ok)], null(), null())...), 'I', "tuple has 9 columns"},
-		{"negative column count", msg('I').u32(outboxID).u8('N').i16(-1), 'I', "negative tuple column count"},
-		{"insert tag", tuple(msg('I').u32(outboxID).u8('K'), txt("x")), 'I', "tuple tag"},
-		{"update tag", tuple(msg('U').u32(outboxID).u8('X'), txt("x")), 'U', "tuple tag"},
-		{"update second tag", tuple(tuple(msg('U').u32(outboxID).u8('K'), txt("x")).u8('K'), txt("x")), 'U', "tuple tag"},
-		{"delete tag", tuple(msg('D').u32(outboxID).u8('N'), txt("x")), 'D', "tuple tag"},
-		{"relation negative columns", msg('R').u32(1).str("s").str("t").u8('d').i16(-3), 'R', "negative column count"},
-		{"relation column count too big", msg('R').u32(1).str("s").str("t").u8('d').i16(2).u8(0).str("a").u32(25).i32(-1),
+		{"too many columns", rows(append(ok[:len(ok):len(ok)], pgwire.Null(), pgwire.Null())...), 'I', "tuple has 9 columns"},
+		{"negative column count", pgwire.Msg('I').U32(outboxID).U8('N').I16(-1), 'I', "negative tuple column count"},
+		{"insert tag", pgwire.Tuple(pgwire.Msg('I').U32(outboxID).U8('K'), pgwire.Txt("x")), 'I', "tuple tag"},
+		{"update tag", pgwire.Tuple(pgwire.Msg('U').U32(outboxID).U8('X'), pgwire.Txt("x")), 'U', "tuple tag"},
+		{"update second tag", pgwire.Tuple(pgwire.Tuple(pgwire.Msg('U').U32(outboxID).U8('K'), pgwire.Txt("x")).U8('K'), pgwire.Txt("x")), 'U', "tuple tag"},
+		{"delete tag", pgwire.Tuple(pgwire.Msg('D').U32(outboxID).U8('N'), pgwire.Txt("x")), 'D', "tuple tag"},
+		{"relation negative columns", pgwire.Msg('R').U32(1).Str("s").Str("t").U8('d').I16(-3), 'R', "negative column count"},
+		{"relation column count too big", pgwire.Msg('R').U32(1).Str("s").Str("t").U8('d').I16(2).U8(0).Str("a").U32(25).I32(-1),
 			'R', "does not fit"},
-		{"truncate negative count", msg('T').i32(-1).u8(0), 'T', "relation count"},
-		{"truncate count too big", msg('T').i32(1 << 30).u8(0).u32(1), 'T', "relation count"},
-		{"message negative length", msg('M').u8(0).u64(1).str("p").i32(-5), 'M', "negative content length"},
-		{"message length too big", msg('M').u8(0).u64(1).str("p").i32(10).lit("abc"), 'M', "truncated"},
-		{"origin name unterminated", msg('O').u64(1).lit("abc"), 'O', "NUL"},
+		{"truncate negative count", pgwire.Msg('T').I32(-1).U8(0), 'T', "relation count"},
+		{"truncate count too big", pgwire.Msg('T').I32(1 << 30).U8(0).U32(1), 'T', "relation count"},
+		{"message negative length", pgwire.Msg('M').U8(0).U64(1).Str("p").I32(-5), 'M', "negative content length"},
+		{"message length too big", pgwire.Msg('M').U8(0).U64(1).Str("p").I32(10).Lit("abc"), 'M', "truncated"},
+		{"origin name unterminated", pgwire.Msg('O').U64(1).Lit("abc"), 'O', "NUL"},
 		{"bytea odd hex", byteaRow(`\xabc`), 'I', "malformed bytea"},
 		{"bytea bad hex digit", byteaRow(`\xzz`), 'I', "malformed bytea"},
 		{"bytea bad escape", byteaRow(`a\b`), 'I', "malformed bytea"},
@@ -578,7 +579,7 @@ func TestFormatErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := primed(t)
-			mustDecode(t, d, byteaRel, relationMsg(otherID, "public", "orders", col{"id", oidInt8}, col{"note", oidText}))
+			mustDecode(t, d, byteaRel, pgwire.Relation(otherID, "public", "orders", pgwire.Col{Name: "id", OID: pgwire.OIDInt8}, pgwire.Col{Name: "note", OID: pgwire.OIDText}))
 			res, err := d.Decode(tc.in)
 			var fe *FormatError
 			if !errors.As(err, &fe) || res != nil {
@@ -596,7 +597,7 @@ func TestFormatErrors(t *testing.T) {
 
 func TestFormatErrorOffset(t *testing.T) {
 	d := primed(t)
-	in := insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), bin("z"))
+	in := pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Bin("z"))
 	_, err := d.Decode(in)
 	var fe *FormatError
 	if !errors.As(err, &fe) {
@@ -613,11 +614,11 @@ func TestFormatErrorOffset(t *testing.T) {
 // A malformed Relation message must not replace the cached one.
 func TestBadRelationKeepsCache(t *testing.T) {
 	d := primed(t)
-	bad := relationMsg(outboxID, "public", "outbox", col{"id", oidUUID})
+	bad := pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID})
 	if _, err := d.Decode(bad[:len(bad)-1]); err == nil {
 		t.Fatal("truncated relation accepted")
 	}
-	res := mustDecode(t, d, insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
+	res := mustDecode(t, d, pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null()))
 	if res.Kind != KindEvent || res.Event.Invalid != "" {
 		t.Errorf("cache changed by a failed Relation: %+v", res.Event)
 	}
@@ -625,8 +626,8 @@ func TestBadRelationKeepsCache(t *testing.T) {
 
 func TestResultReset(t *testing.T) {
 	d := primed(t)
-	mustDecode(t, d, insertMsg(outboxID, txt("id"), txt("a"), txt("1"), txt("E"), txt("{}"), txt("t"), txt("x"), null()))
-	res := mustDecode(t, d, commitMsg(1, 2, time.Unix(0, 0)))
+	mustDecode(t, d, pgwire.Insert(outboxID, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x"), pgwire.Null()))
+	res := mustDecode(t, d, pgwire.Commit(1, 2, time.Unix(0, 0)))
 	if res.Event.Payload.Bytes != nil || res.Event.Headers != nil || res.Event.RelationID != 0 {
 		t.Errorf("stale event in a commit result: %+v", res.Event)
 	}
@@ -638,21 +639,21 @@ func TestZeroAllocs(t *testing.T) {
 	}
 	at := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
 	d := primed(t)
-	byteaRel := relationMsg(outboxID+1, "public", "outbox", col{"id", oidUUID}, col{"aggregate_type", oidText},
-		col{"aggregate_id", oidText}, col{"event_type", oidText}, col{"payload", oidBytea},
-		col{"trace_id", oidText}, col{"tenant", oidBytea})
-	mustDecode(t, d, byteaRel, relationMsg(otherID, "public", "orders", col{"id", oidInt8}))
-	for name, m := range map[string]wire{
-		"insert": insertMsg(outboxID, txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), txt("order"), txt("42"),
-			txt("OrderCreated"), txt(`{"total":10}`), txt("trace"), null(), txt("2024-05-06 07:08:09+00")),
-		"insert bytea": insertMsg(outboxID+1, txt("u"), txt("a"), txt("1"), txt("E"), txt(`\xdeadbeef`), txt(""), txt(`a\\b\001`)),
-		"insert other": insertMsg(otherID, txt("1")),
-		"update":       tuple(msg('U').u32(otherID).u8('N'), txt("1")),
-		"begin":        beginMsg(1, at, 2),
-		"commit":       commitMsg(1, 2, at),
-		"message":      msg('M').u8(1).u64(1).str("outbox-cdc").i32(2).lit("hi"),
-		"origin":       msg('O').u64(1).str("node_a"),
-		"truncate":     msg('T').i32(2).u8(0).u32(otherID).u32(outboxID),
+	byteaRel := pgwire.Relation(outboxID+1, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
+		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
+		pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: oidBytea})
+	mustDecode(t, d, byteaRel, pgwire.Relation(otherID, "public", "orders", pgwire.Col{Name: "id", OID: pgwire.OIDInt8}))
+	for name, m := range map[string]pgwire.Wire{
+		"insert": pgwire.Insert(outboxID, pgwire.Txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), pgwire.Txt("order"), pgwire.Txt("42"),
+			pgwire.Txt("OrderCreated"), pgwire.Txt(`{"total":10}`), pgwire.Txt("trace"), pgwire.Null(), pgwire.Txt("2024-05-06 07:08:09+00")),
+		"insert bytea": pgwire.Insert(outboxID+1, pgwire.Txt("u"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(`\xdeadbeef`), pgwire.Txt(""), pgwire.Txt(`a\\b\001`)),
+		"insert other": pgwire.Insert(otherID, pgwire.Txt("1")),
+		"update":       pgwire.Tuple(pgwire.Msg('U').U32(otherID).U8('N'), pgwire.Txt("1")),
+		"begin":        pgwire.Begin(1, at, 2),
+		"commit":       pgwire.Commit(1, 2, at),
+		"message":      pgwire.Msg('M').U8(1).U64(1).Str("outbox-cdc").I32(2).Lit("hi"),
+		"origin":       pgwire.Msg('O').U64(1).Str("node_a"),
+		"truncate":     pgwire.Msg('T').I32(2).U8(0).U32(otherID).U32(outboxID),
 	} {
 		if _, err := d.Decode(m); err != nil { // warm the buffers and interned strings
 			t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/pgwire"
 )
 
 // FuzzDecode feeds two messages to a decoder that has already cached the
@@ -34,7 +36,7 @@ func FuzzDecode(f *testing.F) {
 			checkOutcome(t, d, in, res, err)
 		}
 		// Whatever came before, a well-formed message still decodes.
-		if _, err := d.Decode(beginMsg(1, time.Unix(0, 0), 1)); err != nil {
+		if _, err := d.Decode(pgwire.Begin(1, time.Unix(0, 0), 1)); err != nil {
 			t.Fatalf("decoder wedged: %v", err)
 		}
 	})

@@ -92,13 +92,6 @@ func TestFileStoreIdentity(t *testing.T) {
 	}
 }
 
-func TestTableStoreForget(t *testing.T) {
-	s := NewTableStore("postgres://x@h/db", "outbox_cdc.checkpoints", "it's")
-	if got, want := s.Forget(), `DELETE FROM "outbox_cdc"."checkpoints" WHERE slot = 'it''s'`; got != want {
-		t.Errorf("Forget() = %s, want %s", got, want)
-	}
-}
-
 func TestWindow(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	if got := (*Window)(nil).Confirmable(t0, 100); got != 100 {

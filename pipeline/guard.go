@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -16,141 +15,18 @@ import (
 const (
 	defaultGuardInterval = 100 * time.Millisecond
 	guardIdleInterval    = time.Second
-	// guardMargin vouches for a reading that a transaction running at it
-	// keeps from settling (a long transaction elsewhere in the cluster): a
-	// reading that much later sees every commit written before it, barring
-	// one held back for as long by a synchronous standby.
-	guardMargin = time.Second
-	// maxPending bounds the readings waiting to be vouched for.
-	maxPending = 64
 )
-
-// guard keeps the outbox in the stream. PostgreSQL decodes an insert only if
-// the table was in the publication when the insert was written, so an outbox
-// dropped, renamed or removed from the publication stops producing events
-// without any error in the stream. The guard reads the membership every
-// interval and vouches for a position only once a later reading, which sees
-// everything committed before it, still finds the table in place; nothing
-// beyond that position is confirmed (gate), so a restart after the fix
-// starts before the first insert that was not decoded.
-type guard struct {
-	src     replication.Source
-	watch   *replication.Watch
-	start   replication.Membership
-	pending []reading // good readings not vouched for yet, oldest first
-	last    uint64    // snapshot xmin of the last good reading
-	// first is the WAL position read before the first reading, which found
-	// every mapped column: a Relation message of a transaction committed
-	// before it describes the table as it was, not as it is.
-	first lsn.LSN
-
-	verified atomic.Uint64 // position up to which membership held
-	xmin     atomic.Uint64 // snapshot xmin of the reading behind verified
-}
-
-// reading is a good membership reading and when it was taken.
-type reading struct {
-	replication.Snapshot
-	at time.Time
-	// before is the snapshot xmin of the reading taken just before this
-	// one. A transaction that committed between this reading's Before and
-	// its snapshot can be below its own xmin, but was running at (or began
-	// after) the one before: the gap's rows are bounded by that xmin.
-	before uint64
-}
-
-// newGuard takes the first reading; from is the start position, vouched for
-// by the setup that checked the table.
-func newGuard(ctx context.Context, src replication.Source, from lsn.LSN) (*guard, error) {
-	g := &guard{src: src, watch: replication.NewWatch(src)}
-	s, err := g.watch.Read(ctx, 0)
-	if err != nil {
-		g.watch.Close()
-		return nil, err
-	}
-	if why := s.LeftStream(src, s.Membership) + s.SchemaProblem(src); why != "" {
-		g.watch.Close()
-		return nil, &replication.PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"The outbox leaving the stream\""}
-	}
-	g.start, g.first = s.Membership, s.Before
-	g.pending = []reading{{s, time.Now(), s.Xmin}}
-	g.last = s.Xmin
-	g.verified.Store(uint64(from))
-	g.xmin.Store(s.Xmin)
-	return g, nil
-}
-
-// Verified is the highest position the membership readings vouch for.
-func (g *guard) Verified() lsn.LSN { return lsn.LSN(g.verified.Load()) }
-
-// check reads the membership once. It returns why the outbox left the stream
-// (gap: inserts are no longer decoded) or why its rows can no longer be
-// mapped, or "" (also on a failed reading, which only holds the gate).
-func (g *guard) check(ctx context.Context) (why string, gap bool) {
-	s, err := g.watch.Read(ctx, g.start.RelID)
-	if err != nil {
-		return "", false
-	}
-	if why := s.LeftStream(g.src, g.start); why != "" {
-		return why, true
-	}
-	if why := s.SchemaProblem(g.src); why != "" {
-		return why, false
-	}
-	g.vouch(reading{s, time.Now(), g.last})
-	g.last = s.Xmin
-	return "", false
-}
-
-// vouch adds a good reading and moves the verified position. A reading
-// vouches for its own position only once no commit written before it can
-// have been invisible to it: once every transaction running at it has
-// ended, seen by a later good reading (a commit record is written before
-// the transaction stops running, so a commit before Before that the reading
-// did not see was one of its running transactions). The outbox was in the
-// stream at every good reading, and a removal between two of them shows in
-// the later one, so the position is then safe.
-func (g *guard) vouch(r reading) {
-	best := -1
-	for i, p := range g.pending {
-		if p.Settled(r.Snapshot) || r.at.Sub(p.at) >= guardMargin {
-			best = i
-		}
-	}
-	if best >= 0 {
-		g.advance(g.pending[best])
-		g.pending = g.pending[best+1:]
-	}
-	if len(r.Running) == 0 { // nothing could be in flight: vouches for itself
-		g.advance(r)
-		g.pending = g.pending[:0]
-		return
-	}
-	if len(g.pending) == maxPending {
-		g.pending = g.pending[1:]
-	}
-	g.pending = append(g.pending, r)
-}
-
-func (g *guard) advance(r reading) {
-	if r.Before > g.Verified() {
-		g.xmin.Store(min(r.Xmin, r.before))
-		g.verified.Store(uint64(r.Before))
-	}
-}
-
-func (g *guard) close() { g.watch.Close() }
 
 // gated confirms no position the guard has not vouched for.
 type gated struct {
 	replication.Positions
-	g *guard
+	g *replication.Guard
 }
 
 func (x gated) Acked() lsn.LSN { return min(x.Positions.Acked(), x.g.Verified()) }
 
 // guardLoop runs the guard until ctx ends or the outbox leaves the stream.
-func (p *Pipeline) guardLoop(ctx context.Context, g *guard) {
+func (p *Pipeline) guardLoop(ctx context.Context, g *replication.Guard) {
 	t := time.NewTicker(p.cfg.GuardInterval)
 	defer t.Stop()
 	last := time.Now()
@@ -165,9 +41,9 @@ func (p *Pipeline) guardLoop(ctx context.Context, g *guard) {
 			}
 			last = now
 		}
-		switch why, gap := g.check(ctx); {
+		switch why, gap := g.Check(ctx); {
 		case gap:
-			_ = p.failGap(why, g.Verified(), g.xmin.Load()) // reaches Run through fail
+			_ = p.failGap(why, g.Verified(), g.Xmin()) // reaches Run through fail
 			return
 		case why != "":
 			p.fail(schemaError(why))
@@ -193,7 +69,7 @@ func (p *Pipeline) failGap(why string, verified lsn.LSN, xmin uint64) error {
 	}
 	p.gap.Store(g)
 	p.gapClear.Store(0)
-	err := replication.LeftStreamError(p.cfg.Source, why, verified, p.cfg.Checkpoints != nil)
+	err := replication.LeftStreamError(p.cfg.Source, why, verified, p.plan.checkpoints != nil)
 	p.fail(err)
 	return err
 }
@@ -226,8 +102,8 @@ func (p *Pipeline) recordedGap(acked lsn.LSN) *gapInfo {
 // never beyond what the guard vouched for.
 func (p *Pipeline) confirmable() lsn.LSN {
 	a := p.tracker.Acked()
-	if p.guard != nil {
-		a = min(a, p.guard.Verified())
+	if g := p.plan.guard; g != nil {
+		a = min(a, g.Verified())
 	}
 	return a
 }
@@ -238,19 +114,19 @@ const finalPause = 20 * time.Millisecond
 // finalCheck runs when the stream no longer reads, so that a clean stop
 // confirms everything acknowledged instead of what the periodic readings
 // vouched for so far: it reads until the acknowledged watermark is vouched
-// for (at most guardMargin and a little). It returns the error for an outbox
+// for (at most GuardMargin and a little). It returns the error for an outbox
 // found outside the stream (the gap is recorded), nil otherwise.
 func (p *Pipeline) finalCheck(ctx context.Context) error {
-	g := p.guard
+	g := p.plan.guard
 	if g == nil || p.gap.Load() != nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	deadline := time.Now().Add(guardMargin + 200*time.Millisecond)
+	deadline := time.Now().Add(replication.GuardMargin + 200*time.Millisecond)
 	for g.Verified() < p.tracker.Acked() && time.Now().Before(deadline) {
-		if why, gap := g.check(ctx); gap {
-			return p.failGap(why, g.Verified(), g.xmin.Load())
+		if why, gap := g.Check(ctx); gap {
+			return p.failGap(why, g.Verified(), g.Xmin())
 		}
 		time.Sleep(finalPause)
 	}

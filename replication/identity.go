@@ -40,10 +40,10 @@ type TimelineSwitch struct {
 
 // Identify reads the server's identity and timeline history on a
 // replication connection.
-func Identify(ctx context.Context, dsn string) (Server, error) {
-	conn, err := Connect(ctx, dsn)
+func (d *DB) Identify(ctx context.Context) (Server, error) {
+	conn, err := d.replication(ctx)
 	if err != nil {
-		return Server{}, err
+		return Server{}, fmt.Errorf("connect: %w", classify(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	r, err := pglogrepl.IdentifySystem(ctx, conn)

@@ -117,7 +117,7 @@ func (s Snapshot) Settled(later Snapshot) bool {
 // start (zero on the first reading).
 func (w *Watch) Read(ctx context.Context, startRel uint32) (Snapshot, error) {
 	if w.conn == nil || w.conn.IsClosed() {
-		c, err := pgx.Connect(ctx, w.src.DSN)
+		c, err := w.src.DB.connect(ctx)
 		if err != nil {
 			return Snapshot{}, fmt.Errorf("connect: %w", classify(err))
 		}

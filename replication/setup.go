@@ -15,7 +15,8 @@ import (
 
 // Source names what to replicate.
 type Source struct {
-	DSN         string
+	// DB opens the connections.
+	DB          *DB
 	Slot        string
 	Publication string
 	Schema      string
@@ -40,7 +41,7 @@ func (e *PrerequisiteError) Error() string { return e.Problem + "; " + e.Fix }
 // Check verifies the server prerequisites. It returns every problem it finds,
 // joined, each a *PrerequisiteError, or a connection error.
 func Check(ctx context.Context, src Source) error {
-	conn, err := pgx.Connect(ctx, src.DSN)
+	conn, err := src.DB.connect(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", classify(err))
 	}
@@ -137,7 +138,7 @@ func (e *ExportedSnapshot) Close(ctx context.Context) { e.conn.Close(ctx) }
 // EnsurePublication first. With exportSnapshot, a slot it creates exports its snapshot
 // in the result.
 func Setup(ctx context.Context, src Source, exportSnapshot bool) (SetupResult, error) {
-	conn, err := pgx.Connect(ctx, src.DSN)
+	conn, err := src.DB.connect(ctx)
 	if err != nil {
 		return SetupResult{}, fmt.Errorf("connect: %w", classify(err))
 	}
@@ -154,9 +155,9 @@ func Setup(ctx context.Context, src Source, exportSnapshot bool) (SetupResult, e
 // createWithSnapshot creates the slot on a replication connection, which
 // must stay open while the exported snapshot is in use.
 func createWithSnapshot(ctx context.Context, src Source) (SetupResult, error) {
-	rc, err := Connect(ctx, src.DSN)
+	rc, err := src.DB.replication(ctx)
 	if err != nil {
-		return SetupResult{}, err
+		return SetupResult{}, fmt.Errorf("connect: %w", classify(err))
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, rc, src.Slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
@@ -174,8 +175,8 @@ func createWithSnapshot(ctx context.Context, src Source) (SetupResult, error) {
 }
 
 // DropSlot drops the slot (it must be inactive).
-func DropSlot(ctx context.Context, dsn, slot string) error {
-	conn, err := pgx.Connect(ctx, dsn)
+func (d *DB) DropSlot(ctx context.Context, slot string) error {
+	conn, err := d.connect(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
@@ -189,7 +190,7 @@ func DropSlot(ctx context.Context, dsn, slot string) error {
 // EnsurePublication creates the publication if it is missing and checks it
 // publishes inserts of the outbox table.
 func EnsurePublication(ctx context.Context, src Source) error {
-	conn, err := pgx.Connect(ctx, src.DSN)
+	conn, err := src.DB.connect(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", classify(err))
 	}
@@ -371,9 +372,19 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 // ErrNoSlot is returned by Slot when the slot does not exist.
 var ErrNoSlot = errNoSlot
 
-// Slot reads the slot's state, for status and tests.
+// Slot reads the slot's state on a connection of its own for tests and
+// tools that hold a DSN; the connector uses DB.Slot.
 func Slot(ctx context.Context, dsn, slot string) (SlotInfo, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+	d, err := ParseDB(dsn, "")
+	if err != nil {
+		return SlotInfo{}, err
+	}
+	return d.Slot(ctx, slot)
+}
+
+// Slot reads the slot's state.
+func (d *DB) Slot(ctx context.Context, slot string) (SlotInfo, error) {
+	conn, err := d.connect(ctx)
 	if err != nil {
 		return SlotInfo{}, fmt.Errorf("connect: %w", err)
 	}

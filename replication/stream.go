@@ -51,6 +51,12 @@ type Message struct {
 // Resume answers a Reset message.
 func (m *Message) Resume(pos lsn.LSN) { m.resume <- pos }
 
+// NewReset returns a Reset message and the channel its Resume answers on.
+func NewReset() (Message, <-chan lsn.LSN) {
+	c := make(chan lsn.LSN, 1)
+	return Message{Kind: Reset, resume: c}, c
+}
+
 // Release tells the stream the receiver is done with m: its data no longer
 // counts against Config.QueueBytes (records made from it are bounded by the
 // producer's buffer). Safe to call more than once and on any kind.
@@ -236,14 +242,14 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
 		backoff = min(backoff*2, s.cfg.BackoffMax)
 
 		// Everything sent before the loss is in out; learn where it ends.
-		reset := Message{Kind: Reset, resume: make(chan lsn.LSN, 1)}
+		reset, resumed := NewReset()
 		select {
 		case out <- reset:
 		case <-ctx.Done():
 			return nil
 		}
 		select {
-		case start = <-reset.resume:
+		case start = <-resumed:
 		case <-ctx.Done():
 			return nil
 		}
@@ -257,9 +263,9 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
 
 // session is one connection: connect, start replication, loop.
 func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message) error {
-	conn, err := Connect(ctx, s.cfg.DSN)
+	conn, err := s.cfg.DB.replication(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("connect: %w", classify(err))
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
@@ -526,23 +532,6 @@ func (st *status) send(received, acked lsn.LSN, now time.Time, ping bool) error 
 }
 
 var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// Connect opens a replication connection (replication=database) for dsn.
-func Connect(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		return nil, &FatalError{Err: fmt.Errorf("postgres.dsn: %w", err)}
-	}
-	cfg.RuntimeParams["replication"] = "database"
-	if cfg.RuntimeParams["application_name"] == "" {
-		cfg.RuntimeParams["application_name"] = "outbox-cdc"
-	}
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", classify(err))
-	}
-	return conn, nil
-}
 
 // FatalError is an error that retrying cannot fix.
 type FatalError struct {

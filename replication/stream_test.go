@@ -35,6 +35,7 @@ type walConn struct {
 	be      *pgproto3.Backend
 	updates chan update // standby status updates, in order
 	closed  chan struct{}
+	start   string     // the START_REPLICATION command
 	mu      sync.Mutex // guards be's send side
 }
 
@@ -89,9 +90,13 @@ func (f *fakeWalsender) accept() {
 
 func (f *fakeWalsender) serve(c net.Conn) {
 	be := pgproto3.NewBackend(c, c)
-	if _, err := be.ReceiveStartupMessage(); err != nil {
+	sm, err := be.ReceiveStartupMessage()
+	if err != nil {
 		f.report(fmt.Errorf("startup: %w", err))
 		return
+	}
+	if _, ok := sm.(*pgproto3.CancelRequest); ok {
+		return // pgconn cancels a read interrupted by its context on a connection of its own
 	}
 	be.Send(&pgproto3.AuthenticationOk{})
 	be.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
@@ -105,7 +110,8 @@ func (f *fakeWalsender) serve(c net.Conn) {
 		f.report(fmt.Errorf("receive START_REPLICATION: %w", err))
 		return
 	}
-	if _, ok := msg.(*pgproto3.Query); !ok {
+	q, ok := msg.(*pgproto3.Query)
+	if !ok {
 		f.report(fmt.Errorf("got %T, want START_REPLICATION", msg))
 		return
 	}
@@ -114,7 +120,7 @@ func (f *fakeWalsender) serve(c net.Conn) {
 		f.report(err)
 		return
 	}
-	w := &walConn{c: c, be: be, updates: make(chan update, 1024), closed: make(chan struct{})}
+	w := &walConn{c: c, be: be, updates: make(chan update, 1024), closed: make(chan struct{}), start: q.String}
 	f.conns <- w
 	defer close(w.closed)
 	for {
@@ -170,7 +176,11 @@ func (fixedPositions) InFlight() int               { return 0 }
 func (p fixedPositions) Advanced() <-chan struct{} { return p.advanced }
 
 func newTestStream(f *fakeWalsender, tune func(*Config)) *Stream {
-	cfg := Config{Source: Source{DSN: f.dsn(), Slot: "s", Publication: "p"}}
+	db, err := ParseDB(f.dsn(), "")
+	if err != nil {
+		panic(err) // a constant DSN
+	}
+	cfg := Config{Source: Source{DB: db, Slot: "s", Publication: "p"}}
 	tune(&cfg)
 	return NewStream(cfg, fixedPositions{make(chan struct{})}, metrics.New(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
@@ -218,7 +228,7 @@ func next(t *testing.T, ctx context.Context, f *fakeWalsender, out chan Message)
 // reply; one that answers keeps its connection however long it is idle, one
 // that does not is given up and the stream reconnects.
 func TestStreamReceiveTimeout(t *testing.T) {
-	const timeout = 400 * time.Millisecond
+	const timeout = 150 * time.Millisecond
 	tests := []struct {
 		name      string
 		answer    bool // the server answers each ping with a keepalive
@@ -242,8 +252,8 @@ func TestStreamReceiveTimeout(t *testing.T) {
 
 			w := next(t, ctx, f, out)
 			pings := 0
-			// Watch the first connection for ten timeouts, or until it closes.
-			watch := time.After(10 * timeout)
+			// Watch the first connection for five timeouts, or until it closes.
+			watch := time.After(5 * timeout)
 		loop:
 			for {
 				select {
@@ -282,10 +292,10 @@ func TestStreamReceiveTimeout(t *testing.T) {
 				next(t, ctx, f, out) // and it reconnects
 			default:
 				if tt.reconnect {
-					t.Fatalf("the stream kept a silent connection for %v", 10*timeout)
+					t.Fatalf("the stream kept a silent connection for %v", 5*timeout)
 				}
 				if pings < 5 {
-					t.Fatalf("%d pings in %v, want one every %v of silence", pings, 10*timeout, timeout/2)
+					t.Fatalf("%d pings in %v, want one every %v of silence", pings, 5*timeout, timeout/2)
 				}
 			}
 		})

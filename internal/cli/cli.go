@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
@@ -195,7 +194,8 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	if err != nil { // validated already
 		return pipeline.Config{}, fmt.Errorf("postgres.retain: %w", err)
 	}
-	if err := usePostgresPasswordFile(cfg.Postgres); err != nil {
+	db, err := postgresDB(cfg.Postgres)
+	if err != nil {
 		return pipeline.Config{}, err
 	}
 	sec, err := kafkaSecurity(cfg.Kafka)
@@ -208,7 +208,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	}
 	return pipeline.Config{
 		Source: replication.Source{
-			DSN: string(cfg.Postgres.DSN), Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
+			DB: db, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
 			Schema: schema, Table: table, Columns: cols,
 		},
 		Mapping: mapping,
@@ -224,7 +224,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		DrainTimeout:    cfg.Kafka.DrainTimeout,
 		StatusInterval:  cfg.Postgres.StatusInterval,
 		BackoffMax:      cfg.Postgres.ReconnectBackoffMax,
-		Checkpoints:     checkpointStore(cfg),
+		Checkpoints:     checkpointStore(cfg, db),
 		RetainFor:       retainFor,
 		RetainBytes:     retainBytes,
 		Heartbeat:       cfg.Postgres.HeartbeatInterval,
@@ -259,30 +259,24 @@ func kafkaSecurity(k config.Kafka) (sink.Security, error) {
 	return sec, nil
 }
 
-// usePostgresPasswordFile reads postgres.password_file and hands the
-// password to the PostgreSQL driver without putting it into the DSN string,
-// which travels through the replication, checkpoint and status code and
-// could end up in a message. Every connection of this process parses the
-// DSN with pgx, which takes a password the DSN lacks from PGPASSWORD; so
-// the password is set there, in this process's environment (os.Setenv does
-// not change /proc/<pid>/environ, which shows the environment at exec). A
-// DSN with its own password was rejected by validation.
-func usePostgresPasswordFile(p config.Postgres) error {
+// postgresDB parses postgres.dsn once and gives it the password of
+// postgres.password_file, read now: the password goes to the driver's
+// parsed configuration, never into a DSN string (which could end up in a
+// message) nor into the process environment. A DSN with its own password
+// was rejected by validation.
+func postgresDB(p config.Postgres) (*replication.DB, error) {
 	pw, err := p.FilePassword()
-	if err != nil || pw == "" {
-		return err
+	if err != nil {
+		return nil, err
 	}
-	if err := os.Setenv("PGPASSWORD", pw); err != nil {
-		return fmt.Errorf("postgres.password_file: %w", err)
-	}
-	return nil
+	return replication.ParseDB(string(p.DSN), pw)
 }
 
 // checkpointStore builds the configured store; nil for none.
-func checkpointStore(cfg *config.Config) pipeline.CheckpointStore {
+func checkpointStore(cfg *config.Config, db *replication.DB) pipeline.CheckpointStore {
 	switch cfg.Checkpoint.Store {
 	case "table":
-		return offsets.NewTableStore(string(cfg.Postgres.DSN), cfg.Checkpoint.Table, cfg.Postgres.Slot)
+		return replication.NewTableStore(db, cfg.Checkpoint.Table, cfg.Postgres.Slot)
 	case "file":
 		return offsets.NewFileStore(cfg.Checkpoint.File)
 	}

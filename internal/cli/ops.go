@@ -61,7 +61,7 @@ func status(ctx context.Context, cfg *config.Config, pc pipeline.Config, o statu
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	st := Status{Slot: cfg.Postgres.Slot}
-	info, err := replication.Slot(ctx, string(cfg.Postgres.DSN), cfg.Postgres.Slot)
+	info, err := pc.Source.DB.Slot(ctx, cfg.Postgres.Slot)
 	switch {
 	case errors.Is(err, replication.ErrNoSlot):
 	case err != nil:

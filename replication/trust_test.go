@@ -1,21 +1,19 @@
-package pipeline
+package replication
 
 import (
 	"errors"
 	"strings"
 	"testing"
 
-	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // TestCheckpointTrust: which loaded checkpoints may decide what is skipped.
 func TestCheckpointTrust(t *testing.T) {
 	const forget = "DELETE FROM outbox_cdc.checkpoints WHERE slot = 'outbox_cdc'"
-	srv := replication.Server{SystemID: "7300000000000000001", Timeline: 3, WALEnd: 0x9000000, Database: "app",
-		History: []replication.TimelineSwitch{{Timeline: 1, End: 0x3000000}, {Timeline: 2, End: 0x5000000}}}
+	srv := Server{SystemID: "7300000000000000001", Timeline: 3, WALEnd: 0x9000000, Database: "app",
+		History: []TimelineSwitch{{Timeline: 1, End: 0x3000000}, {Timeline: 2, End: 0x5000000}}}
 	own := offsets.Identity{SystemID: srv.SystemID, Timeline: 3, Database: "app", Slot: "outbox_cdc"}
 	with := func(l lsn.LSN, f func(*offsets.Identity)) offsets.Checkpoint {
 		id := own
@@ -46,9 +44,9 @@ func TestCheckpointTrust(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := foreignCheckpoint(tt.c, srv, "outbox_cdc", forget)
+			err := ForeignCheckpoint(tt.c, srv, "outbox_cdc", forget)
 			if err == nil {
-				err = checkPosition(tt.c, srv, forget)
+				err = CheckPosition(tt.c, srv, forget)
 			}
 			if tt.want == nil {
 				if err != nil {
@@ -56,9 +54,9 @@ func TestCheckpointTrust(t *testing.T) {
 				}
 				return
 			}
-			var pe *replication.PrerequisiteError
+			var pe *PrerequisiteError
 			if !errors.As(err, &pe) {
-				t.Fatalf("err = %v, want a *replication.PrerequisiteError (exit 1)", err)
+				t.Fatalf("err = %v, want a *PrerequisiteError (exit 1)", err)
 			}
 			for _, w := range append(tt.want, forget, "outbox-cdc replay") {
 				if !strings.Contains(err.Error(), w) {
@@ -66,41 +64,5 @@ func TestCheckpointTrust(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func TestSnapshotSQL(t *testing.T) {
-	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type",
-		Payload: "payload", HeaderColumns: []string{"tenant"}}
-	tests := []struct {
-		name  string
-		by    string
-		pk    []string
-		bytea bool
-		want  string // the query's tail
-	}{
-		{"primary key", "", []string{"id"}, false, `FROM "public"."outbox" WHERE (status = 'PENDING') ORDER BY "id"`},
-		{"composite key", "", []string{"tenant", "seq"}, false, `ORDER BY "tenant", "seq"`},
-		{"column, key breaks ties", "created_at", []string{"id"}, true, `ORDER BY "created_at", "ctid", "id"`},
-		{"column that is the key", "id", []string{"id"}, false, `ORDER BY "id", "ctid"`},
-		{"column, no key", "created_at", nil, false, `ORDER BY "created_at", "ctid"`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			q := snapshotSQL(m, "public", "outbox", tt.bytea, "status = 'PENDING'", orderColumns(tt.by, tt.pk))
-			if !strings.HasSuffix(q, tt.want) {
-				t.Fatalf("query %s\nwant it to end with %s", q, tt.want)
-			}
-			payload := `convert_to("payload"::text, 'UTF8')`
-			if tt.bytea {
-				payload = `"payload", `
-			}
-			if !strings.Contains(q, payload) || !strings.Contains(q, `"tenant"::text FROM`) {
-				t.Fatalf("query %s: wrong columns", q)
-			}
-		})
-	}
-	if got := orderColumns("", nil); len(got) != 0 {
-		t.Fatalf("no key, no column: %v, want none (refused by snapshotOrder)", got)
 	}
 }

@@ -4,11 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
@@ -27,13 +23,10 @@ const checkpointInterval = 200 * time.Millisecond
 // checkpoint near the WAL end (status, lag) at the heartbeat's pace.
 const idleCheckpointInterval = 10 * time.Second
 
-// HeartbeatPrefix is the logical message prefix of heartbeats.
-const HeartbeatPrefix = "outbox-cdc-heartbeat"
-
 func (p *Pipeline) checkpointLoop(ctx context.Context) {
 	t := time.NewTicker(checkpointInterval)
 	defer t.Stop()
-	saved := p.skipBelow
+	saved := p.plan.start
 	acks := p.replayed.Load() // events acknowledged so far, in every mode
 	last := time.Now()
 	// A save writes WAL, so after one for acknowledged events the keepalive
@@ -68,7 +61,7 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	// Up to the start position nothing was streamed by this process: a
 	// standby still waiting for the slot would save a position older than
 	// the active connector's.
-	saved = max(saved, p.skipBelow)
+	saved = max(saved, p.plan.start)
 	// Never a position the guard has not vouched for: a restart skips what
 	// lies below the checkpoint.
 	a := p.confirmable()
@@ -83,7 +76,7 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	if gap != nil {
 		c.Gap = &offsets.Gap{Since: gap.Since, Xmin: gap.Xmin}
 	}
-	err := p.cfg.Checkpoints.Save(ctx, c)
+	err := p.plan.checkpoints.Save(ctx, c)
 	if err == nil || errors.Is(err, offsets.ErrStale) {
 		p.savedGap = gap
 	}
@@ -112,12 +105,8 @@ func (p *Pipeline) monitor(ctx context.Context) {
 	}
 	stats := time.NewTicker(p.cfg.MonitorInterval)
 	defer stats.Stop()
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close(context.Background())
-		}
-	}()
+	beat := replication.NewHeartbeat(p.cfg.Source.DB)
+	defer beat.Close()
 	warned, hbDenied := false, false
 	p.slotStats(ctx, &warned)
 	for {
@@ -130,25 +119,11 @@ func (p *Pipeline) monitor(ctx context.Context) {
 			if hbDenied {
 				continue
 			}
-			if conn == nil || conn.IsClosed() {
-				c, err := pgx.Connect(ctx, p.cfg.Source.DSN)
-				if err != nil {
-					continue // the stream reports connection trouble
-				}
-				conn = c
-			}
-			// Non-transactional: written even with no transaction, so the
-			// walsender has WAL of this database to decode and report.
-			_, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, '')", HeartbeatPrefix)
-			var pgErr *pgconn.PgError
-			switch {
-			case errors.As(err, &pgErr) && pgErr.Code == "42501":
+			// Other failures are transient: the stream reports connection trouble.
+			if errors.Is(beat.Beat(ctx), replication.ErrHeartbeatDenied) {
 				hbDenied = true
 				p.log.Error("heartbeat disabled: the role may not call pg_logical_emit_message; a database without other writes "+
 					"will hold WAL until the outbox is written", "fix", "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <role>")
-			case err != nil && ctx.Err() == nil:
-				conn.Close(context.Background())
-				conn = nil
 			}
 		}
 	}
@@ -159,7 +134,7 @@ func (p *Pipeline) monitor(ctx context.Context) {
 func (p *Pipeline) slotStats(ctx context.Context, warned *bool) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	info, err := replication.Slot(ctx, p.cfg.Source.DSN, p.cfg.Source.Slot)
+	info, err := p.cfg.Source.DB.Slot(ctx, p.cfg.Source.Slot)
 	switch {
 	case errors.Is(err, replication.ErrNoSlot):
 		p.fail(&replication.FatalError{Reason: "slot_missing", Err: fmt.Errorf("replication slot %s was dropped while the connector ran; "+
@@ -195,15 +170,11 @@ func (p *Pipeline) progressLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			p.cfg.Replay.Progress(p.replayProgress(false))
+			p.plan.progress(p.replayProgress(false))
 		}
 	}
 }
 
 func (p *Pipeline) replayProgress(done bool) ReplayProgress {
-	r := p.cfg.Replay
-	return ReplayProgress{From: r.From, To: r.To, At: lsn.LSN(p.replayAt.Load()), Events: p.replayed.Load(), Done: done}
+	return ReplayProgress{From: p.plan.start, To: p.plan.stopAt, At: lsn.LSN(p.replayAt.Load()), Events: p.replayed.Load(), Done: done}
 }
-
-// quoteLiteral quotes s as an SQL string literal.
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

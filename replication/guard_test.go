@@ -1,20 +1,19 @@
-package pipeline
+package replication
 
 import (
 	"testing"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // TestGuardVouch: a reading vouches for its position once every transaction
 // running at it has ended (seen by a later reading), or by itself when none
-// was running, or after guardMargin; never earlier.
+// was running, or after GuardMargin; never earlier.
 func TestGuardVouch(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	rd := func(before lsn.LSN, xmin uint64, at time.Duration, running ...uint64) reading {
-		return reading{Snapshot: replication.Snapshot{Before: before, Xmin: xmin, Running: running}, at: t0.Add(at), before: xmin}
+		return reading{Snapshot: Snapshot{Before: before, Xmin: xmin, Running: running}, at: t0.Add(at), before: xmin}
 	}
 	tests := []struct {
 		name     string
@@ -34,7 +33,7 @@ func TestGuardVouch(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			g := &guard{}
+			g := &Guard{}
 			for _, r := range tc.readings {
 				g.vouch(r)
 			}
@@ -55,19 +54,19 @@ func TestGuardVouch(t *testing.T) {
 // and the one before it, so a transaction that committed between the
 // vouched reading's WAL position and its snapshot is inside the gap.
 func TestGuardGapXmin(t *testing.T) {
-	g := &guard{}
+	g := &Guard{}
 	t0 := time.Unix(1_000_000, 0)
-	g.vouch(reading{Snapshot: replication.Snapshot{Before: 100, Xmin: 20}, at: t0, before: 12})
+	g.vouch(reading{Snapshot: Snapshot{Before: 100, Xmin: 20}, at: t0, before: 12})
 	if g.Verified() != 100 || g.xmin.Load() != 12 {
 		t.Fatalf("verified %v xmin %d, want 100 and 12", g.Verified(), g.xmin.Load())
 	}
 }
 
 func TestGuardPendingBounded(t *testing.T) {
-	g := &guard{}
+	g := &Guard{}
 	t0 := time.Unix(1_000_000, 0)
 	for i := range 10 * maxPending { // one transaction runs throughout, readings 1 ms apart
-		g.vouch(reading{Snapshot: replication.Snapshot{Before: lsn.LSN(i + 1), Xmin: 1, Running: []uint64{1}}, at: t0.Add(time.Duration(i) * time.Millisecond)})
+		g.vouch(reading{Snapshot: Snapshot{Before: lsn.LSN(i + 1), Xmin: 1, Running: []uint64{1}}, at: t0.Add(time.Duration(i) * time.Millisecond)})
 	}
 	if len(g.pending) > maxPending {
 		t.Fatalf("%d readings pending, want at most %d", len(g.pending), maxPending)

@@ -1,11 +1,9 @@
-package pipeline
+package decode
 
 import (
 	"encoding/base64"
 	"encoding/json"
 	"sort"
-
-	"github.com/outbox-cdc/outbox-cdc/decode"
 )
 
 // emitted is the content of a table-less outbox event, written by
@@ -20,17 +18,17 @@ type emitted struct {
 	Headers       map[string]string `json:"headers"`
 }
 
-// parseMessage turns a logical message into an Event. Content that is not
+// ParseMessage turns the content of a table-less outbox event into an Event. Content that is not
 // the documented JSON yields an Event marked Invalid, which is dead-lettered
 // with the raw content as its value.
-func parseMessage(content []byte) decode.Event {
+func ParseMessage(content []byte) Event {
 	var e emitted
 	if err := json.Unmarshal(content, &e); err != nil {
-		return decode.Event{Invalid: "logical message is not an outbox event (JSON object expected): " + err.Error(),
-			ID: decode.Value{Null: true}, AggregateType: decode.Value{Null: true}, AggregateID: decode.Value{Null: true},
-			EventType: decode.Value{Null: true}, Payload: decode.Value{Bytes: content}}
+		return Event{Invalid: "logical message is not an outbox event (JSON object expected): " + err.Error(),
+			ID: Value{Null: true}, AggregateType: Value{Null: true}, AggregateID: Value{Null: true},
+			EventType: Value{Null: true}, Payload: Value{Bytes: content}}
 	}
-	ev := decode.Event{ID: ptrValue(e.ID), AggregateType: ptrValue(e.AggregateType),
+	ev := Event{ID: ptrValue(e.ID), AggregateType: ptrValue(e.AggregateType),
 		AggregateID: ptrValue(e.AggregateID), EventType: ptrValue(e.EventType)}
 	switch {
 	case e.PayloadBase64 != nil:
@@ -38,11 +36,11 @@ func parseMessage(content []byte) decode.Event {
 		if err != nil {
 			ev.Invalid = "payload_base64 is not standard base64: " + err.Error()
 		}
-		ev.Payload = decode.Value{Bytes: b}
+		ev.Payload = Value{Bytes: b}
 	case len(e.Payload) == 0 || string(e.Payload) == "null":
-		ev.Payload = decode.Value{Null: true}
+		ev.Payload = Value{Null: true}
 	default:
-		ev.Payload = decode.Value{Bytes: e.Payload}
+		ev.Payload = Value{Bytes: e.Payload}
 	}
 	names := make([]string, 0, len(e.Headers))
 	for k := range e.Headers {
@@ -50,14 +48,14 @@ func parseMessage(content []byte) decode.Event {
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		ev.Headers = append(ev.Headers, decode.Header{Name: k, Value: decode.Value{Bytes: []byte(e.Headers[k])}})
+		ev.Headers = append(ev.Headers, Header{Name: k, Value: Value{Bytes: []byte(e.Headers[k])}})
 	}
 	return ev
 }
 
-func ptrValue(s *string) decode.Value {
+func ptrValue(s *string) Value {
 	if s == nil {
-		return decode.Value{Null: true}
+		return Value{Null: true}
 	}
-	return decode.Value{Bytes: []byte(*s)}
+	return Value{Bytes: []byte(*s)}
 }

@@ -1,0 +1,228 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+// producer is the sink as the pipeline uses it: records handed over in
+// order, each outcome reported once to its Done; Flush waits for every
+// outcome.
+type producer interface {
+	Produce(ctx context.Context, rec *router.Record, done sink.Done) error
+	Flush(ctx context.Context) error
+}
+
+// errReplayDone ends the processor when a replay reached its end.
+var errReplayDone = errors.New("replay reached its end")
+
+// process is the processor goroutine: it decodes, routes and produces, in WAL
+// order, and tells the tracker where each transaction ends. produceCtx
+// governs records handed to the sink; it outlives ctx so a stop drains them.
+func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replication.Message) error {
+	pl := p.plan
+	if pl.snapshot != nil {
+		if err := p.snapshot(ctx, produceCtx, pl.snapshot); err != nil {
+			return err
+		}
+	}
+	mapping := p.cfg.Mapping
+	mapping.RelationID = pl.relID
+	dec := decode.NewDecoder(mapping)
+	var (
+		txn        *offsets.Txn
+		skip       bool // transaction delivered before (below the start, or backfilled)
+		commitTime time.Time
+		txnFinal   lsn.LSN    // commit LSN of the open transaction
+		dispatched = pl.start // end of the last transaction fully handed to the sink
+		rec        router.Record
+		bf         = pl.backfill
+	)
+	var m replication.Message
+	for {
+		m.Release() // the previous message is handled: its bytes may be queued again
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m = <-queue:
+		}
+		switch m.Kind {
+		case replication.Reset:
+			if txn != nil {
+				p.tracker.Abort(txn)
+				txn = nil
+			}
+			m.Resume(dispatched)
+			continue
+		case replication.Keepalive:
+			if txn != nil {
+				continue // only a position between transactions is one
+			}
+			if bf.due(m.WALEnd) {
+				if err := p.runBackfill(ctx, produceCtx, bf, dispatched); err != nil {
+					return err
+				}
+			}
+			if pl.stopAt != 0 && m.WALEnd >= pl.stopAt {
+				return errReplayDone
+			}
+			p.tracker.Idle(m.WALEnd)
+			continue
+		}
+		res, err := dec.Decode(m.Data)
+		if errors.Is(err, decode.ErrTableRenamed) { // replay: no known OID
+			return fmt.Errorf("%w: set outbox.table to the new name (and update the publication), or rename it back; "+
+				"rows inserted under the new name were not published", err)
+		}
+		if err != nil {
+			return fmt.Errorf("decode message at %v: %w", m.WALStart, err)
+		}
+		switch res.Kind {
+		case decode.KindBegin:
+			if pl.stopAt != 0 && res.Begin.FinalLSN >= pl.stopAt {
+				return errReplayDone
+			}
+			if bf.due(res.Begin.FinalLSN) {
+				if err := p.runBackfill(ctx, produceCtx, bf, dispatched); err != nil {
+					return err
+				}
+			}
+			txn = p.tracker.Begin()
+			txnFinal = res.Begin.FinalLSN
+			// PostgreSQL skips these when streaming starts at the checkpoint;
+			// this also covers a reconnect that resumed lower.
+			skip = res.Begin.FinalLSN < pl.start || bf.delivered(res.Begin.Xid)
+			commitTime = res.Begin.CommitTime
+			p.m.Transactions.Inc()
+		case decode.KindCommit:
+			if txn == nil {
+				return fmt.Errorf("commit at %v without begin", m.WALStart)
+			}
+			p.tracker.Commit(txn, res.Commit.EndLSN)
+			dispatched = max(dispatched, res.Commit.EndLSN)
+			p.replayAt.Store(uint64(res.Commit.EndLSN))
+			txn = nil
+		case decode.KindRelation:
+			if res.Relation.Outbox && res.Relation.Invalid != "" {
+				// A table that lacks a mapped column now is a schema problem
+				// and blocks; one that lacked it only when this transaction was
+				// written (fixed since, as the start-up check found) leaves
+				// rows that can never be mapped: those are dead-lettered.
+				if txnFinal >= pl.schemaFrom {
+					return schemaError(res.Relation.Invalid)
+				}
+				p.log.Error("rows written while the outbox table lacked a mapped column go to the dead-letter topic",
+					"table", res.Relation.Namespace+"."+res.Relation.Name, "problem", res.Relation.Invalid)
+			}
+		case decode.KindEvent:
+			if txn == nil {
+				return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
+			}
+			if skip {
+				continue
+			}
+			if err := p.publish(produceCtx, txn, commitTime, &res.Event, m.Data, &rec); err != nil {
+				return err
+			}
+		case decode.KindMessage:
+			msg := &res.Message
+			if p.cfg.MessagePrefix == "" || !msg.Transactional || msg.Prefix != p.cfg.MessagePrefix {
+				continue // heartbeats and other applications' messages
+			}
+			if txn == nil {
+				return fmt.Errorf("transactional message at %v outside a transaction", m.WALStart)
+			}
+			if skip {
+				continue
+			}
+			ev := decode.ParseMessage(msg.Content)
+			if err := p.publish(produceCtx, txn, commitTime, &ev, msg.Content, &rec); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// publish routes one event and hands it to the producer.
+func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, commit time.Time, ev *decode.Event, msg []byte, rec *router.Record) error {
+	d := &delivery{p: p, txn: txn, commit: commit}
+	if reason := p.router.Route(ev, commit, rec); reason != "" {
+		p.router.DeadLetter(ev, commit, reason, rec)
+		d.reason, d.id = reason, string(ev.ID.Bytes)
+	}
+	rec.Topic = p.plan.topicPrefix + rec.Topic
+	// The record must outlive this message's decoding: slices outside msg
+	// (bytea values decoded into the decoder's buffer) are copied.
+	rec.Key = own(rec.Key, msg)
+	rec.Value = own(rec.Value, msg)
+	for i := range rec.Headers {
+		rec.Headers[i].Value = own(rec.Headers[i].Value, msg)
+	}
+	p.tracker.Add(txn)
+	p.m.InFlight.Set(float64(p.tracker.InFlight()))
+	return p.out.Produce(ctx, rec, d)
+}
+
+// own returns b if it lies inside buf, else a copy of it.
+func own(b, buf []byte) []byte {
+	if len(b) == 0 || len(buf) == 0 {
+		return b
+	}
+	p, s := uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	if p >= s && p+uintptr(len(b)) <= s+uintptr(len(buf)) {
+		return b
+	}
+	return append([]byte(nil), b...)
+}
+
+// delivery is one event's state while it is in flight.
+type delivery struct {
+	p      *Pipeline
+	txn    *offsets.Txn
+	commit time.Time
+	reason string // set when the router dead-lettered it
+	id     string
+}
+
+// Delivered runs on a franz-go goroutine.
+func (d *delivery) Delivered(o sink.Outcome) {
+	p := d.p
+	if o.Err != nil {
+		if sink.Classify(o.Err) != sink.ClassShutdown {
+			p.fail(&deliveryError{o.Err})
+		}
+		// Not acknowledged: the watermark stays before this transaction.
+		return
+	}
+	now := time.Now()
+	if o.DeadLettered {
+		p.m.DeadLettered.Inc()
+		if d.reason != "" {
+			p.log.Warn("event dead-lettered", "id", d.id, "reason", d.reason, "topic", p.cfg.Routes.DLQTopic)
+		}
+	} else {
+		p.m.Published.Inc()
+		p.m.CommitToAck.Observe(now.Sub(d.commit).Seconds())
+	}
+	p.m.EventAcked(now)
+	p.replayed.Add(1)
+	p.tracker.Ack(d.txn)
+	p.m.InFlight.Set(float64(p.tracker.InFlight()))
+}
+
+// deliveryError is a record that could be delivered neither to its topic nor
+// to the dead-letter topic.
+type deliveryError struct{ err error }
+
+func (e *deliveryError) Error() string { return "deliver event: " + e.err.Error() }
+func (e *deliveryError) Unwrap() error { return e.err }

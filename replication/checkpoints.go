@@ -1,0 +1,266 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
+)
+
+// identityColumns were added after the first release; older tables lack them.
+var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin"}
+
+// TableStore keeps checkpoints in a table of the source database, one row
+// per slot, so they live and fail over with the data they describe.
+type TableStore struct {
+	db           *DB
+	slot         string
+	schema, name string // unquoted
+	table        string // quoted schema.table
+	conn         *pgx.Conn
+}
+
+// NewTableStore returns a store in table ("schema.table") for slot. The
+// connection is opened on first use and reopened after an error.
+func NewTableStore(db *DB, table, slot string) *TableStore {
+	schema, name, _ := strings.Cut(table, ".")
+	return &TableStore{db: db, slot: slot, schema: schema, name: name, table: pgx.Identifier{schema, name}.Sanitize()}
+}
+
+// Forget is what an operator runs to drop this slot's checkpoint.
+func (s *TableStore) Forget() string {
+	return fmt.Sprintf("DELETE FROM %s WHERE slot = '%s'", s.table, strings.ReplaceAll(s.slot, "'", "''"))
+}
+
+// DDL is the statement that creates the checkpoint table (docs/operations.md
+// has the same, for an administrator to run).
+func (s *TableStore) DDL() string {
+	return fmt.Sprintf(`CREATE TABLE %s (
+	slot          text        PRIMARY KEY,
+	lsn           pg_lsn      NOT NULL,
+	snapshot_done boolean     NOT NULL DEFAULT false,
+	updated_at    timestamptz NOT NULL DEFAULT now(),
+	system_id     text,
+	timeline      integer,
+	database      text,
+	gap_since     pg_lsn,
+	gap_xmin      bigint)`, s.table)
+}
+
+func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
+	if s.conn != nil && !s.conn.IsClosed() {
+		return s.conn, nil
+	}
+	conn, err := s.db.connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint store: connect: %w", err)
+	}
+	if err := s.prepare(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	s.conn = conn
+	return conn, nil
+}
+
+// prepare creates the table when it is missing and adds the identity
+// columns to a table of the old shape. A table that exists is only read
+// from the catalogs, so a role with nothing but USAGE on the schema and
+// SELECT, INSERT, UPDATE on the table works (CREATE ... IF NOT EXISTS checks
+// the CREATE privilege before it checks existence).
+func (s *TableStore) prepare(ctx context.Context, conn *pgx.Conn) error {
+	var role string
+	var usage, sel, ins, upd bool
+	var cols []string
+	err := conn.QueryRow(ctx, `SELECT current_user, has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT'),
+			has_table_privilege(c.oid, 'INSERT'), has_table_privilege(c.oid, 'UPDATE'),
+			array(SELECT attname::text FROM pg_attribute WHERE attrelid = c.oid AND attnum > 0 AND NOT attisdropped)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
+		s.schema, s.name).Scan(&role, &usage, &sel, &ins, &upd, &cols)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s.create(ctx, conn)
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint store: look up %s: %w", s.table, err)
+	}
+	if !usage || !sel || !ins || !upd {
+		r := pgx.Identifier{role}.Sanitize()
+		return fmt.Errorf("checkpoint store: role %s may not use %s; run GRANT USAGE ON SCHEMA %s TO %s; GRANT SELECT, INSERT, UPDATE ON %s TO %s",
+			role, s.table, pgx.Identifier{s.schema}.Sanitize(), r, s.table, r)
+	}
+	var missing []string
+	for _, c := range identityColumns {
+		if !slices.Contains(cols, c) {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	alter := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline integer, "+
+		"ADD COLUMN IF NOT EXISTS database text, ADD COLUMN IF NOT EXISTS gap_since pg_lsn, ADD COLUMN IF NOT EXISTS gap_xmin bigint", s.table)
+	if _, err := conn.Exec(ctx, alter); err != nil {
+		return fmt.Errorf("checkpoint store: %s lacks the columns %s (written by an older version) and this role cannot add them (%w); "+
+			"have the table's owner run: %s", s.table, strings.Join(missing, ", "), err, alter)
+	}
+	return nil
+}
+
+func (s *TableStore) create(ctx context.Context, conn *pgx.Conn) error {
+	var schemaExists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", s.schema).Scan(&schemaExists); err != nil {
+		return fmt.Errorf("checkpoint store: look up schema %s: %w", s.schema, err)
+	}
+	ddl := strings.Replace(s.DDL(), "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1)
+	if !schemaExists {
+		ddl = fmt.Sprintf("CREATE SCHEMA IF NOT EXISTS %s; %s", pgx.Identifier{s.schema}.Sanitize(), ddl)
+	}
+	if _, err := conn.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("checkpoint store: create %s (grant CREATE on the database, or have an administrator create it: "+
+			"docs/operations.md, least-privilege checkpoint table): %w", s.table, err)
+	}
+	return nil
+}
+
+// Load returns the slot's checkpoint, or offsets.ErrNoCheckpoint.
+func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return offsets.Checkpoint{}, err
+	}
+	var c offsets.Checkpoint
+	var gapSince *lsn.LSN
+	var gapXmin *int64
+	err = conn.QueryRow(ctx, fmt.Sprintf(`SELECT lsn, snapshot_done, updated_at, coalesce(system_id, ''), coalesce(timeline, 0),
+		coalesce(database, ''), gap_since, gap_xmin FROM %s WHERE slot = $1`, s.table), s.slot).
+		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return offsets.Checkpoint{}, offsets.ErrNoCheckpoint
+	}
+	if err != nil {
+		s.reset(ctx)
+		return offsets.Checkpoint{}, fmt.Errorf("checkpoint store: load: %w", err)
+	}
+	c.Slot = s.slot // the row's key
+	if gapSince != nil && gapXmin != nil {
+		c.Gap = &offsets.Gap{Since: *gapSince, Xmin: uint64(*gapXmin)}
+	}
+	return c, nil
+}
+
+// Save upserts the slot's checkpoint unless the stored one has the same
+// identity and a later position (offsets.ErrStale). It is durable when Save returns
+// (the row is committed with the server's synchronous_commit).
+func (s *TableStore) Save(ctx context.Context, c offsets.Checkpoint) error {
+	return s.save(ctx, c, `WHERE t.lsn <= excluded.lsn
+		OR (t.system_id, t.timeline, t.database) IS DISTINCT FROM (excluded.system_id, excluded.timeline, excluded.database)`)
+}
+
+// Replace stores c whatever is stored: a new slot or a new snapshot starts
+// a new history.
+func (s *TableStore) Replace(ctx context.Context, c offsets.Checkpoint) error {
+	return s.save(ctx, c, "")
+}
+
+func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where string) error {
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return err
+	}
+	var gapSince, gapXmin any
+	if c.Gap != nil {
+		gapSince, gapXmin = c.Gap.Since, int64(c.Gap.Xmin)
+	}
+	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
+			gap_since, gap_xmin)
+		VALUES ($1, $2, $3, now(), $4, $5, $6, $7, $8)
+		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
+			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
+			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin %s`, s.table, where),
+		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin)
+	if err != nil {
+		s.reset(ctx)
+		return fmt.Errorf("checkpoint store: save: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return offsets.ErrStale
+	}
+	return nil
+}
+
+// nullable stores an unknown identity part (zero) as NULL.
+func nullable[T comparable](v T) any {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return v
+}
+
+func (s *TableStore) reset(ctx context.Context) {
+	if s.conn != nil {
+		s.conn.Close(context.WithoutCancel(ctx))
+		s.conn = nil
+	}
+}
+
+// Close releases the connection.
+func (s *TableStore) Close() { s.reset(context.Background()) }
+
+// ForeignCheckpoint refuses a checkpoint written for another cluster,
+// database or slot: its LSN is no position of this stream, and trusting it
+// would skip (and confirm) transactions below it. A checkpoint without
+// identity (an older version) passes; CheckPosition still applies.
+func ForeignCheckpoint(c offsets.Checkpoint, srv Server, slot, forget string) error {
+	switch {
+	case c.IsZero():
+		return nil
+	case c.SystemID != srv.SystemID:
+		return refuseCheckpoint(c, fmt.Sprintf("was written for database system %s, but this server is database system %s "+
+			"(another cluster, or a checkpoint copied from another deployment)", c.SystemID, srv.SystemID), forget)
+	case c.Database != srv.Database:
+		return refuseCheckpoint(c, fmt.Sprintf("was written for database %s, but the connector streams database %s",
+			c.Database, srv.Database), forget)
+	case c.Slot != slot:
+		return refuseCheckpoint(c, fmt.Sprintf("was written for slot %s, but postgres.slot is %s", c.Slot, slot), forget)
+	}
+	return nil
+}
+
+// CheckPosition refuses a checkpoint whose LSN is not a position of this
+// server's WAL history: beyond its WAL end, or on a timeline that left the
+// current timeline's history before the checkpoint (a restore to an earlier
+// point in time forks a new timeline there; PG docs 26.3.5, "Timelines").
+func CheckPosition(c offsets.Checkpoint, srv Server, forget string) error {
+	if c.LSN > srv.WALEnd {
+		return refuseCheckpoint(c, fmt.Sprintf("lies beyond this server's WAL end %v (it was written by another server, "+
+			"or before this one was restored from an older backup)", srv.WALEnd), forget)
+	}
+	if c.IsZero() || c.Timeline == srv.Timeline {
+		return nil
+	}
+	fork, ok := srv.ForkPoint(c.Timeline)
+	if !ok {
+		return refuseCheckpoint(c, fmt.Sprintf("was written on timeline %d, which is not in the history of this server's timeline %d",
+			c.Timeline, srv.Timeline), forget)
+	}
+	if c.LSN > fork {
+		return refuseCheckpoint(c, fmt.Sprintf("was written on timeline %d after this server's history left it at %v "+
+			"(a restore to an earlier point in time): this server never had that WAL", c.Timeline, fork), forget)
+	}
+	return nil
+}
+
+func refuseCheckpoint(c offsets.Checkpoint, why, forget string) error {
+	return &PrerequisiteError{
+		Problem: fmt.Sprintf("checkpoint %v %s", c.LSN, why),
+		Fix: "if it does not belong to this slot, drop it and start again, which streams from the slot's confirmed position: " +
+			forget + "; to publish a range of events again, use outbox-cdc replay (docs/operations.md)",
+	}
+}

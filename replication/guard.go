@@ -1,0 +1,147 @@
+package replication
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+const (
+	// GuardMargin vouches for a reading that a transaction running at it
+	// keeps from settling (a long transaction elsewhere in the cluster): a
+	// reading that much later sees every commit written before it, barring
+	// one held back for as long by a synchronous standby.
+	GuardMargin = time.Second
+	// maxPending bounds the readings waiting to be vouched for.
+	maxPending = 64
+)
+
+// Guard keeps the outbox in the stream. PostgreSQL decodes an insert only if
+// the table was in the publication when the insert was written, so an outbox
+// dropped, renamed or removed from the publication stops producing events
+// without any error in the stream. The guard reads the membership when asked
+// and vouches for a position only once a later reading, which sees
+// everything committed before it, still finds the table in place; nothing
+// beyond that position is confirmed (the pipeline's gate), so a restart
+// after the fix starts before the first insert that was not decoded.
+type Guard struct {
+	src     Source
+	watch   *Watch
+	start   Membership
+	pending []reading // good readings not vouched for yet, oldest first
+	last    uint64    // snapshot xmin of the last good reading
+	// first is the WAL position read before the first reading, which found
+	// every mapped column: a Relation message of a transaction committed
+	// before it describes the table as it was, not as it is.
+	first lsn.LSN
+
+	verified atomic.Uint64 // position up to which membership held
+	xmin     atomic.Uint64 // gap bound of the reading behind verified
+}
+
+// reading is a good membership reading and when it was taken.
+type reading struct {
+	Snapshot
+	at time.Time
+	// before is the snapshot xmin of the reading taken just before this
+	// one. A transaction that committed between this reading's Before and
+	// its snapshot can be below its own xmin, but was running at (or began
+	// after) the one before: the gap's rows are bounded by that xmin.
+	before uint64
+}
+
+// NewGuard takes the first reading; from is the start position, vouched for
+// by the setup that checked the table.
+func NewGuard(ctx context.Context, src Source, from lsn.LSN) (*Guard, error) {
+	g := &Guard{src: src, watch: NewWatch(src)}
+	s, err := g.watch.Read(ctx, 0)
+	if err != nil {
+		g.watch.Close()
+		return nil, err
+	}
+	if why := s.LeftStream(src, s.Membership) + s.SchemaProblem(src); why != "" {
+		g.watch.Close()
+		return nil, &PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"The outbox leaving the stream\""}
+	}
+	g.start, g.first = s.Membership, s.Before
+	g.pending = []reading{{s, time.Now(), s.Xmin}}
+	g.last = s.Xmin
+	g.verified.Store(uint64(from))
+	g.xmin.Store(s.Xmin)
+	return g, nil
+}
+
+// Verified is the highest position the membership readings vouch for.
+func (g *Guard) Verified() lsn.LSN { return lsn.LSN(g.verified.Load()) }
+
+// Check reads the membership once. It returns why the outbox left the stream
+// (gap: inserts are no longer decoded) or why its rows can no longer be
+// mapped, or "" (also on a failed reading, which only holds the gate).
+func (g *Guard) Check(ctx context.Context) (why string, gap bool) {
+	s, err := g.watch.Read(ctx, g.start.RelID)
+	if err != nil {
+		return "", false
+	}
+	if why := s.LeftStream(g.src, g.start); why != "" {
+		return why, true
+	}
+	if why := s.SchemaProblem(g.src); why != "" {
+		return why, false
+	}
+	g.vouch(reading{s, time.Now(), g.last})
+	g.last = s.Xmin
+	return "", false
+}
+
+// vouch adds a good reading and moves the verified position. A reading
+// vouches for its own position only once no commit written before it can
+// have been invisible to it: once every transaction running at it has
+// ended, seen by a later good reading (a commit record is written before
+// the transaction stops running, so a commit before Before that the reading
+// did not see was one of its running transactions). The outbox was in the
+// stream at every good reading, and a removal between two of them shows in
+// the later one, so the position is then safe.
+func (g *Guard) vouch(r reading) {
+	best := -1
+	for i, p := range g.pending {
+		if p.Settled(r.Snapshot) || r.at.Sub(p.at) >= GuardMargin {
+			best = i
+		}
+	}
+	if best >= 0 {
+		g.advance(g.pending[best])
+		g.pending = g.pending[best+1:]
+	}
+	if len(r.Running) == 0 { // nothing could be in flight: vouches for itself
+		g.advance(r)
+		g.pending = g.pending[:0]
+		return
+	}
+	if len(g.pending) == maxPending {
+		g.pending = g.pending[1:]
+	}
+	g.pending = append(g.pending, r)
+}
+
+func (g *Guard) advance(r reading) {
+	if r.Before > g.Verified() {
+		g.xmin.Store(min(r.Xmin, r.before))
+		g.verified.Store(uint64(r.Before))
+	}
+}
+
+// Xmin bounds the rows the stream may have missed since Verified: every one
+// was written by a transaction at or above it.
+func (g *Guard) Xmin() uint64 { return g.xmin.Load() }
+
+// First is the WAL position read before the first reading, which found every
+// mapped column.
+func (g *Guard) First() lsn.LSN { return g.first }
+
+// RelID is the outbox's OID at start.
+func (g *Guard) RelID() uint32 { return g.start.RelID }
+
+// Close releases the connection.
+func (g *Guard) Close() { g.watch.Close() }

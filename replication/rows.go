@@ -1,0 +1,376 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// RowSpec says what a read of the outbox table returns: the mapped columns
+// (the payload as bytes: bytea raw, other types in their text form), in the
+// snapshot order.
+type RowSpec struct {
+	Mapping decode.Mapping
+	// Filter is snapshot.filter (SQL, "" for every row); the snapshot only.
+	Filter string
+	// OrderBy is snapshot.order_by: the column the rows are ordered by
+	// before the primary key ("": created_at if the table has it).
+	OrderBy string
+}
+
+// Rows is a read of outbox rows inside one repeatable-read transaction of
+// its own connection; Close ends it.
+type Rows struct {
+	what    string // "snapshot" or "backfill", for errors
+	conn    *pgx.Conn
+	tx      pgx.Tx
+	rows    pgx.Rows
+	headers []string
+	ctx     context.Context
+}
+
+// Next advances to the next row.
+func (r *Rows) Next() bool { return r.rows.Next() }
+
+// Event reads the current row.
+func (r *Rows) Event() (decode.Event, error) {
+	var vals [4]*string
+	var payload []byte
+	hdrs := make([]*string, len(r.headers))
+	dest := []any{&vals[0], &vals[1], &vals[2], &vals[3], &payload}
+	for i := range hdrs {
+		dest = append(dest, &hdrs[i])
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return decode.Event{}, fmt.Errorf("%s: scan: %w", r.what, err)
+	}
+	ev := decode.Event{ID: strValue(vals[0]), AggregateType: strValue(vals[1]), AggregateID: strValue(vals[2]),
+		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}}
+	for i, h := range r.headers {
+		ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
+	}
+	return ev, nil
+}
+
+// Err is the error that ended the read, if any.
+func (r *Rows) Err() error {
+	if err := r.rows.Err(); err != nil {
+		return fmt.Errorf("%s: read rows: %w", r.what, err)
+	}
+	return nil
+}
+
+// Close ends the read and its transaction and connection.
+func (r *Rows) Close() {
+	ctx := context.WithoutCancel(r.ctx)
+	if r.rows != nil {
+		r.rows.Close()
+	}
+	_ = r.tx.Rollback(ctx)
+	r.conn.Close(ctx)
+}
+
+func strValue(s *string) decode.Value {
+	if s == nil {
+		return decode.Value{Null: true}
+	}
+	return decode.Value{Bytes: []byte(*s)}
+}
+
+// begin opens a read-only repeatable-read transaction on a new connection.
+func (s Source) begin(ctx context.Context, what string) (*Rows, error) {
+	conn, err := s.DB.connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect: %w", what, err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("%s: begin: %w", what, err)
+	}
+	return &Rows{what: what, conn: conn, tx: tx, ctx: ctx}, nil
+}
+
+// query runs the rows query with filter and order on r's transaction.
+func (s Source) query(ctx context.Context, r *Rows, spec RowSpec, filter string, order []string) error {
+	q, err := s.rowsQuery(ctx, r.tx, spec.Mapping, filter, order)
+	if err != nil {
+		return fmt.Errorf("%s: %w", r.what, err)
+	}
+	if r.rows, err = r.tx.Query(ctx, q); err != nil {
+		return fmt.Errorf("%s: %s: %w", r.what, q, err)
+	}
+	r.headers = spec.Mapping.HeaderColumns
+	return nil
+}
+
+// SnapshotRows reads the outbox in the snapshot the new slot exported:
+// exactly what was committed before the slot's first change.
+func (s Source) SnapshotRows(ctx context.Context, snap *ExportedSnapshot, spec RowSpec) (*Rows, error) {
+	r, err := s.begin(ctx, "snapshot")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := r.tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snap.Name)); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	order, err := s.snapshotOrder(ctx, r.tx, spec.OrderBy)
+	if err == nil {
+		err = s.query(ctx, r, spec, spec.Filter, order)
+	}
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Gap is what a read of a gap's rows found beside the rows themselves.
+type Gap struct {
+	// ClearAt is a WAL position past the commit of every row read: once the
+	// watermark passes it, the gap is repaired.
+	ClearAt lsn.LSN
+	// Xids are the (32-bit) ids of the transactions that wrote the rows:
+	// the stream decodes some of them too, and they are delivered already.
+	Xids map[uint32]bool
+}
+
+// GapRows reads the rows written by transactions at or after xmin (a full
+// 64-bit transaction id), in transaction order: the rows of a gap the stream
+// could not decode.
+func (s Source) GapRows(ctx context.Context, xmin uint64, spec RowSpec) (*Rows, Gap, error) {
+	r, err := s.begin(ctx, "backfill")
+	if err != nil {
+		return nil, Gap{}, err
+	}
+	g, err := s.gap(ctx, r, xmin, spec)
+	if err != nil {
+		r.Close()
+		return nil, Gap{}, err
+	}
+	return r, g, nil
+}
+
+func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, spec RowSpec) (Gap, error) {
+	// The first statement fixes the snapshot; the WAL position read in it
+	// is past every commit the snapshot sees.
+	var ref uint64
+	var at string
+	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_lsn()::text").
+		Scan(&ref, &at); err != nil {
+		return Gap{}, fmt.Errorf("backfill: %w", err)
+	}
+	var g Gap
+	var err error
+	if g.ClearAt, err = lsn.Parse(at); err != nil {
+		return Gap{}, fmt.Errorf("backfill: %w", err)
+	}
+	filter := xidFilter(ref, xmin)
+	xids, err := r.tx.Query(ctx, "SELECT DISTINCT xmin::text::bigint FROM "+s.qualified()+" WHERE "+filter)
+	if err != nil {
+		return Gap{}, fmt.Errorf("backfill: %w", err)
+	}
+	ids, err := pgx.CollectRows(xids, pgx.RowTo[int64])
+	if err != nil {
+		return Gap{}, fmt.Errorf("backfill: %w", err)
+	}
+	g.Xids = make(map[uint32]bool, len(ids))
+	for _, x := range ids {
+		g.Xids[uint32(x)] = true
+	}
+	// Per aggregate, a writer's transactions get increasing ids; the stream
+	// delivers in commit order, which for one aggregate's serialized writes
+	// is the same. Within a transaction, ctid is insertion order.
+	return g, s.query(ctx, r, spec, filter, []string{xid8(ref), "ctid"})
+}
+
+// xid8 is the full (64-bit) id of the transaction that wrote a row, from its
+// 32-bit xmin and ref, a full transaction id at least as new as any row's:
+// the epoch is ref's, or the one before when that would put the row after
+// ref.
+func xid8(ref uint64) string {
+	full := "(" + strconv.FormatUint(ref&^0xffffffff, 10) + " + xmin::text::bigint)"
+	return fmt.Sprintf("(%s - CASE WHEN %s > %d THEN 4294967296 ELSE 0 END)", full, full, ref)
+}
+
+// xidFilter selects the rows written by transactions at or after xmin8.
+func xidFilter(ref, xmin8 uint64) string { return fmt.Sprintf("%s >= %d", xid8(ref), xmin8) }
+
+// rowsQuery selects the mapped columns of the rows matching filter (SQL, ""
+// for all) ordered by order (columns, or expressions in parentheses): the
+// query of the snapshot and the backfill.
+func (s Source) rowsQuery(ctx context.Context, tx pgx.Tx, m decode.Mapping, filter string, order []string) (string, error) {
+	var payloadType string
+	err := tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped`,
+		s.qualified(), m.Payload).Scan(&payloadType)
+	if err != nil {
+		return "", fmt.Errorf("payload column %s: %w", m.Payload, err)
+	}
+	return snapshotSQL(m, s.Schema, s.Table, payloadType == "bytea", filter, order), nil
+}
+
+// snapshotSQL builds the rows query.
+func snapshotSQL(m decode.Mapping, schema, table string, payloadBytea bool, filter string, order []string) string {
+	text := func(col string) string { return pgx.Identifier{col}.Sanitize() + "::text" }
+	cols := []string{text(m.ID), text(m.AggregateType), text(m.AggregateID), text(m.EventType)}
+	if payloadBytea {
+		cols = append(cols, pgx.Identifier{m.Payload}.Sanitize())
+	} else {
+		cols = append(cols, "convert_to("+text(m.Payload)+", 'UTF8')")
+	}
+	for _, h := range m.HeaderColumns {
+		cols = append(cols, text(h))
+	}
+	q := "SELECT " + strings.Join(cols, ", ") + " FROM " + pgx.Identifier{schema, table}.Sanitize()
+	if f := strings.TrimSpace(filter); f != "" {
+		q += " WHERE (" + f + ")"
+	}
+	if len(order) > 0 {
+		quoted := make([]string, len(order))
+		for i, c := range order {
+			quoted[i] = pgx.Identifier{c}.Sanitize()
+			if strings.HasPrefix(c, "(") { // an expression (the backfill's transaction order)
+				quoted[i] = c
+			}
+		}
+		q += " ORDER BY " + strings.Join(quoted, ", ")
+	}
+	return q
+}
+
+// rowQuerier is a connection or a transaction.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// snapshotOrder returns the ORDER BY columns: by (snapshot.order_by), then
+// the primary key (pg_index), which makes the order total and the same on
+// every run. A table without a primary key needs snapshot.order_by.
+func (s Source) snapshotOrder(ctx context.Context, q rowQuerier, by string) ([]string, error) {
+	table := s.qualified()
+	var pk []string
+	// indkey is an int2vector, subscripted from 0; the key columns come first.
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(a.attname::text ORDER BY k), '{}')
+		FROM pg_index i CROSS JOIN generate_series(0, i.indnkeyatts - 1) k
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[k]
+		WHERE i.indrelid = to_regclass($1) AND i.indisprimary`, table).Scan(&pk)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: primary key of %s: %w", table, err)
+	}
+	// Without snapshot.order_by, created_at (the column of sql/outbox.sql,
+	// set at insert) keeps each aggregate's events in the order they were
+	// written, which a random uuid key does not.
+	want := by
+	if want == "" {
+		want = "created_at"
+	}
+	var exists bool
+	err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, want).Scan(&exists)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: column %s: %w", want, err)
+	}
+	switch {
+	case exists:
+		by = want
+	case by != "":
+		return nil, &PrerequisiteError{Problem: fmt.Sprintf("snapshot.order_by: %s has no column %s", table, by),
+			Fix: "set snapshot.order_by to a column of the outbox table, or leave it empty to order by created_at or the primary key"}
+	}
+	order := orderColumns(by, pk)
+	if len(order) == 0 {
+		return nil, &PrerequisiteError{Problem: fmt.Sprintf("%s has no primary key, so its snapshot has no stable order", table),
+			Fix: "set snapshot.order_by to a column such as created_at, or add a primary key"}
+	}
+	return order, nil
+}
+
+// orderColumns is by (if set) and ctid, followed by the primary key columns
+// not already in it. Rows of one transaction share created_at (now() is the
+// transaction's start); ctid, the row's place in the heap, keeps them in the
+// order they were inserted, where a random key would shuffle them.
+func orderColumns(by string, pk []string) []string {
+	var out []string
+	if by != "" {
+		out = append(out, by, "ctid")
+	}
+	for _, c := range pk {
+		if c != by {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// CheckSnapshotOrder finds the snapshot order before the slot is created,
+// so a table that has none is refused before anything changes.
+func (s Source) CheckSnapshotOrder(ctx context.Context, orderBy string) error {
+	conn, err := s.DB.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = s.snapshotOrder(ctx, conn, orderBy)
+	return err
+}
+
+// HeartbeatPrefix is the logical message prefix of heartbeats.
+const HeartbeatPrefix = "outbox-cdc-heartbeat"
+
+// ErrHeartbeatDenied is returned by Heartbeat.Beat when the role may not
+// call pg_logical_emit_message.
+var ErrHeartbeatDenied = errors.New("heartbeat denied")
+
+// Heartbeat writes heartbeats on a connection of its own, opened on first
+// use and after errors. Use it from one goroutine.
+type Heartbeat struct {
+	db   *DB
+	conn *pgx.Conn
+}
+
+// NewHeartbeat returns a Heartbeat on db.
+func NewHeartbeat(db *DB) *Heartbeat { return &Heartbeat{db: db} }
+
+// Beat writes one heartbeat. Non-transactional: it is written even with no
+// transaction, so the walsender has WAL of this database to decode and
+// report. Errors other than ErrHeartbeatDenied are transient: the stream
+// reports connection trouble.
+func (h *Heartbeat) Beat(ctx context.Context) error {
+	if h.conn == nil || h.conn.IsClosed() {
+		c, err := h.db.connect(ctx)
+		if err != nil {
+			return fmt.Errorf("heartbeat: connect: %w", err)
+		}
+		h.conn = c
+	}
+	_, err := h.conn.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, '')", HeartbeatPrefix)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		return ErrHeartbeatDenied
+	case err != nil && ctx.Err() == nil:
+		h.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	return nil
+}
+
+// Close releases the connection.
+func (h *Heartbeat) Close() {
+	if h.conn != nil {
+		h.conn.Close(context.Background())
+		h.conn = nil
+	}
+}

@@ -1,0 +1,141 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// TestStatusSend: write is what was received (never below flush), flush =
+// apply = acked, and a flush that did not move is sent as zero, so a server
+// shutting down does not wait for it (walsender.c, WalSndDone).
+func TestStatusSend(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	f := newFakeWalsender(t)
+	db, err := ParseDB(f.dsn(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.replication(ctx)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if err := pglogrepl.StartReplication(ctx, conn, "s", 0, pglogrepl.StartReplicationOptions{}); err != nil {
+		t.Fatalf("start replication: %v", err)
+	}
+	var w *walConn
+	select {
+	case w = <-f.conns:
+	case <-ctx.Done():
+		t.Fatal("no connection")
+	}
+	st := &status{conn: conn, timeout: time.Second}
+	steps := []struct {
+		name            string
+		received, acked lsn.LSN
+		ping            bool
+		want            update
+	}{
+		{"first update confirms acked", 0x80, 0x100, false, update{write: 0x100, flush: 0x100}},
+		{"unchanged flush is sent as zero", 0x200, 0x100, false, update{write: 0x200, flush: 0}},
+		{"moved flush", 0x200, 0x180, false, update{write: 0x200, flush: 0x180}},
+		{"ping asks for a reply", 0x300, 0x180, true, update{write: 0x300, flush: 0, ping: true}},
+	}
+	for _, s := range steps {
+		if err := st.send(s.received, s.acked, time.Now(), s.ping); err != nil {
+			t.Fatalf("%s: send: %v", s.name, err)
+		}
+		select {
+		case got := <-w.updates:
+			if got != s.want {
+				t.Errorf("%s: server got %+v, want %+v", s.name, got, s.want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: no update", s.name)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	pg := func(code string) error { return &pgconn.PgError{Code: code, Message: "m"} }
+	tests := []struct {
+		name   string
+		err    error
+		fatal  bool
+		reason string
+	}{
+		{"network error", errors.New("connection reset"), false, ""},
+		{"slot held by another connector (standby)", pg("55006"), false, ""},
+		{"connection failure", pg("08006"), false, ""},
+		{"admin shutdown", pg("57P01"), false, ""},
+		{"too many connections", pg("53300"), false, ""},
+		{"system error", pg("58030"), false, ""},
+		{"slot or publication dropped", pg("42704"), true, "slot_or_publication_missing"},
+		{"slot invalidated", pg("55000"), true, "slot_invalidated"},
+		{"other server error", pg("42501"), true, "server_error"},
+		{"wrapped", fmt.Errorf("receive: %w", pg("42704")), true, "slot_or_publication_missing"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := classify(tt.err)
+			if IsFatal(err) != tt.fatal {
+				t.Fatalf("classify(%v) fatal = %v, want %v", tt.err, IsFatal(err), tt.fatal)
+			}
+			var f *FatalError
+			if tt.fatal && (!errors.As(err, &f) || f.Reason != tt.reason) {
+				t.Fatalf("classify(%v) = %v, want reason %q", tt.err, err, tt.reason)
+			}
+			if !errors.Is(err, tt.err) {
+				t.Fatalf("classify(%v) = %v lost the cause", tt.err, err)
+			}
+		})
+	}
+}
+
+// TestStreamResume: after a lost connection the stream asks the receiver
+// where the last dispatched transaction ends (Reset) and restarts there.
+func TestStreamResume(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	f := newFakeWalsender(t)
+	s := newTestStream(f, func(c *Config) {
+		c.StartLSN = 0x50
+		c.BackoffMax = time.Millisecond
+	})
+	out := make(chan Message, 16)
+	defer runStream(t, ctx, s, out)()
+	w := next(t, ctx, f, out)
+	if !strings.Contains(w.start, " 0/50") {
+		t.Fatalf("first START_REPLICATION %q, want it at 0/50", w.start)
+	}
+	w.c.Close() // the connection is lost
+	for {
+		select {
+		case m := <-out:
+			if m.Kind != Reset {
+				m.Release()
+				continue
+			}
+			m.Resume(0x110)
+		case err := <-f.errs:
+			t.Fatalf("fake walsender: %v", err)
+		case <-ctx.Done():
+			t.Fatal("no Reset after the connection was lost")
+		}
+		break
+	}
+	w = next(t, ctx, f, out)
+	if !strings.Contains(w.start, " 0/110") {
+		t.Fatalf("START_REPLICATION after the loss %q, want it at the resumed position 0/110", w.start)
+	}
+}
