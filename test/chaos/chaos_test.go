@@ -285,9 +285,15 @@ func TestChaos(t *testing.T) {
 	// On a failure, cancel too: a writer retries its transaction until ctx ends.
 	defer func() { stopAll(); cancel(); wWG.Wait() }()
 
-	// Let the load settle before the first fault.
-	if err := r.waitFlowing(ctx, 30*time.Second); err != nil {
+	// Let the load settle before the first fault. The bound is for a
+	// connector that never delivers, not a speed check: on a loaded machine
+	// the first records can take tens of seconds, and that is reported.
+	flowStart := time.Now()
+	if err := r.waitFlowing(ctx, 2*time.Minute); err != nil {
 		t.Fatalf("no events flowing before the faults: %v\n%s", err, r.conn.logTail(40))
+	}
+	if d := time.Since(flowStart); d > 10*time.Second {
+		t.Logf("chaos: the first 50 records took %v to arrive", d.Round(time.Millisecond))
 	}
 
 	chaosStart := time.Now()
@@ -386,6 +392,11 @@ func (r *run) setup(ctx context.Context) {
 		if err != nil {
 			t.Fatalf("create topics %v: %v", spec.topics, err)
 		}
+	}
+	// A KRaft broker applies a new topic after CreateTopics returns; a
+	// producer that asks before then waits out its unknown-topic retries.
+	if err := waitTopicsLed(ctx, adm, append(slices.Clone(r.topics), r.dlq, r.bigTopic)); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -686,6 +697,33 @@ func (r *run) drainWorkerErrors() {
 }
 
 // waitFlowing waits until some event has been consumed.
+// waitTopicsLed waits until the broker's metadata has a leader for every
+// partition of topics.
+func waitTopicsLed(ctx context.Context, adm *kadm.Client, topics []string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		md, err := adm.Metadata(ctx, topics...)
+		var missing []string
+		for _, name := range topics {
+			td, ok := md.Topics[name]
+			led := ok && td.Err == nil && len(td.Partitions) > 0
+			for _, p := range td.Partitions {
+				led = led && p.Err == nil && p.Leader >= 0
+			}
+			if !led {
+				missing = append(missing, name)
+			}
+		}
+		if err == nil && len(missing) == 0 {
+			return nil
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return fmt.Errorf("topics %v have no leader in the broker's metadata after a minute (last error %v)", missing, err)
+		}
+	}
+}
+
 func (r *run) waitFlowing(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for r.live.records.Load() < 50 {
