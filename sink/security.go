@@ -3,8 +3,10 @@ package sink
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -26,6 +28,11 @@ const (
 	MechanismScramSHA256 = "SCRAM-SHA-256"
 	MechanismScramSHA512 = "SCRAM-SHA-512"
 )
+
+// Mechanisms lists the SASL mechanisms SASLMechanism accepts.
+func Mechanisms() []string {
+	return []string{MechanismPlain, MechanismScramSHA256, MechanismScramSHA512}
+}
 
 // Security is how the producer connects to the brokers: TLS, SASL, both or
 // neither (the zero value: plaintext, no authentication).
@@ -109,37 +116,146 @@ func SecurityOpts(sec Security) ([]kgo.Opt, error) {
 // TLSConfig builds the client TLS configuration: TLS 1.2 or newer, the CA
 // bundle as the only roots when given, and the client certificate when
 // given. franz-go clones it per connection and fills in ServerName from the
-// broker address when it is empty.
+// broker address when it is empty. Its errors are CheckTLS's problems.
 func TLSConfig(t TLS) (*tls.Config, error) {
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither")
+	}
+	cfg, problems := loadTLS(t)
+	if len(problems) > 0 {
+		errs := make([]error, len(problems))
+		for i, p := range problems {
+			errs[i] = p
+		}
+		return nil, errors.Join(errs...)
+	}
+	return cfg, nil
+}
+
+// TLSProblem is a file named by TLS that cannot be used. Key is the
+// configuration key that names it; no field holds key material.
+type TLSProblem struct {
+	Key, File, Problem, Fix string
+}
+
+func (p TLSProblem) Error() string { return p.Key + " " + p.File + ": " + p.Problem }
+
+// CheckTLS reads the files t names as TLSConfig does and reports every one
+// that cannot be used, so that the configuration can reject them before
+// start. A certificate without its key (or the reverse) is not checked.
+func CheckTLS(t TLS) []TLSProblem {
+	_, problems := loadTLS(t)
+	return problems
+}
+
+func loadTLS(t TLS) (*tls.Config, []TLSProblem) {
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         t.ServerName,
 		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // opt-in, warned about at start
 	}
+	var problems []TLSProblem
+	bad := func(key, file string, err error, fix string) {
+		problems = append(problems, TLSProblem{key, file, err.Error(), fix})
+	}
 	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
+		cfg.RootCAs = x509.NewCertPool()
+		b, err := readFile(t.CAFile, 0)
+		if err == nil && !cfg.RootCAs.AppendCertsFromPEM(b) {
+			err = errors.New("holds no PEM certificate")
+		}
 		if err != nil {
-			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
+			bad("kafka.tls.ca_file", t.CAFile, err,
+				"give a readable PEM file with the certificate of the authority that signs the brokers' certificates")
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka.tls.ca_file %s: no PEM certificate in it", t.CAFile)
-		}
-		cfg.RootCAs = pool
 	}
-	switch {
-	case t.CertFile != "" && t.KeyFile != "":
-		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if t.CertFile == "" || t.KeyFile == "" {
+		return cfg, problems
+	}
+	cert, certErr := readPEM(t.CertFile, "CERTIFICATE", "holds no PEM certificate")
+	if certErr != nil {
+		bad("kafka.tls.cert_file", t.CertFile, certErr, "give a readable PEM file with the client certificate (and its chain)")
+	}
+	key, keyErr := readPEM(t.KeyFile, "PRIVATE KEY",
+		"holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)")
+	if keyErr != nil {
+		bad("kafka.tls.key_file", t.KeyFile, keyErr, "give a readable PEM file with the client certificate's unencrypted private key")
+	}
+	if certErr == nil && keyErr == nil {
+		pair, err := tls.X509KeyPair(cert, key)
 		if err != nil {
-			// The error names the problem (no PEM data, key mismatch), not
+			// The error names the problem (key mismatch, bad key), never
 			// the key's content.
-			return nil, fmt.Errorf("kafka.tls.cert_file %s, kafka.tls.key_file %s: %w", t.CertFile, t.KeyFile, err)
+			err = errors.New("does not go with kafka.tls.cert_file: " + strings.TrimPrefix(err.Error(), "tls: "))
+			bad("kafka.tls.key_file", t.KeyFile, err, "give the private key that belongs to the certificate in kafka.tls.cert_file")
+		} else {
+			cfg.Certificates = []tls.Certificate{pair}
 		}
-		cfg.Certificates = []tls.Certificate{cert}
-	case t.CertFile != "" || t.KeyFile != "":
-		return nil, errors.New("kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither")
 	}
-	return cfg, nil
+	return cfg, problems
+}
+
+// readPEM reads a file that must hold a PEM block whose type ends with
+// suffix (PRIVATE KEY matches RSA, EC and PKCS#8 keys, not encrypted ones);
+// noBlock is the error when it does not.
+func readPEM(path, suffix, noBlock string) ([]byte, error) {
+	b, err := readFile(path, 0)
+	for rest := b; err == nil; {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			return nil, errors.New(noBlock)
+		}
+		if strings.HasSuffix(blk.Type, suffix) && !strings.Contains(blk.Type, "ENCRYPTED") {
+			return b, nil
+		}
+	}
+	return nil, err
+}
+
+// maxSecretFileSize bounds a password file: anything larger is a mistake (a
+// key or a directory listing), not a password.
+const maxSecretFileSize = 64 << 10
+
+// ReadSecretFile reads a password file: the whole content minus trailing
+// newlines (\n or \r\n, as editors and `echo` leave them). Its errors are
+// short reasons that name neither the file nor its content.
+func ReadSecretFile(path string) (Secret, error) {
+	b, err := readFile(path, maxSecretFileSize)
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimRight(string(b), "\r\n")
+	if s == "" {
+		return "", errors.New("is empty")
+	}
+	return Secret(s), nil
+}
+
+// readFile reads a password, certificate or key file no larger than maxSize
+// (0: any size), with short reasons that leave out the path: the messages
+// built from them show it once.
+func readFile(path string, maxSize int64) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err == nil && !fi.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	if err == nil && maxSize > 0 && fi.Size() > maxSize {
+		return nil, fmt.Errorf("larger than %d bytes, not a password", maxSize)
+	}
+	var b []byte
+	if err == nil {
+		b, err = os.ReadFile(path)
+	}
+	var pe *fs.PathError
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, errors.New("file does not exist")
+	case errors.Is(err, fs.ErrPermission):
+		return nil, errors.New("file is not readable by this process (permission denied)")
+	case errors.As(err, &pe):
+		return nil, pe.Err
+	}
+	return b, err
 }
 
 // SASLMechanism returns the franz-go mechanism for s.

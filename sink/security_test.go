@@ -145,6 +145,60 @@ func TestTLSConfig(t *testing.T) {
 	}
 }
 
+// TestCheckTLS: every unusable file is reported at once, with the key
+// that names it, and what TLSConfig accepts CheckTLS does too.
+func TestCheckTLS(t *testing.T) {
+	p := newPKI(t)
+	if got := sink.CheckTLS(sink.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}); len(got) != 0 {
+		t.Errorf("good files: %v", got)
+	}
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.pem")
+	got := sink.CheckTLS(sink.TLS{CAFile: dir, CertFile: missing, KeyFile: p.caFile})
+	want := []sink.TLSProblem{
+		{Key: "kafka.tls.ca_file", File: dir, Problem: "not a regular file"},
+		{Key: "kafka.tls.cert_file", File: missing, Problem: "file does not exist"},
+		{Key: "kafka.tls.key_file", File: p.caFile, Problem: "holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("CheckTLS = %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i].Key != want[i].Key || got[i].File != want[i].File || got[i].Problem != want[i].Problem || got[i].Fix == "" {
+			t.Errorf("problem %d = %+v, want %+v with a fix", i, got[i], want[i])
+		}
+	}
+	other := newPKI(t)
+	got = sink.CheckTLS(sink.TLS{CertFile: p.clientCert, KeyFile: other.clientKey})
+	if len(got) != 1 || got[0].Key != "kafka.tls.key_file" || !strings.HasPrefix(got[0].Problem, "does not go with kafka.tls.cert_file: ") {
+		t.Errorf("mismatched key: %v", got)
+	}
+}
+
+func TestReadSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	if pw, err := sink.ReadSecretFile(write("pw", "s3cret\r\n\n")); pw != "s3cret" || err != nil {
+		t.Errorf("ReadSecretFile = %q, %v", string(pw), err)
+	}
+	for path, want := range map[string]string{
+		write("empty", "\n"):                        "is empty",
+		write("big", strings.Repeat("x", 64<<10+1)): "larger than 65536 bytes, not a password",
+		filepath.Join(dir, "missing"):               "file does not exist",
+		dir:                                         "not a regular file",
+	} {
+		if _, err := sink.ReadSecretFile(path); err == nil || err.Error() != want {
+			t.Errorf("ReadSecretFile(%s) = %v, want %q", path, err, want)
+		}
+	}
+}
+
 func TestSASLMechanism(t *testing.T) {
 	const pw = "sasl-secret-4242"
 	for _, m := range []string{sink.MechanismPlain, sink.MechanismScramSHA256, sink.MechanismScramSHA512} {

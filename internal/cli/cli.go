@@ -242,13 +242,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 // password file is read here, and the CA, certificate and key files by
 // sink.SecurityOpts, at start.
 func kafkaSecurity(k config.Kafka) (sink.Security, error) {
-	var sec sink.Security
-	if k.TLS.Enabled {
-		sec.TLS = &sink.TLS{
-			CAFile: k.TLS.CAFile, CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile,
-			ServerName: k.TLS.ServerName, InsecureSkipVerify: k.TLS.InsecureSkipVerify,
-		}
-	}
+	sec := sink.Security{TLS: k.TLS.Sink()}
 	if k.SASL.Mechanism != "" {
 		pw, err := k.SASL.Secret()
 		if err != nil {

@@ -36,13 +36,6 @@ const EnvPrefix = "OUTBOX_CDC_"
 // TopicPlaceholder is the only placeholder allowed in kafka.topic.
 const TopicPlaceholder = router.Placeholder
 
-// SASL mechanisms accepted by kafka.sasl.mechanism.
-const (
-	SASLPlain       = sink.MechanismPlain
-	SASLScramSHA256 = sink.MechanismScramSHA256
-	SASLScramSHA512 = sink.MechanismScramSHA512
-)
-
 // Config is the whole outbox-cdc configuration. The meaning, default and
 // range of every key are in docs/configuration.md.
 type Config struct {
@@ -129,10 +122,20 @@ type KafkaTLS struct {
 	InsecureSkipVerify bool   `koanf:"insecure_skip_verify"` // tests only; warned about
 }
 
+// Sink returns the settings the sink connects with (sink.TLS), nil when
+// TLS is off.
+func (t KafkaTLS) Sink() *sink.TLS {
+	if !t.Enabled {
+		return nil
+	}
+	return &sink.TLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile,
+		ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
+}
+
 // KafkaSASL configures SASL authentication towards the brokers
 // (docs/security.md).
 type KafkaSASL struct {
-	Mechanism    string      `koanf:"mechanism"` // "" (no SASL) or a SASL* constant
+	Mechanism    string      `koanf:"mechanism"` // "" (no SASL) or one of sink.Mechanisms
 	Username     string      `koanf:"username"`
 	Password     sink.Secret `koanf:"password"`
 	PasswordFile string      `koanf:"password_file"` // not with Password; see Secret
@@ -221,11 +224,11 @@ func passwordFrom(key, file, inline string) (string, error) {
 	if file == "" {
 		return inline, nil
 	}
-	pw, err := readSecretFile(file)
+	pw, err := sink.ReadSecretFile(file)
 	if err != nil {
 		return "", fmt.Errorf("%s %s: %w", key, file, err)
 	}
-	return pw, nil
+	return string(pw), nil
 }
 
 // Warning is a setting that is accepted but weakens security. The command
@@ -243,7 +246,7 @@ func (c *Config) Warnings() []Warning {
 		out = append(out, Warning{"kafka.tls.insecure_skip_verify",
 			"broker certificates are not verified: anyone on the network path can impersonate the brokers; set a CA with kafka.tls.ca_file instead"})
 	}
-	if s.Mechanism == SASLPlain && !t.Enabled {
+	if s.Mechanism == sink.MechanismPlain && !t.Enabled {
 		out = append(out, Warning{"kafka.sasl.mechanism",
 			"SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
 	}

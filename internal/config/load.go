@@ -146,29 +146,20 @@ func init() {
 }
 
 func walkSchema(t reflect.Type, prefix string, index []int) {
+	kinds := map[reflect.Kind]kind{reflect.Int: kindInt, reflect.Int64: kindInt, reflect.Bool: kindBool,
+		reflect.Slice: kindStrings, reflect.Map: kindStringMap} // else kindString
 	for i := range t.NumField() {
 		f := t.Field(i)
 		key := strings.TrimPrefix(prefix+"."+f.Tag.Get("koanf"), ".")
 		idx := append(slices.Clone(index), i)
-		k := kindString
-		switch f.Type {
-		case reflect.TypeFor[time.Duration]():
+		if f.Type.Kind() == reflect.Struct {
+			sections[key] = false
+			walkSchema(f.Type, key, idx)
+			continue
+		}
+		k := kinds[f.Type.Kind()]
+		if f.Type == reflect.TypeFor[time.Duration]() {
 			k = kindDuration
-		case reflect.TypeFor[[]string]():
-			k = kindStrings
-		case reflect.TypeFor[map[string]string]():
-			k = kindStringMap
-		default:
-			switch f.Type.Kind() {
-			case reflect.Struct:
-				sections[key] = false
-				walkSchema(f.Type, key, idx)
-				continue
-			case reflect.Bool:
-				k = kindBool
-			case reflect.Int, reflect.Int64:
-				k = kindInt
-			}
 		}
 		secret := f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[sink.Secret]()
 		leaves = append(leaves, leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: k, secret: secret})

@@ -1,15 +1,9 @@
 package config
 
 import (
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 
@@ -107,99 +101,4 @@ func dsnHasPassword(dsn string) bool {
 		}
 	}
 	return false
-}
-
-// readSecretFile reads a password file: the whole content minus trailing
-// newlines (\n or \r\n, as editors and `echo` leave them). Its errors name
-// the file, never its content.
-func readSecretFile(path string) (string, error) {
-	b, err := readRegularFile(path, maxSecretFileSize)
-	if err != nil {
-		return "", err
-	}
-	s := strings.TrimRight(string(b), "\r\n")
-	if s == "" {
-		return "", errors.New("is empty")
-	}
-	return s, nil
-}
-
-// maxSecretFileSize bounds a password file: anything larger is a mistake (a
-// key or a directory listing), not a password.
-const maxSecretFileSize = 64 << 10
-
-// readRegularFile reads a password, certificate or key file no larger than
-// maxSize (0: any size), with short reasons that leave out the path
-// (FieldError.Value already shows it).
-func readRegularFile(path string, maxSize int64) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err == nil && !fi.Mode().IsRegular() {
-		return nil, errors.New("not a regular file")
-	}
-	if err == nil && maxSize > 0 && fi.Size() > maxSize {
-		return nil, fmt.Errorf("larger than %d bytes, not a password", maxSize)
-	}
-	var b []byte
-	if err == nil {
-		b, err = os.ReadFile(path)
-	}
-	var pe *fs.PathError
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil, errors.New("file does not exist")
-	case errors.Is(err, fs.ErrPermission):
-		return nil, errors.New("file is not readable by this process (permission denied)")
-	case errors.As(err, &pe):
-		return nil, pe.Err
-	}
-	return b, err
-}
-
-// checkCAFile reports why a CA bundle cannot be used, or "".
-func checkCAFile(path string) string {
-	b, err := readRegularFile(path, 0)
-	if err != nil {
-		return err.Error()
-	}
-	if !x509.NewCertPool().AppendCertsFromPEM(b) {
-		return "holds no PEM certificate"
-	}
-	return ""
-}
-
-// checkKeyPair reports why a client certificate and key cannot be used, or
-// "". The messages never include key material.
-func checkKeyPair(certFile, keyFile string) (certProblem, keyProblem, pairProblem string) {
-	cert, err := readRegularFile(certFile, 0)
-	if err != nil {
-		certProblem = err.Error()
-	} else if !hasPEMBlock(cert, "CERTIFICATE") {
-		certProblem = "holds no PEM certificate"
-	}
-	key, err := readRegularFile(keyFile, 0)
-	if err != nil {
-		keyProblem = err.Error()
-	} else if !hasPEMBlock(key, "PRIVATE KEY") {
-		keyProblem = "holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)"
-	}
-	if certProblem == "" && keyProblem == "" {
-		if _, err := tls.X509KeyPair(cert, key); err != nil {
-			pairProblem = strings.TrimPrefix(err.Error(), "tls: ")
-		}
-	}
-	return
-}
-
-// hasPEMBlock reports whether b holds a PEM block whose type ends with
-// suffix (CERTIFICATE; PRIVATE KEY matches RSA/EC/plain PRIVATE KEY).
-func hasPEMBlock(b []byte, suffix string) bool {
-	for {
-		var blk *pem.Block
-		if blk, b = pem.Decode(b); blk == nil {
-			return false
-		}
-		if strings.HasSuffix(blk.Type, suffix) && !strings.Contains(blk.Type, "ENCRYPTED") {
-			return true
-		}
-	}
 }

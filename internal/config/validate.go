@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -11,18 +12,21 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 var (
 	// sink.New accepts these names (and "" for none).
-	compressions   = []string{"none", "gzip", "snappy", "lz4", "zstd"}
-	saslMechanisms = []string{SASLPlain, SASLScramSHA256, SASLScramSHA512}
+	compressions = []string{"none", "gzip", "snappy", "lz4", "zstd"}
 	// The fixed record headers; a header column may not reuse these names.
 	reservedHeaders = []string{router.HeaderID, router.HeaderEventType, router.HeaderAggregateType}
 
 	slotRE        = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 	publicationRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 	identifierRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
+	// A placeholder runs from { to the next }; a brace without its partner
+	// matches alone.
+	placeholderRE = regexp.MustCompile(`\{[^}]*\}?|\}`)
 )
 
 // FieldError is one problem with one key.
@@ -185,7 +189,7 @@ func (v *validator) postgres(pg Postgres) {
 		v.durationRange("postgres.heartbeat_interval", pg.HeartbeatInterval, 100*time.Millisecond, time.Hour, "0 disables it")
 	}
 	if pg.PasswordFile != "" {
-		if _, err := readSecretFile(pg.PasswordFile); err != nil {
+		if _, err := sink.ReadSecretFile(pg.PasswordFile); err != nil {
 			v.add("postgres.password_file", pg.PasswordFile, err.Error(),
 				"give a file readable by this process that holds only the password")
 		}
@@ -307,29 +311,22 @@ func (v *validator) kafka(k Kafka) {
 	v.kafkaSASL(k.SASL)
 }
 
-// kafkaTLS checks the kafka.tls section, reading the files it names.
+// kafkaTLS checks the kafka.tls section; sink.CheckTLS reads the files as
+// the connection will.
 func (v *validator) kafkaTLS(t KafkaTLS) {
 	if !t.Enabled {
-		skipVerify := ""
-		if t.InsecureSkipVerify {
-			skipVerify = "true"
-		}
-		for _, f := range []struct{ key, value string }{
-			{"kafka.tls.ca_file", t.CAFile}, {"kafka.tls.cert_file", t.CertFile}, {"kafka.tls.key_file", t.KeyFile},
-			{"kafka.tls.server_name", t.ServerName}, {"kafka.tls.insecure_skip_verify", skipVerify},
-		} {
-			if f.value != "" {
-				v.add(f.key, f.value, "set while kafka.tls.enabled is false, so the connection would not use it",
-					"set kafka.tls.enabled: true ("+envName("kafka.tls.enabled")+"=true), or remove "+f.key)
+		rv := reflect.ValueOf(t)
+		for i := 1; i < rv.NumField(); i++ { // the keys after enabled
+			if f := rv.Field(i); !f.IsZero() {
+				key := "kafka.tls." + rv.Type().Field(i).Tag.Get("koanf")
+				v.add(key, fmt.Sprint(f), "set while kafka.tls.enabled is false, so the connection would not use it",
+					"set kafka.tls.enabled: true ("+envName("kafka.tls.enabled")+"=true), or remove "+key)
 			}
 		}
 		return
 	}
-	if t.CAFile != "" {
-		if p := checkCAFile(t.CAFile); p != "" {
-			v.add("kafka.tls.ca_file", t.CAFile, p,
-				"give a readable PEM file with the certificate of the authority that signs the brokers' certificates")
-		}
+	for _, p := range sink.CheckTLS(*t.Sink()) {
+		v.add(p.Key, p.File, p.Problem, p.Fix)
 	}
 	switch {
 	case t.CertFile != "" && t.KeyFile == "":
@@ -338,18 +335,6 @@ func (v *validator) kafkaTLS(t KafkaTLS) {
 	case t.KeyFile != "" && t.CertFile == "":
 		v.add("kafka.tls.cert_file", "", "required when kafka.tls.key_file is set",
 			"set it to the PEM client certificate of that key, or remove kafka.tls.key_file")
-	case t.CertFile != "":
-		certP, keyP, pairP := checkKeyPair(t.CertFile, t.KeyFile)
-		if certP != "" {
-			v.add("kafka.tls.cert_file", t.CertFile, certP, "give a readable PEM file with the client certificate (and its chain)")
-		}
-		if keyP != "" {
-			v.add("kafka.tls.key_file", t.KeyFile, keyP, "give a readable PEM file with the client certificate's unencrypted private key")
-		}
-		if pairP != "" {
-			v.add("kafka.tls.key_file", t.KeyFile, "does not go with kafka.tls.cert_file: "+pairP,
-				"give the private key that belongs to the certificate in kafka.tls.cert_file")
-		}
 	}
 	if t.ServerName != "" && net.ParseIP(t.ServerName) == nil && strings.ContainsAny(t.ServerName, " \t/:") {
 		v.add("kafka.tls.server_name", t.ServerName, "not a host name",
@@ -363,13 +348,13 @@ func (v *validator) kafkaSASL(s KafkaSASL) {
 	if s.Mechanism == "" {
 		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
 			v.add("kafka.sasl.mechanism", "", "empty while other kafka.sasl keys are set, so the connection would not authenticate",
-				"set it to one of "+strings.Join(saslMechanisms, ", ")+" ("+envName("kafka.sasl.mechanism")+"), or remove the other kafka.sasl keys")
+				"set it to one of "+strings.Join(sink.Mechanisms(), ", ")+" ("+envName("kafka.sasl.mechanism")+"), or remove the other kafka.sasl keys")
 		}
 		return
 	}
-	if !slices.Contains(saslMechanisms, s.Mechanism) {
-		fix := "use one of " + strings.Join(saslMechanisms, ", ") + `, or "" for no SASL`
-		if up := strings.ToUpper(s.Mechanism); slices.Contains(saslMechanisms, up) {
+	if known := sink.Mechanisms(); !slices.Contains(known, s.Mechanism) {
+		fix := "use one of " + strings.Join(known, ", ") + `, or "" for no SASL`
+		if up := strings.ToUpper(s.Mechanism); slices.Contains(known, up) {
 			fix = "write it in upper case: " + up
 		}
 		v.add("kafka.sasl.mechanism", s.Mechanism, "not supported", fix)
@@ -386,7 +371,7 @@ func (v *validator) kafkaSASL(s KafkaSASL) {
 		v.add("kafka.sasl.password", "", "required when kafka.sasl.mechanism is set",
 			"set kafka.sasl.password_file to a file holding it, or "+envName("kafka.sasl.password"))
 	case s.PasswordFile != "":
-		if _, err := readSecretFile(s.PasswordFile); err != nil {
+		if _, err := sink.ReadSecretFile(s.PasswordFile); err != nil {
 			v.add("kafka.sasl.password_file", s.PasswordFile, err.Error(),
 				"give a file readable by this process that holds only the password")
 		}
@@ -436,22 +421,15 @@ func topicTemplateProblem(t string) string {
 	if t == "" {
 		return "must not be empty"
 	}
-	for rest := t; ; {
-		open := strings.IndexAny(rest, "{}")
-		if open < 0 {
-			break
-		}
-		if rest[open] == '}' {
+	for _, ph := range placeholderRE.FindAllString(t, -1) {
+		switch {
+		case ph == "}":
 			return "unmatched }"
-		}
-		end := strings.IndexByte(rest[open:], '}')
-		if end < 0 {
+		case !strings.HasSuffix(ph, "}"):
 			return "unmatched {"
-		}
-		if ph := rest[open : open+end+1]; ph != TopicPlaceholder {
+		case ph != TopicPlaceholder:
 			return "unknown placeholder " + ph
 		}
-		rest = rest[open+end+1:]
 	}
 	before, after, found := strings.Cut(t, TopicPlaceholder)
 	name := t
