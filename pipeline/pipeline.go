@@ -142,6 +142,8 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	if cfg.GuardInterval <= 0 {
 		cfg.GuardInterval = defaultGuardInterval
 	}
+	// The prerequisite check refuses a server too old for messages.
+	cfg.Source.Messages = cfg.MessagePrefix != ""
 	return &Pipeline{cfg: cfg, log: log, m: m, router: r, fatal: make(chan error, 1), ready: make(chan struct{})}, nil
 }
 

@@ -23,6 +23,9 @@ type Source struct {
 	Table       string
 	// Columns are the mapped column names that must exist in the table.
 	Columns []string
+	// Messages: events also come as logical decoding messages (the
+	// table-less outbox), which pgoutput sends from PostgreSQL 14 on.
+	Messages bool
 }
 
 func (s Source) qualified() string {
@@ -60,6 +63,9 @@ func check(ctx context.Context, conn *pgx.Conn, src Source) error {
 	if walLevel != "logical" {
 		add(fmt.Sprintf("wal_level is %q, logical decoding needs \"logical\"", walLevel),
 			"set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL")
+	}
+	if err := checkVersion(ctx, conn, src, add); err != nil {
+		return err
 	}
 	var canReplicate bool
 	var role string

@@ -169,6 +169,22 @@ func hasPGServer(dir string) bool {
 	return true
 }
 
+// binMajor is the major version of the postgres binary in dir, from
+// "postgres (PostgreSQL) 13.22"; 0 if it cannot tell.
+func binMajor(dir string) int {
+	out, err := exec.Command(filepath.Join(dir, "postgres"), "--version").Output()
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(out))
+	if len(f) == 0 {
+		return 0
+	}
+	major, _, _ := strings.Cut(f[len(f)-1], ".")
+	n, _ := strconv.Atoi(major)
+	return n
+}
+
 // pgDirVersion turns /usr/lib/postgresql/15/bin into 1500 and .../9.6/bin into 906.
 func pgDirVersion(dir string) int {
 	v := filepath.Base(filepath.Dir(dir))
@@ -228,15 +244,18 @@ func (pg *Postgres) init(ctx context.Context, opts PostgresOptions) error {
 }
 
 func (pg *Postgres) initdb(ctx context.Context) error {
-	cmd := exec.CommandContext(ctx, filepath.Join(pg.binDir, "initdb"),
+	args := []string{
 		"-D", pg.dataDir,
 		"-A", "trust",
 		"-U", "postgres",
 		"-E", "UTF8",
 		"--locale=C", // no dependency on generated OS locales
 		"--no-sync",
-		"--no-instructions",
-	)
+	}
+	if binMajor(pg.binDir) >= 14 { // PostgreSQL 13's initdb has no such flag
+		args = append(args, "--no-instructions")
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(pg.binDir, "initdb"), args...)
 	cmd.Dir = pg.baseDir // the postgres user may not be able to read our cwd
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: pg.cred, Pdeathsig: syscall.SIGKILL}
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -338,6 +338,15 @@ func TestStatusCommand(t *testing.T) {
 func TestTablelessOutbox(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
+	if major := serverMajor(t, dsn); major < 14 {
+		// pgoutput sends messages from 14 on: the connector refuses at start.
+		code, out := runBinary(t, time.Minute, nil, "run", "--config",
+			writeConfig(t, yamlFor(t, dsn, "tableless", "outbox: {table: public.outbox, message_prefix: outbox}")))
+		if code != 1 || !strings.Contains(out, "outbox.message_prefix needs PostgreSQL 14 or later") {
+			t.Fatalf("message_prefix on PostgreSQL %d: exit %d, want 1 with the version prerequisite:\n%s", major, code, out)
+		}
+		return
+	}
 	cfg := testConfig(t, dsn, "public.outbox", "tableless")
 	cfg.Outbox.MessagePrefix = "outbox"
 	startConnector(t, cfg)
@@ -380,4 +389,13 @@ func TestTablelessOutbox(t *testing.T) {
 	if e, _ := header(dlq[0], "error"); len(dlq) != 1 || !strings.Contains(e, "not an outbox event") {
 		t.Fatalf("dead-letter records %d, error %q", len(dlq), e)
 	}
+}
+
+// serverMajor is the test server's major version.
+func serverMajor(t *testing.T, dsn string) int {
+	var num int
+	if err := pgConnect(t, dsn).QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&num); err != nil {
+		t.Fatal(err)
+	}
+	return num / 10000
 }

