@@ -4,6 +4,7 @@ package lsn
 
 import (
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -55,17 +56,26 @@ func (l *LSN) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// Scan implements sql.Scanner for pg_lsn columns read in text form.
+// Scan implements sql.Scanner, so a pg_lsn column (or its ::text) scans
+// straight into an LSN with pgx or database/sql. pgx has no codec for pg_lsn
+// and reads it in text form, which is what Scan parses.
+//
+// NULL is an error rather than Invalid: 0/0 is a position a caller could act
+// on, and a NULL where none was expected is a bug to surface. Scan a column
+// that may be NULL into a *LSN (pgx and database/sql then store nil without
+// calling Scan) or a sql.Null[LSN].
 func (l *LSN) Scan(src any) error {
 	switch v := src.(type) {
 	case nil:
-		*l = 0
-		return nil
+		return errors.New("scan LSN: NULL (scan into a *lsn.LSN where the column may be NULL)")
 	case string:
 		return l.UnmarshalText([]byte(v))
 	case []byte:
 		return l.UnmarshalText(v)
 	case int64:
+		if v < 0 {
+			return fmt.Errorf("scan LSN: negative position %d", v)
+		}
 		*l = LSN(v)
 		return nil
 	default:

@@ -1,6 +1,9 @@
 package lsn
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseRoundTrip(t *testing.T) {
 	tests := []struct {
@@ -35,17 +38,54 @@ func TestParseRejects(t *testing.T) {
 }
 
 func TestScan(t *testing.T) {
-	var l LSN
-	if err := l.Scan("1/2"); err != nil || l != 1<<32|2 {
-		t.Fatalf("Scan string: %v %v", l, err)
+	tests := []struct {
+		name    string
+		src     any
+		want    LSN
+		wantErr string // a substring of the error; "" for success
+	}{
+		{"text", "1/2", 1<<32 | 2, ""},
+		{"text, zero", "0/0", 0, ""},
+		{"text, largest", "FFFFFFFF/FFFFFFFF", ^LSN(0), ""},
+		{"bytes", []byte("A/B"), 0xA<<32 | 0xB, ""},
+		{"int64", int64(0x16B374D848), 0x16B374D848, ""},
+		{"NULL", nil, 0, "NULL"},
+		{"empty text", "", 0, "invalid LSN"},
+		{"no slash", "16B374D848", 0, "invalid LSN"},
+		{"not hex", "1/XYZ", 0, "invalid LSN"},
+		{"half too long", "123456789/0", 0, "invalid LSN"},
+		{"bad bytes", []byte("1/"), 0, "invalid LSN"},
+		{"negative int64", int64(-1), 0, "negative"},
+		{"float", 3.5, 0, "unsupported type float64"},
 	}
-	if err := l.Scan([]byte("A/B")); err != nil || l != 0xA<<32|0xB {
-		t.Fatalf("Scan bytes: %v %v", l, err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const before = LSN(0xDEAD)
+			l := before
+			err := l.Scan(tt.src)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("Scan(%#v): %v", tt.src, err)
+			case tt.wantErr == "" && l != tt.want:
+				t.Fatalf("Scan(%#v) = %v, want %v", tt.src, l, tt.want)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("Scan(%#v) error = %v, want one containing %q", tt.src, err, tt.wantErr)
+			case tt.wantErr != "" && l != before:
+				t.Fatalf("failed Scan(%#v) changed the value to %v", tt.src, l)
+			}
+		})
 	}
-	if err := l.Scan(nil); err != nil || l != 0 {
-		t.Fatalf("Scan nil: %v %v", l, err)
-	}
-	if err := l.Scan(3.5); err == nil {
-		t.Fatal("Scan float succeeded")
+}
+
+func TestValueRoundTrip(t *testing.T) {
+	for _, l := range []LSN{0, 1, 0x16B374D848, ^LSN(0)} {
+		v, err := l.Value()
+		if err != nil {
+			t.Fatalf("Value(%v): %v", l, err)
+		}
+		var back LSN
+		if err := back.Scan(v); err != nil || back != l {
+			t.Fatalf("Scan(Value(%v)) = %v, %v", l, back, err)
+		}
 	}
 }

@@ -144,7 +144,7 @@ func (p *Pipeline) slotStats(ctx context.Context, warned *bool) {
 		return // transient; the stream reports connection trouble
 	}
 	p.m.RetainedWAL.Set(float64(info.RetainedBytes()))
-	p.m.LagBytes.Set(float64(info.LagBytes()))
+	p.m.LagBytes.Set(float64(info.LagBytes())) // its only writer, with status's definition
 	p.m.SetWALStatus(info.WALStatus)
 	if info.WALStatus == "lost" {
 		p.fail(replication.ErrSlotLost(p.cfg.Source.Slot))

@@ -35,7 +35,7 @@ func NewTableStore(db *DB, table, slot string) *TableStore {
 
 // Forget is what an operator runs to drop this slot's checkpoint.
 func (s *TableStore) Forget() string {
-	return fmt.Sprintf("DELETE FROM %s WHERE slot = '%s'", s.table, strings.ReplaceAll(s.slot, "'", "''"))
+	return fmt.Sprintf("DELETE FROM %s WHERE slot = %s", s.table, quoteLiteral(s.slot))
 }
 
 // DDL is the statement that creates the checkpoint table (docs/operations.md

@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -64,3 +65,11 @@ func (d *DB) Database() string { return d.cfg.Database }
 
 // Config returns a copy of the connection settings.
 func (d *DB) Config() *pgconn.Config { return d.cfg.Config.Copy() }
+
+// quoteLiteral quotes s as an SQL string literal, for the statements that
+// take no parameters (SET TRANSACTION SNAPSHOT, replication commands, the SQL
+// printed for an operator); identifiers are quoted with pgx.Identifier.
+// Doubling the quote is the whole rule in the replication command grammar
+// (repl_scanner.l) and in SQL with standard_conforming_strings on, which
+// pgx's own simple-protocol quoting also requires.
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

@@ -140,19 +140,14 @@ func (w *Watch) Close() {
 
 func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel uint32) (Snapshot, error) {
 	var s Snapshot
-	var before string
 	// Two statements: the second one's snapshot is taken after the first
 	// read the WAL position, so it sees what committed before it.
-	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&before); err != nil {
-		return s, fmt.Errorf("read wal position: %w", err)
-	}
-	var err error
-	if s.Before, err = lsn.Parse(before); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()").Scan(&s.Before); err != nil {
 		return s, fmt.Errorf("read wal position: %w", err)
 	}
 	var relID, pubRelID *uint32
 	var relkind, startName *string
-	err = conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+	err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
 		ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) x),
 		p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
 		c.oid, c.relkind::text,

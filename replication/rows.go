@@ -164,14 +164,9 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, spec RowSpec) (Ga
 	// The first statement fixes the snapshot; the WAL position read in it
 	// is past every commit the snapshot sees.
 	var ref uint64
-	var at string
-	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_lsn()::text").
-		Scan(&ref, &at); err != nil {
-		return Gap{}, fmt.Errorf("backfill: %w", err)
-	}
 	var g Gap
-	var err error
-	if g.ClearAt, err = lsn.Parse(at); err != nil {
+	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_lsn()").
+		Scan(&ref, &g.ClearAt); err != nil {
 		return Gap{}, fmt.Errorf("backfill: %w", err)
 	}
 	filter := xidFilter(ref, xmin)

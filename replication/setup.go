@@ -292,8 +292,8 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source) (confirmed lsn.
 	if !errors.Is(err, errNoSlot) {
 		return 0, false, err
 	}
-	var at string
-	if err := conn.QueryRow(ctx, "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", src.Slot).Scan(&at); err != nil {
+	var at lsn.LSN
+	if err := conn.QueryRow(ctx, "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')", src.Slot).Scan(&at); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by a standby connector
 			info, err := slotInfo(ctx, conn, src.Slot)
@@ -301,8 +301,7 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source) (confirmed lsn.
 		}
 		return 0, false, fmt.Errorf("create replication slot %s: %w", src.Slot, err)
 	}
-	pos, err := lsn.Parse(at)
-	return pos, true, err
+	return at, true, nil
 }
 
 var errNoSlot = errors.New("no such slot")
@@ -337,7 +336,11 @@ func (s SlotInfo) RetainedBytes() int64 {
 	return int64(s.CurrentWAL - s.Restart)
 }
 
-// LagBytes is the WAL written but not yet confirmed.
+// LagBytes is the WAL written but not yet confirmed: the current WAL
+// position minus confirmed_flush_lsn. It is the one definition of
+// replication lag, for the metric and for outbox-cdc status alike: a reading
+// of the server, so it keeps growing while the stream is down, and the
+// figure an operator gets from pg_replication_slots by hand.
 func (s SlotInfo) LagBytes() int64 {
 	if s.Confirmed == 0 || s.CurrentWAL < s.Confirmed {
 		return 0
@@ -349,12 +352,14 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 	var s SlotInfo
 	var pid *int32
 	var plugin, db, walStatus *string
-	var restart, confirmed *string
-	var current string
+	// restart_lsn and confirmed_flush_lsn are NULL for a slot that never
+	// reserved WAL (and confirmed_flush_lsn for a physical slot): both read
+	// as Invalid then, which LagBytes and RetainedBytes treat as unknown.
+	var restart, confirmed *lsn.LSN
 	err := conn.QueryRow(ctx, `SELECT slot_name, plugin, database, active, active_pid,
-		restart_lsn::text, confirmed_flush_lsn::text, wal_status, pg_current_wal_lsn()::text
+		restart_lsn, confirmed_flush_lsn, wal_status, pg_current_wal_lsn()
 		FROM pg_replication_slots WHERE slot_name = $1`, slot).
-		Scan(&s.Name, &plugin, &db, &s.Active, &pid, &restart, &confirmed, &walStatus, &current)
+		Scan(&s.Name, &plugin, &db, &s.Active, &pid, &restart, &confirmed, &walStatus, &s.CurrentWAL)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, errNoSlot
 	}
@@ -366,12 +371,11 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 		s.ActivePID = *pid
 	}
 	if restart != nil {
-		s.Restart, _ = lsn.Parse(*restart)
+		s.Restart = *restart
 	}
 	if confirmed != nil {
-		s.Confirmed, _ = lsn.Parse(*confirmed)
+		s.Confirmed = *confirmed
 	}
-	s.CurrentWAL, _ = lsn.Parse(current)
 	return s, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -273,11 +274,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 		conn.Close(cctx)
 	}()
 
-	// pgoutput options, PG docs 55.5 "Logical Streaming Replication Parameters".
-	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(quoteIdent(s.cfg.Publication))}
-	if s.cfg.Messages {
-		args = append(args, "messages 'true'")
-	}
+	args := pluginArgs(s.cfg.Publication, s.cfg.Messages)
 	if s.cfg.CopyOf != "" {
 		// A temporary slot belongs to the session that made it.
 		sql := fmt.Sprintf("SELECT * FROM pg_copy_logical_replication_slot(%s, %s, true)", quoteLiteral(s.cfg.CopyOf), quoteLiteral(s.cfg.Slot))
@@ -382,7 +379,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 				}
 				end := lsn.LSN(ka.ServerWALEnd)
 				received = max(received, end)
-				s.observe(received, end, acked)
+				s.observe(received)
 				replyNow = ka.ReplyRequested
 				// Best effort: a full queue means data is pending anyway.
 				select {
@@ -398,7 +395,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 				m := Message{Kind: Data, WALStart: lsn.LSN(xld.WALStart), WALEnd: lsn.LSN(xld.ServerWALEnd),
 					Data: append([]byte(nil), xld.WALData...)}
 				received = max(received, m.WALStart)
-				s.observe(received, m.WALEnd, acked)
+				s.observe(received)
 				if err := s.push(ctx, st, out, m, &received); err != nil {
 					return err
 				}
@@ -409,6 +406,18 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 			return errors.New("server ended the replication stream")
 		}
 	}
+}
+
+// pluginArgs are the pgoutput options, PG docs 55.5 "Logical Streaming
+// Replication Parameters". publication_names is a list of identifiers in a
+// string (pgoutput splits it with SplitIdentifierString): quoted as an
+// identifier, then as a literal.
+func pluginArgs(publication string, messages bool) []string {
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(pgx.Identifier{publication}.Sanitize())}
+	if messages {
+		args = append(args, "messages 'true'")
+	}
+	return args
 }
 
 // push hands m to the pipeline once its bytes fit in the queue budget and
@@ -464,14 +473,10 @@ func (s *Stream) connected(up bool) {
 	}
 }
 
-func (s *Stream) observe(received, walEnd, acked lsn.LSN) {
-	s.m.ReceivedLSN.Set(float64(received))
-	if walEnd > acked {
-		s.m.LagBytes.Set(float64(walEnd - acked))
-	} else {
-		s.m.LagBytes.Set(0)
-	}
-}
+// observe records the highest position received. Replication lag is not
+// the stream's to write: it is read from the slot (see metrics.LagBytes),
+// which keeps moving while this connection is down.
+func (s *Stream) observe(received lsn.LSN) { s.m.ReceivedLSN.Set(float64(received)) }
 
 // status sends standby status updates (PG docs 55.4, "Standby status update (F)").
 type status struct {
@@ -578,6 +583,3 @@ func classify(err error) error {
 	}
 	return &FatalError{Reason: "server_error", Err: err}
 }
-
-func quoteIdent(s string) string   { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
-func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

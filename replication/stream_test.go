@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -420,5 +421,37 @@ func TestBudget(t *testing.T) {
 				t.Fatalf("takes %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestStreamLeavesLagToTheMonitor: the stream records what it received, but
+// replication lag has one writer, the slot monitor (SlotInfo.LagBytes): a
+// second writer with its own reading made the gauge jump between the two.
+func TestStreamLeavesLagToTheMonitor(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := newFakeWalsender(t)
+	s := newTestStream(f, func(c *Config) { c.StatusInterval = 50 * time.Millisecond })
+	out := make(chan Message, 16)
+	defer runStream(t, ctx, s, out)()
+
+	w := next(t, ctx, f, out)
+	const end = lsn.LSN(0x5000) // acked stays 0 (fixedPositions)
+	if err := w.keepalive(end); err != nil {
+		t.Fatalf("keepalive: %v", err)
+	}
+	for testutil.ToFloat64(s.m.ReceivedLSN) != float64(end) {
+		select {
+		case m := <-out:
+			m.Release()
+		case err := <-f.errs:
+			t.Fatalf("fake walsender: %v", err)
+		case <-ctx.Done():
+			t.Fatalf("received_lsn = %v, want %v", testutil.ToFloat64(s.m.ReceivedLSN), float64(end))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if lag := testutil.ToFloat64(s.m.LagBytes); lag != 0 {
+		t.Fatalf("the stream wrote replication_lag_bytes = %v; only the slot monitor writes it", lag)
 	}
 }

@@ -48,7 +48,7 @@ type Status struct {
 	ConfirmedLSN     lsn.LSN  `json:"confirmed_lsn"`
 	RestartLSN       lsn.LSN  `json:"restart_lsn"`
 	CurrentWALLSN    lsn.LSN  `json:"current_wal_lsn"`
-	LagBytes         int64    `json:"lag_bytes"`
+	LagBytes         int64    `json:"lag_bytes"` // SlotInfo.LagBytes, as outbox_cdc_replication_lag_bytes
 	RetainedWALBytes int64    `json:"retained_wal_bytes"`
 	WALStatus        string   `json:"wal_status"`
 	Checkpoint       *lsn.LSN `json:"checkpoint_lsn"`

@@ -12,7 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Metrics are updated by the pipeline and served at /metrics.
+// Metrics are updated by the pipeline and served at /metrics. Each metric
+// has one writer, so it has one definition: two writers with different
+// readings make a gauge jump between them at each write.
 type Metrics struct {
 	Registry *prometheus.Registry
 
@@ -20,7 +22,7 @@ type Metrics struct {
 	DeadLettered prometheus.Counter
 	ConfirmedLSN prometheus.Gauge
 	ReceivedLSN  prometheus.Gauge
-	LagBytes     prometheus.Gauge
+	LagBytes     prometheus.Gauge // written by the slot monitor only (replication.SlotInfo.LagBytes)
 	InFlight     prometheus.Gauge
 	CommitToAck  prometheus.Histogram
 	Connected    prometheus.Gauge
@@ -70,7 +72,10 @@ func New() *Metrics {
 		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "received_lsn",
 			Help: "Highest WAL position received from PostgreSQL, as a number."}),
 		LagBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "replication_lag_bytes",
-			Help: "Server WAL end minus the confirmed LSN, in bytes."}),
+			Help: "WAL not yet confirmed by the slot: pg_current_wal_lsn() minus confirmed_flush_lsn, in bytes, " +
+				"read from pg_replication_slots every 10 s (the lag of outbox-cdc status). " +
+				"Only acknowledged positions are confirmed, so it grows while Kafka or the stream is down; " +
+				"with postgres.retain it includes the replay window."}),
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_events",
 			Help: "Events produced and not yet acknowledged."}),
 		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "commit_to_ack_seconds",
