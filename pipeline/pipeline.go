@@ -173,7 +173,6 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	defer s.Close()
 	p.plan, p.out = pl, s
 	p.tracker = offsets.NewTracker(pl.start)
-	p.m.ConfirmedLSN.Set(float64(pl.start))
 
 	var pos replication.Positions = p.tracker
 	if p.cfg.RetainFor > 0 || p.cfg.RetainBytes > 0 {

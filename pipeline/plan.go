@@ -116,8 +116,12 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 				return err
 			}
 		}
-		pl.checkpoints = identified{store, offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline,
-			Database: srv.Database, Slot: src.Slot}}
+		ident := identified{store, offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline,
+			Database: srv.Database, Slot: src.Slot}, p.m.CheckpointLSN}
+		if haveCkpt {
+			ident.holds(ckpt.LSN)
+		}
+		pl.checkpoints = ident
 	}
 	pending := p.cfg.Snapshot == "pending"
 	hadSnapshot := haveCkpt && ckpt.SnapshotDone
@@ -205,9 +209,6 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 		// lies between was acknowledged already.
 		p.log.Info("resuming after the checkpoint", "checkpoint", ckpt.LSN, "slot_confirmed", res.Confirmed)
 		pl.start = ckpt.LSN
-	}
-	if haveCkpt {
-		p.m.CheckpointLSN.Set(float64(ckpt.LSN))
 	}
 	return nil
 }

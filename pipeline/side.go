@@ -91,7 +91,6 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 		}
 		return saved
 	}
-	p.m.CheckpointLSN.Set(float64(a))
 	return a
 }
 
