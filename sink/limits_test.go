@@ -70,7 +70,7 @@ func (r *results) all(ctx context.Context, t *testing.T, n int) []sink.Outcome {
 	select {
 	case x := <-r.ch:
 		t.Fatalf("extra outcome for record %d: %+v", x.i, x.o)
-	case <-time.After(50 * time.Millisecond):
+	case <-time.After(50 * time.Millisecond): // observation window for an absence: no extra outcome
 	}
 	return out
 }
@@ -563,12 +563,31 @@ func TestUnknownTopicCreatedLate(t *testing.T) {
 	const n = 200
 	ctx := testCtx(t)
 	c := newCluster(t)
+	// Count the sink's lookups of the topic (metadata requests naming it).
+	var lookups atomic.Int64
+	c.ControlKey(int16(kmsg.Metadata), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, tp := range kr.(*kmsg.MetadataRequest).Topics {
+			if tp.Topic != nil && *tp.Topic == "late" {
+				lookups.Add(1)
+			}
+		}
+		return nil, nil, false
+	})
 	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = 20 * time.Second })
 	res := newResults(n)
 	for i := range n / 2 {
 		produce(ctx, t, s, baseRecord("late", []byte(fmt.Sprintf("%04d", i))), res.slot(i))
 	}
-	time.Sleep(500 * time.Millisecond) // several lookups find it missing
+	// Lookups find it missing: the first, and at least one more by the
+	// worker that keeps looking for it.
+	for lookups.Load() < 2 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d lookups of the missing topic: %v", lookups.Load(), ctx.Err())
+		case <-time.After(10 * time.Millisecond): // poll interval of the lookup count
+		}
+	}
 	select {
 	case x := <-res.ch:
 		t.Fatalf("record %d has an outcome before its topic exists: %+v", x.i, x.o)

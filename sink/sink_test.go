@@ -59,13 +59,14 @@ func (o *outcomes) wait(ctx context.Context, t *testing.T) sink.Outcome {
 }
 
 // none fails when another outcome arrives within d: every record has
-// exactly one outcome.
+// exactly one outcome. d is an observation window for an absence, which has
+// no signal to wait for.
 func (o *outcomes) none(t *testing.T, d time.Duration) {
 	t.Helper()
 	select {
 	case x := <-o.ch:
 		t.Fatalf("unexpected extra outcome %+v", x)
-	case <-time.After(d):
+	case <-time.After(d): // the window passed without an extra outcome
 	}
 	if n := o.overflow.Load(); n > 0 {
 		t.Fatalf("%d outcomes more than the channel holds", n)
@@ -639,7 +640,7 @@ func TestFlushWaitsForDeadLetterCopies(t *testing.T) {
 	case err := <-flushErr:
 		release()
 		t.Errorf("Flush returned %v while a dead-letter copy was still unproduced (no outcome yet)", err)
-	case <-time.After(500 * time.Millisecond):
+	case <-time.After(500 * time.Millisecond): // observation window: Flush must not return while the copy is held
 		release()
 		if err := <-flushErr; err != nil {
 			t.Fatalf("Flush: %v", err)
@@ -706,8 +707,10 @@ func TestCancelAfterProduceFailsBufferedRecord(t *testing.T) {
 		t.Fatal("no produce request")
 	}
 	produce(pctx, t, s, baseRecord(topic, []byte("2")), done) // returns nil: accepted
-	cancel()                                                  // e.g. SIGTERM: stop reading, then drain
-	time.Sleep(100 * time.Millisecond)
+	// E.g. SIGTERM: stop reading, then drain. cancel has closed pctx's Done
+	// when it returns, and the second record cannot be sent before the
+	// parked request is answered, so it is still buffered now.
+	cancel()
 	close(release)
 	if err := s.Flush(ctx); err != nil {
 		t.Fatalf("Flush: %v", err)

@@ -94,6 +94,9 @@ func waitPortFree(ctx context.Context, port int) error {
 	}
 }
 
+// sleepCtx waits d or until ctx ends. Its callers use it only as the
+// interval of a loop that polls a real state (a port, the process table, a
+// server's answer) until it holds or ctx ends: never as synchronization.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -323,7 +323,17 @@ func TestChaos(t *testing.T) {
 	if err := r.conn.stop(time.Minute); err != nil {
 		t.Errorf("clean stop: %v\n%s", err, r.conn.logTail(40))
 	}
-	time.Sleep(300 * time.Millisecond) // one more slot sample after the final confirmation
+	// One more slot sample after the final confirmation: wait until the
+	// sampler has taken one queried wholly after the stop.
+	stopped := time.Now()
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	for r.samp.samplesAfter(stopped) < 2 {
+		if !sleepCtx(sctx, 10*time.Millisecond) { // poll interval of the sampler's readings
+			t.Errorf("no slot sample within 30s of the connector's stop (%d readings failed)", r.samp.failed.Load())
+			break
+		}
+	}
+	scancel()
 	stopObs()
 	obsWG.Wait()
 
@@ -508,7 +518,7 @@ func (r *run) inject(ctx context.Context) {
 			}
 		}
 		gap := r.m.GapMin + time.Duration(r.rng.Int64N(int64(r.m.GapMax-r.m.GapMin)+1))
-		sleepCtx(ctx, gap)
+		sleepCtx(ctx, gap) // the schedule's pause between faults
 	}
 }
 
@@ -524,7 +534,7 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 			return "", err
 		}
 		down := time.Duration(r.rng.Int64N(int64(2 * time.Second)))
-		sleepCtx(ctx, down)
+		sleepCtx(ctx, down) // the outage under test
 		return fmt.Sprintf("SIGKILL, down %v before restart", down.Round(time.Millisecond)), restartKafka(ctx)
 	case fKafkaStop:
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -533,7 +543,7 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		if err != nil {
 			return "", err
 		}
-		sleepCtx(ctx, kafkaStopDowntime)
+		sleepCtx(ctx, kafkaStopDowntime) // the outage under test
 		return fmt.Sprintf("SIGTERM, down %v before restart", kafkaStopDowntime), restartKafka(ctx)
 	case fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize:
 		return r.doOps(ctx, kind, f)
@@ -553,7 +563,7 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 			return "", err
 		}
 		down := time.Duration(r.rng.Int64N(int64(time.Second)))
-		sleepCtx(ctx, down)
+		sleepCtx(ctx, down) // the outage under test
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
 		return fmt.Sprintf("down %v before restart", down.Round(time.Millisecond)), env.pg.Restart(rctx)
@@ -566,13 +576,13 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 	case "drop":
 		d := r.between(time.Second, 4*time.Second)
 		n := p.Drop()
-		sleepCtx(ctx, d)
+		sleepCtx(ctx, d) // how long the cut lasts
 		p.Heal()
 		return fmt.Sprintf("closed %d connections, refused new ones for %v", n, d), nil
 	case "stall":
 		d := r.between(time.Second, 8*time.Second)
 		p.Stall()
-		sleepCtx(ctx, d)
+		sleepCtx(ctx, d) // how long the stall lasts
 		n := p.Conns()
 		p.Heal()
 		return fmt.Sprintf("stalled %v (%d connections held)", d, n), nil
@@ -580,13 +590,13 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		lat := r.between(20*time.Millisecond, 200*time.Millisecond)
 		d := r.between(2*time.Second, 6*time.Second)
 		p.Slow(lat)
-		sleepCtx(ctx, d)
+		sleepCtx(ctx, d) // how long the latency lasts
 		p.Heal()
 		return fmt.Sprintf("up to %v per chunk for %v", lat, d), nil
 	case "reset":
 		n := p.Reset()
 		gap := r.between(50*time.Millisecond, 600*time.Millisecond)
-		sleepCtx(ctx, gap)
+		sleepCtx(ctx, gap) // the time between the two resets
 		m := p.Reset()
 		return fmt.Sprintf("RST %d connections, %v later %d more", n, gap, m), nil
 	}
@@ -611,7 +621,7 @@ func (r *run) killConnector(ctx context.Context, f *faultRecord, down time.Durat
 		return "", err
 	}
 	f.Kills++
-	sleepCtx(ctx, down)
+	sleepCtx(ctx, down) // the connector's downtime under test
 	var early string
 	if r.rng.Float64() < 0.25 {
 		// Once in a while, kill the new process again during its start-up
@@ -621,7 +631,7 @@ func (r *run) killConnector(ctx context.Context, f *faultRecord, down time.Durat
 			return "", err
 		}
 		d := r.between(0, 150*time.Millisecond)
-		sleepCtx(ctx, d)
+		sleepCtx(ctx, d) // how far into its start-up it is killed
 		if _, err := r.conn.kill(); err != nil {
 			return "", err
 		}
@@ -658,13 +668,13 @@ func (r *run) killAfterAck(ctx context.Context, f *faultRecord) (string, error) 
 	select {
 	case <-r.live.watch(last.ID):
 		f.AckEvent = last.ID
-	case <-time.After(30 * time.Second):
+	case <-time.After(30 * time.Second): // a bound on the signal above, reported
 		seen = "NOT seen within 30s"
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
 	if delay > 0 {
-		time.Sleep(delay)
+		time.Sleep(delay) // the fault's timing: a few ms after the acknowledgement
 	}
 	desc, err := r.killConnector(ctx, f, time.Duration(r.rng.Int64N(int64(300*time.Millisecond))))
 	return fmt.Sprintf("burst of %d, last event %s, killed %v after it was consumed; %s", n, seen, delay.Round(10*time.Microsecond), desc), err
@@ -696,7 +706,6 @@ func (r *run) drainWorkerErrors() {
 	}
 }
 
-// waitFlowing waits until some event has been consumed.
 // waitTopicsLed waits until the broker's metadata has a leader for every
 // partition of topics.
 func waitTopicsLed(ctx context.Context, adm *kadm.Client, topics []string) error {
@@ -718,19 +727,20 @@ func waitTopicsLed(ctx context.Context, adm *kadm.Client, topics []string) error
 		if err == nil && len(missing) == 0 {
 			return nil
 		}
-		if !sleepCtx(ctx, 50*time.Millisecond) {
+		if !sleepCtx(ctx, 50*time.Millisecond) { // poll interval of the broker's metadata
 			return fmt.Errorf("topics %v have no leader in the broker's metadata after a minute (last error %v)", missing, err)
 		}
 	}
 }
 
+// waitFlowing waits until some events (50 records) have been consumed.
 func (r *run) waitFlowing(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for r.live.records.Load() < 50 {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%d events committed, %d records consumed after %v", r.ledger.len(), r.live.records.Load(), timeout)
 		}
-		if !sleepCtx(ctx, 20*time.Millisecond) {
+		if !sleepCtx(ctx, 20*time.Millisecond) { // poll interval of the live consumer's count
 			return ctx.Err()
 		}
 	}
@@ -771,7 +781,7 @@ func (r *run) waitCaughtUp(ctx context.Context, until time.Time, timeout time.Du
 				oldest.Committed.Format("15:04:05.000"), oldest.PostLSN)
 		}
 		r.checkConnector(ctx)
-		if !sleepCtx(ctx, 25*time.Millisecond) {
+		if !sleepCtx(ctx, 25*time.Millisecond) { // poll interval of the live consumer's progress
 			return ctx.Err()
 		}
 	}

@@ -353,7 +353,7 @@ func TestExpectExit(t *testing.T) {
 		}
 		select {
 		case <-in.done:
-		case <-time.After(10 * time.Second):
+		case <-time.After(10 * time.Second): // deadline
 			t.Fatal("fake connector did not exit")
 		}
 		if c.unexpectedExit() != in {

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -157,9 +159,26 @@ func (c *connector) waitReady(ctx context.Context, in *incarnation, timeout time
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond): // poll interval of /readyz
 		}
 	}
+}
+
+// metric reads one unlabelled metric from the running process's /metrics.
+func (c *connector) metric(name string) (float64, error) {
+	cl := &http.Client{Timeout: time.Second}
+	resp, err := cl.Get("http://" + c.httpAddr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("metric %s not found", name)
 }
 
 // kill sends SIGKILL to the running process and waits for it to be gone.
@@ -359,7 +378,7 @@ func (c *connector) restartPosition(ctx context.Context) (slot, ckpt lsn.LSN, er
 		select {
 		case <-ctx.Done():
 			return 0, 0, fmt.Errorf("slot %s still active 30s after the connector died", c.slot)
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(10 * time.Millisecond): // poll interval of pg_replication_slots
 		}
 	}
 	ckpt, err = readCheckpoint(ctx, conn, c.slot)

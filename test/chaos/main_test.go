@@ -193,7 +193,7 @@ func discoverKafkaListener(ctx context.Context, p *Proxy) error {
 		select {
 		case <-ctx.Done():
 			return errors.New("no broker configuration advertising " + want)
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond): // poll interval of the broker's configuration files
 		}
 	}
 }

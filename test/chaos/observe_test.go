@@ -207,6 +207,18 @@ func (s *sampler) read(ctx context.Context, conn *pgx.Conn) (sample, error) {
 	return smp, nil
 }
 
+// samplesAfter counts the samples whose query returned after t. The second
+// of them was queried wholly after t.
+func (s *sampler) samplesAfter(t time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for i := len(s.samples) - 1; i >= 0 && s.samples[i].T.After(t); i-- {
+		n++
+	}
+	return n
+}
+
 func (s *sampler) all() []sample {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -157,7 +157,7 @@ func (r *run) ddl(ctx context.Context, stmts ...string) error {
 		if err == nil {
 			break
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !sleepCtx(ctx, 100*time.Millisecond) { // retry interval while PostgreSQL may be down
 			return fmt.Errorf("connect: %w", err)
 		}
 	}
@@ -256,13 +256,13 @@ func (r *run) opsPartition(ctx context.Context) (string, error) {
 			case <-r.live.watch(first.ID):
 				at, _ := r.live.seenAt(first.ID)
 				seen = fmt.Sprintf("its first row consumed %v after the switch", at.Sub(switched).Round(time.Millisecond))
-			case <-time.After(time.Until(deadline)):
+			case <-time.After(time.Until(deadline)): // the 5 s bound of this observation, reported
 			case <-ctx.Done():
 				return "", ctx.Err()
 			}
 			break
 		}
-		if !sleepCtx(ctx, 10*time.Millisecond) {
+		if !sleepCtx(ctx, 10*time.Millisecond) { // poll interval of the ledger
 			return "", ctx.Err()
 		}
 	}
@@ -279,7 +279,7 @@ func (r *run) opsAddColumn(ctx context.Context) (string, error) {
 		return "", err
 	}
 	d := r.between(500*time.Millisecond, 3*time.Second)
-	sleepCtx(ctx, d)
+	sleepCtx(ctx, d) // how long the extra column exists, with the writers running
 	if err := r.ddl(ctx, "ALTER TABLE outbox DROP COLUMN "+col); err != nil {
 		return "", err
 	}
@@ -300,7 +300,7 @@ func (r *run) opsDropMapped(ctx context.Context, f *faultRecord) (string, error)
 	took, line, exitErr := r.conn.expectExit(ctx, in, dropped, opsExitTimeout, wantDroppedColumn)
 	// Keep the column away until the writers have been refused for a while.
 	for time.Since(dropped) < time.Second || r.wstats.undefinedColumn.Load() == refusedBefore {
-		if time.Since(dropped) > 5*time.Second || !sleepCtx(ctx, 20*time.Millisecond) {
+		if time.Since(dropped) > 5*time.Second || !sleepCtx(ctx, 20*time.Millisecond) { // poll of the refusal count; 1 s minimum outage
 			break
 		}
 	}
@@ -321,7 +321,7 @@ func (r *run) opsDropMapped(ctx context.Context, f *faultRecord) (string, error)
 			r.opsFailed(fOpsDropMapped, "no writer committed within 10s of event_type being added back")
 			break
 		}
-		if !sleepCtx(ctx, 10*time.Millisecond) {
+		if !sleepCtx(ctx, 10*time.Millisecond) { // poll interval of the ledger
 			return "", ctx.Err()
 		}
 	}
@@ -375,7 +375,7 @@ func (r *run) opsPublicationGap(ctx context.Context, f *faultRecord) (string, er
 	rctx, cancel := context.WithTimeout(ctx, pause+time.Minute)
 	defer cancel()
 	go func() {
-		if !sleepCtx(rctx, pause) {
+		if !sleepCtx(rctx, pause) { // how long the outbox stays out of the publication
 			readded <- readd{err: rctx.Err()}
 			return
 		}
@@ -387,7 +387,7 @@ func (r *run) opsPublicationGap(ctx context.Context, f *faultRecord) (string, er
 	var ra readd
 	select {
 	case ra = <-readded:
-	case <-time.After(pause + 2*time.Minute):
+	case <-time.After(pause + 2*time.Minute): // deadline
 		return "", errors.New("re-adding the outbox to the publication did not return")
 	}
 	if ra.err != nil {
@@ -551,7 +551,7 @@ func (r *run) opsOversize(ctx context.Context) (string, error) {
 	case <-r.live.watch(e.ID):
 		at, _ := r.live.seenAt(e.ID)
 		seen = fmt.Sprintf("consumed %v after its commit", at.Sub(committed).Round(time.Millisecond))
-	case <-time.After(30 * time.Second):
+	case <-time.After(30 * time.Second): // a bound on the signal above, reported
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}

@@ -105,7 +105,7 @@ func (p *Proxy) acceptLoop() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // backoff after a failed Accept, not synchronization
 			continue
 		}
 		p.wg.Go(func() { p.serve(c) })
@@ -187,7 +187,7 @@ func (p *Proxy) wait(l *link) bool {
 		case <-gate:
 		}
 		if lat > 0 {
-			d := lat/2 + rand.N(lat/2+1)
+			d := lat/2 + rand.N(lat/2+1) // the injected latency: the fault itself
 			t := time.NewTimer(d)
 			select {
 			case <-l.done:

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -31,12 +32,23 @@ func TestFastShutdownDuringKafkaOutage(t *testing.T) {
 	wg.Go(func() { werr = w.run(ctx, stopW, 10*time.Millisecond) })
 	stopWriter := sync.OnceFunc(func() { close(stopW); wg.Wait() })
 	defer stopWriter()
-	time.Sleep(2 * time.Second)
+	// Events flow before the outage: Kafka has acknowledged some.
+	r.waitMetric(ctx, "outbox_cdc_events_published_total", 20)
 
 	if err := env.kafka.Kill(); err != nil {
 		t.Fatalf("kill kafka: %v", err)
 	}
-	time.Sleep(time.Second) // events committed now stay in flight
+	kafkaRestarted := false
+	defer func() { // a failure below must not leave the broker down for the next test
+		if !kafkaRestarted {
+			_ = restartKafka(context.Background())
+		}
+	}()
+	// Events committed now stay in flight: the writer commits more, and the
+	// connector holds at least as many events it cannot deliver.
+	mark := r.ledger.len()
+	waitUntil(ctx, t, "10 events committed after the broker was killed", func() bool { return r.ledger.len() >= mark+10 })
+	r.waitMetric(ctx, "outbox_cdc_inflight_events", 10)
 	stopWriter()
 	if werr != nil {
 		t.Fatalf("writer: %v", werr)
@@ -56,9 +68,10 @@ func TestFastShutdownDuringKafkaOutage(t *testing.T) {
 		if err != nil {
 			t.Fatalf("pg stop: %v", err)
 		}
-	case <-time.After(patience):
+	case <-time.After(patience): // the bound under test: a fast stop that takes longer is blocked
 		blocked = true
 	}
+	kafkaRestarted = true
 	if err := restartKafka(ctx); err != nil {
 		t.Fatalf("restart kafka: %v", err)
 	}
@@ -75,5 +88,28 @@ func TestFastShutdownDuringKafkaOutage(t *testing.T) {
 	defer rcancel()
 	if err := env.pg.Restart(rctx); err != nil {
 		t.Fatalf("restart postgres: %v", err)
+	}
+}
+
+// waitMetric waits until the connector's unlabelled metric name is at least
+// min, for a minute at most.
+func (r *run) waitMetric(ctx context.Context, name string, min float64) {
+	r.t.Helper()
+	waitUntil(ctx, r.t, fmt.Sprintf("%s >= %v", name, min), func() bool {
+		v, err := r.conn.metric(name)
+		return err == nil && v >= min
+	})
+}
+
+// waitUntil polls cond, which reads a real state, until it holds; it fails
+// the test after a minute or when ctx ends.
+func waitUntil(ctx context.Context, t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for !cond() {
+		if !sleepCtx(ctx, 20*time.Millisecond) { // poll interval: cond reads the real state again
+			t.Fatalf("waiting for %s: %v", what, ctx.Err())
+		}
 	}
 }

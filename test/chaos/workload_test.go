@@ -189,7 +189,7 @@ func (w *writer) commit(ctx context.Context, evs []event) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if !sleepCtx(ctx, backoff) {
+			if !sleepCtx(ctx, backoff) { // retry backoff while PostgreSQL is unreachable
 				return ctx.Err()
 			}
 			backoff = min(backoff*2, time.Second)
@@ -223,7 +223,7 @@ func (w *writer) commit(ctx context.Context, evs []event) error {
 		}
 		w.stats.retries.Add(1)
 		w.closeConn()
-		if !sleepCtx(ctx, backoff) {
+		if !sleepCtx(ctx, backoff) { // retry backoff
 			return ctx.Err()
 		}
 		backoff = min(backoff*2, time.Second)
@@ -335,7 +335,7 @@ func (w *writer) resolve(ctx context.Context, id string) (outcome, error) {
 			}
 			w.closeConn()
 		}
-		if !sleepCtx(ctx, backoff) {
+		if !sleepCtx(ctx, backoff) { // retry backoff
 			return 0, ctx.Err()
 		}
 		backoff = min(backoff*2, time.Second)
@@ -356,7 +356,7 @@ func (w *writer) readLSN(ctx context.Context) (lsn.LSN, error) {
 			}
 			w.closeConn()
 		}
-		if !sleepCtx(ctx, backoff) {
+		if !sleepCtx(ctx, backoff) { // retry backoff
 			return 0, ctx.Err()
 		}
 		backoff = min(backoff*2, time.Second)
@@ -401,6 +401,10 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
+// sleepCtx waits d or until ctx ends and reports whether d passed. It is
+// for fault durations and gaps of the schedule, writer pacing and backoff,
+// and the interval of loops that poll a real state: never to wait for
+// something to happen.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -218,12 +219,12 @@ func TestCheckpointIdleWritesBounded(t *testing.T) {
 	// Observation windows, not speed limits: with a write every 200 ms they
 	// would see ten or more.
 	n0 := writes()
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // the quiet window whose writes are counted
 	n1 := writes()
 	mustExec(context.Background(), t, conn, "CREATE TABLE other (x int)")
 	for i := range 10 {
 		mustExec(context.Background(), t, conn, "INSERT INTO other VALUES ($1)", i)
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // pacing: ten writes spread over the 3 s window
 	}
 	n2 := writes()
 	t.Logf("checkpoint writes: %d while quiet, %d while other tables were written", n1-n0, n2-n1)
@@ -438,7 +439,12 @@ func TestSnapshotBookkeeping(t *testing.T) {
 		cfg.Snapshot.Mode = "pending"
 		cfg.Kafka.Brokers = []string{freeAddr(t)} // nothing is ever acknowledged: the snapshot stays in progress
 		c := startConnector(t, cfg, func(pc *pipeline.Config) { pc.DrainTimeout = time.Second })
-		// Several checkpoint intervals (200 ms) while the snapshot waits.
+		waitFor(t, 30*time.Second, "the snapshot's 5 rows handed to the producer", func() bool {
+			return testutil.ToFloat64(c.m.SnapshotEvents) == 5
+		})
+		// Several checkpoint intervals (200 ms) while the snapshot waits. An
+		// observation window: what is checked is that nothing sets the flag
+		// during it, and an absence has no signal to wait for.
 		time.Sleep(1500 * time.Millisecond)
 		var done bool
 		if err := conn.QueryRow(context.Background(), "SELECT snapshot_done FROM outbox_cdc.checkpoints WHERE slot = 'snapold'").Scan(&done); err != nil || done {

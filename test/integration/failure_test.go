@@ -161,12 +161,12 @@ func counterValue(c *connector, which string) float64 {
 }
 
 // runUntilExit starts the binary and waits for it to exit by itself.
-func runUntilExit(t *testing.T, cfgPath string, timeout time.Duration, whileRunning func()) (int, string) {
+func runUntilExit(t *testing.T, cfgPath string, timeout time.Duration, whileRunning func(p *process)) (int, string) {
 	t.Helper()
 	addr := freeAddr(t)
 	extra := fmt.Sprintf("OUTBOX_CDC_HTTP_LISTEN=%s", addr)
 	p := startProc(t, cfgPath, addr, true, extra)
-	whileRunning()
+	whileRunning(p)
 	select {
 	case <-p.done:
 	case <-time.After(timeout):
@@ -186,7 +186,7 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 	t.Run("publication dropped", func(t *testing.T) {
 		dsn := newDatabase(t)
 		createOutbox(t, dsn, "outbox", "jsonb")
-		code, out := runUntilExit(t, writeConfig(t, yamlFor(t, dsn, "pubdrop", "")), time.Minute, func() {
+		code, out := runUntilExit(t, writeConfig(t, yamlFor(t, dsn, "pubdrop", "")), time.Minute, func(*process) {
 			exec1(t, dsn, "DROP PUBLICATION pubdrop")
 			exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('x', 'k', 'E', '{}')`)
 		})
@@ -197,7 +197,7 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 	t.Run("slot dropped", func(t *testing.T) {
 		dsn := newDatabase(t)
 		createOutbox(t, dsn, "outbox", "jsonb")
-		code, out := runUntilExit(t, writeConfig(t, yamlFor(t, dsn, "slotdrop", "")), time.Minute, func() {
+		code, out := runUntilExit(t, writeConfig(t, yamlFor(t, dsn, "slotdrop", "")), time.Minute, func(*process) {
 			// A slot can only be dropped while no walsender holds it: cut the
 			// connection and drop it before the connector reconnects.
 			deadline := time.Now().Add(30 * time.Second)
@@ -209,7 +209,7 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 				if dropped {
 					return
 				}
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // retry interval: the loop races the reconnect, with a deadline
 			}
 			t.Fatal("could not drop the slot")
 		})
@@ -235,9 +235,9 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 		// cannot be confirmed past it while WAL piles up.
 		yaml := fmt.Sprintf("postgres: {dsn: %q, slot: lost, publication: lost, heartbeat_interval: 0s}\nkafka: {brokers: [%s]}\nhttp: {listen: ''}\n",
 			dsn, freeAddr(t))
-		code, out := runUntilExit(t, writeConfig(t, yaml), 2*time.Minute, func() {
+		code, out := runUntilExit(t, writeConfig(t, yaml), 2*time.Minute, func(p *process) {
 			exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('x', 'k', 'E', '{}')`)
-			time.Sleep(500 * time.Millisecond)
+			p.waitMetric(t, time.Minute, "outbox_cdc_inflight_events", 1) // the event is held, unacknowledged
 			for i := 0; i < 12; i++ {
 				exec1(t, dsn, "INSERT INTO busy SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g")
 			}
@@ -255,9 +255,9 @@ func TestOutboxTableRenamed(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
 	cfgPath := writeConfig(t, yamlFor(t, dsn, "renamed", ""))
-	code, out := runUntilExit(t, cfgPath, time.Minute, func() {
+	code, out := runUntilExit(t, cfgPath, time.Minute, func(p *process) {
 		exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('r', 'k', 'E', '{}')`)
-		time.Sleep(300 * time.Millisecond)
+		p.waitMetric(t, time.Minute, "outbox_cdc_events_published_total", 1) // delivered under the old name
 		exec1(t, dsn, "ALTER TABLE outbox RENAME TO outbox_v2")
 		exec1(t, dsn, `INSERT INTO outbox_v2 (aggregate_type, aggregate_id, event_type, payload) VALUES ('r', 'k', 'E', '{}')`)
 	})

@@ -161,7 +161,7 @@ func ibWait(t *testing.T, ctx context.Context, what string, cond func() bool) {
 		select {
 		case <-ctx.Done():
 			t.Fatalf("waiting for %s: %v", what, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond): // poll interval: cond reads the real state again
 		}
 	}
 }
@@ -431,11 +431,11 @@ func TestInboxRebalanceWhileRetrying(t *testing.T) {
 	stuck.Store(true)
 	calls := newIBCalls()
 	h := calls.handler(func(id string, _ int) bool { return id == "p0-0" && stuck.Load() })
-	ibStart(t, dsn, topic, group, h)
+	first := ibStart(t, dsn, topic, group, h)
 	ibWait(t, ctx, "p0-0 failing", func() bool { _, a := calls.snapshot(); return a["p0-0"] >= 2 })
 
 	start := time.Now()
-	ibStart(t, dsn, topic, group, h) // joins: the group must rebalance
+	second := ibStart(t, dsn, topic, group, h) // joins: the group must rebalance
 	produceTo(1, "p1-2")
 	waitCtx, waitCancel := context.WithTimeout(ctx, 30*time.Second)
 	ibWait(t, waitCtx, "p1-2 handled while p0-0 still fails", func() bool {
@@ -447,8 +447,12 @@ func TestInboxRebalanceWhileRetrying(t *testing.T) {
 
 	stuck.Store(false)
 	ibWait(t, ctx, "all 5 events", func() bool { ok, _ := calls.snapshot(); return len(ok) == 5 })
-	// Give a wrongly repeated delivery a moment to show up before stopping.
-	time.Sleep(500 * time.Millisecond)
+	// A wrongly repeated delivery would come from a member still running:
+	// once both have stopped (Run returned after its last commit) the
+	// handler calls are final, and offsets committed at the end leave
+	// nothing for a later member to fetch again.
+	first.stop(t)
+	second.stop(t)
 	ok, _ := calls.snapshot()
 	var p0, p1 []string
 	for _, id := range ok {
@@ -464,4 +468,5 @@ func TestInboxRebalanceWhileRetrying(t *testing.T) {
 	if got := ibHandledRows(ctx, t, conn); len(got) != 5 {
 		t.Errorf("handled table %v, want 5 rows", got)
 	}
+	ibCommittedAtEnd(ctx, t, group, topic)
 }

@@ -158,10 +158,12 @@ http:
 	end2 := currentLSN(t, conn)
 	// The stream either reads everything (the queue holds it all) or stops
 	// when the queue is full: wait until it reached the end or stood still.
+	// Nothing signals "stalled": it is received_lsn not moving over 3 s, so
+	// the sleep below is the sampling interval of that observation.
 	var last float64
 	still := 0
 	waitFor(t, 5*time.Minute, "the stream to stall or finish", func() bool {
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // sampling interval of the stillness check, not a wait for an event
 		r := scrape(t, addr, "outbox_cdc_received_lsn")
 		if r == last {
 			still++
@@ -197,9 +199,18 @@ http:
 // scrape reads one unlabelled metric from the connector's /metrics.
 func scrape(t *testing.T, addr, name string) float64 {
 	t.Helper()
+	v, err := metricValue(addr, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// metricValue reads one unlabelled metric from the connector's /metrics.
+func metricValue(addr, name string) (float64, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
-		t.Fatalf("metrics: %v", err)
+		return 0, fmt.Errorf("metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -207,13 +218,12 @@ func scrape(t *testing.T, addr, name string) float64 {
 		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
-				t.Fatalf("metric %s: %v", name, err)
+				return 0, fmt.Errorf("metric %s: %w", name, err)
 			}
-			return f
+			return f, nil
 		}
 	}
-	t.Fatalf("metric %s not found", name)
-	return 0
+	return 0, fmt.Errorf("metric %s not found", name)
 }
 
 // peakRSS is the process's resident set high-water mark (VmHWM).
@@ -264,7 +274,8 @@ func TestReplicationReceiveTimeout(t *testing.T) {
 	c := startConnector(t, cfg)
 	conn := pgConnect(t, dsn)
 
-	// Idle for five timeouts: pings keep the connection.
+	// Idle for five timeouts: pings keep the connection. The idle period is
+	// what is under test (no reconnect during it), not a wait for an event.
 	time.Sleep(5 * timeout)
 	if n := testutil.ToFloat64(c.m.Reconnects); n != 0 {
 		t.Fatalf("%v reconnects on an idle, healthy connection", n)

@@ -78,15 +78,42 @@ func (w *opWriter) run() {
 			select {
 			case <-w.stop:
 				return
-			case <-time.After(20 * time.Millisecond):
+			case <-time.After(20 * time.Millisecond): // retry interval while the operator's change lasts
 			}
 		}
 		seq[key] = next
 		w.mu.Lock()
 		w.committed[key] = next
 		w.mu.Unlock()
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // pacing: a steady stream of small transactions
 	}
+}
+
+// attempts is how many inserts the writer has finished: committed or failed.
+func (w *opWriter) attempts() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.failures
+	for _, s := range w.committed {
+		n += s
+	}
+	return n
+}
+
+// advance waits until the writer has finished n more inserts (committed or,
+// while the table is away, failed): the test's next step then happens with
+// the writer demonstrably running in the current phase.
+func (w *opWriter) advance(t *testing.T, n int, phase string) {
+	t.Helper()
+	from := w.attempts()
+	waitFor(t, time.Minute, fmt.Sprintf("%d more writer inserts %s", n, phase), func() bool {
+		select {
+		case <-w.done:
+			t.Fatalf("writer stopped %s: %v", phase, w.err)
+		default:
+		}
+		return w.attempts() >= from+n
+	})
 }
 
 func (w *opWriter) halt() {
@@ -201,7 +228,7 @@ func TestPartitionedOutbox(t *testing.T) {
 		t.Fatalf("publication created without publish_via_partition_root (%v, %v)", viaRoot, err)
 	}
 	w := startOpWriter(t, dsn, "part")
-	time.Sleep(300 * time.Millisecond)
+	w.advance(t, 20, "before the partitions change")
 	// Attach a partition while the writer runs and write into it.
 	exec1(t, dsn, `ALTER TABLE outbox DETACH PARTITION outbox_now`)
 	exec1(t, dsn, `CREATE TABLE outbox_later PARTITION OF outbox FOR VALUES FROM ('2100-01-01') TO ('2200-01-01')`)
@@ -211,7 +238,7 @@ func TestPartitionedOutbox(t *testing.T) {
 	// Retention: detach and drop the old partition, then a fresh one.
 	exec1(t, dsn, `ALTER TABLE outbox DETACH PARTITION outbox_old`)
 	exec1(t, dsn, `DROP TABLE outbox_old`)
-	time.Sleep(300 * time.Millisecond)
+	w.advance(t, 20, "after the old partition was dropped")
 	recs := w.checkAllDelivered(t, 2)
 	found := map[string]bool{}
 	for _, r := range recs {
@@ -254,11 +281,11 @@ func TestSchemaProblemsBlock(t *testing.T) {
 			t.Fatalf("insert: %v", err)
 		}
 	}
-	code, out := runUntilExit(t, cfgPath, time.Minute, func() {
+	code, out := runUntilExit(t, cfgPath, time.Minute, func(p *process) {
 		ins(1, true)
 		exec1(t, dsn, "ALTER TABLE outbox ADD COLUMN note text") // unmapped: keeps flowing
 		ins(2, true)
-		time.Sleep(500 * time.Millisecond)
+		p.waitMetric(t, time.Minute, "outbox_cdc_events_published_total", 2)
 		exec1(t, dsn, "ALTER TABLE outbox DROP COLUMN tenant")
 		ins(3, false)
 	})
@@ -373,17 +400,17 @@ func TestOutboxLeavesStream(t *testing.T) {
 			slot := fmt.Sprintf("leaves%d", i)
 			cfgPath := writeConfig(t, yamlFor(t, dsn, slot, ""))
 			var w *opWriter
-			code, out := runUntilExit(t, cfgPath, time.Minute, func() {
+			code, out := runUntilExit(t, cfgPath, time.Minute, func(*process) {
 				w = startOpWriter(t, dsn, slot) // the slot exists now
-				time.Sleep(time.Second)
+				w.advance(t, 20, "before the outbox leaves the stream")
 				tc.break_(t, dsn, slot)
 			})
 			if code != 1 || !strings.Contains(out, tc.say) {
 				t.Fatalf("exit %d, want 1 saying %q:\n%s", code, tc.say, out)
 			}
-			time.Sleep(500 * time.Millisecond) // the writer goes on into the gap
+			w.advance(t, 10, "in the gap") // the writer goes on into the gap
 			tc.fix(t, dsn, slot)
-			time.Sleep(300 * time.Millisecond)
+			w.advance(t, 10, "after the fix")
 			addr := freeAddr(t)
 			p := startProc(t, cfgPath, addr, true, "OUTBOX_CDC_HTTP_LISTEN="+addr)
 			defer func() {
@@ -391,7 +418,7 @@ func TestOutboxLeavesStream(t *testing.T) {
 					t.Logf("first run:\n%s\nafter the fix:\n%s", out, p.output())
 				}
 			}()
-			time.Sleep(500 * time.Millisecond)
+			w.advance(t, 10, "while the connector runs again")
 			w.checkAllDelivered(t, 0)
 			stopClean(t, p)
 		})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -221,27 +222,53 @@ func TestSnapshotModes(t *testing.T) {
 
 		// Writers run while the slot is created: each row must come exactly once.
 		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan int)
+		defer cancel()
+		var (
+			written atomic.Int64
+			werr    error // read after writerDone is closed
+		)
+		writerDone := make(chan struct{})
 		go func() {
-			n := 0
+			defer close(writerDone)
 			w, err := pgx.Connect(ctx, dsn)
-			if err == nil {
-				defer w.Close(context.Background())
-				for ctx.Err() == nil {
-					if _, err := w.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-						VALUES ('snappending', 'live', 'E', jsonb_build_object('seq', $1::int))`, 1000+n); err != nil {
-						break
-					}
-					n++
-					time.Sleep(2 * time.Millisecond)
-				}
+			if err != nil {
+				werr = err
+				return
 			}
-			done <- n
+			defer w.Close(context.Background())
+			for ctx.Err() == nil {
+				if _, err := w.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+					VALUES ('snappending', 'live', 'E', jsonb_build_object('seq', $1::int))`, 1000+written.Load()); err != nil {
+					if ctx.Err() == nil {
+						werr = err
+					}
+					return
+				}
+				written.Add(1)
+				time.Sleep(2 * time.Millisecond) // pacing: a steady trickle of inserts
+			}
 		}()
+		writing := func(n int64) func() bool {
+			return func() bool {
+				select {
+				case <-writerDone: // failed: reported below
+					return true
+				default:
+				}
+				return written.Load() >= n
+			}
+		}
+		// The writer is under way before the slot is created and goes on
+		// after the stream started, so its rows span the cut-over.
+		waitFor(t, 30*time.Second, "the concurrent writer's first insert", writing(1))
 		c := startConnector(t, cfg)
-		time.Sleep(500 * time.Millisecond)
+		waitFor(t, 30*time.Second, "20 inserts after the stream started", writing(written.Load()+20))
 		cancel()
-		if <-done == 0 {
+		<-writerDone
+		if werr != nil {
+			t.Fatalf("concurrent writer: %v", werr)
+		}
+		if written.Load() == 0 {
 			t.Fatal("the concurrent writer wrote nothing")
 		}
 		// Count what committed: a cancelled Exec may still have committed.

@@ -106,7 +106,7 @@ func dropSlotAtEnd(t *testing.T, dsn, slot string) {
 			if err == nil && !left {
 				return
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // poll interval: the loop re-reads pg_replication_slots until the slot is gone
 		}
 		t.Errorf("slot %s still exists at the end of the test", slot)
 	})
@@ -135,6 +135,35 @@ type connector struct {
 	done   chan error
 	p      *pipeline.Pipeline
 	m      *metrics.Metrics
+	log    *logLines
+}
+
+// logLines keeps the lines a connector logged, for tests that wait for one.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) add(line string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+}
+
+// logged reports whether some line logged so far contains every one of parts.
+func (c *connector) logged(parts ...string) bool {
+	c.log.mu.Lock()
+	defer c.log.mu.Unlock()
+	for _, line := range c.log.lines {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
 
 func startConnector(t *testing.T, cfg *config.Config, tune ...func(*pipeline.Config)) *connector {
@@ -147,13 +176,14 @@ func startConnector(t *testing.T, cfg *config.Config, tune ...func(*pipeline.Con
 		f(&pc)
 	}
 	m := metrics.New()
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	lines := &logLines{}
+	log := slog.New(slog.NewTextHandler(testWriter{t, lines}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	p, err := pipeline.New(pc, m, log)
 	if err != nil {
 		t.Fatalf("pipeline: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &connector{cancel: cancel, done: make(chan error, 1), p: p, m: m}
+	c := &connector{cancel: cancel, done: make(chan error, 1), p: p, m: m, log: lines}
 	go func() { c.done <- p.Run(ctx) }()
 	select {
 	case <-p.Ready():
@@ -188,15 +218,25 @@ func (c *connector) stop(t *testing.T) {
 	}
 }
 
-// testWriter sends log lines to t.Log, and drops them after the test ends.
-type testWriter struct{ t *testing.T }
+// testWriter sends log lines to t.Log, and drops them after the test ends;
+// with lines set it keeps them there too.
+type testWriter struct {
+	t     *testing.T
+	lines *logLines
+}
 
 func (w testWriter) Write(p []byte) (int, error) {
+	line := strings.TrimRight(string(p), "\n")
+	if w.lines != nil {
+		w.lines.add(line)
+	}
 	defer func() { _ = recover() }() // logging after the test finished panics
-	w.t.Log(strings.TrimRight(string(p), "\n"))
+	w.t.Log(line)
 	return len(p), nil
 }
 
+// waitFor polls cond, which reads a real state, until it holds; it fails the
+// test after timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -204,7 +244,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval: cond reads the real state again
 	}
 }
 

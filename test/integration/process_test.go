@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -102,6 +103,21 @@ func (p *process) output() string {
 	return string(b)
 }
 
+// waitMetric waits until the process's unlabelled metric name is at least
+// min; it fails the test at once if the process exits meanwhile.
+func (p *process) waitMetric(t *testing.T, timeout time.Duration, name string, min float64) {
+	t.Helper()
+	waitFor(t, timeout, fmt.Sprintf("%s >= %v", name, min), func() bool {
+		select {
+		case <-p.done:
+			t.Fatalf("connector exited while waiting for %s >= %v: %v\n%s", name, min, p.err, p.output())
+		default:
+		}
+		v, err := metricValue(p.addr, name)
+		return err == nil && v >= min
+	})
+}
+
 // TestKill9LosesNothing writes events from several writers while the real
 // binary is killed with SIGKILL and restarted; every committed event must be
 // in Kafka afterwards, and per aggregate the order holds but for replays.
@@ -129,8 +145,16 @@ http:
 
 	p := startProcess(t, cfgPath, addr)
 
+	// Each writer writes at least perWriter events and goes on until the
+	// kills are over, so every kill lands while the writers run. The kills
+	// come at points of the writers' progress, not after fixed sleeps.
 	const writers, perWriter = 4, 250
-	var wg sync.WaitGroup
+	var (
+		wg        sync.WaitGroup
+		written   atomic.Int64
+		last      [writers]int // last seq committed per writer, read after wg.Wait
+		killsDone = make(chan struct{})
+	)
 	errs := make(chan error, writers)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -142,30 +166,51 @@ http:
 				return
 			}
 			defer conn.Close(context.Background())
-			for i := 1; i <= perWriter; i++ {
+			for i := 1; ; i++ {
+				if i > perWriter {
+					select {
+					case <-killsDone:
+						return
+					default:
+					}
+				}
 				_, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 					VALUES ('kill', $1, 'E', jsonb_build_object('seq', $2::int))`, fmt.Sprintf("w%d", w), i)
 				if err != nil {
 					errs <- err
 					return
 				}
-				time.Sleep(2 * time.Millisecond)
+				last[w] = i
+				written.Add(1)
+				time.Sleep(2 * time.Millisecond) // pacing: a steady stream of small transactions
 			}
 		})
 	}
-	// Kill the connector three times while the writers run.
-	for k := 0; k < 3; k++ {
-		time.Sleep(300 * time.Millisecond)
+	writersDone := make(chan struct{})
+	go func() { wg.Wait(); close(writersDone) }()
+	// Kill the connector three times while the writers run, after every
+	// quarter of the minimum they write.
+	for k := 1; k <= 3; k++ {
+		at := int64(k * writers * perWriter / 4)
+		waitFor(t, 2*time.Minute, fmt.Sprintf("%d events written before kill %d", at, k), func() bool {
+			select {
+			case <-writersDone: // all failed: the errors are reported below
+				return true
+			default:
+			}
+			return written.Load() >= at
+		})
 		p.kill()
 		p = startProcess(t, cfgPath, addr)
 	}
+	close(killsDone)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		t.Fatalf("writer: %v", err)
 	}
 
-	want := writers * perWriter
+	want := int(written.Load())
 	recs := consumeN(t, []string{topicFor("kill")}, want, 2*time.Minute, 2*time.Second)
 	type ev struct {
 		key string
@@ -180,7 +225,7 @@ http:
 		seen[ev{string(r.Key), v.Seq}]++
 	}
 	for w := 0; w < writers; w++ {
-		for i := 1; i <= perWriter; i++ {
+		for i := 1; i <= last[w]; i++ {
 			if seen[ev{fmt.Sprintf("w%d", w), i}] == 0 {
 				t.Errorf("event w%d/%d lost", w, i)
 			}

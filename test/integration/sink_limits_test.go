@@ -195,7 +195,7 @@ func TestUnknownTopicWaitsForItsTopic(t *testing.T) {
 	cfg.Kafka.Brokers = k.Brokers()
 	cfg.Kafka.AutoCreateTopics = false
 	cfg.Kafka.UnknownTopicTimeout = timeout
-	startConnector(t, cfg)
+	c := startConnector(t, cfg)
 	conn := pgConnect(t, dsn)
 
 	start := time.Now()
@@ -210,7 +210,11 @@ func TestUnknownTopicWaitsForItsTopic(t *testing.T) {
 	if got := consumeFrom(t, k.Brokers(), []string{topicFor("present")}, 1, timeout/2, 0); len(got) != 1 {
 		t.Fatalf("%d records on the existing topic", len(got))
 	}
-	time.Sleep(2*time.Second - time.Since(start)) // the connector finds "late" missing for a while
+	// The topic is created only once the connector has found it missing
+	// (sink/topics.go logs that when a lookup first finds no topic).
+	waitFor(t, timeout/2, "the connector to find topic late missing", func() bool {
+		return c.logged("kafka: topic does not exist; its records wait for it", "topic="+topicFor("late")+" ")
+	})
 	if _, err := adm.CreateTopic(ctx, 3, 1, nil, topicFor("late")); err != nil {
 		t.Fatalf("create topic: %v", err)
 	}
