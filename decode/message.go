@@ -4,23 +4,21 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"sort"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
-// emitted is the content of a table-less outbox event, written by
-// outbox.Emit with pg_logical_emit_message(true, prefix, content).
-type emitted struct {
-	ID            *string           `json:"id"`
-	AggregateType *string           `json:"aggregate_type"`
-	AggregateID   *string           `json:"aggregate_id"`
-	EventType     *string           `json:"event_type"`
-	Payload       json.RawMessage   `json:"payload"`
-	PayloadBase64 *string           `json:"payload_base64"`
-	Headers       map[string]string `json:"headers"`
-}
+// emitted is wire.Message under the name that encoding/json's errors have
+// always given it: an unreadable message is dead-lettered with the error
+// text in its error header, which names the type ("... of type
+// decode.emitted").
+type emitted wire.Message
 
-// ParseMessage turns the content of a table-less outbox event into an Event. Content that is not
-// the documented JSON yields an Event marked Invalid, which is dead-lettered
-// with the raw content as its value.
+// ParseMessage turns the content of a table-less outbox event (wire.Message,
+// written by outbox.Emit) into an Event. Content that is not that JSON object
+// yields an Event marked Invalid, which is dead-lettered with the raw content
+// as its value. A member that is absent or null is a NULL value, as the
+// column of a table event would be.
 func ParseMessage(content []byte) Event {
 	var e emitted
 	if err := json.Unmarshal(content, &e); err != nil {

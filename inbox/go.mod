@@ -2,8 +2,15 @@ module github.com/outbox-cdc/outbox-cdc/inbox
 
 go 1.26.0
 
+// The header names come from the outbox module's wire package, which imports
+// nothing outside the standard library. Here it is the copy in this
+// repository; replace applies only when inbox is the main module, so a
+// release of inbox requires a released outbox.
+replace github.com/outbox-cdc/outbox-cdc/outbox => ../outbox
+
 require (
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/outbox-cdc/outbox-cdc/outbox v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.25.0
 	github.com/twmb/franz-go v1.22.3
 )

@@ -46,6 +46,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Defaults for Config.
@@ -370,7 +372,7 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) (id string, dup bool, err error) {
 	id = EventID(rec)
 	var eventType any
-	if et, ok := Header(rec, "event_type"); ok {
+	if et, ok := Header(rec, wire.HeaderEventType); ok {
 		eventType = et
 	}
 	tx, err := c.cfg.DB.Begin(ctx)
@@ -423,7 +425,7 @@ func (c *Consumer) commit(ctx context.Context, recs []*kgo.Record) error {
 // EventID returns the id the inbox stores for rec: its "id" header, or
 // "<topic>/<partition>/<offset>" when the header is missing or empty.
 func EventID(rec *kgo.Record) string {
-	if id, ok := Header(rec, "id"); ok && id != "" {
+	if id, ok := Header(rec, wire.HeaderID); ok && id != "" {
 		return id
 	}
 	return fmt.Sprintf("%s/%d/%d", rec.Topic, rec.Partition, rec.Offset)

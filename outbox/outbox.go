@@ -46,6 +46,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // TableDDL creates the contract's outbox table with the default names. It is
@@ -64,10 +66,6 @@ const (
 	DefaultTable  = "public.outbox"
 	DefaultPrefix = "outbox"
 )
-
-// Reserved header names: the connector always sends these headers, so an
-// event's extra headers cannot use them.
-var reservedHeaders = []string{"id", "event_type", "aggregate_type"}
 
 // ErrInvalidEvent is wrapped by every error about an Event's content.
 var ErrInvalidEvent = errors.New("outbox: invalid event")
@@ -277,34 +275,9 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, e Event) error {
 	return nil
 }
 
-// Message is the content of a table-less outbox event, as Emit writes it:
-// a JSON object, UTF-8, written with pg_logical_emit_message(true, prefix,
-// content) (content as bytea).
-//
-//	{
-//	  "id":             "0190f5b2-…",         event id (header "id")
-//	  "aggregate_type": "order",              topic selection (header "aggregate_type")
-//	  "aggregate_id":   "order-1001",         record key
-//	  "event_type":     "OrderPlaced",        header "event_type"
-//	  "payload":        {"any": "JSON"},      record value: this JSON value's text
-//	  "payload_base64": "AAEC",               record value: these bytes (std base64), instead of payload
-//	  "headers":        {"tenant": "acme"}    extra headers, name → text value
-//	}
-//
-// payload and payload_base64 are never both present. Neither present, or
-// "payload": null, is a tombstone (nil record value); a JSON null payload
-// therefore cannot be sent as the 4-byte value "null" through Emit.
-// headers is omitted when empty; its names never include id, event_type or
-// aggregate_type. Unknown members must be ignored by readers.
-type Message struct {
-	ID            string            `json:"id"`
-	AggregateType string            `json:"aggregate_type"`
-	AggregateID   string            `json:"aggregate_id"`
-	EventType     string            `json:"event_type"`
-	Payload       json.RawMessage   `json:"payload,omitempty"`
-	PayloadBase64 *string           `json:"payload_base64,omitempty"`
-	Headers       map[string]string `json:"headers,omitempty"`
-}
+// Message is the content Emit writes, documented on wire.Message: the
+// connector reads the same type.
+type Message = wire.Message
 
 // Emit writes e as a transactional logical message inside tx instead of a
 // table row:
@@ -343,7 +316,7 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := Message{ID: id, AggregateType: e.AggregateType, AggregateID: e.AggregateID, EventType: e.EventType}
+	m := Message{ID: &id, AggregateType: &e.AggregateType, AggregateID: &e.AggregateID, EventType: &e.EventType}
 	switch p := e.Payload.(type) {
 	case nil:
 	case json.RawMessage:
@@ -366,7 +339,7 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 		m.Payload = b
 	}
 	for name, v := range e.Headers {
-		if name == "" || slices.Contains(reservedHeaders, name) {
+		if name == "" || wire.Reserved(name) {
 			return nil, fmt.Errorf("%w: header name %q is reserved or empty", ErrInvalidEvent, name)
 		}
 		if v == nil {

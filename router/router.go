@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Placeholder is the one variable a topic template may use.
@@ -17,13 +18,15 @@ const Placeholder = "{aggregate_type}"
 // topics are computed per event, which only costs speed.
 const maxTopicCache = 4096
 
-// Header names the contract fixes.
+// Header names, defined in wire.
+//
+// Deprecated: name them from wire; these remain for internal/config and the
+// sink tests until they do.
 const (
-	HeaderID            = "id"
-	HeaderEventType     = "event_type"
-	HeaderAggregateType = "aggregate_type"
-	HeaderAggregateID   = "aggregate_id"
-	HeaderError         = "error"
+	HeaderID            = wire.HeaderID
+	HeaderEventType     = wire.HeaderEventType
+	HeaderAggregateType = wire.HeaderAggregateType
+	HeaderError         = wire.HeaderError
 )
 
 // Header is one record header.
@@ -111,9 +114,10 @@ func (r *Router) Route(ev *decode.Event, commit time.Time, rec *Record) (reason 
 	return ""
 }
 
-// DeadLetter fills rec with the dead-letter record for ev: the original key
-// (or the event id when aggregate_id is NULL), payload and fields, and the
-// reason in the error header.
+// DeadLetter fills rec with the dead-letter record for ev, in the shape
+// wire's dead-letter headers describe: the original key (or the event id when
+// aggregate_id is NULL), payload and headers, the reason in the error header
+// first and aggregate_id last.
 func (r *Router) DeadLetter(ev *decode.Event, commit time.Time, reason string, rec *Record) {
 	rec.Topic = r.dlq
 	rec.Key = ev.AggregateID.Bytes
@@ -122,10 +126,10 @@ func (r *Router) DeadLetter(ev *decode.Event, commit time.Time, reason string, r
 	}
 	rec.Value = valueOf(ev.Payload)
 	rec.Timestamp = commit
-	h := append(rec.Headers[:0], Header{HeaderError, []byte(reason)})
+	h := append(rec.Headers[:0], Header{wire.HeaderError, []byte(reason)})
 	h = appendHeaders(h, ev)
 	if !ev.AggregateID.Null {
-		h = append(h, Header{HeaderAggregateID, ev.AggregateID.Bytes})
+		h = append(h, Header{wire.HeaderAggregateID, ev.AggregateID.Bytes})
 	}
 	rec.Headers = h
 }
@@ -148,9 +152,9 @@ func appendHeaders(h []Header, ev *decode.Event) []Header {
 			h = append(h, Header{key, v.Bytes})
 		}
 	}
-	add(HeaderID, ev.ID)
-	add(HeaderEventType, ev.EventType)
-	add(HeaderAggregateType, ev.AggregateType)
+	add(wire.HeaderID, ev.ID)
+	add(wire.HeaderEventType, ev.EventType)
+	add(wire.HeaderAggregateType, ev.AggregateType)
 	for _, c := range ev.Headers {
 		add(c.Name, c.Value)
 	}

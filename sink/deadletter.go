@@ -9,14 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outbox-cdc/outbox-cdc/router"
-)
-
-// Header names the sink adds to dead letters.
-const (
-	HeaderTopic          = "topic"           // the topic the record was meant for
-	HeaderPayloadOmitted = "payload_omitted" // why the payload (and more) was left out
-	HeaderTruncated      = "truncated"       // the key and headers were cut to fit
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // recordBatchOverhead is the size of a v2 record batch without records
@@ -44,8 +37,8 @@ func batchSize(r *kgo.Record) int {
 func (s *Sink) deadLetter(r *record, reason string, cause error) {
 	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
 	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
-	h = append(h, kgo.RecordHeader{Key: router.HeaderError, Value: []byte(reason)},
-		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)})
+	h = append(h, kgo.RecordHeader{Key: wire.HeaderError, Value: []byte(reason)},
+		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.Topic)})
 	r.Headers = append(h, r.Headers...)
 	r.orig, r.Topic = r.Topic, s.dlq
 	r.dead, r.reason, r.level = true, reason, 0
@@ -110,20 +103,20 @@ func shrink(r *record, why string, cause error) {
 	if r.level == 0 && !errors.Is(cause, kerr.InvalidTimestamp) {
 		r.level = 1
 		r.Value = nil
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderPayloadOmitted, Value: []byte(why)})
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: wire.HeaderPayloadOmitted, Value: []byte(why)})
 		r.size = batchSize(&r.Record)
 		return
 	}
 	r.level = 2
-	h := []kgo.RecordHeader{{Key: router.HeaderError, Value: clip(r.reason, 256)}}
+	h := []kgo.RecordHeader{{Key: wire.HeaderError, Value: clip(r.reason, 256)}}
 	if r.orig != "" {
-		h = append(h, kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.orig)})
+		h = append(h, kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.orig)})
 	}
-	if id := headerValue(&r.Record, router.HeaderID); id != "" {
-		h = append(h, kgo.RecordHeader{Key: router.HeaderID, Value: clip(id, 64)})
+	if id := headerValue(&r.Record, wire.HeaderID); id != "" {
+		h = append(h, kgo.RecordHeader{Key: wire.HeaderID, Value: clip(id, 64)})
 	}
-	h = append(h, kgo.RecordHeader{Key: HeaderPayloadOmitted, Value: clip(why, 256)},
-		kgo.RecordHeader{Key: HeaderTruncated, Value: []byte("key cut to 64 bytes, other headers dropped")})
+	h = append(h, kgo.RecordHeader{Key: wire.HeaderPayloadOmitted, Value: clip(why, 256)},
+		kgo.RecordHeader{Key: wire.HeaderTruncated, Value: []byte("key cut to 64 bytes, other headers dropped")})
 	r.Headers = h
 	if len(r.Key) > 64 {
 		r.Key = r.Key[:64]

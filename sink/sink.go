@@ -34,6 +34,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
@@ -259,7 +260,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 	}
 	r.Headers = h
 	if r.Topic == s.dlq { // the router's dead letter, with its error header
-		r.dead, r.reason = true, headerValue(&r.Record, router.HeaderError)
+		r.dead, r.reason = true, headerValue(&r.Record, wire.HeaderError)
 	}
 	r.size = batchSize(&r.Record)
 	s.outstanding.Add(1)

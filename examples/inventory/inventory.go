@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/inbox"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Defaults of the service.
@@ -89,7 +90,7 @@ const (
 // the reservations primary key (order_id) is a second line of defence should
 // the same order arrive under another event id.
 func Handle(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
-	if et, _ := inbox.Header(rec, "event_type"); et != "OrderPlaced" {
+	if et, _ := inbox.Header(rec, wire.HeaderEventType); et != "OrderPlaced" {
 		return nil
 	}
 	var ev orderPlaced

@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/examples/orders"
 	"github.com/outbox-cdc/outbox-cdc/inbox"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // adoptionKit shows the application side while the connector runs: the
@@ -98,7 +99,7 @@ func adoptionKit(ctx context.Context, pg *testenv.Postgres, brokers []string, sh
 		if err := tx.QueryRow(ctx, `SELECT status FROM reservations WHERE order_id = $1`, string(rec.Key)).Scan(&status); err != nil {
 			return err
 		}
-		et, _ := inbox.Header(rec, "event_type")
+		et, _ := inbox.Header(rec, wire.HeaderEventType)
 		say("  inventory: %s p%d@%-3d %s %s -> %s (first delivery of id %s)", rec.Topic, rec.Partition, rec.Offset, et, short(string(rec.Key)), status, short(inbox.EventID(rec)))
 		mu.Lock()
 		handled = append(handled, rec)

@@ -26,6 +26,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
 
@@ -126,7 +127,7 @@ func run(ctx context.Context) error {
 	for _, r := range recs {
 		et := ""
 		for _, h := range r.Headers {
-			if h.Key == "event_type" {
+			if h.Key == wire.HeaderEventType {
 				et = string(h.Value)
 			}
 		}

@@ -1,0 +1,83 @@
+// Package wire defines what outbox-cdc's writers, connector and consumers
+// must agree on byte for byte: the names of the headers on the records the
+// connector publishes (dead letters included) and the content of a
+// table-less event (outbox.Emit).
+//
+// It lives in the outbox module, the lowest layer, and imports only the
+// standard library: the connector (router, decode, sink), the outbox library
+// and the inbox library all import it, and none of them has to import
+// another to agree on a name. docs/contract.md describes the same record for
+// readers who do not use Go.
+package wire
+
+import "encoding/json"
+
+// Headers of every published record, in this order, each omitted when its
+// value is NULL. Extra headers (the connector's outbox.header_columns,
+// outbox.Event.Headers) follow them and may not reuse these names (Reserved).
+const (
+	HeaderID            = "id"             // event id; consumers deduplicate on it
+	HeaderEventType     = "event_type"     // the event's type
+	HeaderAggregateType = "aggregate_type" // selects the topic
+)
+
+// Headers a dead letter adds to the record it replaces. The dead letter keeps
+// the record's key, value, timestamp and headers; in front of them go
+// HeaderError and, when the broker refused the record, HeaderTopic. A row the
+// connector rejects before sending carries HeaderAggregateID last, or, when
+// aggregate_id is NULL, no such header and the event id as its key. A dead
+// letter the dead-letter topic refuses is sent again without its value (with
+// HeaderPayloadOmitted), then as a minimal record: no value, the key cut to 64
+// bytes, at most the headers error, topic, id, payload_omitted and truncated.
+const (
+	HeaderError          = "error"           // why the record was dead-lettered; always the first header
+	HeaderTopic          = "topic"           // the topic the record was meant for
+	HeaderAggregateID    = "aggregate_id"    // the original key, when the router rejected the row
+	HeaderPayloadOmitted = "payload_omitted" // why the payload (and more) was left out
+	HeaderTruncated      = "truncated"       // the key and headers were cut to fit
+)
+
+// Reserved reports whether name is a header every record carries, which an
+// extra header may therefore not use: the record would have two.
+func Reserved(name string) bool {
+	switch name {
+	case HeaderID, HeaderEventType, HeaderAggregateType:
+		return true
+	}
+	return false
+}
+
+// Message is the content of a table-less outbox event: a JSON object, UTF-8,
+// written with pg_logical_emit_message(true, prefix, content) (content as
+// bytea). outbox.Writer.EncodeMessage writes it; the connector's decoder
+// reads it.
+//
+//	{
+//	  "id":             "0190f5b2-…",         event id (header "id")
+//	  "aggregate_type": "order",              topic selection (header "aggregate_type")
+//	  "aggregate_id":   "order-1001",         record key
+//	  "event_type":     "OrderPlaced",        header "event_type"
+//	  "payload":        {"any": "JSON"},      record value: this JSON value's text
+//	  "payload_base64": "AAEC",               record value: these bytes (std base64), instead of payload
+//	  "headers":        {"tenant": "acme"}    extra headers, name → text value
+//	}
+//
+// payload and payload_base64 are never both present. Neither present, or
+// "payload": null, is a tombstone (nil record value); a JSON null payload
+// therefore cannot be sent as the 4-byte value "null" through Emit.
+// headers is omitted when empty; its names are never Reserved. Unknown
+// members must be ignored by readers.
+//
+// The four text members are pointers because content written by other
+// programs may lack them or hold null, which the connector reads as the NULL
+// column of a table event (no header; a NULL aggregate_id is dead-lettered),
+// while "" is an empty value. Emit always writes all four.
+type Message struct {
+	ID            *string           `json:"id"`
+	AggregateType *string           `json:"aggregate_type"`
+	AggregateID   *string           `json:"aggregate_id"`
+	EventType     *string           `json:"event_type"`
+	Payload       json.RawMessage   `json:"payload,omitempty"`
+	PayloadBase64 *string           `json:"payload_base64,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+}
