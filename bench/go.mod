@@ -17,6 +17,7 @@ replace (
 require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/outbox-cdc/outbox-cdc v0.0.0-00010101000000-000000000000
+	github.com/outbox-cdc/outbox-cdc/outbox v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_model v0.6.3
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
@@ -47,7 +48,6 @@ require (
 	github.com/mitchellh/copystructure v1.2.0 // indirect
 	github.com/mitchellh/reflectwalk v1.0.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/outbox-cdc/outbox-cdc/outbox v0.0.0-00010101000000-000000000000 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/common v0.72.0 // indirect

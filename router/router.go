@@ -18,17 +18,6 @@ const Placeholder = "{aggregate_type}"
 // topics are computed per event, which only costs speed.
 const maxTopicCache = 4096
 
-// Header names, defined in wire.
-//
-// Deprecated: name them from wire; these remain for internal/config and the
-// sink tests until they do.
-const (
-	HeaderID            = wire.HeaderID
-	HeaderEventType     = wire.HeaderEventType
-	HeaderAggregateType = wire.HeaderAggregateType
-	HeaderError         = wire.HeaderError
-)
-
 // Header is one record header.
 type Header struct {
 	Key   string

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 const (
@@ -501,8 +502,8 @@ func TestDeadLetter(t *testing.T) {
 			} else if string(rec.Value) != `{"total":10}` {
 				t.Errorf("value = %q, want the payload", rec.Value)
 			}
-			if len(rec.Headers) == 0 || rec.Headers[0].Key != HeaderError {
-				t.Errorf("first header is not %q: %v", HeaderError, headersOf(rec.Headers))
+			if len(rec.Headers) == 0 || rec.Headers[0].Key != wire.HeaderError {
+				t.Errorf("first header is not %q: %v", wire.HeaderError, headersOf(rec.Headers))
 			}
 			if !equalHeaders(rec.Headers, tc.wantHdrs) {
 				t.Errorf("headers = %v, want %v", headersOf(rec.Headers), tc.wantHdrs)
@@ -526,7 +527,7 @@ func TestDeadLetterAfterRouteReason(t *testing.T) {
 		t.Fatal("Route accepted an illegal topic")
 	}
 	r.DeadLetter(&ev, commitTime, reason, &rec)
-	if rec.Topic != defDLQ || string(rec.Key) != "42" || rec.Headers[0].Key != HeaderError ||
+	if rec.Topic != defDLQ || string(rec.Key) != "42" || rec.Headers[0].Key != wire.HeaderError ||
 		string(rec.Headers[0].Value) != reason {
 		t.Fatalf("dead-letter record = %+v", rec)
 	}

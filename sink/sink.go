@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -195,19 +196,39 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 }
 
 func codecFor(name string) (kgo.CompressionCodec, error) {
-	switch name {
-	case "", "none":
+	if name == "" {
 		return kgo.NoCompression(), nil
-	case "gzip":
-		return kgo.GzipCompression(), nil
-	case "snappy":
-		return kgo.SnappyCompression(), nil
-	case "lz4":
-		return kgo.Lz4Compression(), nil
-	case "zstd":
-		return kgo.ZstdCompression(), nil
 	}
-	return kgo.CompressionCodec{}, fmt.Errorf("kafka.compression %q: use none, gzip, snappy, lz4 or zstd", name)
+	for _, c := range codecs {
+		if c.name == name {
+			return c.codec, nil
+		}
+	}
+	names := Compressions()
+	return kgo.CompressionCodec{}, fmt.Errorf("kafka.compression %q: use %s or %s", name,
+		strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
+}
+
+// codecs are the kafka.compression values and their codecs.
+var codecs = []struct {
+	name  string
+	codec kgo.CompressionCodec
+}{
+	{"none", kgo.NoCompression()},
+	{"gzip", kgo.GzipCompression()},
+	{"snappy", kgo.SnappyCompression()},
+	{"lz4", kgo.Lz4Compression()},
+	{"zstd", kgo.ZstdCompression()},
+}
+
+// Compressions lists the kafka.compression values the sink accepts ("" is
+// none too).
+func Compressions() []string {
+	names := make([]string, len(codecs))
+	for i, c := range codecs {
+		names[i] = c.name
+	}
+	return names
 }
 
 // Ping checks that a broker answers.

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
@@ -398,8 +399,8 @@ func TestAddressedToDLQ(t *testing.T) {
 		Key:   []byte("ev-7"),
 		Value: []byte(`{}`),
 		Headers: []router.Header{
-			{Key: router.HeaderError, Value: []byte("aggregate_id is NULL")},
-			{Key: router.HeaderID, Value: []byte("ev-7")},
+			{Key: wire.HeaderError, Value: []byte("aggregate_id is NULL")},
+			{Key: wire.HeaderID, Value: []byte("ev-7")},
 		},
 		Timestamp: commit,
 	}

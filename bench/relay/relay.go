@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -206,9 +207,9 @@ func (r *Relay) batch(ctx context.Context) (n int, err error) {
 			Key:       []byte(aggID),
 			Timestamp: created,
 			Headers: []kgo.RecordHeader{
-				{Key: "id", Value: []byte(id)},
-				{Key: "event_type", Value: []byte(evType)},
-				{Key: "aggregate_type", Value: []byte(aggType)},
+				{Key: wire.HeaderID, Value: []byte(id)},
+				{Key: wire.HeaderEventType, Value: []byte(evType)},
+				{Key: wire.HeaderAggregateType, Value: []byte(aggType)},
 			},
 		}
 		if payload != nil {

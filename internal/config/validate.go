@@ -11,16 +11,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 var (
-	// sink.New accepts these names (and "" for none).
-	compressions = []string{"none", "gzip", "snappy", "lz4", "zstd"}
-	// The fixed record headers; a header column may not reuse these names.
-	reservedHeaders = []string{router.HeaderID, router.HeaderEventType, router.HeaderAggregateType}
-
 	slotRE        = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 	publicationRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 	identifierRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
@@ -239,7 +235,7 @@ func (v *validator) outbox(ob Outbox) {
 			v.add(key, h, fmt.Sprintf("listed twice (also at index %d)", j), "remove one")
 		}
 		seen[h] = i
-		if slices.Contains(reservedHeaders, h) {
+		if wire.Reserved(h) { // a fixed header of every record
 			v.add(key, h, "the header "+h+" is always sent; a column with this name would give a second one",
 				"remove it from outbox.header_columns")
 		}
@@ -293,7 +289,7 @@ func (v *validator) kafka(k Kafka) {
 	v.durationRange("kafka.linger", k.ProducerLinger, 0, time.Minute, "")
 	v.durationRange("kafka.request_timeout", k.RequestTimeout, 100*time.Millisecond, 15*time.Minute, "")
 	v.durationRange("kafka.drain_timeout", k.DrainTimeout, time.Second, 15*time.Minute, "")
-	v.oneOf("kafka.compression", k.Compression, compressions)
+	v.oneOf("kafka.compression", k.Compression, sink.Compressions())
 	// CreateTopics takes int32 partitions and an int16 replication factor.
 	if n := k.TopicPartitions; n == 0 || n < -1 || n > 1<<20 {
 		v.add("kafka.topic_partitions", strconv.Itoa(n), fmt.Sprintf("must be -1 or 1 to %d", 1<<20),

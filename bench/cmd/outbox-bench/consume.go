@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -30,7 +31,7 @@ func newArrivals(n int) *arrivals {
 func (a *arrivals) add(r *kgo.Record, now int64) {
 	a.records.Add(1)
 	for _, h := range r.Headers {
-		if h.Key != "id" {
+		if h.Key != wire.HeaderID {
 			continue
 		}
 		seq, ok := seqOf(h.Value)
