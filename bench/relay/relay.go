@@ -16,13 +16,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Schema is the polling relay's outbox table: the contract's columns plus the

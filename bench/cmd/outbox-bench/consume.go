@@ -3,13 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // arrivals records, per event sequence number, when the benchmark's consumer
