@@ -21,6 +21,10 @@ type Checkpoint struct {
 	// was fully acknowledged; false while one is in progress.
 	SnapshotDone bool      `json:"snapshot_done"`
 	UpdatedAt    time.Time `json:"updated_at"`
+	// CommitTime is the commit time of the last transaction at or below LSN
+	// as far as the connector knew it (zero if unknown): the events that a
+	// lost slot could not deliver were committed after it.
+	CommitTime time.Time `json:"commit_time,omitzero"`
 	// Identity says where LSN is a position; zero in checkpoints written by
 	// versions before it was recorded.
 	Identity

@@ -64,7 +64,7 @@ func TestFileStoreIdentity(t *testing.T) {
 		want    lsn.LSN // stored LSN afterwards
 	}{
 		{"identity added to an old checkpoint, lower", false, Checkpoint{LSN: 0x400, Identity: a}, false, 0x400},
-		{"forward", false, Checkpoint{LSN: 0x600, Identity: a}, false, 0x600},
+		{"forward", false, Checkpoint{LSN: 0x600, Identity: a, CommitTime: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}, false, 0x600},
 		{"same position again", false, Checkpoint{LSN: 0x600, Identity: a}, false, 0x600},
 		{"back, same identity: stale", false, Checkpoint{LSN: 0x580, Identity: a}, true, 0x600},
 		{"back, identity changed", false, Checkpoint{LSN: 0x100, Identity: b}, false, 0x100},
@@ -85,6 +85,9 @@ func TestFileStoreIdentity(t *testing.T) {
 		}
 		if !st.stale && got.Identity != st.c.Identity {
 			t.Fatalf("%s: stored identity %+v, want %+v", st.name, got.Identity, st.c.Identity)
+		}
+		if !st.stale && !got.CommitTime.Equal(st.c.CommitTime) {
+			t.Fatalf("%s: stored commit time %v, want %v", st.name, got.CommitTime, st.c.CommitTime)
 		}
 	}
 	if f := s.Forget(); f != "remove the file "+path {

@@ -41,6 +41,9 @@ type CheckpointStore interface {
 
 // Config is everything the pipeline needs, already validated.
 type Config struct {
+	// ConfigPath is the configuration file, for commands printed in
+	// messages ("" leaves a placeholder).
+	ConfigPath     string
 	Source         replication.Source
 	Mapping        decode.Mapping
 	Routes         router.Config
@@ -119,6 +122,8 @@ type Pipeline struct {
 	gap       atomic.Pointer[gapInfo] // a gap not yet repaired: recorded in every checkpoint
 	gapClear  atomic.Uint64           // set once the backfill ran: the gap is repaired past it
 	savedGap  *gapInfo                // the gap in the last checkpoint saved (checkpoint writers only)
+	lastCkpt  *lastCheckpoint         // what the checkpoint store holds, for the slot-loss runbook
+	commits   commitTimes             // recent commit times, for the checkpoint's CommitTime
 	fatalOnce sync.Once
 	fatal     chan error
 	ready     chan struct{}
@@ -144,7 +149,8 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	return &Pipeline{cfg: cfg, log: log, m: m, router: r, fatal: make(chan error, 1), ready: make(chan struct{})}, nil
+	return &Pipeline{cfg: cfg, log: log, m: m, router: r, fatal: make(chan error, 1), ready: make(chan struct{}),
+		lastCkpt: &lastCheckpoint{}}, nil
 }
 
 // Ready is closed once the slot is set up and streaming has started.
@@ -158,6 +164,10 @@ func (p *Pipeline) Streaming() bool { return p.streaming.Load() }
 // returns the first fatal error. In replay mode it returns once the range is
 // published and acknowledged.
 func (p *Pipeline) Run(ctx context.Context) error {
+	return p.runbook(p.run(ctx))
+}
+
+func (p *Pipeline) run(ctx context.Context) error {
 	pl, err := p.resolve(ctx)
 	if err != nil {
 		return err

@@ -117,9 +117,9 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 			}
 		}
 		ident := identified{store, offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline,
-			Database: srv.Database, Slot: src.Slot}, p.m.CheckpointLSN}
+			Database: srv.Database, Slot: src.Slot}, p.m.CheckpointLSN, p.lastCkpt}
 		if haveCkpt {
-			ident.holds(ckpt.LSN)
+			ident.holds(ckpt)
 		}
 		pl.checkpoints = ident
 	}
@@ -168,8 +168,9 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 	if res.Created && haveCkpt {
 		// A new slot is a new stream: a position saved for another one must
 		// not skip any of it.
-		p.log.Warn("ignoring the checkpoint: the slot was created by this run; overwriting it", "checkpoint", ckpt.LSN,
-			"slot", src.Slot, "slot_start", res.Confirmed)
+		p.log.Warn("ignoring the checkpoint: the slot was created by this run; overwriting it. If the slot was lost, "+
+			"events committed after the checkpoint and before now were not streamed: see repair", "checkpoint", ckpt.LSN,
+			"slot", src.Slot, "slot_start", res.Confirmed, "repair", p.repairCommand(ckpt))
 		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: res.Confirmed, SnapshotDone: res.Snapshot == nil}); err != nil {
 			pl.close(ctx)
 			return fmt.Errorf("save checkpoint: %w", err)

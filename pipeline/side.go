@@ -73,6 +73,11 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c := offsets.Checkpoint{LSN: a, SnapshotDone: true}
+	if at, ok := p.commits.before(a); ok {
+		c.CommitTime = at
+	} else if last, ok := p.lastCkpt.get(); ok && last.LSN <= a {
+		c.CommitTime = last.CommitTime // older, so still a lower bound
+	}
 	if gap != nil {
 		c.Gap = &offsets.Gap{Since: gap.Since, Xmin: gap.Xmin}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,7 +15,7 @@ import (
 )
 
 // identityColumns were added after the first release; older tables lack them.
-var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin"}
+var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time"}
 
 // TableStore keeps checkpoints in a table of the source database, one row
 // per slot, so they live and fail over with the data they describe.
@@ -50,7 +51,8 @@ func (s *TableStore) DDL() string {
 	timeline      integer,
 	database      text,
 	gap_since     pg_lsn,
-	gap_xmin      bigint)`, s.table)
+	gap_xmin      bigint,
+	commit_time   timestamptz)`, s.table)
 }
 
 func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -104,7 +106,8 @@ func (s *TableStore) prepare(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	alter := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline integer, "+
-		"ADD COLUMN IF NOT EXISTS database text, ADD COLUMN IF NOT EXISTS gap_since pg_lsn, ADD COLUMN IF NOT EXISTS gap_xmin bigint", s.table)
+		"ADD COLUMN IF NOT EXISTS database text, ADD COLUMN IF NOT EXISTS gap_since pg_lsn, ADD COLUMN IF NOT EXISTS gap_xmin bigint, "+
+		"ADD COLUMN IF NOT EXISTS commit_time timestamptz", s.table)
 	if _, err := conn.Exec(ctx, alter); err != nil {
 		return fmt.Errorf("checkpoint store: %s lacks the columns %s (written by an older version) and this role cannot add them (%w); "+
 			"have the table's owner run: %s", s.table, strings.Join(missing, ", "), err, alter)
@@ -137,9 +140,10 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	var c offsets.Checkpoint
 	var gapSince *lsn.LSN
 	var gapXmin *int64
+	var commitTime *time.Time
 	err = conn.QueryRow(ctx, fmt.Sprintf(`SELECT lsn, snapshot_done, updated_at, coalesce(system_id, ''), coalesce(timeline, 0),
-		coalesce(database, ''), gap_since, gap_xmin FROM %s WHERE slot = $1`, s.table), s.slot).
-		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin)
+		coalesce(database, ''), gap_since, gap_xmin, commit_time FROM %s WHERE slot = $1`, s.table), s.slot).
+		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin, &commitTime)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return offsets.Checkpoint{}, offsets.ErrNoCheckpoint
 	}
@@ -148,6 +152,9 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 		return offsets.Checkpoint{}, fmt.Errorf("checkpoint store: load: %w", err)
 	}
 	c.Slot = s.slot // the row's key
+	if commitTime != nil {
+		c.CommitTime = *commitTime
+	}
 	if gapSince != nil && gapXmin != nil {
 		c.Gap = &offsets.Gap{Since: *gapSince, Xmin: uint64(*gapXmin)}
 	}
@@ -177,13 +184,17 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	if c.Gap != nil {
 		gapSince, gapXmin = c.Gap.Since, int64(c.Gap.Xmin)
 	}
+	var commitTime any
+	if !c.CommitTime.IsZero() {
+		commitTime = c.CommitTime
+	}
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
-			gap_since, gap_xmin)
-		VALUES ($1, $2, $3, now(), $4, $5, $6, $7, $8)
+			gap_since, gap_xmin, commit_time)
+		VALUES ($1, $2, $3, now(), $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
 			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
-			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin %s`, s.table, where),
-		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin)
+			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time %s`, s.table, where),
+		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin, commitTime)
 	if err != nil {
 		s.reset(ctx)
 		return fmt.Errorf("checkpoint store: save: %w", err)

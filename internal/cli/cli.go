@@ -109,6 +109,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		fmt.Fprintf(stderr, "outbox-cdc: %v\n", err)
 		return ExitUsage
 	}
+	pc.ConfigPath = *path
 	// The client retries TLS and SASL failures like any connection failure;
 	// this says why nothing gets out.
 	pc.Sink.Opts = append(pc.Sink.Opts, sink.SecurityFailureLog(log, time.Minute))

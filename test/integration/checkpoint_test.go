@@ -513,11 +513,19 @@ func TestCheckpointTableUpgrade(t *testing.T) {
 		t.Fatalf("%d records, want exactly 5", len(recs))
 	}
 	sys, tli, db := serverIdentity(t, dsn)
-	waitFor(t, 30*time.Second, "identity recorded", func() bool {
+	var lastCommit time.Time
+	if err := conn.QueryRow(context.Background(), "SELECT max(created_at) FROM outbox").Scan(&lastCommit); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "identity and commit time recorded", func() bool {
 		var s, d *string
 		var tl *int32
-		_ = conn.QueryRow(context.Background(), "SELECT system_id, timeline, database FROM outbox_cdc.checkpoints WHERE slot = 'upgrade'").
-			Scan(&s, &tl, &d)
-		return s != nil && *s == sys && tl != nil && *tl == tli && d != nil && *d == db
+		var ct *time.Time
+		_ = conn.QueryRow(context.Background(), "SELECT system_id, timeline, database, commit_time FROM outbox_cdc.checkpoints WHERE slot = 'upgrade'").
+			Scan(&s, &tl, &d, &ct)
+		// The last transaction began (created_at) before it committed; the
+		// recorded time may be up to pipeline.coalesce (10 ms) early.
+		return s != nil && *s == sys && tl != nil && *tl == tli && d != nil && *d == db && ct != nil &&
+			!ct.Before(lastCommit.Add(-time.Second)) && ct.Before(time.Now().Add(time.Second))
 	})
 }

@@ -197,7 +197,12 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 	t.Run("slot dropped", func(t *testing.T) {
 		dsn := newDatabase(t)
 		createOutbox(t, dsn, "outbox", "jsonb")
-		code, out := runUntilExit(t, writeConfig(t, yamlFor(t, dsn, "slotdrop", "")), time.Minute, func(*process) {
+		cfgPath := writeConfig(t, yamlFor(t, dsn, "slotdrop", ""))
+		code, out := runUntilExit(t, cfgPath, time.Minute, func(p *process) {
+			// One event delivered and checkpointed: the runbook names when
+			// the last delivered transaction committed.
+			exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('x', 'k', 'E', '{}')`)
+			p.waitMetric(t, time.Minute, "outbox_cdc_checkpoint_lsn", 1)
 			// A slot can only be dropped while no walsender holds it: cut the
 			// connection and drop it before the connector reconnects.
 			deadline := time.Now().Add(30 * time.Second)
@@ -215,6 +220,9 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 		})
 		if code != 1 || !strings.Contains(out, "slotdrop") || !strings.Contains(out, "does not exist") && !strings.Contains(out, "was dropped") {
 			t.Fatalf("exit %d, want 1 saying the slot is gone:\n%s", code, out)
+		}
+		if want := "outbox-cdc verify --config " + cfgPath + " --repair --since "; !strings.Contains(out, want) {
+			t.Fatalf("the slot-loss error does not give the repair command %q:\n%s", want, out)
 		}
 	})
 	t.Run("slot invalidated", func(t *testing.T) {
