@@ -97,9 +97,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		fmt.Fprintln(stderr, "outbox-cdc replay: --from-lsn is required (e.g. --from-lsn 0/1A2B3C4D)")
 		return ExitUsage
 	}
-	if p := vo.problem(); args[0] == "verify" && p != "" {
-		fmt.Fprintf(stderr, "outbox-cdc verify: %s\n", p)
-		return ExitUsage
+	if args[0] == "verify" {
+		if p := vo.problem(); p != "" {
+			fmt.Fprintf(stderr, "outbox-cdc verify: %s\n", p)
+			return ExitUsage
+		}
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "outbox-cdc %s: unexpected argument %q\n", args[0], fs.Arg(0))
