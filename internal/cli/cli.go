@@ -38,6 +38,9 @@ commands:
                            and whether the replay window covers LSN
   replay   --config FILE --from-lsn LSN [--to-lsn LSN] [--topic-prefix P]
                            publish again what was committed in [from, to)
+  verify   --config FILE --since TIME [--until TIME] [--margin D] [--repair] [--json]
+                           compare the outbox rows of a time range with Kafka; with
+                           --repair, republish the missing ones
   version                  print the version
 
 The config file may also be given by OUTBOX_CDC_CONFIG; every key can be
@@ -61,7 +64,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	case "version", "--version":
 		fmt.Fprintf(stdout, "outbox-cdc %s\n", Version)
 		return ExitOK
-	case "run", "check", "status", "replay":
+	case "run", "check", "status", "replay", "verify":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK
@@ -75,6 +78,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	path := fs.String("config", lookupEnv(environ, config.EnvConfigPath), "config file (YAML)")
 	var ro replayOpts
 	var so statusOpts
+	var vo verifyOpts
 	switch args[0] {
 	case "replay":
 		fs.Var(&ro.from, "from-lsn", "first LSN to replay (required)")
@@ -83,6 +87,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	case "status":
 		fs.BoolVar(&so.json, "json", false, "print JSON")
 		fs.Var(&so.lsn, "lsn", "report whether the replay window covers this LSN")
+	case "verify":
+		vo.register(fs)
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		return ExitUsage
@@ -90,6 +96,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	if args[0] == "replay" && ro.from.LSN == 0 {
 		fmt.Fprintln(stderr, "outbox-cdc replay: --from-lsn is required (e.g. --from-lsn 0/1A2B3C4D)")
 		return ExitUsage
+	}
+	if args[0] == "verify" {
+		if p := vo.problem(); p != "" {
+			fmt.Fprintf(stderr, "outbox-cdc verify: %s\n", p)
+			return ExitUsage
+		}
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "outbox-cdc %s: unexpected argument %q\n", args[0], fs.Arg(0))
@@ -121,6 +133,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		return status(ctx, cfg, pc, so, stdout, stderr)
 	case "replay":
 		return replay(ctx, pc, ro, log, stdout, stderr)
+	case "verify":
+		return verifyCmd(ctx, pc, vo, log, stdout, stderr)
 	}
 	return run(ctx, cfg, pc, log, stderr)
 }

@@ -1,0 +1,359 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/verify"
+)
+
+// progressEvery is how often verify prints its progress on stderr.
+const progressEvery = 3 * time.Second
+
+// timeFlag parses an RFC 3339 time.
+type timeFlag struct{ time.Time }
+
+func (f *timeFlag) String() string {
+	if f.IsZero() {
+		return ""
+	}
+	return f.Format(time.RFC3339Nano)
+}
+
+func (f *timeFlag) Set(s string) error {
+	t, err := time.Parse(time.RFC3339, s) // fractional seconds are accepted too
+	if err != nil {
+		return fmt.Errorf("want an RFC 3339 time such as 2025-06-01T12:00:00Z: %w", err)
+	}
+	f.Time = t
+	return nil
+}
+
+type verifyOpts struct {
+	since, until timeFlag
+	margin       time.Duration
+	repair, json bool
+}
+
+func (o *verifyOpts) register(fs *flag.FlagSet) {
+	fs.Var(&o.since, "since", "first row time to verify, RFC 3339 (required)")
+	fs.Var(&o.until, "until", "end of the range, RFC 3339 (default: no end)")
+	fs.DurationVar(&o.margin, "margin", 5*time.Minute,
+		"read Kafka from this long before --since: record timestamps are commit times, which can trail the row's time")
+	fs.BoolVar(&o.repair, "repair", false, "republish the missing rows")
+	fs.BoolVar(&o.json, "json", false, "print JSON")
+}
+
+// problem is what is wrong with the flags, or "".
+func (o *verifyOpts) problem() string {
+	switch {
+	case o.since.IsZero():
+		return "--since is required (e.g. --since 2025-06-01T00:00:00Z)"
+	case !o.until.IsZero() && !o.until.After(o.since.Time):
+		return "--until must be after --since"
+	case o.margin < 0:
+		return "--margin must not be negative"
+	}
+	return ""
+}
+
+// VerifyReport is what `outbox-cdc verify --json` prints.
+type VerifyReport struct {
+	Since  time.Time  `json:"since"`
+	Until  *time.Time `json:"until,omitempty"`
+	Column string     `json:"column"` // the time column selecting the rows
+	Topics []string   `json:"topics"`
+	// MissingTopics are topics rows were routed to that do not exist.
+	MissingTopics []string `json:"missing_topics,omitempty"`
+	verify.Result
+	Repair  *RepairReport `json:"repair,omitempty"`
+	Seconds float64       `json:"seconds"`
+}
+
+// RepairReport is what --repair did.
+type RepairReport struct {
+	Published    int64  `json:"published"`
+	DeadLettered int64  `json:"dead_lettered"`
+	Failed       int64  `json:"failed"`
+	Error        string `json:"error,omitempty"`
+}
+
+// verifyProgress is read by the progress printer.
+type verifyProgress struct {
+	phase            atomic.Value // string
+	rows, records    atomic.Int64
+	checked, resends atomic.Int64
+}
+
+func (p *verifyProgress) print(w io.Writer) {
+	fmt.Fprintf(w, "verify: %s: rows read %d, records read %d, rows checked %d, republished %d\n",
+		p.phase.Load(), p.rows.Load(), p.records.Load(), p.checked.Load(), p.resends.Load())
+}
+
+func verifyCmd(ctx context.Context, pc pipeline.Config, o verifyOpts, log *slog.Logger, stdout, stderr io.Writer) int {
+	start := time.Now()
+	rt, err := router.New(pc.Routes)
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
+		return ExitUsage
+	}
+	spec := replication.RowSpec{Mapping: pc.Mapping, OrderBy: pc.SnapshotOrderBy}
+	rr, err := pc.Source.ReadRange(ctx, spec, o.since.Time, o.until.Time)
+	var pre *replication.PrerequisiteError
+	switch {
+	case errors.As(err, &pre):
+		// The table cannot be read by time: fix the configuration or the
+		// table; exit 1 stays "rows are missing".
+		fmt.Fprintf(stderr, "outbox-cdc verify: %s\n  fix: %s\n", pre.Problem, pre.Fix)
+		return ExitUsage
+	case err != nil:
+		fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
+		return ExitFailure
+	}
+	defer rr.Close()
+
+	var pr verifyProgress
+	pr.phase.Store("reading rows")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				pr.print(stderr)
+			}
+		}
+	}()
+	rep, err := runVerify(ctx, pc, o, rt, rr, &pr, log)
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
+		return ExitFailure
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	if o.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	} else {
+		printVerify(stdout, rep)
+	}
+	if r := rep.Repair; r != nil {
+		if r.Failed > 0 || r.Error != "" || r.Published+r.DeadLettered != rep.Missing.Count {
+			return ExitFailure
+		}
+		return ExitOK
+	}
+	if rep.Missing.Count > 0 {
+		return ExitFailure
+	}
+	return ExitOK
+}
+
+// runVerify reads the rows (pass 1), the records, and the rows again (pass
+// 3), republishing the missing ones with --repair.
+func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, rt *router.Router, rr *replication.RangeRead,
+	pr *verifyProgress, log *slog.Logger) (*VerifyReport, error) {
+	rep := &VerifyReport{Since: o.since.Time, Column: rr.Column}
+	if !o.until.IsZero() {
+		rep.Until = &o.until.Time
+	}
+	c := verify.New()
+	var rec router.Record
+	route := func(ev *decode.Event, at time.Time) {
+		if reason := rt.Route(ev, at, &rec); reason != "" {
+			rt.DeadLetter(ev, at, reason, &rec)
+		}
+	}
+	if err := rr.Start(ctx); err != nil {
+		return nil, err
+	}
+	for rr.Next() {
+		ev, at, err := rr.Row()
+		if err != nil {
+			return nil, err
+		}
+		route(&ev, at)
+		c.AddRow(verify.Row{ID: ev.ID.Bytes, Topic: rec.Topic})
+		pr.rows.Add(1)
+	}
+	if err := rr.Err(); err != nil {
+		return nil, err
+	}
+	c.Seal()
+
+	// The dead-letter topic always: rows the sink dead-lettered (a topic
+	// that refused them) were handled, not lost.
+	rep.Topics = c.Topics()
+	dlq := pc.Routes.DLQTopic
+	topics := rep.Topics
+	if !contains(topics, dlq) {
+		topics = append(append([]string{}, topics...), dlq)
+	}
+	pr.phase.Store("reading records")
+	st, err := sink.ReadRange(ctx, pc.Sink, topics, o.since.Add(-o.margin), func(r sink.ReadRecord) error {
+		c.AddRecord(verify.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
+			ID: r.ID, HasID: r.HasID, DeadLetter: r.Topic == dlq})
+		pr.records.Add(1)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read kafka: %w", err)
+	}
+	for _, t := range st.MissingTopics {
+		if t != dlq {
+			rep.MissingTopics = append(rep.MissingTopics, t)
+		}
+	}
+
+	pr.phase.Store("checking rows")
+	var rp *repairer
+	if o.repair {
+		pr.phase.Store("checking rows and republishing the missing ones")
+		s, err := sink.New(pc.Sink, log)
+		if err != nil {
+			return nil, err
+		}
+		rp = &repairer{s: s, pr: pr}
+		defer s.Close()
+	}
+	if err := rr.Start(ctx); err != nil {
+		return nil, err
+	}
+	for rr.Next() {
+		ev, at, err := rr.Row()
+		if err != nil {
+			return nil, err
+		}
+		missing, ok := c.Check(verify.Row{ID: ev.ID.Bytes})
+		if !ok {
+			return nil, fmt.Errorf("the second read of the rows differs from the first at row %d", c.Checked()+1)
+		}
+		pr.checked.Add(1)
+		if missing && rp != nil {
+			// The row's time column stands in for the commit time, which
+			// is gone.
+			route(&ev, at)
+			rp.produce(ctx, &rec)
+		}
+	}
+	if err := rr.Err(); err != nil {
+		return nil, err
+	}
+	if c.Checked() != c.Result().Rows {
+		return nil, fmt.Errorf("the second read of the rows returned %d rows, the first %d", c.Checked(), c.Result().Rows)
+	}
+	rep.Result = c.Result()
+	if rp != nil {
+		rep.Repair = rp.finish(ctx)
+	}
+	return rep, nil
+}
+
+// repairer republishes missing rows through the sink and counts outcomes.
+type repairer struct {
+	s                    *sink.Sink
+	pr                   *verifyProgress
+	published, dead, bad atomic.Int64
+	mu                   sync.Mutex
+	err                  error // the first failure
+}
+
+func (r *repairer) produce(ctx context.Context, rec *router.Record) {
+	// An error here is ctx's; Delivered has counted the record.
+	_ = r.s.Produce(ctx, rec, r)
+}
+
+// Delivered runs on a client goroutine.
+func (r *repairer) Delivered(o sink.Outcome) {
+	switch {
+	case o.Err != nil:
+		r.bad.Add(1)
+		r.mu.Lock()
+		if r.err == nil {
+			r.err = o.Err
+		}
+		r.mu.Unlock()
+	case o.DeadLettered:
+		r.dead.Add(1)
+	default:
+		r.published.Add(1)
+	}
+	r.pr.resends.Add(1)
+}
+
+// finish waits for every acknowledgement.
+func (r *repairer) finish(ctx context.Context) *RepairReport {
+	err := r.s.Flush(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		err = r.err
+	}
+	rep := &RepairReport{Published: r.published.Load(), DeadLettered: r.dead.Load(), Failed: r.bad.Load()}
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	return rep
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func printVerify(w io.Writer, r *VerifyReport) {
+	until := "no end"
+	if r.Until != nil {
+		until = r.Until.Format(time.RFC3339)
+	}
+	fmt.Fprintf(w, "rows            %d (%s from %s, %s)\n", r.Rows, r.Column, r.Since.Format(time.RFC3339), until)
+	fmt.Fprintf(w, "topics          %s\n", strings.Join(r.Topics, ", "))
+	if len(r.MissingTopics) > 0 {
+		fmt.Fprintf(w, "missing topics  %s\n", strings.Join(r.MissingTopics, ", "))
+	}
+	fmt.Fprintf(w, "records read    %d (%d outside the range, %d without id)\n", r.RecordsRead, r.Outside, r.WithoutID)
+	fmt.Fprintf(w, "found           %d (%d in the dead-letter topic)\n", r.Found, r.DeadLettered)
+	for _, f := range []struct {
+		name string
+		f    verify.Finding
+	}{{"missing", r.Missing}, {"duplicated", r.Duplicated}, {"out of order", r.OutOfOrder}} {
+		fmt.Fprintf(w, "%-15s %d", f.name, f.f.Count)
+		if len(f.f.First) > 0 {
+			fmt.Fprintf(w, " (first: %s)", strings.Join(f.f.First, " "))
+		}
+		fmt.Fprintln(w)
+	}
+	if p := r.Repair; p != nil {
+		fmt.Fprintf(w, "republished     %d (%d to the dead-letter topic, %d failed)\n", p.Published+p.DeadLettered, p.DeadLettered, p.Failed)
+		if p.Error != "" {
+			fmt.Fprintf(w, "repair error    %s\n", p.Error)
+		}
+	}
+	fmt.Fprintf(w, "took            %.1fs\n", r.Seconds)
+}
