@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -112,13 +113,14 @@ func (p *Pipeline) monitor(ctx context.Context) {
 	beat := replication.NewHeartbeat(p.cfg.Source.DB)
 	defer beat.Close()
 	warned, hbDenied := false, false
-	p.slotStats(ctx, &warned)
+	var fo failoverReport
+	p.slotStats(ctx, &warned, &fo)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-stats.C:
-			p.slotStats(ctx, &warned)
+			p.slotStats(ctx, &warned, &fo)
 		case <-hb:
 			if hbDenied {
 				continue
@@ -133,9 +135,10 @@ func (p *Pipeline) monitor(ctx context.Context) {
 	}
 }
 
-// slotStats updates the slot metrics, warns about retained WAL and stops
-// the connector when the slot was invalidated or dropped.
-func (p *Pipeline) slotStats(ctx context.Context, warned *bool) {
+// slotStats updates the slot metrics, warns about retained WAL, reports
+// whether a standby can take the slot over and stops the connector when
+// the slot was invalidated or dropped.
+func (p *Pipeline) slotStats(ctx context.Context, warned *bool, fo *failoverReport) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	info, err := p.cfg.Source.DB.Slot(ctx, p.cfg.Source.Slot)
@@ -154,6 +157,7 @@ func (p *Pipeline) slotStats(ctx context.Context, warned *bool) {
 		p.fail(replication.ErrSlotLost(p.cfg.Source.Slot))
 		return
 	}
+	p.failoverStats(ctx, fo)
 	if w := p.cfg.RetainedWALWarn; w > 0 {
 		if r := info.RetainedBytes(); r > w && !*warned {
 			*warned = true
@@ -163,6 +167,52 @@ func (p *Pipeline) slotStats(ctx context.Context, warned *bool) {
 		} else if r <= w {
 			*warned = false
 		}
+	}
+}
+
+// failoverReport is what the log last said about the slot's failover
+// readiness, so a state is logged once, when it is first seen.
+type failoverReport struct {
+	logged  bool
+	ready   bool
+	problem string
+}
+
+// failoverStats sets the failover-ready gauge (its only writer) and logs
+// each change of readiness: a standby that stopped streaming, a slot that
+// lost its failover property, or a server too old for failover slots
+// (postgres.failover_slot auto), said once.
+func (p *Pipeline) failoverStats(ctx context.Context, fo *failoverReport) {
+	src := p.cfg.Source
+	if src.Failover == "" || src.Failover == replication.FailoverOff {
+		p.m.SlotFailoverReady.Set(0)
+		return
+	}
+	f, err := src.DB.Failover(ctx, src.Slot)
+	if err != nil {
+		return // transient; the stream reports connection trouble
+	}
+	ready := f.Ready()
+	if ready {
+		p.m.SlotFailoverReady.Set(1)
+	} else {
+		p.m.SlotFailoverReady.Set(0)
+	}
+	problem, fix := f.Problem(src.Slot)
+	if fo.logged && fo.ready == ready && fo.problem == problem {
+		return
+	}
+	*fo = failoverReport{logged: true, ready: ready, problem: problem}
+	switch {
+	case ready:
+		p.log.Info("failover slot ready: a standby synchronizes it and receives its changes first", "slot", src.Slot,
+			"standby_slots", strings.Join(f.Active, ","))
+	case !f.Supported():
+		// auto on an older server: on was refused at start.
+		p.log.Info("failover slots need PostgreSQL 17; running without one", "slot", src.Slot, "server", f.Version,
+			"detail", problem)
+	default:
+		p.log.Warn("no standby can take the slot over after a failover", "slot", src.Slot, "problem", problem, "fix", fix)
 	}
 }
 

@@ -190,10 +190,10 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	}
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
 			gap_since, gap_xmin, commit_time)
-		VALUES ($1, $2, $3, now(), $4, $5, $6, $7, $8, $9)
+		VALUES ($1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9)
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
 			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
-			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time %s`, s.table, where),
+			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time %s`, s.table, serverTimeline, where),
 		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin, commitTime)
 	if err != nil {
 		s.reset(ctx)
@@ -204,6 +204,17 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	}
 	return nil
 }
+
+// serverTimeline is the timeline the server writes WAL on now: the first
+// 8 hex digits of a WAL file name (PG docs, "WAL Internals"). The table
+// store records it instead of the timeline the connector started on: the
+// row is written into the WAL the connector streams, so after a standby's
+// promotion that it followed without a restart, the positions it saves
+// belong to the new timeline (the stream resumed no later than the fork,
+// which synchronized_standby_slots guarantees), and a restart must find
+// them stamped so, or CheckPosition would take them for a restore to
+// before them. The file store keeps the timeline of the start.
+const serverTimeline = `('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int`
 
 // nullable stores an unknown identity part (zero) as NULL.
 func nullable[T comparable](v T) any {

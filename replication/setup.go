@@ -26,6 +26,9 @@ type Source struct {
 	// Messages: events also come as logical decoding messages (the
 	// table-less outbox), which pgoutput sends from PostgreSQL 14 on.
 	Messages bool
+	// Failover is postgres.failover_slot: FailoverAuto, FailoverOn or
+	// FailoverOff ("" is off).
+	Failover string
 }
 
 func (s Source) qualified() string {
@@ -149,24 +152,36 @@ func Setup(ctx context.Context, src Source, exportSnapshot bool) (SetupResult, e
 		return SetupResult{}, fmt.Errorf("connect: %w", classify(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	major, _, err := ServerMajor(ctx, conn)
+	if err != nil {
+		return SetupResult{}, err
+	}
+	failover := src.wantsFailover() && major >= failoverVersion
 	if exportSnapshot {
 		if _, err := slotInfo(ctx, conn, src.Slot); errors.Is(err, errNoSlot) {
-			return createWithSnapshot(ctx, src)
+			return createWithSnapshot(ctx, src, failover)
 		}
 	}
-	confirmed, created, err := ensureSlot(ctx, conn, src)
+	confirmed, created, err := ensureSlot(ctx, conn, src, failover)
 	return SetupResult{Confirmed: confirmed, Created: created}, err
 }
 
 // createWithSnapshot creates the slot on a replication connection, which
 // must stay open while the exported snapshot is in use.
-func createWithSnapshot(ctx context.Context, src Source) (SetupResult, error) {
+func createWithSnapshot(ctx context.Context, src Source, failover bool) (SetupResult, error) {
 	rc, err := src.DB.replication(ctx)
 	if err != nil {
 		return SetupResult{}, fmt.Errorf("connect: %w", classify(err))
 	}
+	action := "EXPORT_SNAPSHOT"
+	if failover {
+		// FAILOVER exists only in the parenthesized option list (PG 17
+		// docs, "Streaming Replication Protocol", CREATE_REPLICATION_SLOT),
+		// which spells the snapshot action as an option too.
+		action = "(SNAPSHOT 'export', FAILOVER true)"
+	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, rc, src.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: action})
 	if err != nil {
 		rc.Close(context.WithoutCancel(ctx))
 		return SetupResult{}, fmt.Errorf("create replication slot %s: %w", src.Slot, classify(err))
@@ -269,7 +284,9 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
 	return nil
 }
 
-func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source) (confirmed lsn.LSN, created bool, err error) {
+// ensureSlot creates the slot, a failover slot when failover is set, or
+// checks the existing one and makes it a failover slot if it is not.
+func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source, failover bool) (confirmed lsn.LSN, created bool, err error) {
 	info, err := slotInfo(ctx, conn, src.Slot)
 	if err == nil {
 		if info.Plugin != "pgoutput" {
@@ -287,13 +304,22 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source) (confirmed lsn.
 		if info.WALStatus == "lost" {
 			return 0, false, ErrSlotLost(src.Slot)
 		}
+		if failover && !info.Failover {
+			if err := enableFailover(ctx, src.DB, src.Slot); err != nil && !isInUse(err) {
+				return 0, false, err
+			}
+		}
 		return info.Confirmed, false, nil
 	}
 	if !errors.Is(err, errNoSlot) {
 		return 0, false, err
 	}
 	var at lsn.LSN
-	if err := conn.QueryRow(ctx, "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')", src.Slot).Scan(&at); err != nil {
+	create := "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+	if failover { // (name, plugin, temporary, twophase, failover)
+		create = "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+	}
+	if err := conn.QueryRow(ctx, create, src.Slot).Scan(&at); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently by a standby connector
 			info, err := slotInfo(ctx, conn, src.Slot)
@@ -324,6 +350,8 @@ type SlotInfo struct {
 	Restart   lsn.LSN
 	Confirmed lsn.LSN
 	WALStatus string
+	// Failover is pg_replication_slots.failover (false before 17).
+	Failover bool
 	// CurrentWAL is the server's current WAL write position.
 	CurrentWAL lsn.LSN
 }
@@ -356,10 +384,12 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 	// reserved WAL (and confirmed_flush_lsn for a physical slot): both read
 	// as Invalid then, which LagBytes and RetainedBytes treat as unknown.
 	var restart, confirmed *lsn.LSN
+	// failover is read through to_jsonb: servers before 17 lack the column.
 	err := conn.QueryRow(ctx, `SELECT slot_name, plugin, database, active, active_pid,
-		restart_lsn, confirmed_flush_lsn, wal_status, pg_current_wal_lsn()
-		FROM pg_replication_slots WHERE slot_name = $1`, slot).
-		Scan(&s.Name, &plugin, &db, &s.Active, &pid, &restart, &confirmed, &walStatus, &s.CurrentWAL)
+		restart_lsn, confirmed_flush_lsn, wal_status, pg_current_wal_lsn(),
+		coalesce((to_jsonb(s) ->> 'failover')::boolean, false)
+		FROM pg_replication_slots s WHERE slot_name = $1`, slot).
+		Scan(&s.Name, &plugin, &db, &s.Active, &pid, &restart, &confirmed, &walStatus, &s.CurrentWAL, &s.Failover)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, errNoSlot
 	}
@@ -400,6 +430,12 @@ func (d *DB) Slot(ctx context.Context, slot string) (SlotInfo, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return slotInfo(ctx, conn, slot)
+}
+
+// isInUse: the object (a slot) is held by another process.
+func isInUse(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55006"
 }
 
 func deref(s *string) string {

@@ -44,5 +44,9 @@ func checkVersion(ctx context.Context, conn *pgx.Conn, src Source, add func(prob
 			messagesVersion, messagesVersion, text),
 			"upgrade PostgreSQL, or write events to the outbox table and unset outbox.message_prefix")
 	}
+	if src.Failover == FailoverOn && major < failoverVersion {
+		add(fmt.Sprintf("postgres.failover_slot is on, but failover slots need PostgreSQL %d or later; this server is %s", failoverVersion, text),
+			fmt.Sprintf("upgrade PostgreSQL to %d, or set postgres.failover_slot: auto to run without a slot a standby can take over", failoverVersion))
+	}
 	return nil
 }

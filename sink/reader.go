@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // ReadRecord is what a range read returns of one record. Its slices are
@@ -128,7 +128,7 @@ func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time
 				}
 				rr := ReadRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key}
 				for _, h := range r.Headers {
-					if h.Key == router.HeaderID {
+					if h.Key == wire.HeaderID {
 						rr.ID, rr.HasID = h.Value, true
 						break
 					}

@@ -224,7 +224,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	return pipeline.Config{
 		Source: replication.Source{
 			DB: db, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
-			Schema: schema, Table: table, Columns: cols,
+			Schema: schema, Table: table, Columns: cols, Failover: cfg.Postgres.FailoverSlot,
 		},
 		Mapping: mapping,
 		Routes:  router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic},

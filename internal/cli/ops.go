@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
@@ -55,6 +56,19 @@ type Status struct {
 	CheckpointAt     string   `json:"checkpoint_at,omitempty"`
 	OldestReplayable lsn.LSN  `json:"oldest_replayable_lsn"`
 	Covers           *bool    `json:"replay_window_covers,omitempty"`
+	// Failover is nil when the slot or the reading is missing.
+	Failover *FailoverStatus `json:"failover,omitempty"`
+}
+
+// FailoverStatus is whether a standby can take the slot over
+// (replication.FailoverState, the outbox_cdc_slot_failover_ready gauge).
+type FailoverStatus struct {
+	SlotFailover bool     `json:"slot_failover"`
+	StandbySlots []string `json:"synchronized_standby_slots"`
+	Active       []string `json:"active_standby_slots"`
+	Ready        bool     `json:"ready"`
+	Problem      string   `json:"problem,omitempty"`
+	Fix          string   `json:"fix,omitempty"`
 }
 
 func status(ctx context.Context, cfg *config.Config, pc pipeline.Config, o statusOpts, stdout, stderr io.Writer) int {
@@ -74,6 +88,13 @@ func status(ctx context.Context, cfg *config.Config, pc pipeline.Config, o statu
 		// Transactions whose commit lies at or after the confirmed position are
 		// still decodable from the slot (replay starts there).
 		st.OldestReplayable = info.Confirmed
+		if f, err := pc.Source.DB.Failover(ctx, cfg.Postgres.Slot); err != nil {
+			fmt.Fprintf(stderr, "outbox-cdc status: %v\n", err)
+		} else {
+			problem, fix := f.Problem(cfg.Postgres.Slot)
+			st.Failover = &FailoverStatus{SlotFailover: f.SlotFailover, StandbySlots: f.StandbySlots, Active: f.Active,
+				Ready: f.Ready(), Problem: problem, Fix: fix}
+		}
 	}
 	if pc.Checkpoints != nil {
 		c, err := pc.Checkpoints.Load(ctx)
@@ -120,9 +141,28 @@ func printStatus(w io.Writer, st Status, want lsn.LSN) {
 		fmt.Fprintln(w, "checkpoint      none")
 	}
 	fmt.Fprintf(w, "replayable from %v\n", st.OldestReplayable)
+	if f := st.Failover; f != nil {
+		standby := "none"
+		if len(f.StandbySlots) > 0 {
+			standby = fmt.Sprintf("%s (active: %s)", strings.Join(f.StandbySlots, ", "), orNone(f.Active))
+		}
+		fmt.Fprintf(w, "failover slot   %v, synchronized_standby_slots %s\n", f.SlotFailover, standby)
+		if f.Ready {
+			fmt.Fprintln(w, "failover ready  yes: a standby synchronizes the slot and receives its changes first")
+		} else {
+			fmt.Fprintf(w, "failover ready  no: %s; %s\n", f.Problem, f.Fix)
+		}
+	}
 	if st.Covers != nil {
 		fmt.Fprintf(w, "covers %v       %v\n", want, *st.Covers)
 	}
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
 }
 
 func bytesText(n int64) string {

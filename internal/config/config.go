@@ -65,6 +65,9 @@ type Postgres struct {
 	RetainedWALWarnBytes int64         `koanf:"retained_wal_warn_bytes"`
 	QueueBytes           int64         `koanf:"queue_bytes"`
 	ReceiveTimeout       time.Duration `koanf:"receive_timeout"`
+	// FailoverSlot: auto, on or off; whether the slot is a failover slot
+	// that standbys synchronize (PostgreSQL 17+).
+	FailoverSlot string `koanf:"failover_slot"`
 }
 
 // Outbox describes the outbox table.
@@ -175,6 +178,7 @@ func Default() Config {
 			StatusInterval: time.Second, ReconnectBackoffMax: 30 * time.Second,
 			Retain: "0", HeartbeatInterval: 10 * time.Second,
 			RetainedWALWarnBytes: 1 << 30, QueueBytes: 64 << 20, ReceiveTimeout: 60 * time.Second,
+			FailoverSlot: "auto",
 		},
 		Outbox: Outbox{
 			Table: "public.outbox",

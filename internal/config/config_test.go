@@ -220,6 +220,7 @@ func TestYAMLOverride(t *testing.T) {
 	}{
 		{"slot", "postgres: {slot: my_slot}", func(c *Config) bool { return c.Postgres.Slot == "my_slot" }},
 		{"status_interval", "postgres: {status_interval: 250ms}", func(c *Config) bool { return c.Postgres.StatusInterval == 250*time.Millisecond }},
+		{"failover_slot", "postgres: {failover_slot: on}", func(c *Config) bool { return c.Postgres.FailoverSlot == "on" }},
 		{"table without schema", "outbox: {table: events}", func(c *Config) bool { return c.Outbox.Table == "events" }},
 		{"debezium columns", "outbox: {columns: {aggregate_type: aggregatetype, aggregate_id: aggregateid, event_type: type}}", func(c *Config) bool {
 			return c.Outbox.Columns == Columns{ID: "id", AggregateType: "aggregatetype", AggregateID: "aggregateid", EventType: "type", Payload: "payload"}
@@ -453,6 +454,7 @@ func TestValidate(t *testing.T) {
 		{"status interval long", func(c *Config) { c.Postgres.StatusInterval = time.Minute }, "postgres.status_interval", "30s"},
 		{"backoff zero", func(c *Config) { c.Postgres.ReconnectBackoffMax = 0 }, "postgres.reconnect_backoff_max", "between"},
 		{"backoff long", func(c *Config) { c.Postgres.ReconnectBackoffMax = time.Hour }, "postgres.reconnect_backoff_max", "10m0s"},
+		{"failover slot unknown", func(c *Config) { c.Postgres.FailoverSlot = "yes" }, "postgres.failover_slot", "auto, on, off"},
 		{"table empty", func(c *Config) { c.Outbox.Table = "" }, "outbox.table", "must not be empty"},
 		{"table three parts", func(c *Config) { c.Outbox.Table = "db.public.outbox" }, "outbox.table", "too many dots"},
 		{"table empty part", func(c *Config) { c.Outbox.Table = "public." }, "outbox.table", "must not be empty"},
@@ -732,12 +734,13 @@ func TestSchema(t *testing.T) {
 		"outbox.header_columns":       "OUTBOX_CDC_OUTBOX_HEADER_COLUMNS",
 		"kafka.topics":                "OUTBOX_CDC_KAFKA_TOPICS",
 		"kafka.linger":                "OUTBOX_CDC_KAFKA_LINGER",
+		"postgres.failover_slot":      "OUTBOX_CDC_POSTGRES_FAILOVER_SLOT",
 	} {
 		if l := leafByKey[key]; l == nil || l.env != env {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 53 {
+	if len(leaves) != 54 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }

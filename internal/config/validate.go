@@ -205,6 +205,7 @@ func (v *validator) postgres(pg Postgres) {
 	// connection goes unnoticed for too long.
 	v.durationRange("postgres.receive_timeout", pg.ReceiveTimeout, time.Second, time.Hour,
 		"PostgreSQL's own wal_receiver_timeout is 60s")
+	v.oneOf("postgres.failover_slot", pg.FailoverSlot, []string{"auto", "on", "off"})
 }
 
 func (v *validator) outbox(ob Outbox) {

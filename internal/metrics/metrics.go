@@ -29,13 +29,16 @@ type Metrics struct {
 	Reconnects   prometheus.Counter
 	Transactions prometheus.Counter
 
-	RetainedWAL      prometheus.Gauge
-	SlotWALStatus    *prometheus.GaugeVec
-	CheckpointLSN    prometheus.Gauge
-	CheckpointErrors prometheus.Counter
-	SnapshotEvents   prometheus.Counter
-	BackfilledEvents prometheus.Counter
-	FatalErrors      *prometheus.CounterVec
+	RetainedWAL   prometheus.Gauge
+	SlotWALStatus *prometheus.GaugeVec
+	// SlotFailoverReady is written by the slot monitor only
+	// (replication.FailoverState.Ready).
+	SlotFailoverReady prometheus.Gauge
+	CheckpointLSN     prometheus.Gauge
+	CheckpointErrors  prometheus.Counter
+	SnapshotEvents    prometheus.Counter
+	BackfilledEvents  prometheus.Counter
+	FatalErrors       *prometheus.CounterVec
 
 	start     time.Time
 	lastEvent atomic.Int64 // unix nanoseconds of the last acknowledged event
@@ -92,6 +95,8 @@ func New() *Metrics {
 		Help: "WAL the replication slot keeps from removal: current WAL position minus restart_lsn."})
 	m.SlotWALStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "slot_wal_status",
 		Help: "pg_replication_slots.wal_status of the slot: 1 for the current status."}, []string{"status"})
+	m.SlotFailoverReady = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "slot_failover_ready",
+		Help: "1 when a standby can take the slot over: a failover slot (PostgreSQL 17+) and an active physical slot in synchronized_standby_slots."})
 	m.CheckpointLSN = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "checkpoint_lsn",
 		Help: "Last acknowledged position saved to the checkpoint store, as a number."})
 	m.CheckpointErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_errors_total",
@@ -113,7 +118,7 @@ func New() *Metrics {
 	})
 	m.Registry.MustRegister(m.Published, m.DeadLettered, m.ConfirmedLSN, m.ReceivedLSN, m.LagBytes, m.InFlight,
 		m.CommitToAck, m.Connected, m.Reconnects, m.Transactions,
-		m.RetainedWAL, m.SlotWALStatus, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.BackfilledEvents, m.FatalErrors, sinceLast,
+		m.RetainedWAL, m.SlotWALStatus, m.SlotFailoverReady, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.BackfilledEvents, m.FatalErrors, sinceLast,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
