@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
@@ -46,21 +47,64 @@ func (d *DB) Identify(ctx context.Context) (Server, error) {
 		return Server{}, fmt.Errorf("connect: %w", classify(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	s, err := identifySystem(ctx, conn)
+	if err != nil {
+		return Server{}, err
+	}
+	return s, s.readHistory(ctx, conn)
+}
+
+// identifySystem runs IDENTIFY_SYSTEM (PG docs 55.4) on a replication
+// connection; the history is not read.
+func identifySystem(ctx context.Context, conn *pgconn.PgConn) (Server, error) {
 	r, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
 		return Server{}, fmt.Errorf("identify system: %w", classify(err))
 	}
-	s := Server{SystemID: r.SystemID, Timeline: r.Timeline, WALEnd: lsn.LSN(r.XLogPos), Database: r.DBName}
-	if s.Timeline > 1 { // timeline 1 has no history file
-		h, err := pglogrepl.TimelineHistory(ctx, conn, s.Timeline)
-		if err != nil {
-			return Server{}, fmt.Errorf("timeline history %d: %w", s.Timeline, classify(err))
-		}
-		if s.History, err = parseHistory(h.Content); err != nil {
-			return Server{}, fmt.Errorf("timeline history %d: %w", s.Timeline, err)
-		}
+	return Server{SystemID: r.SystemID, Timeline: r.Timeline, WALEnd: lsn.LSN(r.XLogPos), Database: r.DBName}, nil
+}
+
+// readHistory reads the current timeline's history (TIMELINE_HISTORY).
+func (s *Server) readHistory(ctx context.Context, conn *pgconn.PgConn) error {
+	if s.Timeline <= 1 { // timeline 1 has no history file
+		return nil
 	}
-	return s, nil
+	h, err := pglogrepl.TimelineHistory(ctx, conn, s.Timeline)
+	if err != nil {
+		return fmt.Errorf("timeline history %d: %w", s.Timeline, classify(err))
+	}
+	if s.History, err = parseHistory(h.Content); err != nil {
+		return fmt.Errorf("timeline history %d: %w", s.Timeline, err)
+	}
+	return nil
+}
+
+// followTimeline decides whether streaming may resume at start after the
+// server moved from timeline old to srv.Timeline (a promotion, or a restore
+// with PITR). Positions of old up to its fork point are positions of the new
+// history too; past it the connector read WAL the new history does not have:
+// resuming there would skip what the new timeline wrote between the fork and
+// start, and what was published past the fork may never have happened here.
+func followTimeline(old int32, start lsn.LSN, srv Server) error {
+	fork, ok := srv.ForkPoint(old)
+	switch {
+	case !ok:
+		return &FatalError{Reason: "timeline_fork", Err: &PrerequisiteError{
+			Problem: fmt.Sprintf("the server moved from timeline %d to %d, which does not descend from it: positions streamed so far mean nothing here",
+				old, srv.Timeline),
+			Fix: "check that the DSN reaches the intended cluster; restart the connector to stream from the slot's own position",
+		}}
+	case start > fork:
+		return &FatalError{Reason: "timeline_fork", Err: &PrerequisiteError{
+			Problem: fmt.Sprintf("the server moved from timeline %d to %d at %v, but the connector had streamed timeline %d up to %v: "+
+				"transactions published after %v may not exist on this server, and resuming would skip what it wrote after %v",
+				old, srv.Timeline, fork, old, start, fork, fork),
+			Fix: "restart the connector: it streams from the slot's confirmed position (a checkpoint past the fork is refused, with the " +
+				"statement to drop it); set synchronized_standby_slots on the primary so a standby always has what the connector read " +
+				"(docs/operations.md, Failover)",
+		}}
+	}
+	return nil
 }
 
 // ForkPoint returns the position where timeline tli left the history of the

@@ -139,3 +139,72 @@ func TestStreamResume(t *testing.T) {
 		t.Fatalf("START_REPLICATION after the loss %q, want it at the resumed position 0/110", w.start)
 	}
 }
+
+// TestStreamTimelineFork: a reconnect that reaches a server on a new
+// timeline resumes when the new history has everything streamed so far, and
+// stops with a fatal error when the connector read past the fork.
+func TestStreamTimelineFork(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		resume lsn.LSN
+		fatal  bool
+	}{
+		{"resume at the fork", 0x200, false},
+		{"resume before the fork", 0x100, false},
+		{"streamed past the fork", 0x201, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			f := newFakeWalsender(t)
+			s := newTestStream(f, func(c *Config) {
+				c.StartLSN = 0x50
+				c.BackoffMax = time.Millisecond
+			})
+			out := make(chan Message, 16)
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx, out) }()
+			w := next(t, ctx, f, out)
+			// A standby promoted at 0/200 serves the slot now.
+			f.promote(2, "1\t0/200\tno recovery target specified\n")
+			w.c.Close()
+			for {
+				select {
+				case m := <-out:
+					if m.Kind != Reset {
+						m.Release()
+						continue
+					}
+					m.Resume(tt.resume)
+				case err := <-done:
+					t.Fatalf("Run ended before the reconnect: %v", err)
+				case <-ctx.Done():
+					t.Fatal("no Reset after the connection was lost")
+				}
+				break
+			}
+			if tt.fatal {
+				var fe *FatalError
+				select {
+				case err := <-done:
+					if !errors.As(err, &fe) || fe.Reason != "timeline_fork" || !strings.Contains(err.Error(), "0/200") {
+						t.Fatalf("Run: %v, want a timeline_fork fatal error naming the fork 0/200", err)
+					}
+				case w := <-f.conns:
+					t.Fatalf("streaming restarted past the fork: %q", w.start)
+				case <-ctx.Done():
+					t.Fatal("Run did not stop")
+				}
+				return
+			}
+			w = next(t, ctx, f, out)
+			if want := fmt.Sprintf(" %v", tt.resume); !strings.Contains(w.start, want) {
+				t.Fatalf("START_REPLICATION %q, want it at %v", w.start, tt.resume)
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		})
+	}
+}

@@ -152,6 +152,8 @@ type Stream struct {
 
 	// OnConnected, when set before Run, learns when streaming starts and stops.
 	OnConnected func(bool)
+
+	timeline int32 // the server's timeline at the first session (Run's goroutine only)
 }
 
 // NewStream prepares a stream; Run starts it.
@@ -273,6 +275,24 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 		defer cancel()
 		conn.Close(cctx)
 	}()
+
+	// A reconnect may reach another server (a promoted standby): its
+	// history must contain everything streamed so far.
+	srv, err := identifySystem(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if s.timeline != 0 && srv.Timeline != s.timeline {
+		if err := srv.readHistory(ctx, conn); err != nil {
+			return err
+		}
+		if err := followTimeline(s.timeline, start, srv); err != nil {
+			return err
+		}
+		s.log.Warn("the server is on a new timeline (failover or restore); its history has everything streamed so far",
+			"from_timeline", s.timeline, "timeline", srv.Timeline, "resume", start)
+	}
+	s.timeline = srv.Timeline
 
 	args := pluginArgs(s.cfg.Publication, s.cfg.Messages)
 	if s.cfg.CopyOf != "" {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,13 +22,55 @@ import (
 )
 
 // fakeWalsender speaks just enough of the replication protocol for the
-// stream: startup, START_REPLICATION, then CopyBoth. Each connection is
-// handed to the test goroutine, which decides what the server says.
+// stream: startup, IDENTIFY_SYSTEM and TIMELINE_HISTORY, START_REPLICATION,
+// then CopyBoth. Each connection is handed to the test goroutine, which
+// decides what the server says.
 type fakeWalsender struct {
 	ln    net.Listener
 	conns chan *walConn
 	errs  chan error // server-side failures, reported to the test goroutine
 	wg    sync.WaitGroup
+
+	mu       sync.Mutex
+	timeline int32  // IDENTIFY_SYSTEM's timeline; 0 means 1
+	history  string // TIMELINE_HISTORY's content for the current timeline
+}
+
+// promote moves the server to timeline tli with the given history file.
+func (f *fakeWalsender) promote(tli int32, history string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.timeline, f.history = tli, history
+}
+
+// command answers a replication command other than START_REPLICATION
+// (text format, as pglogrepl reads them); false for START_REPLICATION.
+func (f *fakeWalsender) command(be *pgproto3.Backend, q string) bool {
+	f.mu.Lock()
+	tli, history := max(f.timeline, 1), f.history
+	f.mu.Unlock()
+	var names, values []string
+	switch {
+	case q == "IDENTIFY_SYSTEM":
+		names = []string{"systemid", "timeline", "xlogpos", "dbname"}
+		values = []string{"7300000000000000001", fmt.Sprint(tli), "0/0", "d"}
+	case strings.HasPrefix(q, "TIMELINE_HISTORY"):
+		names = []string{"filename", "content"}
+		values = []string{fmt.Sprintf("%08X.history", tli), history}
+	default:
+		return false
+	}
+	rd := &pgproto3.RowDescription{}
+	row := &pgproto3.DataRow{}
+	for i, n := range names {
+		rd.Fields = append(rd.Fields, pgproto3.FieldDescription{Name: []byte(n), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1})
+		row.Values = append(row.Values, []byte(values[i]))
+	}
+	be.Send(rd)
+	be.Send(row)
+	be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT")})
+	be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	return true
 }
 
 // walConn is one replication connection as the server sees it.
@@ -106,15 +149,25 @@ func (f *fakeWalsender) serve(c net.Conn) {
 		f.report(err)
 		return
 	}
-	msg, err := be.Receive()
-	if err != nil {
-		f.report(fmt.Errorf("receive START_REPLICATION: %w", err))
-		return
-	}
-	q, ok := msg.(*pgproto3.Query)
-	if !ok {
-		f.report(fmt.Errorf("got %T, want START_REPLICATION", msg))
-		return
+	var q *pgproto3.Query
+	for {
+		msg, err := be.Receive()
+		if err != nil {
+			f.report(fmt.Errorf("receive START_REPLICATION: %w", err))
+			return
+		}
+		var ok bool
+		if q, ok = msg.(*pgproto3.Query); !ok {
+			f.report(fmt.Errorf("got %T, want START_REPLICATION", msg))
+			return
+		}
+		if !f.command(be, q.String) {
+			break
+		}
+		if err := be.Flush(); err != nil {
+			f.report(err)
+			return
+		}
 	}
 	be.Send(&pgproto3.CopyBothResponse{})
 	if err := be.Flush(); err != nil {

@@ -106,7 +106,7 @@ func New() *Metrics {
 	m.BackfilledEvents = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "backfilled_events_total",
 		Help: "Rows read back from the outbox table after it had been outside the publication (gap repair)."})
 	m.FatalErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fatal_errors_total",
-		Help: "Errors that stopped the connector, by reason (slot_missing, slot_invalidated, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
+		Help: "Errors that stopped the connector, by reason (slot_missing, slot_or_publication_missing, slot_invalidated, timeline_fork, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
 	m.start = time.Now()
 	sinceLast := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "seconds_since_last_event",
 		Help: "Seconds since the last event was acknowledged (since start when none yet)."}, func() float64 {
