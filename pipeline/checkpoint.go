@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,9 +21,18 @@ import (
 // the one writer of the checkpoint_lsn gauge: the position the store holds.
 type identified struct {
 	CheckpointStore
-	id    offsets.Identity
-	gauge prometheus.Gauge
-	last  *lastCheckpoint
+	id       offsets.Identity
+	timeline *atomic.Int32 // the stream's current timeline, 0 before it starts (id's then)
+	gauge    prometheus.Gauge
+	last     *lastCheckpoint
+}
+
+// stamp sets c's identity: the server's, on the timeline streamed now.
+func (s identified) stamp(c *offsets.Checkpoint) {
+	c.Identity = s.id
+	if tli := s.timeline.Load(); tli != 0 {
+		c.Timeline = tli
+	}
 }
 
 // lastCheckpoint is the checkpoint the store holds, as far as this process
@@ -40,7 +50,7 @@ func (l *lastCheckpoint) get() (offsets.Checkpoint, bool) {
 }
 
 func (s identified) Save(ctx context.Context, c offsets.Checkpoint) error {
-	c.Identity = s.id
+	s.stamp(&c)
 	err := s.CheckpointStore.Save(ctx, c)
 	if err == nil {
 		s.holds(c)
@@ -49,7 +59,7 @@ func (s identified) Save(ctx context.Context, c offsets.Checkpoint) error {
 }
 
 func (s identified) Replace(ctx context.Context, c offsets.Checkpoint) error {
-	c.Identity = s.id
+	s.stamp(&c)
 	err := s.CheckpointStore.Replace(ctx, c)
 	if err == nil {
 		s.holds(c)

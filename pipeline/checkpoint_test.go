@@ -3,9 +3,13 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
@@ -77,5 +81,31 @@ func TestRunbook(t *testing.T) {
 	}
 	if got := p.runbook(nil); got != nil {
 		t.Fatalf("nil became %v", got)
+	}
+}
+
+// TestIdentifiedStampsStreamTimeline: once the stream reports a timeline (it
+// followed a promotion), saves carry it instead of the one at start.
+func TestIdentifiedStampsStreamTimeline(t *testing.T) {
+	ctx := t.Context()
+	store := offsets.NewFileStore(filepath.Join(t.TempDir(), "checkpoint"))
+	id := offsets.Identity{SystemID: "7300000000000000001", Timeline: 1, Database: "app", Slot: "s"}
+	ident := identified{store, id, new(atomic.Int32), prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}), &lastCheckpoint{}}
+	for _, step := range []struct {
+		streamTLI int32
+		pos       lsn.LSN
+		want      int32
+	}{{0, 0x100, 1}, {1, 0x200, 1}, {2, 0x300, 2}} {
+		ident.timeline.Store(step.streamTLI)
+		if err := ident.Save(ctx, offsets.Checkpoint{LSN: step.pos, SnapshotDone: true}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := store.Load(ctx)
+		if err != nil || got.Timeline != step.want || got.SystemID != id.SystemID || got.LSN != step.pos {
+			t.Fatalf("after a save on stream timeline %d: %+v, %v; want timeline %d at %v", step.streamTLI, got, err, step.want, step.pos)
+		}
+		if last, ok := ident.last.get(); !ok || last.LSN != step.pos {
+			t.Fatalf("last checkpoint %+v, %v; want %v", last, ok, step.pos)
+		}
 	}
 }

@@ -193,6 +193,11 @@ func (p *Pipeline) run(ctx context.Context) error {
 	}
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)
 	stream.OnConnected = p.streaming.Store
+	if ident, ok := pl.checkpoints.(identified); ok {
+		// A connector that followed a promotion saves positions of the new
+		// timeline: a restart must not take them for the old one's.
+		stream.OnTimeline = ident.timeline.Store
+	}
 	r := p.start(ctx, stream)
 	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "from", pl.start)
 	close(p.ready)

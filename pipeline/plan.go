@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -117,7 +118,7 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 			}
 		}
 		ident := identified{store, offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline,
-			Database: srv.Database, Slot: src.Slot}, p.m.CheckpointLSN, p.lastCkpt}
+			Database: srv.Database, Slot: src.Slot}, new(atomic.Int32), p.m.CheckpointLSN, p.lastCkpt}
 		if haveCkpt {
 			ident.holds(ckpt)
 		}

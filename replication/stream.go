@@ -152,6 +152,9 @@ type Stream struct {
 
 	// OnConnected, when set before Run, learns when streaming starts and stops.
 	OnConnected func(bool)
+	// OnTimeline, when set before Run, learns the server's timeline at each
+	// session that streams: positions confirmed from then on belong to it.
+	OnTimeline func(int32)
 
 	timeline int32 // the server's timeline at the first session (Run's goroutine only)
 }
@@ -293,6 +296,9 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 			"from_timeline", s.timeline, "timeline", srv.Timeline, "resume", start)
 	}
 	s.timeline = srv.Timeline
+	if s.OnTimeline != nil {
+		s.OnTimeline(srv.Timeline)
+	}
 
 	args := pluginArgs(s.cfg.Publication, s.cfg.Messages)
 	if s.cfg.CopyOf != "" {
