@@ -22,9 +22,10 @@ BENCH_OUT ?= bench/results
 PG_VERSIONS ?= 13.22.0 14.19.0 16.10.0 17.6.0 18.0.0
 PG_MAJORS := $(foreach v,$(PG_VERSIONS),$(firstword $(subst ., ,$(v))))
 # The smoke subset make test runs on every version of the matrix: one row and
-# many, rollback, kill -9, a PostgreSQL crash and restart, replay, and the
-# prerequisite checks (each version's refusals of what it cannot do).
-SMOKE := ^(TestPipelineTransactionShapes|TestKill9LosesNothing|TestCheckpointSkipsAfterPostgresCrash|TestReplayRange|TestHarnessPostgres.*|TestMissingPrerequisitesExitOne|TestTablelessOutbox)$$
+# many, rollback, kill -9, a PostgreSQL crash and restart, replay, the
+# prerequisite checks (each version's refusals of what it cannot do) and the
+# failover test (it runs from 17 on, where failover slots exist).
+SMOKE := ^(TestPipelineTransactionShapes|TestKill9LosesNothing|TestCheckpointSkipsAfterPostgresCrash|TestReplayRange|TestHarnessPostgres.*|TestMissingPrerequisitesExitOne|TestTablelessOutbox|TestFailover.*)$$
 
 .PHONY: all build test unit integration smoke matrix chaos vet lint check bench demo run kafka-jars pg-binaries clean
 
