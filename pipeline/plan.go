@@ -41,6 +41,9 @@ type plan struct {
 	// before it, the table was checked at start and has the column now, so
 	// such rows are dead-lettered.
 	schemaFrom lsn.LSN
+	// standby: the server is a hot standby (pg_is_in_recovery() at start);
+	// writes (heartbeats) go to Source.Primary, or nowhere without it.
+	standby bool
 	// relID is the outbox's OID at start (zero in replay: matched by name).
 	relID    uint32
 	progress func(ReplayProgress)
@@ -93,6 +96,11 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 	if err := replication.EnsurePublication(ctx, src); err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}
+	standby, err := src.DB.InRecovery(ctx)
+	if err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	pl.standby = standby
 	var (
 		ckpt     offsets.Checkpoint
 		haveCkpt bool
@@ -160,6 +168,18 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 		}
 	} else if haveCkpt && !ckpt.SnapshotDone {
 		p.log.Warn("the checkpoint records an unfinished initial snapshot, which snapshot.mode none does not take again", "slot", src.Slot)
+	}
+	if standby {
+		if _, err := src.DB.Slot(ctx, src.Slot); errors.Is(err, replication.ErrNoSlot) {
+			if src.Primary != nil {
+				p.log.Info("creating the slot on the standby; it waits for a snapshot of running transactions from the primary, "+
+					"which pg_log_standby_snapshot() on the primary writes now", "slot", src.Slot)
+			} else {
+				p.log.Warn("creating the slot on the standby waits for a snapshot of running transactions from the primary, "+
+					"written at the primary's next checkpoint or snapshot (seconds, or minutes on an idle primary); "+
+					"set postgres.primary_dsn to have the connector request one", "slot", src.Slot)
+			}
+		}
 	}
 	res, err := replication.Setup(ctx, src, pending)
 	if err != nil {

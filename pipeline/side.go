@@ -103,14 +103,23 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 // monitor writes heartbeats and reads the slot's statistics.
 func (p *Pipeline) monitor(ctx context.Context) {
 	var hb <-chan time.Time
-	if p.cfg.Heartbeat > 0 {
+	src := p.cfg.Source
+	heartbeat := p.cfg.Heartbeat > 0
+	if heartbeat && p.plan.standby && src.Primary == nil {
+		// A standby writes no WAL: pg_logical_emit_message fails there.
+		heartbeat = false
+		p.log.Warn("heartbeat disabled: the server is a standby and postgres.primary_dsn is not set; while the outbox is quiet "+
+			"the slot does not advance, so the standby keeps WAL and the primary (hot_standby_feedback) keeps catalog rows "+
+			"until the next outbox write", "fix", "set postgres.primary_dsn to the primary, where the heartbeat is written")
+	}
+	if heartbeat {
 		t := time.NewTicker(p.cfg.Heartbeat)
 		defer t.Stop()
 		hb = t.C
 	}
 	stats := time.NewTicker(p.cfg.MonitorInterval)
 	defer stats.Stop()
-	beat := replication.NewHeartbeat(p.cfg.Source.DB)
+	beat := replication.NewHeartbeat(src.Writer()) // the primary of a standby
 	defer beat.Close()
 	warned, hbDenied := false, false
 	var fo failoverReport
@@ -184,7 +193,9 @@ type failoverReport struct {
 // (postgres.failover_slot auto), said once.
 func (p *Pipeline) failoverStats(ctx context.Context, fo *failoverReport) {
 	src := p.cfg.Source
-	if src.Failover == "" || src.Failover == replication.FailoverOff {
+	// A standby's own slot is never a failover slot: synchronization is
+	// the primary's (docs/operations.md, "Decoding on a standby").
+	if src.Failover == "" || src.Failover == replication.FailoverOff || p.plan.standby {
 		p.m.SlotFailoverReady.Set(0)
 		return
 	}

@@ -214,7 +214,10 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 // which synchronized_standby_slots guarantees), and a restart must find
 // them stamped so, or CheckPosition would take them for a restore to
 // before them. The file store keeps the timeline of the start.
-const serverTimeline = `('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int`
+// The store writes on a primary only (postgres.primary_dsn for a standby:
+// pg_walfile_name refuses to run during recovery); walPosition keeps the
+// one definition of the position.
+const serverTimeline = `('x' || substr(pg_walfile_name(` + walPosition + `), 1, 8))::bit(32)::int`
 
 // nullable stores an unknown identity part (zero) as NULL.
 func nullable[T comparable](v T) any {

@@ -142,7 +142,7 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 	var s Snapshot
 	// Two statements: the second one's snapshot is taken after the first
 	// read the WAL position, so it sees what committed before it.
-	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()").Scan(&s.Before); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT "+walPosition).Scan(&s.Before); err != nil {
 		return s, fmt.Errorf("read wal position: %w", err)
 	}
 	var relID, pubRelID *uint32

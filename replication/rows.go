@@ -165,7 +165,7 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, spec RowSpec) (Ga
 	// is past every commit the snapshot sees.
 	var ref uint64
 	var g Gap
-	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_lsn()").
+	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "+walPosition).
 		Scan(&ref, &g.ClearAt); err != nil {
 		return Gap{}, fmt.Errorf("backfill: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -29,6 +30,12 @@ type Source struct {
 	// Failover is postgres.failover_slot: FailoverAuto, FailoverOn or
 	// FailoverOff ("" is off).
 	Failover string
+	// Primary opens connections to the primary of a standby
+	// (postgres.primary_dsn); nil when unset. Heartbeats, a missing
+	// publication and the checkpoint table are written there.
+	Primary *DB
+	// CheckpointTable: checkpoint.store is table, which writes to Writer().
+	CheckpointTable bool
 }
 
 func (s Source) qualified() string {
@@ -69,6 +76,20 @@ func check(ctx context.Context, conn *pgx.Conn, src Source) error {
 	}
 	if err := checkVersion(ctx, conn, src, add); err != nil {
 		return err
+	}
+	facts, err := readStandbyFacts(ctx, conn, src)
+	if err != nil {
+		return err
+	}
+	for _, p := range facts.problems() {
+		problems = append(problems, p)
+	}
+	primary, err := checkPrimary(ctx, conn, src)
+	if err != nil {
+		return err
+	}
+	for _, p := range primary {
+		problems = append(problems, p)
 	}
 	var canReplicate bool
 	var role string
@@ -156,13 +177,34 @@ func Setup(ctx context.Context, src Source, exportSnapshot bool) (SetupResult, e
 	if err != nil {
 		return SetupResult{}, err
 	}
-	failover := src.wantsFailover() && major >= failoverVersion
+	var recovery bool
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&recovery); err != nil {
+		return SetupResult{}, fmt.Errorf("read recovery state: %w", err)
+	}
+	// A slot created on a standby cannot be a failover slot (PG 17 docs,
+	// "Replication Slot Synchronization": failover slots are synchronized
+	// from the primary); Check refused postgres.failover_slot on.
+	failover := src.wantsFailover() && major >= failoverVersion && !recovery
+	if recovery && src.Primary != nil {
+		if _, err := slotInfo(ctx, conn, src.Slot); errors.Is(err, errNoSlot) {
+			nudge, stop := context.WithCancel(ctx)
+			defer stop()
+			go nudgeStandby(nudge, src.Primary)
+		}
+	}
 	if exportSnapshot {
 		if _, err := slotInfo(ctx, conn, src.Slot); errors.Is(err, errNoSlot) {
-			return createWithSnapshot(ctx, src, failover)
+			res, err := createWithSnapshot(ctx, src, failover)
+			if recovery {
+				err = standbySlotError(src.Slot, err)
+			}
+			return res, err
 		}
 	}
 	confirmed, created, err := ensureSlot(ctx, conn, src, failover)
+	if recovery {
+		err = standbySlotError(src.Slot, err)
+	}
 	return SetupResult{Confirmed: confirmed, Created: created}, err
 }
 
@@ -216,7 +258,60 @@ func EnsurePublication(ctx context.Context, src Source) error {
 		return fmt.Errorf("connect: %w", classify(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	var recovery, exists bool
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery(), EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+		src.Publication).Scan(&recovery, &exists); err != nil {
+		return fmt.Errorf("read publication: %w", err)
+	}
+	if recovery && !exists {
+		if err := publishOnPrimary(ctx, conn, src); err != nil {
+			return err
+		}
+	}
 	return ensurePublication(ctx, conn, src)
+}
+
+// publishOnPrimary creates the publication a standby lacks on its primary
+// (a standby is read-only; the catalog row reaches it by replay) and waits
+// until the standby has replayed it.
+func publishOnPrimary(ctx context.Context, conn *pgx.Conn, src Source) error {
+	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+		pgx.Identifier{src.Publication}.Sanitize(), src.qualified())
+	if src.Primary == nil {
+		return &PrerequisiteError{
+			Problem: fmt.Sprintf("publication %s does not exist, and the server is a standby where it cannot be created", src.Publication),
+			Fix:     "run on the primary: " + create + "; or set postgres.primary_dsn so the connector creates it there",
+		}
+	}
+	pc, err := src.Primary.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to postgres.primary_dsn: %w", classify(err))
+	}
+	defer pc.Close(context.WithoutCancel(ctx))
+	if err := ensurePublication(ctx, pc, src); err != nil {
+		return fmt.Errorf("on the primary: %w", err)
+	}
+	var at string
+	if err := pc.QueryRow(ctx, "SELECT "+walPosition+"::text").Scan(&at); err != nil {
+		return fmt.Errorf("on the primary: read wal position: %w", err)
+	}
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		var replayed bool
+		err := conn.QueryRow(wait, "SELECT "+walPosition+" >= $1::pg_lsn", at).Scan(&replayed)
+		if err != nil {
+			return fmt.Errorf("wait for the standby to replay publication %s: %w", src.Publication, err)
+		}
+		if replayed {
+			return nil
+		}
+		select {
+		case <-wait.Done():
+			return fmt.Errorf("wait for the standby to replay publication %s (created on the primary at %s): %w", src.Publication, at, wait.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
@@ -352,7 +447,8 @@ type SlotInfo struct {
 	WALStatus string
 	// Failover is pg_replication_slots.failover (false before 17).
 	Failover bool
-	// CurrentWAL is the server's current WAL write position.
+	// CurrentWAL is the server's current WAL write position; on a standby
+	// its replay position (walPosition).
 	CurrentWAL lsn.LSN
 }
 
@@ -365,7 +461,7 @@ func (s SlotInfo) RetainedBytes() int64 {
 }
 
 // LagBytes is the WAL written but not yet confirmed: the current WAL
-// position minus confirmed_flush_lsn. It is the one definition of
+// position (on a standby, the replayed one) minus confirmed_flush_lsn. It is the one definition of
 // replication lag, for the metric and for outbox-cdc status alike: a reading
 // of the server, so it keeps growing while the stream is down, and the
 // figure an operator gets from pg_replication_slots by hand.
@@ -386,7 +482,7 @@ func slotInfo(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, error
 	var restart, confirmed *lsn.LSN
 	// failover is read through to_jsonb: servers before 17 lack the column.
 	err := conn.QueryRow(ctx, `SELECT slot_name, plugin, database, active, active_pid,
-		restart_lsn, confirmed_flush_lsn, wal_status, pg_current_wal_lsn(),
+		restart_lsn, confirmed_flush_lsn, wal_status, `+walPosition+`,
 		coalesce((to_jsonb(s) ->> 'failover')::boolean, false)
 		FROM pg_replication_slots s WHERE slot_name = $1`, slot).
 		Scan(&s.Name, &plugin, &db, &s.Active, &pid, &restart, &confirmed, &walStatus, &s.CurrentWAL, &s.Failover)

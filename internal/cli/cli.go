@@ -213,6 +213,10 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	if err != nil {
 		return pipeline.Config{}, err
 	}
+	primary, err := primaryDB(cfg.Postgres)
+	if err != nil {
+		return pipeline.Config{}, err
+	}
 	sec, err := kafkaSecurity(cfg.Kafka)
 	if err != nil {
 		return pipeline.Config{}, err
@@ -225,6 +229,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		Source: replication.Source{
 			DB: db, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
 			Schema: schema, Table: table, Columns: cols, Failover: cfg.Postgres.FailoverSlot,
+			Primary: primary, CheckpointTable: cfg.Checkpoint.Store == "table",
 		},
 		Mapping: mapping,
 		Routes:  router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic},
@@ -239,7 +244,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		DrainTimeout:    cfg.Kafka.DrainTimeout,
 		StatusInterval:  cfg.Postgres.StatusInterval,
 		BackoffMax:      cfg.Postgres.ReconnectBackoffMax,
-		Checkpoints:     checkpointStore(cfg, db),
+		Checkpoints:     checkpointStore(cfg, writer(db, primary)),
 		RetainFor:       retainFor,
 		RetainBytes:     retainBytes,
 		Heartbeat:       cfg.Postgres.HeartbeatInterval,
@@ -279,6 +284,31 @@ func postgresDB(p config.Postgres) (*replication.DB, error) {
 		return nil, err
 	}
 	return replication.ParseDB(string(p.DSN), pw)
+}
+
+// primaryDB parses postgres.primary_dsn like postgres.dsn; nil when unset.
+func primaryDB(p config.Postgres) (*replication.DB, error) {
+	if p.PrimaryDSN == "" {
+		return nil, nil
+	}
+	pw, err := p.FilePassword()
+	if err != nil {
+		return nil, err
+	}
+	d, err := replication.ParseDB(string(p.PrimaryDSN), pw)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.primary_dsn: %w", err)
+	}
+	return d, nil
+}
+
+// writer is where the checkpoint table is written: the primary of a
+// standby when postgres.primary_dsn is set.
+func writer(db, primary *replication.DB) *replication.DB {
+	if primary != nil {
+		return primary
+	}
+	return db
 }
 
 // checkpointStore builds the configured store; nil for none.

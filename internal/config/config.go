@@ -54,7 +54,12 @@ type Postgres struct {
 	DSN DSN `koanf:"dsn"`
 	// PasswordFile holds the password of the DSN's role (FilePassword); not
 	// allowed with a password in the DSN.
-	PasswordFile        string        `koanf:"password_file"`
+	PasswordFile string `koanf:"password_file"`
+	// PrimaryDSN is the primary of a DSN that is a hot standby
+	// (PostgreSQL 16+), where heartbeats, a missing publication and the
+	// checkpoint table are written; "" when unset. postgres.password_file
+	// applies to it too.
+	PrimaryDSN          DSN           `koanf:"primary_dsn"`
 	Slot                string        `koanf:"slot"`        // pgoutput slot, created if missing
 	Publication         string        `koanf:"publication"` // created FOR TABLE <outbox.table> if missing
 	StatusInterval      time.Duration `koanf:"status_interval"`

@@ -735,12 +735,13 @@ func TestSchema(t *testing.T) {
 		"kafka.topics":                "OUTBOX_CDC_KAFKA_TOPICS",
 		"kafka.linger":                "OUTBOX_CDC_KAFKA_LINGER",
 		"postgres.failover_slot":      "OUTBOX_CDC_POSTGRES_FAILOVER_SLOT",
+		"postgres.primary_dsn":        "OUTBOX_CDC_POSTGRES_PRIMARY_DSN",
 	} {
 		if l := leafByKey[key]; l == nil || l.env != env {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 54 {
+	if len(leaves) != 55 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }

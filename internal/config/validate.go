@@ -166,6 +166,14 @@ func (v *validator) postgres(pg Postgres) {
 	} else if p := dsnProblem(string(pg.DSN)); p != "" {
 		v.add("postgres.dsn", pg.DSN.String(), p, "use postgres://user@host:5432/db or host=... user=... dbname=...")
 	}
+	if pg.PrimaryDSN != "" {
+		if p := dsnProblem(string(pg.PrimaryDSN)); p != "" {
+			v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), p, "use postgres://user@host:5432/db or host=... user=... dbname=...")
+		} else if pg.PrimaryDSN == pg.DSN {
+			v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), "the same as postgres.dsn",
+				"unset it: it names the primary when postgres.dsn is a standby")
+		}
+	}
 	if !slotRE.MatchString(pg.Slot) {
 		v.add("postgres.slot", pg.Slot, "not a valid replication slot name", "use 1 to 63 characters from a-z, 0-9 and _")
 	}
@@ -192,6 +200,10 @@ func (v *validator) postgres(pg Postgres) {
 		if dsnHasPassword(string(pg.DSN)) {
 			v.add("postgres.password_file", pg.PasswordFile, "set while postgres.dsn has a password too",
 				"remove the password from postgres.dsn (or "+envName("postgres.dsn")+"), or remove postgres.password_file")
+		}
+		if dsnHasPassword(string(pg.PrimaryDSN)) {
+			v.add("postgres.password_file", pg.PasswordFile, "set while postgres.primary_dsn has a password too",
+				"remove the password from postgres.primary_dsn (or "+envName("postgres.primary_dsn")+"), or remove postgres.password_file")
 		}
 	}
 	if pg.RetainedWALWarnBytes < 0 {
