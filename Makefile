@@ -24,8 +24,9 @@ PG_MAJORS := $(foreach v,$(PG_VERSIONS),$(firstword $(subst ., ,$(v))))
 # The smoke subset make test runs on every version of the matrix: one row and
 # many, rollback, kill -9, a PostgreSQL crash and restart, replay, the
 # prerequisite checks (each version's refusals of what it cannot do) and the
-# failover test (it runs from 17 on, where failover slots exist).
-SMOKE := ^(TestPipelineTransactionShapes|TestKill9LosesNothing|TestCheckpointSkipsAfterPostgresCrash|TestReplayRange|TestHarnessPostgres.*|TestMissingPrerequisitesExitOne|TestTablelessOutbox|TestFailover.*)$$
+# failover and standby tests (failover from 17 on, decoding on a standby from
+# 16 on; below that they check the refusal).
+SMOKE := ^(TestPipelineTransactionShapes|TestKill9LosesNothing|TestCheckpointSkipsAfterPostgresCrash|TestReplayRange|TestHarnessPostgres.*|TestMissingPrerequisitesExitOne|TestTablelessOutbox|TestFailover.*|TestStandby.*)$$
 
 .PHONY: all build test unit integration smoke matrix chaos vet lint check bench demo run kafka-jars pg-binaries clean
 
