@@ -75,7 +75,7 @@ func New() *Metrics {
 		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "received_lsn",
 			Help: "Highest WAL position received from PostgreSQL, as a number."}),
 		LagBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "replication_lag_bytes",
-			Help: "WAL not yet confirmed by the slot: pg_current_wal_lsn() minus confirmed_flush_lsn, in bytes, " +
+			Help: "WAL not yet confirmed by the slot: the server's WAL position (replay position on a standby) minus confirmed_flush_lsn, in bytes, " +
 				"read from pg_replication_slots every 10 s (the lag of outbox-cdc status). " +
 				"Only acknowledged positions are confirmed, so it grows while Kafka or the stream is down; " +
 				"with postgres.retain it includes the replay window."}),
