@@ -24,13 +24,7 @@ import (
 // reaches Kafka (none lost, none that it lacks), duplicates are counted,
 // and a restart on the new primary trusts the checkpoint.
 func TestFailover(t *testing.T) {
-	if pgServer.External() {
-		t.Skip("needs its own primary and standby; the suite's PostgreSQL is external")
-	}
-	if major := pgServer.Major(); major < 17 {
-		t.Skipf("failover slots need PostgreSQL 17 or later; the suite runs %s (set %s to a 17+ bin directory)",
-			pgServer.Version(), testenv.EnvPGBinDir)
-	}
+	needPrimaryAndStandby(t, 17, "failover slots")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	primary, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})

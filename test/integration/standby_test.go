@@ -28,13 +28,7 @@ const standbyAggregate = "standbydecode"
 // while the outbox is quiet; the primary's checkpoint table holds the
 // position.
 func TestStandbyDecoding(t *testing.T) {
-	if pgServer.External() {
-		t.Skip("needs its own primary and standby; the suite's PostgreSQL is external")
-	}
-	if major := pgServer.Major(); major < 16 {
-		t.Skipf("logical decoding on a standby needs PostgreSQL 16 or later; the suite runs %s (set %s to a 16+ bin directory)",
-			pgServer.Version(), testenv.EnvPGBinDir)
-	}
+	needPrimaryAndStandby(t, 16, "logical decoding on a standby")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	primary, _, sdsn := startPrimaryAndStandby(ctx, t)
@@ -135,13 +129,7 @@ func TestStandbyDecoding(t *testing.T) {
 // checkpoint.store table without postgres.primary_dsn is refused at start
 // (exit 1) with the key to set, by run and check alike.
 func TestStandbyTableStoreNeedsPrimary(t *testing.T) {
-	if pgServer.External() {
-		t.Skip("needs its own primary and standby; the suite's PostgreSQL is external")
-	}
-	if major := pgServer.Major(); major < 16 {
-		t.Skipf("logical decoding on a standby needs PostgreSQL 16 or later; the suite runs %s (set %s to a 16+ bin directory)",
-			pgServer.Version(), testenv.EnvPGBinDir)
-	}
+	needPrimaryAndStandby(t, 16, "logical decoding on a standby")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	_, _, sdsn := startPrimaryAndStandby(ctx, t)
@@ -220,4 +208,17 @@ func writeSequenced(ctx context.Context, dsn string, n, aggregates int, first ch
 		}
 	}
 	return nil
+}
+
+// needPrimaryAndStandby skips a test that starts its own primary and
+// standby when the suite's server is external or older than min.
+func needPrimaryAndStandby(t *testing.T, min int, feature string) {
+	t.Helper()
+	if pgServer.External() {
+		t.Skip("needs its own primary and standby; the suite's PostgreSQL is external")
+	}
+	if major := pgServer.Major(); major < min {
+		t.Skipf("%s needs PostgreSQL %d or later; the suite runs %s (set %s to a %d+ bin directory)",
+			feature, min, pgServer.Version(), testenv.EnvPGBinDir, min)
+	}
 }
