@@ -138,15 +138,21 @@ func (d *Decoder) resolve(rel *relation) {
 			missing = append(missing, want)
 		}
 	}
-	switch len(missing) {
-	case 0:
-	case 1:
-		rel.invalid = fmt.Sprintf("column %q missing from table %s.%s", missing[0], rel.namespace, rel.name)
-	default:
-		q := make([]string, len(missing))
-		for i, m := range missing {
-			q[i] = fmt.Sprintf("%q", m)
-		}
-		rel.invalid = fmt.Sprintf("columns %s missing from table %s.%s", strings.Join(q, ", "), rel.namespace, rel.name)
+	if len(missing) > 0 {
+		rel.invalid = MissingColumns(rel.namespace, rel.name, missing)
 	}
+}
+
+// MissingColumns says that table schema.name lacks mapped columns: the one
+// wording of the problem, whether a Relation message or a reading of the
+// catalog found it.
+func MissingColumns(schema, name string, missing []string) string {
+	if len(missing) == 1 {
+		return fmt.Sprintf("column %q missing from table %s.%s", missing[0], schema, name)
+	}
+	q := make([]string, len(missing))
+	for i, m := range missing {
+		q[i] = fmt.Sprintf("%q", m)
+	}
+	return fmt.Sprintf("columns %s missing from table %s.%s", strings.Join(q, ", "), schema, name)
 }

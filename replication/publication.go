@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -42,7 +43,7 @@ func (m Membership) SchemaProblem(src Source) string {
 	if len(m.Missing) == 0 || m.RelID == 0 {
 		return ""
 	}
-	return fmt.Sprintf("outbox table %s lacks mapped column(s) %q", src.qualified(), m.Missing)
+	return decode.MissingColumns(src.Schema, src.Table, m.Missing)
 }
 
 // LeftStream compares m, read now, with start, read when the connector

@@ -298,7 +298,7 @@ func fakeConnector(t *testing.T, script string) *connector {
 }
 
 func TestExpectExit(t *testing.T) {
-	failLine := `echo 'time=2026-01-01T00:00:00Z level=ERROR msg="connector failed" err="outbox table public.outbox lacks mapped column(s) [\"event_type\"]"'`
+	failLine := `echo 'time=2026-01-01T00:00:00Z level=ERROR msg="connector failed" err="column \"event_type\" missing from table public.outbox while the connector ran"'`
 	for _, tt := range []struct {
 		name, script string
 		timeout      time.Duration
