@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,7 +209,7 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, rt *router
 	rep.Topics = c.Topics()
 	dlq := pc.Routes.DLQTopic
 	topics := rep.Topics
-	if !contains(topics, dlq) {
+	if !slices.Contains(topics, dlq) {
 		topics = append(append([]string{}, topics...), dlq)
 	}
 	pr.phase.Store("reading records")
@@ -316,15 +317,6 @@ func (r *repairer) finish(ctx context.Context) *RepairReport {
 		rep.Error = err.Error()
 	}
 	return rep
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func printVerify(w io.Writer, r *VerifyReport) {
