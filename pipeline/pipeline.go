@@ -26,19 +26,6 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
-// CheckpointStore saves the acknowledged position durably.
-type CheckpointStore interface {
-	Load(ctx context.Context) (offsets.Checkpoint, error)
-	// Save stores c unless a later position of the same identity is stored
-	// (offsets.ErrStale): another connector on the slot saved it.
-	Save(ctx context.Context, c offsets.Checkpoint) error
-	// Replace stores c whatever is stored: a new slot or snapshot starts over.
-	Replace(ctx context.Context, c offsets.Checkpoint) error
-	// Forget tells an operator how to drop the checkpoint (SQL, or a file).
-	Forget() string
-	Close()
-}
-
 // Config is everything the pipeline needs, already validated.
 type Config struct {
 	// ConfigPath is the configuration file, for commands printed in
@@ -61,7 +48,7 @@ type Config struct {
 	ReceiveTimeout time.Duration
 
 	// Checkpoints is nil when checkpoint.store is none.
-	Checkpoints CheckpointStore
+	Checkpoints offsets.Store
 	// RetainFor / RetainBytes hold the confirmed position back (replay window).
 	RetainFor   time.Duration
 	RetainBytes int64
@@ -122,8 +109,8 @@ type Pipeline struct {
 	gap       atomic.Pointer[gapInfo] // a gap not yet repaired: recorded in every checkpoint
 	gapClear  atomic.Uint64           // set once the backfill ran: the gap is repaired past it
 	savedGap  *gapInfo                // the gap in the last checkpoint saved (checkpoint writers only)
-	lastCkpt  *lastCheckpoint         // what the checkpoint store holds, for the slot-loss runbook
-	commits   commitTimes             // recent commit times, for the checkpoint's CommitTime
+	held      *offsets.Stamped        // the checkpoint store (nil: none), for the slot-loss runbook
+	commits   offsets.CommitTimes     // recent commit times, for the checkpoint's CommitTime
 	fatalOnce sync.Once
 	fatal     chan error
 	ready     chan struct{}
@@ -149,8 +136,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	return &Pipeline{cfg: cfg, log: log, m: m, router: r, fatal: make(chan error, 1), ready: make(chan struct{}),
-		lastCkpt: &lastCheckpoint{}}, nil
+	return &Pipeline{cfg: cfg, log: log, m: m, router: r, fatal: make(chan error, 1), ready: make(chan struct{})}, nil
 }
 
 // Ready is closed once the slot is set up and streaming has started.
@@ -193,10 +179,8 @@ func (p *Pipeline) run(ctx context.Context) error {
 	}
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)
 	stream.OnConnected = p.streaming.Store
-	if ident, ok := pl.checkpoints.(identified); ok {
-		// A connector that followed a promotion saves positions of the new
-		// timeline: a restart must not take them for the old one's.
-		stream.OnTimeline = ident.timeline.Store
+	if pl.checkpoints != nil {
+		stream.OnTimeline = pl.checkpoints.Timeline.Store
 	}
 	r := p.start(ctx, stream)
 	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "from", pl.start)
@@ -265,7 +249,9 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 		r.sides.Go(func() { p.checkpointLoop(sides) })
 	}
 	if pl.guard != nil {
-		r.sides.Go(func() { p.monitor(sides) })
+		mon := &replication.Monitor{Source: p.cfg.Source, Standby: pl.standby, Heartbeat: p.cfg.Heartbeat,
+			Interval: p.cfg.MonitorInterval, RetainedWALWarn: p.cfg.RetainedWALWarn, Metrics: p.m, Log: p.log, Fail: p.fail}
+		r.sides.Go(func() { mon.Run(sides) })
 		r.sides.Go(func() { p.guardLoop(sides, pl.guard) })
 	}
 	if pl.progress != nil {

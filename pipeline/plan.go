@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -32,7 +31,7 @@ type plan struct {
 	backfill *backfill
 	// checkpoints stamps this server's identity on what it saves; nil when
 	// nothing is saved (checkpoint.store none, replay).
-	checkpoints CheckpointStore
+	checkpoints *offsets.Stamped
 	// guard keeps the outbox in the stream; nil in replay, where no side
 	// loop but the progress report runs.
 	guard *replication.Guard
@@ -125,12 +124,13 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 				return err
 			}
 		}
-		ident := identified{store, offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline,
-			Database: srv.Database, Slot: src.Slot}, new(atomic.Int32), p.m.CheckpointLSN, p.lastCkpt}
+		// The one writer of checkpoint_lsn: the position the store holds.
+		pl.checkpoints = offsets.NewStamped(store, offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline,
+			Database: srv.Database, Slot: src.Slot}, func(c offsets.Checkpoint) { p.m.CheckpointLSN.Set(float64(c.LSN)) })
+		p.held = pl.checkpoints
 		if haveCkpt {
-			ident.holds(ckpt)
+			pl.checkpoints.Holds(ckpt)
 		}
-		pl.checkpoints = ident
 	}
 	pending := p.cfg.Snapshot == "pending"
 	hadSnapshot := haveCkpt && ckpt.SnapshotDone

@@ -109,7 +109,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 				return fmt.Errorf("commit at %v without begin", m.WALStart)
 			}
 			p.tracker.Commit(txn, res.Commit.EndLSN)
-			p.commits.add(res.Commit.EndLSN, commitTime)
+			p.commits.Add(res.Commit.EndLSN, commitTime)
 			dispatched = max(dispatched, res.Commit.EndLSN)
 			p.replayAt.Store(uint64(res.Commit.EndLSN))
 			txn = nil

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -74,9 +74,9 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c := offsets.Checkpoint{LSN: a, SnapshotDone: true}
-	if at, ok := p.commits.before(a); ok {
+	if at, ok := p.commits.Before(a); ok {
 		c.CommitTime = at
-	} else if last, ok := p.lastCkpt.get(); ok && last.LSN <= a {
+	} else if last, ok := p.plan.checkpoints.Held(); ok && last.LSN <= a {
 		c.CommitTime = last.CommitTime // older, so still a lower bound
 	}
 	if gap != nil {
@@ -100,133 +100,6 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	return a
 }
 
-// monitor writes heartbeats and reads the slot's statistics.
-func (p *Pipeline) monitor(ctx context.Context) {
-	var hb <-chan time.Time
-	src := p.cfg.Source
-	heartbeat := p.cfg.Heartbeat > 0
-	if heartbeat && p.plan.standby && src.Primary == nil {
-		// A standby writes no WAL: pg_logical_emit_message fails there.
-		heartbeat = false
-		p.log.Warn("heartbeat disabled: the server is a standby and postgres.primary_dsn is not set; while the outbox is quiet "+
-			"the slot does not advance, so the standby keeps WAL and the primary (hot_standby_feedback) keeps catalog rows "+
-			"until the next outbox write", "fix", "set postgres.primary_dsn to the primary, where the heartbeat is written")
-	}
-	if heartbeat {
-		t := time.NewTicker(p.cfg.Heartbeat)
-		defer t.Stop()
-		hb = t.C
-	}
-	stats := time.NewTicker(p.cfg.MonitorInterval)
-	defer stats.Stop()
-	beat := replication.NewHeartbeat(src.Writer()) // the primary of a standby
-	defer beat.Close()
-	warned, hbDenied := false, false
-	var fo failoverReport
-	p.slotStats(ctx, &warned, &fo)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-stats.C:
-			p.slotStats(ctx, &warned, &fo)
-		case <-hb:
-			if hbDenied {
-				continue
-			}
-			// Other failures are transient: the stream reports connection trouble.
-			if errors.Is(beat.Beat(ctx), replication.ErrHeartbeatDenied) {
-				hbDenied = true
-				p.log.Error("heartbeat disabled: the role may not call pg_logical_emit_message; a database without other writes "+
-					"will hold WAL until the outbox is written", "fix", "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <role>")
-			}
-		}
-	}
-}
-
-// slotStats updates the slot metrics, warns about retained WAL, reports
-// whether a standby can take the slot over and stops the connector when
-// the slot was invalidated or dropped.
-func (p *Pipeline) slotStats(ctx context.Context, warned *bool, fo *failoverReport) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	info, err := p.cfg.Source.DB.Slot(ctx, p.cfg.Source.Slot)
-	switch {
-	case errors.Is(err, replication.ErrNoSlot):
-		p.fail(&replication.FatalError{Reason: "slot_missing", Err: fmt.Errorf("replication slot %s was dropped while the connector ran; "+
-			"events committed since are not in any stream: restart to recreate it, then reconcile from the last checkpoint", p.cfg.Source.Slot)})
-		return
-	case err != nil:
-		return // transient; the stream reports connection trouble
-	}
-	p.m.RetainedWAL.Set(float64(info.RetainedBytes()))
-	p.m.LagBytes.Set(float64(info.LagBytes())) // its only writer, with status's definition
-	p.m.SetWALStatus(info.WALStatus)
-	if info.WALStatus == "lost" {
-		p.fail(replication.ErrSlotLost(p.cfg.Source.Slot))
-		return
-	}
-	p.failoverStats(ctx, fo)
-	if w := p.cfg.RetainedWALWarn; w > 0 {
-		if r := info.RetainedBytes(); r > w && !*warned {
-			*warned = true
-			p.log.Warn("replication slot retains a lot of WAL", "slot", info.Name, "retained_bytes", r, "threshold", w,
-				"restart_lsn", info.Restart, "confirmed", info.Confirmed,
-				"fix", "check that the connector is streaming and Kafka acknowledges; see docs/operations.md")
-		} else if r <= w {
-			*warned = false
-		}
-	}
-}
-
-// failoverReport is what the log last said about the slot's failover
-// readiness, so a state is logged once, when it is first seen.
-type failoverReport struct {
-	logged  bool
-	ready   bool
-	problem string
-}
-
-// failoverStats sets the failover-ready gauge (its only writer) and logs
-// each change of readiness: a standby that stopped streaming, a slot that
-// lost its failover property, or a server too old for failover slots
-// (postgres.failover_slot auto), said once.
-func (p *Pipeline) failoverStats(ctx context.Context, fo *failoverReport) {
-	src := p.cfg.Source
-	// A standby's own slot is never a failover slot: synchronization is
-	// the primary's (docs/operations.md, "Decoding on a standby").
-	if src.Failover == "" || src.Failover == replication.FailoverOff || p.plan.standby {
-		p.m.SlotFailoverReady.Set(0)
-		return
-	}
-	f, err := src.DB.Failover(ctx, src.Slot)
-	if err != nil {
-		return // transient; the stream reports connection trouble
-	}
-	ready := f.Ready()
-	if ready {
-		p.m.SlotFailoverReady.Set(1)
-	} else {
-		p.m.SlotFailoverReady.Set(0)
-	}
-	problem, fix := f.Problem(src.Slot)
-	if fo.logged && fo.ready == ready && fo.problem == problem {
-		return
-	}
-	*fo = failoverReport{logged: true, ready: ready, problem: problem}
-	switch {
-	case ready:
-		p.log.Info("failover slot ready: a standby synchronizes it and receives its changes first", "slot", src.Slot,
-			"standby_slots", strings.Join(f.Active, ","))
-	case !f.Supported():
-		// auto on an older server: on was refused at start.
-		p.log.Info("failover slots need PostgreSQL 17; running without one", "slot", src.Slot, "server", f.Version,
-			"detail", problem)
-	default:
-		p.log.Warn("no standby can take the slot over after a failover", "slot", src.Slot, "problem", problem, "fix", fix)
-	}
-}
-
 func (p *Pipeline) progressLoop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -242,4 +115,41 @@ func (p *Pipeline) progressLoop(ctx context.Context) {
 
 func (p *Pipeline) replayProgress(done bool) ReplayProgress {
 	return ReplayProgress{From: p.plan.start, To: p.plan.stopAt, At: lsn.LSN(p.replayAt.Load()), Events: p.replayed.Load(), Done: done}
+}
+
+// repairMargin is how much earlier than the last delivered commit the
+// printed verify starts: verify selects rows by created_at, which is when
+// their transaction began, so a transaction open that long before its commit
+// is still covered. An earlier start only costs verify time.
+const repairMargin = 5 * time.Minute
+
+// runbook adds to the fatal error for a lost slot (dropped or invalidated)
+// what to run once a new slot exists: the events committed after the last
+// checkpoint were not delivered and are in the outbox table only.
+func (p *Pipeline) runbook(err error) error {
+	var f *replication.FatalError
+	if !errors.As(err, &f) || !slices.Contains([]string{"slot_missing", "slot_invalidated", "slot_or_publication_missing"}, f.Reason) {
+		return err
+	}
+	last, ok := p.held.Held()
+	if !ok {
+		return err
+	}
+	return &replication.FatalError{Reason: f.Reason, Err: fmt.Errorf("%w\n%s", err, p.repairCommand(last))}
+}
+
+// repairCommand says how to republish what was committed after c.
+func (p *Pipeline) repairCommand(c offsets.Checkpoint) string {
+	cfg := p.cfg.ConfigPath
+	if cfg == "" {
+		cfg = "<config file>"
+	}
+	if c.CommitTime.IsZero() {
+		return fmt.Sprintf("the last checkpoint (%v, saved %s) records no commit time: after the connector created a new slot, run "+
+			"outbox-cdc verify --config %s --repair --since <a time before the first event you may miss, earlier than %s>",
+			c.LSN, c.UpdatedAt.UTC().Format(time.RFC3339), cfg, c.UpdatedAt.UTC().Format(time.RFC3339))
+	}
+	return fmt.Sprintf("the last delivered transaction (checkpoint %v) committed at %s; events committed after it may be missing "+
+		"from Kafka. Once the connector runs again (it creates a new slot), republish them with:\n  outbox-cdc verify --config %s --repair --since %s",
+		c.LSN, c.CommitTime.UTC().Format(time.RFC3339Nano), cfg, c.CommitTime.Add(-repairMargin).UTC().Format(time.RFC3339))
 }

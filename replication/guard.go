@@ -63,7 +63,7 @@ func NewGuard(ctx context.Context, src Source, from lsn.LSN) (*Guard, error) {
 	}
 	if why := s.LeftStream(src, s.Membership) + s.SchemaProblem(src); why != "" {
 		g.watch.Close()
-		return nil, &PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"The outbox leaving the stream\""}
+		return nil, &PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"Changing the outbox table while the connector runs\""}
 	}
 	g.start, g.first = s.Membership, s.Before
 	g.pending = []reading{{s, time.Now(), s.Xmin}}

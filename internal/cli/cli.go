@@ -312,7 +312,7 @@ func writer(db, primary *replication.DB) *replication.DB {
 }
 
 // checkpointStore builds the configured store; nil for none.
-func checkpointStore(cfg *config.Config, db *replication.DB) pipeline.CheckpointStore {
+func checkpointStore(cfg *config.Config, db *replication.DB) offsets.Store {
 	switch cfg.Checkpoint.Store {
 	case "table":
 		return replication.NewTableStore(db, cfg.Checkpoint.Table, cfg.Postgres.Slot)
