@@ -700,3 +700,57 @@ func TestCloseFailsHeldRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestDataLossIsLogged: a broker that answers a produce with
+// OUT_OF_ORDER_SEQUENCE_NUMBER after it acknowledged earlier records of the
+// partition has lost them (unclean leader election, truncation). franz-go
+// resets its sequence numbers and carries on; the sink says so at error
+// level, naming the partition, and the record is still delivered.
+func TestDataLossIsLogged(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	logs := &logRecorder{}
+	s := newSink(t, c, slog.New(logs))
+	first := newOutcomes()
+	produce(ctx, t, s, baseRecord(topic, []byte("0000")), first)
+	if o := first.wait(ctx, t); o != (sink.Outcome{}) {
+		t.Fatalf("first record: %+v, want a plain delivery", o)
+	}
+	var answered atomic.Int32
+	c.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		answered.Add(1) // one request only: the control is not kept
+		req := kr.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.OutOfOrderSequenceNumber.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	second := newOutcomes()
+	produce(ctx, t, s, baseRecord(topic, []byte("0001")), second)
+	if o := second.wait(ctx, t); o != (sink.Outcome{}) {
+		t.Fatalf("record after the loss: %+v, want a plain delivery", o)
+	}
+	if answered.Load() != 1 {
+		t.Fatalf("the broker answered %d produce requests with the loss, want 1", answered.Load())
+	}
+	checkSequence(t, consume(ctx, t, c, topic, 2), 2, -1)
+	// franz-go calls the hook on a goroutine of its own.
+	for logs.find("data loss detected") == "" {
+		select {
+		case <-ctx.Done():
+			t.Fatal("no error-level log of the data loss")
+		case <-time.After(10 * time.Millisecond): // polls the log recorder, which has no signal
+		}
+	}
+	if l := logs.find("data loss detected"); !strings.Contains(l, "topic="+topic) || !strings.Contains(l, "partition=") {
+		t.Errorf("data-loss log %q lacks the topic or partition", l)
+	}
+}
