@@ -33,9 +33,6 @@ import (
 // EnvPrefix starts the name of every environment variable this package reads.
 const EnvPrefix = "OUTBOX_CDC_"
 
-// TopicPlaceholder is the only placeholder allowed in kafka.topic.
-const TopicPlaceholder = router.Placeholder
-
 // Config is the whole outbox-cdc configuration. The meaning, default and
 // range of every key are in docs/configuration.md.
 type Config struct {
@@ -100,7 +97,7 @@ type Columns struct {
 // Kafka is the destination.
 type Kafka struct {
 	Brokers            []string          `koanf:"brokers"` // host:port each; required
-	Topic              string            `koanf:"topic"`   // template with TopicPlaceholder
+	Topic              string            `koanf:"topic"`   // template with router.Placeholder
 	Topics             map[string]string `koanf:"topics"`  // aggregate_type → topic; wins over Topic
 	DLQTopic           string            `koanf:"dlq_topic"`
 	ClientID           string            `koanf:"client_id"`
@@ -194,7 +191,7 @@ func Default() Config {
 			HeaderColumns: []string{},
 		},
 		Kafka: Kafka{
-			Topic: "outbox.event." + TopicPlaceholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq",
+			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq",
 			ClientID: "outbox-cdc", MaxBufferedRecords: 10000, MaxBufferedBytes: 64 << 20,
 			RequestTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"maps"
 	"net"
 	"reflect"
 	"regexp"
@@ -20,9 +19,6 @@ var (
 	slotRE        = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 	publicationRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 	identifierRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
-	// A placeholder runs from { to the next }; a brace without its partner
-	// matches alone.
-	placeholderRE = regexp.MustCompile(`\{[^}]*\}?|\}`)
 )
 
 // FieldError is one problem with one key.
@@ -264,22 +260,8 @@ func (v *validator) kafka(k Kafka) {
 			v.add(fmt.Sprintf("kafka.brokers[%d]", i), b, p, "use host:port, such as kafka1:9092")
 		}
 	}
-	if p := topicTemplateProblem(k.Topic); p != "" {
-		v.add("kafka.topic", k.Topic, p, "the only placeholder is "+TopicPlaceholder)
-	}
-	for _, at := range slices.Sorted(maps.Keys(k.Topics)) {
-		key := fmt.Sprintf("kafka.topics[%q]", at)
-		if at == "" {
-			v.add(key, "", "empty aggregate type", "remove the entry")
-		}
-		if p := topicProblem(k.Topics[at]); p != "" {
-			v.add(key, k.Topics[at], p, "")
-		}
-	}
-	if p := topicProblem(k.DLQTopic); p != "" {
-		v.add("kafka.dlq_topic", k.DLQTopic, p, "")
-	} else if clash := dlqClash(k); clash != "" {
-		v.add("kafka.dlq_topic", k.DLQTopic, clash, "choose a dead-letter topic no event can be published to")
+	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: k.DLQTopic}).Check() {
+		v.add(p.Key, p.Value, p.Reason, p.Fix)
 	}
 	switch {
 	case k.ClientID == "":
@@ -403,81 +385,6 @@ func hostPortProblem(s string, listen bool) string {
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < lo || n > 65535 {
 		return "port must be a number from " + strconv.Itoa(lo) + " to 65535"
-	}
-	return ""
-}
-
-// topicProblem puts router.CheckTopic's verdict on a topic name in the words
-// of this package.
-func topicProblem(name string) string {
-	switch {
-	case router.CheckTopic(name) == "":
-		return ""
-	case name == "":
-		return "empty topic name"
-	case len(name) > 249:
-		return "topic name longer than 249 characters"
-	case name == "." || name == "..":
-		return `topic name cannot be "." or ".."`
-	}
-	return "topic name may only contain letters, digits, '.', '_' and '-'"
-}
-
-// topicTemplateProblem checks kafka.topic as router.New does: at most one
-// {aggregate_type}, no other placeholder, and a legal topic name once the
-// placeholder is replaced.
-func topicTemplateProblem(t string) string {
-	if t == "" {
-		return "must not be empty"
-	}
-	for _, ph := range placeholderRE.FindAllString(t, -1) {
-		switch {
-		case ph == "}":
-			return "unmatched }"
-		case !strings.HasSuffix(ph, "}"):
-			return "unmatched {"
-		case ph != TopicPlaceholder:
-			return "unknown placeholder " + ph
-		}
-	}
-	before, after, found := strings.Cut(t, TopicPlaceholder)
-	name := t
-	if found {
-		name = before + "x" + after // an aggregate type adds at least a character
-	}
-	switch p := topicProblem(name); {
-	case strings.Contains(after, TopicPlaceholder):
-		return TopicPlaceholder + " may appear once"
-	case p == "":
-		return ""
-	case found && len(name) > 249:
-		return "too long: a topic name has at most 249 characters"
-	case strings.HasPrefix(p, "topic name may only"):
-		return "a " + p
-	default:
-		return p
-	}
-}
-
-// dlqClash reports whether an event could be published to the dead-letter
-// topic: it is a kafka.topics value or a name the template can produce.
-func dlqClash(k Kafka) string {
-	for _, at := range slices.Sorted(maps.Keys(k.Topics)) {
-		if k.Topics[at] == k.DLQTopic {
-			return fmt.Sprintf("same as kafka.topics[%q]", at)
-		}
-	}
-	// A bare {aggregate_type} can produce any name; rejecting every DLQ
-	// topic for it would forbid a common setup, so only a template with
-	// literal text (a namespace for event topics) is checked.
-	before, after, found := strings.Cut(k.Topic, TopicPlaceholder)
-	d := k.DLQTopic
-	switch {
-	case topicTemplateProblem(k.Topic) != "" || k.Topic == TopicPlaceholder:
-	case !found && d == k.Topic:
-		return "same as kafka.topic"
-	case found && len(d) > len(before)+len(after) && strings.HasPrefix(d, before) && strings.HasSuffix(d, after):
-		return fmt.Sprintf("kafka.topic publishes events of aggregate_type %q to it", d[len(before):len(d)-len(after)])
 	}
 	return ""
 }
