@@ -8,8 +8,7 @@
 //
 // Every problem (an unknown key, a value of the wrong type or out of range)
 // is a FieldError naming the key; Load and Validate collect all of them into
-// one *ValidationError. Every error Load returns for bad configuration
-// matches errors.Is(err, ErrInvalid); the command maps that to exit code 2.
+// one *ValidationError.
 //
 // Secrets have types of their own, DSN and sink.Secret, that print redacted
 // whatever prints them, so a Config is safe to print or log.

@@ -26,54 +26,48 @@ const EnvConfigPath = EnvPrefix + "CONFIG"
 // envTestPrefix starts variables reserved for tests; Load ignores them.
 const envTestPrefix = EnvPrefix + "TEST_"
 
-// ErrInvalid matches, with errors.Is, every error that means "the
-// configuration is bad" (exit code 2): a *ValidationError and a *FileError.
-var ErrInvalid = errors.New("invalid configuration")
-
-// FileError is a config file that cannot be read or parsed. It matches
-// ErrInvalid and, through Err, the underlying cause (fs.ErrNotExist, …).
-type FileError struct {
-	Path string
-	Err  error
-}
-
-func (e *FileError) Error() string {
-	msg := e.Err.Error()
-	var pe *fs.PathError
-	if errors.As(e.Err, &pe) {
-		msg = pe.Err.Error() // the path is already in front
-	}
-	return "config file " + e.Path + ": " + msg
-}
-
-// Unwrap exposes both ErrInvalid and the cause.
-func (e *FileError) Unwrap() []error { return []error{ErrInvalid, e.Err} }
-
 // Load builds the configuration from the defaults, the YAML file at path (none
 // if path is ""), and the OUTBOX_CDC_* variables in environ (os.Environ() in
-// production), in that order, then validates it. An error for a bad
-// configuration matches errors.Is(err, ErrInvalid): a *FileError when the file
-// cannot be read or is not YAML, else a *ValidationError listing every
+// production), in that order, then validates it. A file that cannot be read
+// or is not YAML is an error naming it (and matching its cause, such as
+// fs.ErrNotExist); anything else wrong is a *ValidationError listing every
 // problem. On error the returned *Config is nil.
 func Load(path string, environ []string) (*Config, error) {
 	k := koanf.New(".")
 	var problems []FieldError
 	if path != "" {
 		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
-			return nil, &FileError{Path: path, Err: err}
+			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+				err = pe.Err // the path is already in front
+			}
+			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
 		problems = checkKeys("", k.Raw())
 	}
-	// The env provider cannot fail.
+	// The env provider cannot fail. A variable it is given key "" for is
+	// left out.
 	_ = k.Load(env.Provider(".", env.Opt{
 		Prefix:      EnvPrefix,
 		EnvironFunc: func() []string { return environ },
 		TransformFunc: func(name, value string) (string, any) {
-			key, v, fe := fromEnv(name, value)
-			if fe != nil {
+			l := leafByEnv[name]
+			switch {
+			case name == EnvConfigPath || strings.HasPrefix(name, envTestPrefix):
+			case l == nil:
+				fe := FieldError{Key: name, Problem: "unknown environment variable",
+					Fix: "unset it; see the configuration reference for the variable names"}
+				if s := suggest(name, envNames); s != "" {
+					fe.Fix = "did you mean " + s + "?"
+				}
+				problems = append(problems, fe)
+			default:
+				v, fe := convert(l, value, name)
+				if fe == nil {
+					return l.key, v.Interface()
+				}
 				problems = append(problems, *fe)
 			}
-			return key, v
+			return "", nil
 		},
 	}), nil)
 
@@ -112,6 +106,17 @@ const (
 	kindBool
 )
 
+// kinds says, for messages, what a kind of value is and how to write it in
+// the file and in the environment (ENV stands for the variable).
+var kinds = [...]struct{ expected, howTo string }{
+	kindString:    {"a string", "write a plain string"},
+	kindInt:       {"an integer", "write an integer such as 1000 (environment: ENV=1000)"},
+	kindDuration:  {"a duration", "write a duration with a unit such as 500ms, 1s or 2m (environment: ENV=1s)"},
+	kindStrings:   {"a list", "write a list such as [a, b] (environment: a comma list, ENV=a,b)"},
+	kindStringMap: {"a mapping", "write a mapping such as {order: orders.v1} (environment: key=value pairs, ENV=order=orders.v1,user=users)"},
+	kindBool:      {"true or false", "write true or false (environment: ENV=true, false, 1 or 0)"},
+}
+
 // leaf is one settable key.
 type leaf struct {
 	key    string // dotted path: kafka.max_buffered_records
@@ -126,9 +131,9 @@ var (
 	leaves    []leaf // in struct order
 	leafByKey = map[string]*leaf{}
 	leafByEnv = map[string]*leaf{}
-	sections  = map[string]bool{} // struct-valued keys → whether they hold a secret
-	envNames  []string            // for suggestions
-	allKeys   []string            // every leaf and section key, sorted, for suggestions
+	envNames  []string                // in struct order, for suggestions
+	allKeys   []string                // every leaf and section key, sorted, for suggestions
+	children  = map[string][]string{} // section key ("" for the top level) → its keys, sorted
 )
 
 func init() {
@@ -136,12 +141,14 @@ func init() {
 	for i := range leaves {
 		l := &leaves[i]
 		leafByKey[l.key], leafByEnv[l.env] = l, l
-		envNames = append(envNames, l.env)
-		for s := range sections {
-			sections[s] = sections[s] || l.secret && strings.HasPrefix(l.key, s+".")
+		allKeys, envNames = append(allKeys, l.key), append(envNames, l.env)
+	}
+	for section, keys := range children {
+		slices.Sort(keys)
+		if section != "" {
+			allKeys = append(allKeys, section)
 		}
 	}
-	allKeys = slices.Concat(slices.Collect(maps.Keys(leafByKey)), slices.Collect(maps.Keys(sections)))
 	slices.Sort(allKeys)
 }
 
@@ -150,10 +157,11 @@ func walkSchema(t reflect.Type, prefix string, index []int) {
 		reflect.Slice: kindStrings, reflect.Map: kindStringMap} // else kindString
 	for i := range t.NumField() {
 		f := t.Field(i)
-		key := strings.TrimPrefix(prefix+"."+f.Tag.Get("koanf"), ".")
+		name := f.Tag.Get("koanf")
+		key := strings.TrimPrefix(prefix+"."+name, ".")
+		children[prefix] = append(children[prefix], name)
 		idx := append(slices.Clone(index), i)
 		if f.Type.Kind() == reflect.Struct {
-			sections[key] = false
 			walkSchema(f.Type, key, idx)
 			continue
 		}
@@ -170,15 +178,10 @@ func envName(key string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 }
 
-// kinds says, for messages, what a kind of value is and how to write it in
-// the file and in the environment (ENV stands for the variable).
-var kinds = [...]struct{ expected, howTo string }{
-	kindString:    {"a string", "write a plain string"},
-	kindInt:       {"an integer", "write an integer such as 1000 (environment: ENV=1000)"},
-	kindDuration:  {"a duration", "write a duration with a unit such as 500ms, 1s or 2m (environment: ENV=1s)"},
-	kindStrings:   {"a list", "write a list such as [a, b] (environment: a comma list, ENV=a,b)"},
-	kindStringMap: {"a mapping", "write a mapping such as {order: orders.v1} (environment: key=value pairs, ENV=order=orders.v1,user=users)"},
-	kindBool:      {"true or false", "write true or false (environment: ENV=true, false, 1 or 0)"},
+// isSection reports whether key is a struct-valued key (postgres, kafka.tls).
+func isSection(key string) bool {
+	_, ok := children[key]
+	return ok && key != ""
 }
 
 // checkKeys reports every key of the raw file map that is not in the schema,
@@ -189,69 +192,30 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		path := strings.TrimPrefix(prefix+"."+k, ".")
 		v := m[k]
-		secret, isSection := sections[path]
 		switch sub, isMap := v.(map[string]any); {
-		case leafByKey[path] != nil || isSection && v == nil:
-		case isSection && isMap:
+		case leafByKey[path] != nil || isSection(path) && v == nil:
+		case isSection(path) && isMap:
 			out = append(out, checkKeys(path, sub)...)
-		case isSection:
+		case isSection(path):
 			fe := FieldError{Key: path, Problem: "expected a section (mapping of keys), got " + typeName(v),
-				Fix: "keys in " + path + " are: " + strings.Join(childKeys(path), ", ")}
-			if !secret { // else it may be a secret written one level too high
+				Fix: "keys in " + path + " are: " + strings.Join(children[path], ", ")}
+			// A section holding a secret may be a secret written one level
+			// too high.
+			if !slices.ContainsFunc(leaves, func(l leaf) bool { return l.secret && strings.HasPrefix(l.key, path+".") }) {
 				fe.Value = fmt.Sprint(v)
 			}
 			out = append(out, fe)
 		default:
-			fe := FieldError{Key: path, Problem: "unknown key"}
+			fe := FieldError{Key: path, Problem: "unknown key", Fix: "top-level sections are: " + strings.Join(children[""], ", ")}
 			if s := suggest(path, allKeys); s != "" {
 				fe.Fix = "did you mean " + s + "?"
 			} else if prefix != "" {
-				fe.Fix = "keys in " + prefix + " are: " + strings.Join(childKeys(prefix), ", ")
-			} else {
-				fe.Fix = "top-level sections are: " + strings.Join(childKeys(""), ", ")
+				fe.Fix = "keys in " + prefix + " are: " + strings.Join(children[prefix], ", ")
 			}
 			out = append(out, fe)
 		}
 	}
 	return out
-}
-
-// childKeys lists the direct children of a section ("" for the top level).
-func childKeys(section string) []string {
-	var out []string
-	for _, k := range allKeys {
-		rest, ok := k, section == ""
-		if !ok {
-			rest, ok = strings.CutPrefix(k, section+".")
-		}
-		if child, _, _ := strings.Cut(rest, "."); ok && !slices.Contains(out, child) {
-			out = append(out, child)
-		}
-	}
-	return out
-}
-
-// fromEnv maps one environment variable to a key and a value of the key's
-// type. It returns key "" for variables to skip (reserved, unknown or
-// invalid), with a FieldError for the unknown and invalid ones.
-func fromEnv(name, value string) (string, any, *FieldError) {
-	if name == EnvConfigPath || strings.HasPrefix(name, envTestPrefix) {
-		return "", nil, nil
-	}
-	l := leafByEnv[name]
-	if l == nil {
-		fe := &FieldError{Key: name, Problem: "unknown environment variable",
-			Fix: "unset it; see the configuration reference for the variable names"}
-		if s := suggest(name, envNames); s != "" {
-			fe.Fix = "did you mean " + s + "?"
-		}
-		return "", nil, fe
-	}
-	v, fe := convert(l, value, name)
-	if fe != nil {
-		return "", nil, fe
-	}
-	return l.key, v.Interface(), nil
 }
 
 // decode sets every leaf present in raw onto cfg, which holds the defaults.
@@ -294,7 +258,7 @@ func lookup(m map[string]any, key string) (any, bool) {
 // one-element list. In the environment lists are comma lists and mappings
 // key=value pairs.
 func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
-	if reflect.TypeOf(v) == l.typ { // a YAML int or boolean, or converted by fromEnv
+	if reflect.TypeOf(v) == l.typ { // a YAML int or boolean, or a converted variable
 		return reflect.ValueOf(v), nil
 	}
 	bad := func(problem string) (reflect.Value, *FieldError) {
@@ -306,10 +270,6 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 			fe.Value = fmt.Sprint(v)
 		}
 		return reflect.Value{}, fe
-	}
-	item := func(key, what string, x any) (reflect.Value, *FieldError) {
-		return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
-			Problem: "expected a string, got " + typeName(x), Fix: "each " + what + " of " + l.key + " is a plain string"}
 	}
 	s, isString := v.(string)
 	fromEnv := isString && env != ""
@@ -347,50 +307,50 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 			return bad("a number without a unit is ambiguous")
 		}
 	case kindStrings:
-		list, ok := v.([]any)
 		if fromEnv {
-			list, ok = nil, true
+			out := []string{}
 			for item := range strings.SplitSeq(s, ",") {
 				if strings.TrimSpace(s) != "" {
-					list = append(list, strings.TrimSpace(item))
+					out = append(out, strings.TrimSpace(item))
 				}
 			}
+			return reflect.ValueOf(out), nil
 		}
-		if ok {
+		if list, ok := v.([]any); ok {
 			out := make([]string, 0, len(list))
 			for i, x := range list {
 				str, ok := scalarString(x)
-				if !ok || x == nil {
-					return item(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
+				if !ok {
+					return notString(l, fmt.Sprintf("%s[%d]", l.key, i), "item", x)
 				}
 				out = append(out, str)
 			}
 			return reflect.ValueOf(out), nil
 		}
 	case kindStringMap:
-		m, ok := v.(map[string]any)
 		if fromEnv {
-			m, ok = map[string]any{}, true
+			out := map[string]string{}
 			for item := range strings.SplitSeq(s, ",") {
 				k, val, found := strings.Cut(item, "=")
 				k = strings.TrimSpace(k)
-				switch _, dup := m[k]; {
+				switch _, dup := out[k]; {
 				case strings.TrimSpace(s) == "":
 				case !found || k == "":
 					return bad(fmt.Sprintf("entry %q is not key=value", strings.TrimSpace(item)))
 				case dup:
 					return bad(fmt.Sprintf("key %q is given twice", k))
 				default:
-					m[k] = strings.TrimSpace(val)
+					out[k] = strings.TrimSpace(val)
 				}
 			}
+			return reflect.ValueOf(out), nil
 		}
-		if ok {
+		if m, ok := v.(map[string]any); ok {
 			out := make(map[string]string, len(m))
 			for _, k := range slices.Sorted(maps.Keys(m)) {
 				str, ok := scalarString(m[k])
-				if !ok || m[k] == nil {
-					return item(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
+				if !ok {
+					return notString(l, fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
 				}
 				out[k] = str
 			}
@@ -398,8 +358,11 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		}
 	case kindBool:
 		if isString { // quoted in the file: the same words as in the environment
-			if b, ok := parseBool(s); ok {
-				return reflect.ValueOf(b), nil
+			switch strings.ToLower(strings.TrimSpace(s)) {
+			case "true", "1":
+				return reflect.ValueOf(true), nil
+			case "false", "0":
+				return reflect.ValueOf(false), nil
 			}
 			return bad("not true, false, 1 or 0")
 		}
@@ -407,20 +370,16 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 	return bad("expected " + kinds[l.kind].expected + ", got " + typeName(v))
 }
 
-// parseBool accepts the spellings of a boolean allowed in the environment:
-// true, false, 1 and 0 (any case, surrounding space ignored).
-func parseBool(s string) (value, ok bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "true", "1":
-		return true, true
-	case "false", "0":
-		return false, true
-	}
-	return false, false
+// notString is the problem of an item of a list or mapping (at key) that is
+// not a plain string.
+func notString(l *leaf, key, what string, x any) (reflect.Value, *FieldError) {
+	return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
+		Problem: "expected a string, got " + typeName(x), Fix: "each " + what + " of " + l.key + " is a plain string"}
 }
 
-// scalarString accepts a YAML scalar as a string: 9187 and true are taken as
-// the text they were written as (YAML has already parsed them).
+// scalarString accepts a YAML scalar other than null as a string: 9187 and
+// true are taken as the text they were written as (YAML has already parsed
+// them).
 func scalarString(v any) (string, bool) {
 	switch x := v.(type) {
 	case string:
@@ -429,12 +388,11 @@ func scalarString(v any) (string, bool) {
 		return fmt.Sprint(x), true
 	case float64:
 		return strconv.FormatFloat(x, 'f', -1, 64), true
-	case nil:
-		return "", true
 	}
 	return "", false
 }
 
+// typeName names the type of a YAML value in messages.
 func typeName(v any) string {
 	switch v.(type) {
 	case nil:
@@ -447,9 +405,9 @@ func typeName(v any) string {
 		return "a number"
 	case bool:
 		return "a boolean"
-	case []any, []string:
+	case []any:
 		return "a list"
-	case map[string]any, map[string]string:
+	case map[string]any:
 		return "a mapping"
 	case time.Time:
 		return "a timestamp"
@@ -478,7 +436,7 @@ func suggest(name string, candidates []string) string {
 	last := lname[strings.LastIndex(lname, sep)+1:]
 	var match string
 	for _, c := range candidates {
-		if _, isSection := sections[c]; strings.HasSuffix(strings.ToLower(c), sep+last) && !isSection {
+		if strings.HasSuffix(strings.ToLower(c), sep+last) && !isSection(c) {
 			if match != "" {
 				return "" // ambiguous
 			}

@@ -42,8 +42,7 @@ func (e FieldError) Error() string {
 	return s
 }
 
-// ValidationError lists every problem found in a configuration. It matches
-// ErrInvalid.
+// ValidationError lists every problem found in a configuration.
 type ValidationError struct {
 	Fields []FieldError
 }
@@ -56,9 +55,6 @@ func (e *ValidationError) Error() string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-// Is makes errors.Is(err, ErrInvalid) true.
-func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
 
 type validator struct{ errs []FieldError }
 
