@@ -7,8 +7,8 @@
 // OUTBOX_CDC_POSTGRES_DSN). Later layers win.
 //
 // Every problem (an unknown key, a value of the wrong type or out of range)
-// is a FieldError naming the key; Load and Validate collect all of them into
-// one *ValidationError.
+// is a FieldError naming the key; Load and Validate return all of them at
+// once, joined into one error that prints a line each.
 //
 // Secrets have types of their own, DSN and sink.Secret, that print redacted
 // whatever prints them, so a Config is safe to print or log.

@@ -70,17 +70,25 @@ func writeFile(t *testing.T, content string) string {
 	return p
 }
 
-// fieldErrors asserts err is a *ValidationError and returns its fields.
+// fieldErrors asserts err joins FieldErrors (errors.Join) and returns them.
 func fieldErrors(t *testing.T, err error) []FieldError {
 	t.Helper()
 	if err == nil {
 		t.Fatal("expected an error, got nil")
 	}
-	var ve *ValidationError
-	if !errors.As(err, &ve) {
-		t.Fatalf("expected *ValidationError, got %T: %v", err, err)
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		t.Fatalf("expected joined FieldErrors, got %T: %v", err, err)
 	}
-	return ve.Fields
+	var fields []FieldError
+	for _, e := range joined.Unwrap() {
+		fe, ok := e.(FieldError)
+		if !ok {
+			t.Fatalf("expected a FieldError, got %T: %v", e, e)
+		}
+		fields = append(fields, fe)
+	}
+	return fields
 }
 
 // hasKey asserts that one field error names key and its line contains every

@@ -30,8 +30,8 @@ const envTestPrefix = EnvPrefix + "TEST_"
 // if path is ""), and the OUTBOX_CDC_* variables in environ (os.Environ() in
 // production), in that order, then validates it. A file that cannot be read
 // or is not YAML is an error naming it (and matching its cause, such as
-// fs.ErrNotExist); anything else wrong is a *ValidationError listing every
-// problem. On error the returned *Config is nil.
+// fs.ErrNotExist); anything else wrong is reported as Validate does, every
+// problem at once. On error the returned *Config is nil.
 func Load(path string, environ []string) (*Config, error) {
 	k := koanf.New(".")
 	var problems []FieldError
@@ -77,17 +77,14 @@ func Load(path string, environ []string) (*Config, error) {
 	for _, p := range problems {
 		reported[p.Key] = true
 	}
-	var ve *ValidationError
-	if errors.As(cfg.Validate(), &ve) {
-		for _, p := range ve.Fields {
-			// kafka.brokers[1] → kafka.brokers
-			if parent, _, _ := strings.Cut(p.Key, "["); !reported[p.Key] && !reported[parent] {
-				problems = append(problems, p)
-			}
+	for _, p := range cfg.problems() {
+		// kafka.brokers[1] → kafka.brokers
+		if parent, _, _ := strings.Cut(p.Key, "["); !reported[p.Key] && !reported[parent] {
+			problems = append(problems, p)
 		}
 	}
 	if len(problems) > 0 {
-		return nil, &ValidationError{Fields: problems}
+		return nil, join(problems)
 	}
 	return &cfg, nil
 }
@@ -95,27 +92,18 @@ func Load(path string, environ []string) (*Config, error) {
 // The schema is derived from the Config struct tags, so the known keys, their
 // variable names and their types cannot drift from the struct.
 
-type kind int
+// kind is a type of value as messages describe it: what it is, and how to
+// write it in the file and in the environment (ENV stands for the variable).
+type kind struct{ expected, howTo string }
 
-const (
-	kindString kind = iota
-	kindInt
-	kindDuration
-	kindStrings   // []string
-	kindStringMap // map[string]string
-	kindBool
+var (
+	kindString    = &kind{"a string", "write a plain string"}
+	kindInt       = &kind{"an integer", "write an integer such as 1000 (environment: ENV=1000)"}
+	kindDuration  = &kind{"a duration", "write a duration with a unit such as 500ms, 1s or 2m (environment: ENV=1s)"}
+	kindStrings   = &kind{"a list", "write a list such as [a, b] (environment: a comma list, ENV=a,b)"}
+	kindStringMap = &kind{"a mapping", "write a mapping such as {order: orders.v1} (environment: key=value pairs, ENV=order=orders.v1,user=users)"}
+	kindBool      = &kind{"true or false", "write true or false (environment: ENV=true, false, 1 or 0)"}
 )
-
-// kinds says, for messages, what a kind of value is and how to write it in
-// the file and in the environment (ENV stands for the variable).
-var kinds = [...]struct{ expected, howTo string }{
-	kindString:    {"a string", "write a plain string"},
-	kindInt:       {"an integer", "write an integer such as 1000 (environment: ENV=1000)"},
-	kindDuration:  {"a duration", "write a duration with a unit such as 500ms, 1s or 2m (environment: ENV=1s)"},
-	kindStrings:   {"a list", "write a list such as [a, b] (environment: a comma list, ENV=a,b)"},
-	kindStringMap: {"a mapping", "write a mapping such as {order: orders.v1} (environment: key=value pairs, ENV=order=orders.v1,user=users)"},
-	kindBool:      {"true or false", "write true or false (environment: ENV=true, false, 1 or 0)"},
-}
 
 // leaf is one settable key.
 type leaf struct {
@@ -123,7 +111,7 @@ type leaf struct {
 	env    string // OUTBOX_CDC_KAFKA_MAX_BUFFERED_RECORDS
 	index  []int  // reflect field path from Config
 	typ    reflect.Type
-	kind   kind
+	kind   *kind
 	secret bool // a DSN or a sink.Secret: its value is never shown
 }
 
@@ -153,8 +141,8 @@ func init() {
 }
 
 func walkSchema(t reflect.Type, prefix string, index []int) {
-	kinds := map[reflect.Kind]kind{reflect.Int: kindInt, reflect.Int64: kindInt, reflect.Bool: kindBool,
-		reflect.Slice: kindStrings, reflect.Map: kindStringMap} // else kindString
+	kinds := map[reflect.Kind]*kind{reflect.String: kindString, reflect.Int: kindInt, reflect.Int64: kindInt,
+		reflect.Bool: kindBool, reflect.Slice: kindStrings, reflect.Map: kindStringMap}
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name := f.Tag.Get("koanf")
@@ -262,7 +250,7 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		return reflect.ValueOf(v), nil
 	}
 	bad := func(problem string) (reflect.Value, *FieldError) {
-		fe := &FieldError{Key: l.key, Problem: problem, Fix: strings.ReplaceAll(kinds[l.kind].howTo, "ENV", l.env)}
+		fe := &FieldError{Key: l.key, Problem: problem, Fix: strings.ReplaceAll(l.kind.howTo, "ENV", l.env)}
 		if env != "" {
 			fe.Problem = "invalid " + env + ": " + problem
 		}
@@ -367,7 +355,7 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 			return bad("not true, false, 1 or 0")
 		}
 	}
-	return bad("expected " + kinds[l.kind].expected + ", got " + typeName(v))
+	return bad("expected " + l.kind.expected + ", got " + typeName(v))
 }
 
 // notString is the problem of an item of a list or mapping (at key) that is

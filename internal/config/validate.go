@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"reflect"
@@ -42,18 +43,14 @@ func (e FieldError) Error() string {
 	return s
 }
 
-// ValidationError lists every problem found in a configuration.
-type ValidationError struct {
-	Fields []FieldError
-}
-
-// Error prints one line per problem.
-func (e *ValidationError) Error() string {
-	lines := make([]string, len(e.Fields))
-	for i, f := range e.Fields {
-		lines[i] = f.Error()
+// join returns the problems as one error that prints a line each
+// (errors.Join); nil when there are none.
+func join(problems []FieldError) error {
+	errs := make([]error, len(problems))
+	for i, p := range problems {
+		errs[i] = p
 	}
-	return strings.Join(lines, "\n")
+	return errors.Join(errs...)
 }
 
 type validator struct{ errs []FieldError }
@@ -98,9 +95,12 @@ func (v *validator) identifier(key, name, shown string) bool {
 	return false
 }
 
-// Validate checks every rule and returns all problems at once as a
-// *ValidationError, or nil. It reads the files the configuration names.
-func (c *Config) Validate() error {
+// Validate checks every rule and returns all problems at once, joined (see
+// join), or nil. It reads the files the configuration names.
+func (c *Config) Validate() error { return join(c.problems()) }
+
+// problems lists what breaks the rules, in the order of the keys.
+func (c *Config) problems() []FieldError {
 	var v validator
 	v.postgres(c.Postgres)
 	v.outbox(c.Outbox)
@@ -146,10 +146,7 @@ func (c *Config) Validate() error {
 
 	v.oneOf("log.level", c.Log.Level, []string{"debug", "info", "warn", "error"})
 	v.oneOf("log.format", c.Log.Format, []string{"text", "json"})
-	if len(v.errs) == 0 {
-		return nil
-	}
-	return &ValidationError{Fields: v.errs}
+	return v.errs
 }
 
 func (v *validator) postgres(pg Postgres) {
