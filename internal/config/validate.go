@@ -295,34 +295,22 @@ func (v *validator) kafka(k Kafka) {
 	v.kafkaSASL(k.SASL)
 }
 
-// kafkaTLS checks the kafka.tls section; sink.CheckTLS reads the files as
-// the connection will.
+// kafkaTLS checks the kafka.tls section: keys that TLS off would ignore, and
+// what sink.CheckTLS finds, reading the files as the connection will.
 func (v *validator) kafkaTLS(t KafkaTLS) {
-	if !t.Enabled {
-		rv := reflect.ValueOf(t)
-		for i := 1; i < rv.NumField(); i++ { // the keys after enabled
-			if f := rv.Field(i); !f.IsZero() {
-				key := "kafka.tls." + rv.Type().Field(i).Tag.Get("koanf")
-				v.add(key, fmt.Sprint(f), "set while kafka.tls.enabled is false, so the connection would not use it",
-					"set kafka.tls.enabled: true ("+envName("kafka.tls.enabled")+"=true), or remove "+key)
-			}
+	if t.Enabled {
+		for _, p := range sink.CheckTLS(*t.Sink()) {
+			v.add(p.Key, p.Value, p.Problem, p.Fix)
 		}
 		return
 	}
-	for _, p := range sink.CheckTLS(*t.Sink()) {
-		v.add(p.Key, p.File, p.Problem, p.Fix)
-	}
-	switch {
-	case t.CertFile != "" && t.KeyFile == "":
-		v.add("kafka.tls.key_file", "", "required when kafka.tls.cert_file is set",
-			"set it to the PEM private key of the client certificate, or remove kafka.tls.cert_file")
-	case t.KeyFile != "" && t.CertFile == "":
-		v.add("kafka.tls.cert_file", "", "required when kafka.tls.key_file is set",
-			"set it to the PEM client certificate of that key, or remove kafka.tls.key_file")
-	}
-	if t.ServerName != "" && net.ParseIP(t.ServerName) == nil && strings.ContainsAny(t.ServerName, " \t/:") {
-		v.add("kafka.tls.server_name", t.ServerName, "not a host name",
-			"give the DNS name (or IP address) the brokers' certificates are issued for, without port")
+	rv := reflect.ValueOf(t)
+	for i := 1; i < rv.NumField(); i++ { // the keys after enabled
+		if f := rv.Field(i); !f.IsZero() {
+			key := "kafka.tls." + rv.Type().Field(i).Tag.Get("koanf")
+			v.add(key, fmt.Sprint(f), "set while kafka.tls.enabled is false, so the connection would not use it",
+				"set kafka.tls.enabled: true ("+envName("kafka.tls.enabled")+"=true), or remove "+key)
+		}
 	}
 }
 
