@@ -258,6 +258,10 @@ func (c *Config) Warnings() []Warning {
 	return out
 }
 
+// byteUnits are the suffixes of a byte size, "" for bytes.
+var byteUnits = map[string]int64{"": 1, "B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
 // RetainWindow parses postgres.retain: a duration ("30m", "24h") or a byte
 // size ("512MB", "2GiB", "1048576"). "0" or "" means no window.
 func RetainWindow(s string) (d time.Duration, bytes int64, err error) {
@@ -271,20 +275,10 @@ func RetainWindow(s string) (d time.Duration, bytes int64, err error) {
 		}
 		return d, 0, nil
 	}
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"kB", 1e3}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
-	mult, num := int64(1), s
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			mult, num = u.mult, strings.TrimSpace(strings.TrimSuffix(s, u.suffix))
-			break
-		}
-	}
-	n, perr := strconv.ParseInt(num, 10, 64)
-	if perr != nil || n < 0 || n > (1<<62)/mult {
+	num := strings.TrimRight(s, "kKMGTiB")
+	mult, ok := byteUnits[s[len(num):]]
+	n, perr := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if !ok || perr != nil || n < 0 || n > (1<<62)/mult {
 		return 0, 0, errors.New("not a duration (30m, 24h) or a byte size (512MB, 2GiB)")
 	}
 	return 0, n * mult, nil

@@ -71,15 +71,20 @@ func Load(path string, environ []string) (*Config, error) {
 		},
 	}), nil)
 
-	cfg := Default()
-	problems = append(problems, decode(k.Raw(), &cfg)...)
-	reported := map[string]bool{}
-	for _, p := range problems {
-		reported[p.Key] = true
+	cfg, raw := Default(), k.Raw()
+	for _, l := range leaves {
+		if v, ok := lookup(raw, l.key); ok && v != nil { // null keeps the default
+			if val, fe := convert(l, v, ""); fe != nil {
+				problems = append(problems, *fe)
+			} else {
+				reflect.ValueOf(&cfg).Elem().FieldByIndex(l.index).Set(val)
+			}
+		}
 	}
+	loaded := len(problems) // validation does not report these keys again
 	for _, p := range cfg.problems() {
-		// kafka.brokers[1] → kafka.brokers
-		if parent, _, _ := strings.Cut(p.Key, "["); !reported[p.Key] && !reported[parent] {
+		parent, _, _ := strings.Cut(p.Key, "[") // kafka.brokers[1] → kafka.brokers
+		if !slices.ContainsFunc(problems[:loaded], func(q FieldError) bool { return q.Key == p.Key || q.Key == parent }) {
 			problems = append(problems, p)
 		}
 	}
@@ -116,7 +121,7 @@ type leaf struct {
 }
 
 var (
-	leaves    []leaf // in struct order
+	leaves    []*leaf // in struct order
 	leafByKey = map[string]*leaf{}
 	leafByEnv = map[string]*leaf{}
 	envNames  []string                // in struct order, for suggestions
@@ -126,16 +131,8 @@ var (
 
 func init() {
 	walkSchema(reflect.TypeFor[Config](), "", nil)
-	for i := range leaves {
-		l := &leaves[i]
-		leafByKey[l.key], leafByEnv[l.env] = l, l
-		allKeys, envNames = append(allKeys, l.key), append(envNames, l.env)
-	}
-	for section, keys := range children {
+	for _, keys := range children {
 		slices.Sort(keys)
-		if section != "" {
-			allKeys = append(allKeys, section)
-		}
 	}
 	slices.Sort(allKeys)
 }
@@ -147,18 +144,19 @@ func walkSchema(t reflect.Type, prefix string, index []int) {
 		f := t.Field(i)
 		name := f.Tag.Get("koanf")
 		key := strings.TrimPrefix(prefix+"."+name, ".")
-		children[prefix] = append(children[prefix], name)
+		children[prefix], allKeys = append(children[prefix], name), append(allKeys, key)
 		idx := append(slices.Clone(index), i)
 		if f.Type.Kind() == reflect.Struct {
 			walkSchema(f.Type, key, idx)
 			continue
 		}
-		k := kinds[f.Type.Kind()]
+		l := &leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: kinds[f.Type.Kind()],
+			secret: f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[sink.Secret]()}
 		if f.Type == reflect.TypeFor[time.Duration]() {
-			k = kindDuration
+			l.kind = kindDuration
 		}
-		secret := f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[sink.Secret]()
-		leaves = append(leaves, leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: k, secret: secret})
+		leaves, envNames = append(leaves, l), append(envNames, l.env)
+		leafByKey[key], leafByEnv[l.env] = l, l
 	}
 }
 
@@ -189,7 +187,7 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 				Fix: "keys in " + path + " are: " + strings.Join(children[path], ", ")}
 			// A section holding a secret may be a secret written one level
 			// too high.
-			if !slices.ContainsFunc(leaves, func(l leaf) bool { return l.secret && strings.HasPrefix(l.key, path+".") }) {
+			if !slices.ContainsFunc(leaves, func(l *leaf) bool { return l.secret && strings.HasPrefix(l.key, path+".") }) {
 				fe.Value = fmt.Sprint(v)
 			}
 			out = append(out, fe)
@@ -201,24 +199,6 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 				fe.Fix = "keys in " + prefix + " are: " + strings.Join(children[prefix], ", ")
 			}
 			out = append(out, fe)
-		}
-	}
-	return out
-}
-
-// decode sets every leaf present in raw onto cfg, which holds the defaults.
-// A null value keeps the default.
-func decode(raw map[string]any, cfg *Config) []FieldError {
-	var out []FieldError
-	root := reflect.ValueOf(cfg).Elem()
-	for i := range leaves {
-		l := &leaves[i]
-		if v, ok := lookup(raw, l.key); ok && v != nil {
-			if val, fe := convert(l, v, ""); fe != nil {
-				out = append(out, *fe)
-			} else {
-				root.FieldByIndex(l.index).Set(val)
-			}
 		}
 	}
 	return out

@@ -92,13 +92,9 @@ func dsnHasPassword(dsn string) bool {
 	if err != nil {
 		return false // reported as an invalid DSN already
 	}
-	if _, has := u.User.Password(); has {
-		return true
-	}
+	_, has := u.User.Password()
 	for k := range u.Query() {
-		if strings.EqualFold(k, "password") {
-			return true
-		}
+		has = has || strings.EqualFold(k, "password")
 	}
-	return false
+	return has
 }

@@ -105,10 +105,8 @@ func (c *Config) problems() []FieldError {
 	v.postgres(c.Postgres)
 	v.outbox(c.Outbox)
 	v.kafka(c.Kafka)
-	if c.HTTP.Listen != "" {
-		if p := hostPortProblem(c.HTTP.Listen, true); p != "" {
-			v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
-		}
+	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
+		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 	}
 
 	v.oneOf("checkpoint.store", c.Checkpoint.Store, []string{"table", "file", "none"})
@@ -353,19 +351,18 @@ func (v *validator) kafkaSASL(s KafkaSASL) {
 // hostPortProblem checks host:port. The host may be empty only for a listen
 // address; port 0 is allowed only there too.
 func hostPortProblem(s string, listen bool) string {
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
-		return "not host:port"
-	}
-	if host == "" && !listen {
-		return "missing host"
-	}
 	lo := 1
 	if listen {
 		lo = 0
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < lo || n > 65535 {
-		return "port must be a number from " + strconv.Itoa(lo) + " to 65535"
+	host, port, err := net.SplitHostPort(s)
+	switch n, perr := strconv.Atoi(port); {
+	case err != nil:
+		return "not host:port"
+	case host == "" && !listen:
+		return "missing host"
+	case perr != nil || n < lo || n > 65535:
+		return fmt.Sprintf("port must be a number from %d to 65535", lo)
 	}
 	return ""
 }
