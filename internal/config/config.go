@@ -236,24 +236,19 @@ func passwordFrom(key, file, inline string) (string, error) {
 	return string(pw), nil
 }
 
-// Warning is a setting that is accepted but weakens security. The command
-// line logs each one at start.
-type Warning struct {
-	Key     string
-	Message string
-}
-
-// Warnings lists the accepted but unsafe settings of a valid configuration.
-func (c *Config) Warnings() []Warning {
-	var out []Warning
+// Warnings lists the settings of a valid configuration that are accepted
+// but weaken security, as problems (Key and Problem) that do not stop it.
+// The command line logs each one at start.
+func (c *Config) Warnings() []FieldError {
+	var out []FieldError
 	t, s := c.Kafka.TLS, c.Kafka.SASL
 	if t.Enabled && t.InsecureSkipVerify {
-		out = append(out, Warning{"kafka.tls.insecure_skip_verify",
-			"broker certificates are not verified: anyone on the network path can impersonate the brokers; set a CA with kafka.tls.ca_file instead"})
+		out = append(out, FieldError{Key: "kafka.tls.insecure_skip_verify",
+			Problem: "broker certificates are not verified: anyone on the network path can impersonate the brokers; set a CA with kafka.tls.ca_file instead"})
 	}
 	if s.Mechanism == sink.MechanismPlain && !t.Enabled {
-		out = append(out, Warning{"kafka.sasl.mechanism",
-			"SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
+		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
+			Problem: "SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
 	}
 	return out
 }

@@ -56,7 +56,7 @@ func Load(path string, environ []string) (*Config, error) {
 			case l == nil:
 				fe := FieldError{Key: name, Problem: "unknown environment variable",
 					Fix: "unset it; see the configuration reference for the variable names"}
-				if s := suggest(name, envNames); s != "" {
+				if s := suggest(name, envNames, "_"); s != "" {
 					fe.Fix = "did you mean " + s + "?"
 				}
 				problems = append(problems, fe)
@@ -193,7 +193,7 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 			out = append(out, fe)
 		default:
 			fe := FieldError{Key: path, Problem: "unknown key", Fix: "top-level sections are: " + strings.Join(children[""], ", ")}
-			if s := suggest(path, allKeys); s != "" {
+			if s := suggest(path, allKeys, "."); s != "" {
 				fe.Fix = "did you mean " + s + "?"
 			} else if prefix != "" {
 				fe.Fix = "keys in " + prefix + " are: " + strings.Join(children[prefix], ", ")
@@ -385,8 +385,8 @@ func typeName(v any) string {
 
 // suggest returns the candidate closest to name, or "" if none is close. It
 // also recognises a key written in the wrong section (dsn, kafka.dsn →
-// postgres.dsn) by its last part.
-func suggest(name string, candidates []string) string {
+// postgres.dsn) by its last part, which follows the last sep.
+func suggest(name string, candidates []string, sep string) string {
 	lname := strings.ToLower(name)
 	best, bestD := "", math.MaxInt
 	for _, c := range candidates {
@@ -396,10 +396,6 @@ func suggest(name string, candidates []string) string {
 	}
 	if bestD <= 2 || bestD == 3 && len(name) >= 12 {
 		return best
-	}
-	sep := "."
-	if strings.HasPrefix(name, EnvPrefix) {
-		sep = "_"
 	}
 	last := lname[strings.LastIndex(lname, sep)+1:]
 	var match string
