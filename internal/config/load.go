@@ -126,6 +126,7 @@ var (
 	leafByEnv = map[string]*leaf{}
 	envNames  []string                // in struct order, for suggestions
 	allKeys   []string                // every leaf and section key, sorted, for suggestions
+	sections  = map[string]bool{}     // the struct-valued keys (postgres, kafka.tls)
 	children  = map[string][]string{} // section key ("" for the top level) → its keys, sorted
 )
 
@@ -147,6 +148,7 @@ func walkSchema(t reflect.Type, prefix string, index []int) {
 		children[prefix], allKeys = append(children[prefix], name), append(allKeys, key)
 		idx := append(slices.Clone(index), i)
 		if f.Type.Kind() == reflect.Struct {
+			sections[key] = true
 			walkSchema(f.Type, key, idx)
 			continue
 		}
@@ -164,12 +166,6 @@ func envName(key string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 }
 
-// isSection reports whether key is a struct-valued key (postgres, kafka.tls).
-func isSection(key string) bool {
-	_, ok := children[key]
-	return ok && key != ""
-}
-
 // checkKeys reports every key of the raw file map that is not in the schema,
 // and every section that is not a mapping. Entries under a map-valued key
 // (kafka.topics) are data, not keys.
@@ -179,10 +175,10 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 		path := strings.TrimPrefix(prefix+"."+k, ".")
 		v := m[k]
 		switch sub, isMap := v.(map[string]any); {
-		case leafByKey[path] != nil || isSection(path) && v == nil:
-		case isSection(path) && isMap:
+		case leafByKey[path] != nil || sections[path] && v == nil:
+		case sections[path] && isMap:
 			out = append(out, checkKeys(path, sub)...)
-		case isSection(path):
+		case sections[path]:
 			fe := FieldError{Key: path, Problem: "expected a section (mapping of keys), got " + typeName(v),
 				Fix: "keys in " + path + " are: " + strings.Join(children[path], ", ")}
 			// A section holding a secret may be a secret written one level
@@ -239,15 +235,19 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		}
 		return reflect.Value{}, fe
 	}
+	item := func(key, what string, x any) (reflect.Value, *FieldError) { // of a list or mapping
+		return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
+			Problem: "expected a string, got " + typeName(x), Fix: "each " + what + " of " + l.key + " is a plain string"}
+	}
 	s, isString := v.(string)
 	fromEnv := isString && env != ""
 	switch l.kind {
 	case kindString:
-		if str, ok := scalarString(v); ok {
+		if _, str, ok := yamlValue(v); ok {
 			return reflect.ValueOf(str).Convert(l.typ), nil
 		}
 	case kindInt:
-		str, ok := scalarString(v)
+		_, str, ok := yamlValue(v)
 		n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
 		_, isBool := v.(bool)
 		switch _, isFloat := v.(float64); {
@@ -287,9 +287,9 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		if list, ok := v.([]any); ok {
 			out := make([]string, 0, len(list))
 			for i, x := range list {
-				str, ok := scalarString(x)
+				_, str, ok := yamlValue(x)
 				if !ok {
-					return notString(l, fmt.Sprintf("%s[%d]", l.key, i), "item", x)
+					return item(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
 				}
 				out = append(out, str)
 			}
@@ -316,9 +316,9 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		if m, ok := v.(map[string]any); ok {
 			out := make(map[string]string, len(m))
 			for _, k := range slices.Sorted(maps.Keys(m)) {
-				str, ok := scalarString(m[k])
+				_, str, ok := yamlValue(m[k])
 				if !ok {
-					return notString(l, fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
+					return item(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
 				}
 				out[k] = str
 			}
@@ -338,49 +338,34 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 	return bad("expected " + l.kind.expected + ", got " + typeName(v))
 }
 
-// notString is the problem of an item of a list or mapping (at key) that is
-// not a plain string.
-func notString(l *leaf, key, what string, x any) (reflect.Value, *FieldError) {
-	return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
-		Problem: "expected a string, got " + typeName(x), Fix: "each " + what + " of " + l.key + " is a plain string"}
-}
-
-// scalarString accepts a YAML scalar other than null as a string: 9187 and
-// true are taken as the text they were written as (YAML has already parsed
-// them).
-func scalarString(v any) (string, bool) {
+// yamlValue names the type of a YAML value for messages and gives the text
+// a scalar other than null was written as: where a string is expected, 9187
+// and true are taken as that text (YAML has already parsed them).
+func yamlValue(v any) (typeName, text string, scalar bool) {
 	switch x := v.(type) {
+	case nil:
+		return "null", "", false
 	case string:
-		return x, true
-	case int, int64, uint64, bool:
-		return fmt.Sprint(x), true
+		return "a string", x, true
+	case int, int64, uint64:
+		return "an integer", fmt.Sprint(x), true
 	case float64:
-		return strconv.FormatFloat(x, 'f', -1, 64), true
+		return "a number", strconv.FormatFloat(x, 'f', -1, 64), true
+	case bool:
+		return "a boolean", fmt.Sprint(x), true
+	case []any:
+		return "a list", "", false
+	case map[string]any:
+		return "a mapping", "", false
+	case time.Time:
+		return "a timestamp", "", false
 	}
-	return "", false
+	return fmt.Sprintf("%T", v), "", false
 }
 
-// typeName names the type of a YAML value in messages.
 func typeName(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case string:
-		return "a string"
-	case int, int64, uint64:
-		return "an integer"
-	case float64:
-		return "a number"
-	case bool:
-		return "a boolean"
-	case []any:
-		return "a list"
-	case map[string]any:
-		return "a mapping"
-	case time.Time:
-		return "a timestamp"
-	}
-	return fmt.Sprintf("%T", v)
+	name, _, _ := yamlValue(v)
+	return name
 }
 
 // suggest returns the candidate closest to name, or "" if none is close. It
@@ -400,7 +385,7 @@ func suggest(name string, candidates []string, sep string) string {
 	last := lname[strings.LastIndex(lname, sep)+1:]
 	var match string
 	for _, c := range candidates {
-		if strings.HasSuffix(strings.ToLower(c), sep+last) && !isSection(c) {
+		if strings.HasSuffix(strings.ToLower(c), sep+last) && !sections[c] {
 			if match != "" {
 				return "" // ambiguous
 			}
