@@ -29,8 +29,15 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
-// EnvPrefix starts the name of every environment variable this package reads.
-const EnvPrefix = "OUTBOX_CDC_"
+const (
+	// EnvPrefix starts the name of every environment variable this package reads.
+	EnvPrefix = "OUTBOX_CDC_"
+	// EnvConfigPath names the variable that holds the path of the config
+	// file. The caller reads it (Load ignores it).
+	EnvConfigPath = EnvPrefix + "CONFIG"
+	// envTestPrefix starts variables reserved for tests; Load ignores them.
+	envTestPrefix = EnvPrefix + "TEST_"
+)
 
 // Config is the whole outbox-cdc configuration. The meaning, default and
 // range of every key are in docs/configuration.md.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -18,13 +19,6 @@ import (
 	"github.com/knadh/koanf/v2"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
-
-// EnvConfigPath names the environment variable that holds the path of the
-// config file. The caller reads it (Load ignores it).
-const EnvConfigPath = EnvPrefix + "CONFIG"
-
-// envTestPrefix starts variables reserved for tests; Load ignores them.
-const envTestPrefix = EnvPrefix + "TEST_"
 
 // Load builds the configuration from the defaults, the YAML file at path (none
 // if path is ""), and the OUTBOX_CDC_* variables in environ (os.Environ() in
@@ -139,8 +133,9 @@ func init() {
 }
 
 func walkSchema(t reflect.Type, prefix string, index []int) {
-	kinds := map[reflect.Kind]*kind{reflect.String: kindString, reflect.Int: kindInt, reflect.Int64: kindInt,
-		reflect.Bool: kindBool, reflect.Slice: kindStrings, reflect.Map: kindStringMap}
+	kinds := map[reflect.Type]*kind{reflect.TypeFor[int](): kindInt, reflect.TypeFor[int64](): kindInt,
+		reflect.TypeFor[time.Duration](): kindDuration, reflect.TypeFor[bool](): kindBool,
+		reflect.TypeFor[[]string](): kindStrings, reflect.TypeFor[map[string]string](): kindStringMap} // else kindString
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name := f.Tag.Get("koanf")
@@ -152,11 +147,8 @@ func walkSchema(t reflect.Type, prefix string, index []int) {
 			walkSchema(f.Type, key, idx)
 			continue
 		}
-		l := &leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: kinds[f.Type.Kind()],
+		l := &leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: cmp.Or(kinds[f.Type], kindString),
 			secret: f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[sink.Secret]()}
-		if f.Type == reflect.TypeFor[time.Duration]() {
-			l.kind = kindDuration
-		}
 		leaves, envNames = append(leaves, l), append(envNames, l.env)
 		leafByKey[key], leafByEnv[l.env] = l, l
 	}

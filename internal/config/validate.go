@@ -110,18 +110,14 @@ func (c *Config) problems() []FieldError {
 	}
 
 	v.oneOf("checkpoint.store", c.Checkpoint.Store, []string{"table", "file", "none"})
-	switch c.Checkpoint.Store {
-	case "table":
-		if s, t, ok := strings.Cut(c.Checkpoint.Table, "."); !ok || strings.Contains(t, ".") {
-			v.add("checkpoint.table", c.Checkpoint.Table, "not schema.table", "use schema.table, such as outbox_cdc.checkpoints")
-		} else {
-			v.identifier("checkpoint.table", s, s)
-			v.identifier("checkpoint.table", t, t)
-		}
-	case "file":
-		if c.Checkpoint.File == "" {
-			v.add("checkpoint.file", "", "required when checkpoint.store is file", "set a path such as /var/lib/outbox-cdc/checkpoint")
-		}
+	switch s, t, ok := strings.Cut(c.Checkpoint.Table, "."); {
+	case c.Checkpoint.Store == "table" && (!ok || strings.Contains(t, ".")):
+		v.add("checkpoint.table", c.Checkpoint.Table, "not schema.table", "use schema.table, such as outbox_cdc.checkpoints")
+	case c.Checkpoint.Store == "table":
+		v.identifier("checkpoint.table", s, s)
+		v.identifier("checkpoint.table", t, t)
+	case c.Checkpoint.Store == "file" && c.Checkpoint.File == "":
+		v.add("checkpoint.file", "", "required when checkpoint.store is file", "set a path such as /var/lib/outbox-cdc/checkpoint")
 	}
 
 	s := c.Snapshot
@@ -153,13 +149,13 @@ func (v *validator) postgres(pg Postgres) {
 	} else if p := dsnProblem(string(pg.DSN)); p != "" {
 		v.add("postgres.dsn", pg.DSN.String(), p, "use postgres://user@host:5432/db or host=... user=... dbname=...")
 	}
-	if pg.PrimaryDSN != "" {
-		if p := dsnProblem(string(pg.PrimaryDSN)); p != "" {
-			v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), p, "use postgres://user@host:5432/db or host=... user=... dbname=...")
-		} else if pg.PrimaryDSN == pg.DSN {
-			v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), "the same as postgres.dsn",
-				"unset it: it names the primary when postgres.dsn is a standby")
-		}
+	switch p := dsnProblem(string(pg.PrimaryDSN)); {
+	case pg.PrimaryDSN == "":
+	case p != "":
+		v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), p, "use postgres://user@host:5432/db or host=... user=... dbname=...")
+	case pg.PrimaryDSN == pg.DSN:
+		v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), "the same as postgres.dsn",
+			"unset it: it names the primary when postgres.dsn is a standby")
 	}
 	if !slotRE.MatchString(pg.Slot) {
 		v.add("postgres.slot", pg.Slot, "not a valid replication slot name", "use 1 to 63 characters from a-z, 0-9 and _")
@@ -184,13 +180,12 @@ func (v *validator) postgres(pg Postgres) {
 			v.add("postgres.password_file", pg.PasswordFile, err.Error(),
 				"give a file readable by this process that holds only the password")
 		}
-		if dsnHasPassword(string(pg.DSN)) {
-			v.add("postgres.password_file", pg.PasswordFile, "set while postgres.dsn has a password too",
-				"remove the password from postgres.dsn (or "+envName("postgres.dsn")+"), or remove postgres.password_file")
-		}
-		if dsnHasPassword(string(pg.PrimaryDSN)) {
-			v.add("postgres.password_file", pg.PasswordFile, "set while postgres.primary_dsn has a password too",
-				"remove the password from postgres.primary_dsn (or "+envName("postgres.primary_dsn")+"), or remove postgres.password_file")
+		keys := [...]string{"postgres.dsn", "postgres.primary_dsn"}
+		for i, dsn := range []DSN{pg.DSN, pg.PrimaryDSN} {
+			if dsnHasPassword(string(dsn)) {
+				v.add("postgres.password_file", pg.PasswordFile, "set while "+keys[i]+" has a password too",
+					"remove the password from "+keys[i]+" (or "+envName(keys[i])+"), or remove postgres.password_file")
+			}
 		}
 	}
 	if pg.RetainedWALWarnBytes < 0 {
@@ -263,9 +258,7 @@ func (v *validator) kafka(k Kafka) {
 	if k.MaxBufferedRecords < 1 {
 		v.add("kafka.max_buffered_records", strconv.Itoa(k.MaxBufferedRecords), "must be at least 1", "")
 	}
-	// A larger record can never be produced and goes to the DLQ; below 1 MiB
-	// (the broker's default message.max.bytes) that would hit records the
-	// broker accepts.
+	// Below 1 MiB, the broker's default message.max.bytes, records it accepts would be dead-lettered.
 	if k.MaxBufferedBytes < 1<<20 {
 		v.add("kafka.max_buffered_bytes", strconv.FormatInt(k.MaxBufferedBytes, 10),
 			fmt.Sprintf("must be at least %d (1 MiB)", 1<<20),
