@@ -227,7 +227,7 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		}
 		return reflect.Value{}, fe
 	}
-	item := func(key, what string, x any) (reflect.Value, *FieldError) { // of a list or mapping
+	badItem := func(key, what string, x any) (reflect.Value, *FieldError) { // of a list or mapping
 		return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
 			Problem: "expected a string, got " + typeName(x), Fix: "each " + what + " of " + l.key + " is a plain string"}
 	}
@@ -281,7 +281,7 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 			for i, x := range list {
 				_, str, ok := yamlValue(x)
 				if !ok {
-					return item(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
+					return badItem(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
 				}
 				out = append(out, str)
 			}
@@ -310,7 +310,7 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 			for _, k := range slices.Sorted(maps.Keys(m)) {
 				_, str, ok := yamlValue(m[k])
 				if !ok {
-					return item(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
+					return badItem(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
 				}
 				out[k] = str
 			}
