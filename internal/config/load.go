@@ -171,7 +171,8 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 		case sections[path] && isMap:
 			out = append(out, checkKeys(path, sub)...)
 		case sections[path]:
-			fe := FieldError{Key: path, Problem: "expected a section (mapping of keys), got " + typeName(v),
+			got, _, _ := yamlValue(v)
+			fe := FieldError{Key: path, Problem: "expected a section (mapping of keys), got " + got,
 				Fix: "keys in " + path + " are: " + strings.Join(children[path], ", ")}
 			// A section holding a secret may be a secret written one level
 			// too high.
@@ -228,22 +229,23 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		return reflect.Value{}, fe
 	}
 	badItem := func(key, what string, x any) (reflect.Value, *FieldError) { // of a list or mapping
+		got, _, _ := yamlValue(x)
 		return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
-			Problem: "expected a string, got " + typeName(x), Fix: "each " + what + " of " + l.key + " is a plain string"}
+			Problem: "expected a string, got " + got, Fix: "each " + what + " of " + l.key + " is a plain string"}
 	}
+	got, str, scalar := yamlValue(v)
 	s, isString := v.(string)
 	fromEnv := isString && env != ""
 	switch l.kind {
 	case kindString:
-		if _, str, ok := yamlValue(v); ok {
+		if scalar {
 			return reflect.ValueOf(str).Convert(l.typ), nil
 		}
 	case kindInt:
-		_, str, ok := yamlValue(v)
 		n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
 		_, isBool := v.(bool)
 		switch _, isFloat := v.(float64); {
-		case !ok || isBool || err != nil && isString && !fromEnv: // a quoted number is unambiguous; nothing else is
+		case !scalar || isBool || err != nil && isString && !fromEnv: // a quoted number is unambiguous; nothing else is
 		case err != nil && fromEnv:
 			return bad("not an integer")
 		case err != nil && isFloat:
@@ -279,11 +281,11 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		if list, ok := v.([]any); ok {
 			out := make([]string, 0, len(list))
 			for i, x := range list {
-				_, str, ok := yamlValue(x)
+				_, text, ok := yamlValue(x)
 				if !ok {
 					return badItem(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
 				}
-				out = append(out, str)
+				out = append(out, text)
 			}
 			return reflect.ValueOf(out), nil
 		}
@@ -308,11 +310,11 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		if m, ok := v.(map[string]any); ok {
 			out := make(map[string]string, len(m))
 			for _, k := range slices.Sorted(maps.Keys(m)) {
-				_, str, ok := yamlValue(m[k])
+				_, text, ok := yamlValue(m[k])
 				if !ok {
 					return badItem(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
 				}
-				out[k] = str
+				out[k] = text
 			}
 			return reflect.ValueOf(out), nil
 		}
@@ -327,7 +329,7 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 			return bad("not true, false, 1 or 0")
 		}
 	}
-	return bad("expected " + l.kind.expected + ", got " + typeName(v))
+	return bad("expected " + l.kind.expected + ", got " + got)
 }
 
 // yamlValue names the type of a YAML value for messages and gives the text
@@ -353,11 +355,6 @@ func yamlValue(v any) (typeName, text string, scalar bool) {
 		return "a timestamp", "", false
 	}
 	return fmt.Sprintf("%T", v), "", false
-}
-
-func typeName(v any) string {
-	name, _, _ := yamlValue(v)
-	return name
 }
 
 // suggest returns the candidate closest to name, or "" if none is close. It
