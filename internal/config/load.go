@@ -22,10 +22,9 @@ import (
 
 // Load builds the configuration from the defaults, the YAML file at path (none
 // if path is ""), and the OUTBOX_CDC_* variables in environ (os.Environ() in
-// production), in that order, then validates it. A file that cannot be read
-// or is not YAML is an error naming it (and matching its cause, such as
-// fs.ErrNotExist); anything else wrong is reported as Validate does, every
-// problem at once. On error the returned *Config is nil.
+// production), in that order, then validates it. On error the *Config is nil:
+// an unreadable or non-YAML file is named (the error matches its cause, such
+// as fs.ErrNotExist), other problems are reported all at once, as by Validate.
 func Load(path string, environ []string) (*Config, error) {
 	k := koanf.New(".")
 	var problems []FieldError
@@ -38,8 +37,7 @@ func Load(path string, environ []string) (*Config, error) {
 		}
 		problems = checkKeys("", k.Raw())
 	}
-	// The env provider cannot fail. A variable it is given key "" for is
-	// left out.
+	// The env provider cannot fail; it leaves out a variable given key "".
 	_ = k.Load(env.Provider(".", env.Opt{
 		Prefix:      EnvPrefix,
 		EnvironFunc: func() []string { return environ },
@@ -174,8 +172,7 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 			got, _, _ := yamlValue(v)
 			fe := FieldError{Key: path, Problem: "expected a section (mapping of keys), got " + got,
 				Fix: "keys in " + path + " are: " + strings.Join(children[path], ", ")}
-			// A section holding a secret may be a secret written one level
-			// too high.
+			// A section with a secret in it may be that secret written a level too high.
 			if !slices.ContainsFunc(leaves, func(l *leaf) bool { return l.secret && strings.HasPrefix(l.key, path+".") }) {
 				fe.Value = fmt.Sprint(v)
 			}

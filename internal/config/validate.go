@@ -260,8 +260,7 @@ func (v *validator) kafka(k Kafka) {
 	}
 	// Below 1 MiB, the broker's default message.max.bytes, records it accepts would be dead-lettered.
 	if k.MaxBufferedBytes < 1<<20 {
-		v.add("kafka.max_buffered_bytes", strconv.FormatInt(k.MaxBufferedBytes, 10),
-			fmt.Sprintf("must be at least %d (1 MiB)", 1<<20),
+		v.add("kafka.max_buffered_bytes", strconv.FormatInt(k.MaxBufferedBytes, 10), fmt.Sprintf("must be at least %d (1 MiB)", 1<<20),
 			"a record larger than this is dead-lettered, so keep it at or above the broker's message.max.bytes")
 	}
 	// franz-go's bounds: linger up to 1m, request timeouts 100ms to 15m.
