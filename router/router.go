@@ -4,6 +4,9 @@ package router
 
 import (
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,31 +58,125 @@ type Router struct {
 	cache          map[string]route
 }
 
-// New validates cfg and returns a Router.
+// New returns a Router for cfg, or the first of cfg.Check's problems.
 func New(cfg Config) (*Router, error) {
-	r := &Router{fixed: cfg.Topics, dlq: cfg.DLQTopic, cache: make(map[string]route)}
+	if problems := cfg.Check(); len(problems) > 0 {
+		return nil, problems[0]
+	}
 	before, after, found := strings.Cut(cfg.TopicTemplate, Placeholder)
-	r.prefix, r.suffix, r.templated = before, after, found
-	if strings.Contains(after, Placeholder) {
-		return nil, fmt.Errorf("kafka.topic %q: %s may appear once", cfg.TopicTemplate, Placeholder)
+	return &Router{prefix: before, suffix: after, templated: found, fixed: cfg.Topics, dlq: cfg.DLQTopic,
+		cache: make(map[string]route)}, nil
+}
+
+// Problem is a routing setting that cannot work, worded for the
+// configuration: its key, its value, what is wrong and what to do ("" when
+// the problem says it).
+type Problem struct{ Key, Value, Reason, Fix string }
+
+func (p Problem) Error() string { return fmt.Sprintf("%s %q: %s", p.Key, p.Value, p.Reason) }
+
+// Check returns every problem of cfg: a template (kafka.topic) with another
+// placeholder than Placeholder, or with literal text that makes every topic
+// illegal; an illegal fixed topic (kafka.topics) or dead-letter topic
+// (kafka.dlq_topic); a dead-letter topic that events can be routed to.
+func (cfg Config) Check() []Problem {
+	var out []Problem
+	if p := templateProblem(cfg.TopicTemplate); p != "" {
+		out = append(out, Problem{"kafka.topic", cfg.TopicTemplate, p, "the only placeholder is " + Placeholder})
 	}
-	// The literal text must be legal too: check the template with a stand-in
-	// aggregate type, so a bad prefix stops start-up instead of dead-lettering
-	// every event.
-	if reason := CheckTopic(before + "x" + after); found && reason != "" {
-		return nil, fmt.Errorf("kafka.topic %q: %s", cfg.TopicTemplate, reason)
-	} else if reason := CheckTopic(cfg.TopicTemplate); !found && reason != "" {
-		return nil, fmt.Errorf("kafka.topic %q: %s", cfg.TopicTemplate, reason)
-	}
-	if reason := CheckTopic(cfg.DLQTopic); reason != "" {
-		return nil, fmt.Errorf("kafka.dlq_topic %q: %s", cfg.DLQTopic, reason)
-	}
-	for k, v := range cfg.Topics {
-		if reason := CheckTopic(v); reason != "" {
-			return nil, fmt.Errorf("kafka.topics.%s %q: %s", k, v, reason)
+	for _, at := range slices.Sorted(maps.Keys(cfg.Topics)) {
+		key := fmt.Sprintf("kafka.topics[%q]", at)
+		if at == "" {
+			out = append(out, Problem{key, "", "empty aggregate type", "remove the entry"})
+		}
+		if p := topicProblem(cfg.Topics[at]); p != "" {
+			out = append(out, Problem{key, cfg.Topics[at], p, ""})
 		}
 	}
-	return r, nil
+	if p := topicProblem(cfg.DLQTopic); p != "" {
+		out = append(out, Problem{"kafka.dlq_topic", cfg.DLQTopic, p, ""})
+	} else if clash := cfg.dlqClash(); clash != "" {
+		out = append(out, Problem{"kafka.dlq_topic", cfg.DLQTopic, clash, "choose a dead-letter topic no event can be published to"})
+	}
+	return out
+}
+
+// A placeholder runs from { to the next }; a brace without its partner
+// matches alone.
+var placeholderRE = regexp.MustCompile(`\{[^}]*\}?|\}`)
+
+// templateProblem checks a template: at most one Placeholder, no other
+// placeholder, and a legal topic name once the placeholder is replaced.
+func templateProblem(t string) string {
+	if t == "" {
+		return "must not be empty"
+	}
+	for _, ph := range placeholderRE.FindAllString(t, -1) {
+		switch {
+		case ph == "}":
+			return "unmatched }"
+		case !strings.HasSuffix(ph, "}"):
+			return "unmatched {"
+		case ph != Placeholder:
+			return "unknown placeholder " + ph
+		}
+	}
+	before, after, found := strings.Cut(t, Placeholder)
+	name := t
+	if found {
+		name = before + "x" + after // an aggregate type adds at least a character
+	}
+	switch p := topicProblem(name); {
+	case strings.Contains(after, Placeholder):
+		return Placeholder + " may appear once"
+	case p == "":
+		return ""
+	case found && len(name) > 249:
+		return "too long: a topic name has at most 249 characters"
+	case strings.HasPrefix(p, "topic name may only"):
+		return "a " + p
+	default:
+		return p
+	}
+}
+
+// topicProblem puts CheckTopic's verdict on a configured topic name in the
+// words of the configuration.
+func topicProblem(name string) string {
+	switch {
+	case CheckTopic(name) == "":
+		return ""
+	case name == "":
+		return "empty topic name"
+	case len(name) > 249:
+		return "topic name longer than 249 characters"
+	case name == "." || name == "..":
+		return `topic name cannot be "." or ".."`
+	}
+	return "topic name may only contain letters, digits, '.', '_' and '-'"
+}
+
+// dlqClash says how an event could be published to the dead-letter topic:
+// it is a fixed topic or a name the template can produce.
+func (cfg Config) dlqClash() string {
+	for _, at := range slices.Sorted(maps.Keys(cfg.Topics)) {
+		if cfg.Topics[at] == cfg.DLQTopic {
+			return fmt.Sprintf("same as kafka.topics[%q]", at)
+		}
+	}
+	// A bare placeholder can produce any name; rejecting every dead-letter
+	// topic for it would forbid a common setup, so only a template with
+	// literal text (a namespace for event topics) is checked.
+	before, after, found := strings.Cut(cfg.TopicTemplate, Placeholder)
+	d := cfg.DLQTopic
+	switch {
+	case templateProblem(cfg.TopicTemplate) != "" || cfg.TopicTemplate == Placeholder:
+	case !found && d == cfg.TopicTemplate:
+		return "same as kafka.topic"
+	case found && len(d) > len(before)+len(after) && strings.HasPrefix(d, before) && strings.HasSuffix(d, after):
+		return fmt.Sprintf("kafka.topic publishes events of aggregate_type %q to it", d[len(before):len(d)-len(after)])
+	}
+	return ""
 }
 
 // Route fills rec for ev committed at commit. It returns a non-empty reason

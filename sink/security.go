@@ -118,9 +118,6 @@ func SecurityOpts(sec Security) ([]kgo.Opt, error) {
 // given. franz-go clones it per connection and fills in ServerName from the
 // broker address when it is empty. Its errors are CheckTLS's problems.
 func TLSConfig(t TLS) (*tls.Config, error) {
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		return nil, errors.New("kafka.tls.cert_file and kafka.tls.key_file go together: set both or neither")
-	}
 	cfg, problems := loadTLS(t)
 	if len(problems) > 0 {
 		errs := make([]error, len(problems))
@@ -132,17 +129,24 @@ func TLSConfig(t TLS) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// TLSProblem is a file named by TLS that cannot be used. Key is the
-// configuration key that names it; no field holds key material.
+// TLSProblem is a TLS setting that cannot work. Key is the configuration
+// key that holds it and Value its value (a file or a server name; "" when it
+// is missing); no field holds key material.
 type TLSProblem struct {
-	Key, File, Problem, Fix string
+	Key, Value, Problem, Fix string
 }
 
-func (p TLSProblem) Error() string { return p.Key + " " + p.File + ": " + p.Problem }
+func (p TLSProblem) Error() string {
+	if p.Value == "" {
+		return p.Key + ": " + p.Problem
+	}
+	return p.Key + " " + p.Value + ": " + p.Problem
+}
 
-// CheckTLS reads the files t names as TLSConfig does and reports every one
-// that cannot be used, so that the configuration can reject them before
-// start. A certificate without its key (or the reverse) is not checked.
+// CheckTLS reports every problem of t, reading the files as TLSConfig does,
+// so that the configuration can reject them before start: a file that
+// cannot be used, a certificate without its key or the reverse, a server
+// name that is not a host name.
 func CheckTLS(t TLS) []TLSProblem {
 	_, problems := loadTLS(t)
 	return problems
@@ -155,8 +159,8 @@ func loadTLS(t TLS) (*tls.Config, []TLSProblem) {
 		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // opt-in, warned about at start
 	}
 	var problems []TLSProblem
-	bad := func(key, file string, err error, fix string) {
-		problems = append(problems, TLSProblem{key, file, err.Error(), fix})
+	bad := func(key, value, problem, fix string) {
+		problems = append(problems, TLSProblem{key, value, problem, fix})
 	}
 	if t.CAFile != "" {
 		cfg.RootCAs = x509.NewCertPool()
@@ -165,32 +169,42 @@ func loadTLS(t TLS) (*tls.Config, []TLSProblem) {
 			err = errors.New("holds no PEM certificate")
 		}
 		if err != nil {
-			bad("kafka.tls.ca_file", t.CAFile, err,
+			bad("kafka.tls.ca_file", t.CAFile, err.Error(),
 				"give a readable PEM file with the certificate of the authority that signs the brokers' certificates")
 		}
 	}
-	if t.CertFile == "" || t.KeyFile == "" {
-		return cfg, problems
-	}
-	cert, certErr := readPEM(t.CertFile, "CERTIFICATE", "holds no PEM certificate")
-	if certErr != nil {
-		bad("kafka.tls.cert_file", t.CertFile, certErr, "give a readable PEM file with the client certificate (and its chain)")
-	}
-	key, keyErr := readPEM(t.KeyFile, "PRIVATE KEY",
-		"holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)")
-	if keyErr != nil {
-		bad("kafka.tls.key_file", t.KeyFile, keyErr, "give a readable PEM file with the client certificate's unencrypted private key")
-	}
-	if certErr == nil && keyErr == nil {
-		pair, err := tls.X509KeyPair(cert, key)
-		if err != nil {
-			// The error names the problem (key mismatch, bad key), never
-			// the key's content.
-			err = errors.New("does not go with kafka.tls.cert_file: " + strings.TrimPrefix(err.Error(), "tls: "))
-			bad("kafka.tls.key_file", t.KeyFile, err, "give the private key that belongs to the certificate in kafka.tls.cert_file")
-		} else {
-			cfg.Certificates = []tls.Certificate{pair}
+	switch {
+	case t.CertFile != "" && t.KeyFile == "":
+		bad("kafka.tls.key_file", "", "required when kafka.tls.cert_file is set",
+			"set it to the PEM private key of the client certificate, or remove kafka.tls.cert_file")
+	case t.KeyFile != "" && t.CertFile == "":
+		bad("kafka.tls.cert_file", "", "required when kafka.tls.key_file is set",
+			"set it to the PEM client certificate of that key, or remove kafka.tls.key_file")
+	case t.CertFile != "":
+		cert, certErr := readPEM(t.CertFile, "CERTIFICATE", "holds no PEM certificate")
+		if certErr != nil {
+			bad("kafka.tls.cert_file", t.CertFile, certErr.Error(), "give a readable PEM file with the client certificate (and its chain)")
 		}
+		key, keyErr := readPEM(t.KeyFile, "PRIVATE KEY",
+			"holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)")
+		if keyErr != nil {
+			bad("kafka.tls.key_file", t.KeyFile, keyErr.Error(), "give a readable PEM file with the client certificate's unencrypted private key")
+		}
+		if certErr == nil && keyErr == nil {
+			pair, err := tls.X509KeyPair(cert, key)
+			if err != nil {
+				// The error names the problem (key mismatch, bad key), never
+				// the key's content.
+				bad("kafka.tls.key_file", t.KeyFile, "does not go with kafka.tls.cert_file: "+strings.TrimPrefix(err.Error(), "tls: "),
+					"give the private key that belongs to the certificate in kafka.tls.cert_file")
+			} else {
+				cfg.Certificates = []tls.Certificate{pair}
+			}
+		}
+	}
+	if t.ServerName != "" && net.ParseIP(t.ServerName) == nil && strings.ContainsAny(t.ServerName, " \t/:") {
+		bad("kafka.tls.server_name", t.ServerName, "not a host name",
+			"give the DNS name (or IP address) the brokers' certificates are issued for, without port")
 	}
 	return cfg, problems
 }

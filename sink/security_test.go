@@ -129,8 +129,8 @@ func TestTLSConfig(t *testing.T) {
 	}{
 		"missing CA":       {sink.TLS{CAFile: "/nonexistent/ca.pem"}, "kafka.tls.ca_file"},
 		"CA not PEM":       {sink.TLS{CAFile: notPEM}, "no PEM certificate"},
-		"cert without key": {sink.TLS{CertFile: p.clientCert}, "set both or neither"},
-		"key without cert": {sink.TLS{KeyFile: p.clientKey}, "set both or neither"},
+		"cert without key": {sink.TLS{CertFile: p.clientCert}, "kafka.tls.key_file: required when kafka.tls.cert_file is set"},
+		"key without cert": {sink.TLS{KeyFile: p.clientKey}, "kafka.tls.cert_file: required when kafka.tls.key_file is set"},
 		"key mismatch":     {sink.TLS{CertFile: p.clientCert, KeyFile: other.clientKey}, "kafka.tls.key_file"},
 		"key as cert":      {sink.TLS{CertFile: p.clientKey, KeyFile: p.clientKey}, "kafka.tls.cert_file"},
 	} {
@@ -145,8 +145,8 @@ func TestTLSConfig(t *testing.T) {
 	}
 }
 
-// TestCheckTLS: every unusable file is reported at once, with the key
-// that names it, and what TLSConfig accepts CheckTLS does too.
+// TestCheckTLS: every unusable setting is reported at once, with the key
+// that holds it, and what TLSConfig accepts CheckTLS does too.
 func TestCheckTLS(t *testing.T) {
 	p := newPKI(t)
 	if got := sink.CheckTLS(sink.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}); len(got) != 0 {
@@ -156,15 +156,15 @@ func TestCheckTLS(t *testing.T) {
 	missing := filepath.Join(dir, "missing.pem")
 	got := sink.CheckTLS(sink.TLS{CAFile: dir, CertFile: missing, KeyFile: p.caFile})
 	want := []sink.TLSProblem{
-		{Key: "kafka.tls.ca_file", File: dir, Problem: "not a regular file"},
-		{Key: "kafka.tls.cert_file", File: missing, Problem: "file does not exist"},
-		{Key: "kafka.tls.key_file", File: p.caFile, Problem: "holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)"},
+		{Key: "kafka.tls.ca_file", Value: dir, Problem: "not a regular file"},
+		{Key: "kafka.tls.cert_file", Value: missing, Problem: "file does not exist"},
+		{Key: "kafka.tls.key_file", Value: p.caFile, Problem: "holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("CheckTLS = %v, want %v", got, want)
 	}
 	for i := range want {
-		if got[i].Key != want[i].Key || got[i].File != want[i].File || got[i].Problem != want[i].Problem || got[i].Fix == "" {
+		if got[i].Key != want[i].Key || got[i].Value != want[i].Value || got[i].Problem != want[i].Problem || got[i].Fix == "" {
 			t.Errorf("problem %d = %+v, want %+v with a fix", i, got[i], want[i])
 		}
 	}
@@ -172,6 +172,14 @@ func TestCheckTLS(t *testing.T) {
 	got = sink.CheckTLS(sink.TLS{CertFile: p.clientCert, KeyFile: other.clientKey})
 	if len(got) != 1 || got[0].Key != "kafka.tls.key_file" || !strings.HasPrefix(got[0].Problem, "does not go with kafka.tls.cert_file: ") {
 		t.Errorf("mismatched key: %v", got)
+	}
+	got = sink.CheckTLS(sink.TLS{CertFile: p.clientCert, ServerName: "kafka:9093"})
+	if len(got) != 2 || got[0].Key != "kafka.tls.key_file" || got[0].Value != "" || got[1].Key != "kafka.tls.server_name" ||
+		got[1].Value != "kafka:9093" || got[1].Problem != "not a host name" {
+		t.Errorf("certificate without key, server name with port: %v", got)
+	}
+	if got := sink.CheckTLS(sink.TLS{ServerName: "::1"}); len(got) != 0 {
+		t.Errorf("IP address as server name: %v", got)
 	}
 }
 

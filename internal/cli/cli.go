@@ -114,7 +114,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	}
 	log := newLogger(cfg.Log, stderr)
 	for _, w := range cfg.Warnings() {
-		log.Warn(w.Message, "key", w.Key)
+		log.Warn(w.Problem, "key", w.Key)
 	}
 	pc, err := PipelineConfig(cfg)
 	if err != nil {

@@ -7,9 +7,8 @@
 // OUTBOX_CDC_POSTGRES_DSN). Later layers win.
 //
 // Every problem (an unknown key, a value of the wrong type or out of range)
-// is a FieldError naming the key; Load and Validate collect all of them into
-// one *ValidationError. Every error Load returns for bad configuration
-// matches errors.Is(err, ErrInvalid); the command maps that to exit code 2.
+// is a FieldError naming the key; Load and Validate return all of them at
+// once, joined into one error that prints a line each.
 //
 // Secrets have types of their own, DSN and sink.Secret, that print redacted
 // whatever prints them, so a Config is safe to print or log.
@@ -30,11 +29,15 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
-// EnvPrefix starts the name of every environment variable this package reads.
-const EnvPrefix = "OUTBOX_CDC_"
-
-// TopicPlaceholder is the only placeholder allowed in kafka.topic.
-const TopicPlaceholder = router.Placeholder
+const (
+	// EnvPrefix starts the name of every environment variable this package reads.
+	EnvPrefix = "OUTBOX_CDC_"
+	// EnvConfigPath names the variable that holds the path of the config
+	// file. The caller reads it (Load ignores it).
+	EnvConfigPath = EnvPrefix + "CONFIG"
+	// envTestPrefix starts variables reserved for tests; Load ignores them.
+	envTestPrefix = EnvPrefix + "TEST_"
+)
 
 // Config is the whole outbox-cdc configuration. The meaning, default and
 // range of every key are in docs/configuration.md.
@@ -100,7 +103,7 @@ type Columns struct {
 // Kafka is the destination.
 type Kafka struct {
 	Brokers            []string          `koanf:"brokers"` // host:port each; required
-	Topic              string            `koanf:"topic"`   // template with TopicPlaceholder
+	Topic              string            `koanf:"topic"`   // template with router.Placeholder
 	Topics             map[string]string `koanf:"topics"`  // aggregate_type → topic; wins over Topic
 	DLQTopic           string            `koanf:"dlq_topic"`
 	ClientID           string            `koanf:"client_id"`
@@ -194,7 +197,7 @@ func Default() Config {
 			HeaderColumns: []string{},
 		},
 		Kafka: Kafka{
-			Topic: "outbox.event." + TopicPlaceholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq",
+			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq",
 			ClientID: "outbox-cdc", MaxBufferedRecords: 10000, MaxBufferedBytes: 64 << 20,
 			RequestTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
@@ -240,27 +243,26 @@ func passwordFrom(key, file, inline string) (string, error) {
 	return string(pw), nil
 }
 
-// Warning is a setting that is accepted but weakens security. The command
-// line logs each one at start.
-type Warning struct {
-	Key     string
-	Message string
-}
-
-// Warnings lists the accepted but unsafe settings of a valid configuration.
-func (c *Config) Warnings() []Warning {
-	var out []Warning
+// Warnings lists the settings of a valid configuration that are accepted
+// but weaken security, as problems (Key and Problem) that do not stop it.
+// The command line logs each one at start.
+func (c *Config) Warnings() []FieldError {
+	var out []FieldError
 	t, s := c.Kafka.TLS, c.Kafka.SASL
 	if t.Enabled && t.InsecureSkipVerify {
-		out = append(out, Warning{"kafka.tls.insecure_skip_verify",
-			"broker certificates are not verified: anyone on the network path can impersonate the brokers; set a CA with kafka.tls.ca_file instead"})
+		out = append(out, FieldError{Key: "kafka.tls.insecure_skip_verify",
+			Problem: "broker certificates are not verified: anyone on the network path can impersonate the brokers; set a CA with kafka.tls.ca_file instead"})
 	}
 	if s.Mechanism == sink.MechanismPlain && !t.Enabled {
-		out = append(out, Warning{"kafka.sasl.mechanism",
-			"SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
+		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
+			Problem: "SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
 	}
 	return out
 }
+
+// byteUnits are the suffixes of a byte size, "" for bytes.
+var byteUnits = map[string]int64{"": 1, "B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 // RetainWindow parses postgres.retain: a duration ("30m", "24h") or a byte
 // size ("512MB", "2GiB", "1048576"). "0" or "" means no window.
@@ -275,20 +277,10 @@ func RetainWindow(s string) (d time.Duration, bytes int64, err error) {
 		}
 		return d, 0, nil
 	}
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"kB", 1e3}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
-	mult, num := int64(1), s
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			mult, num = u.mult, strings.TrimSpace(strings.TrimSuffix(s, u.suffix))
-			break
-		}
-	}
-	n, perr := strconv.ParseInt(num, 10, 64)
-	if perr != nil || n < 0 || n > (1<<62)/mult {
+	num := strings.TrimRight(s, "kKMGTiB")
+	mult, ok := byteUnits[s[len(num):]]
+	n, perr := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if !ok || perr != nil || n < 0 || n > (1<<62)/mult {
 		return 0, 0, errors.New("not a duration (30m, 24h) or a byte size (512MB, 2GiB)")
 	}
 	return 0, n * mult, nil

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -19,81 +20,68 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
-// EnvConfigPath names the environment variable that holds the path of the
-// config file. The caller reads it (Load ignores it).
-const EnvConfigPath = EnvPrefix + "CONFIG"
-
-// envTestPrefix starts variables reserved for tests; Load ignores them.
-const envTestPrefix = EnvPrefix + "TEST_"
-
-// ErrInvalid matches, with errors.Is, every error that means "the
-// configuration is bad" (exit code 2): a *ValidationError and a *FileError.
-var ErrInvalid = errors.New("invalid configuration")
-
-// FileError is a config file that cannot be read or parsed. It matches
-// ErrInvalid and, through Err, the underlying cause (fs.ErrNotExist, …).
-type FileError struct {
-	Path string
-	Err  error
-}
-
-func (e *FileError) Error() string {
-	msg := e.Err.Error()
-	var pe *fs.PathError
-	if errors.As(e.Err, &pe) {
-		msg = pe.Err.Error() // the path is already in front
-	}
-	return "config file " + e.Path + ": " + msg
-}
-
-// Unwrap exposes both ErrInvalid and the cause.
-func (e *FileError) Unwrap() []error { return []error{ErrInvalid, e.Err} }
-
 // Load builds the configuration from the defaults, the YAML file at path (none
 // if path is ""), and the OUTBOX_CDC_* variables in environ (os.Environ() in
-// production), in that order, then validates it. An error for a bad
-// configuration matches errors.Is(err, ErrInvalid): a *FileError when the file
-// cannot be read or is not YAML, else a *ValidationError listing every
-// problem. On error the returned *Config is nil.
+// production), in that order, then validates it. On error the *Config is nil:
+// an unreadable or non-YAML file is named (the error matches its cause, such
+// as fs.ErrNotExist), other problems are reported all at once, as by Validate.
 func Load(path string, environ []string) (*Config, error) {
 	k := koanf.New(".")
 	var problems []FieldError
 	if path != "" {
 		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
-			return nil, &FileError{Path: path, Err: err}
+			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+				err = pe.Err // the path is already in front
+			}
+			return nil, fmt.Errorf("config file %s: %w", path, err)
 		}
 		problems = checkKeys("", k.Raw())
 	}
-	// The env provider cannot fail.
+	// The env provider cannot fail; it leaves out a variable given key "".
 	_ = k.Load(env.Provider(".", env.Opt{
 		Prefix:      EnvPrefix,
 		EnvironFunc: func() []string { return environ },
 		TransformFunc: func(name, value string) (string, any) {
-			key, v, fe := fromEnv(name, value)
-			if fe != nil {
+			l := leafByEnv[name]
+			switch {
+			case name == EnvConfigPath || strings.HasPrefix(name, envTestPrefix):
+			case l == nil:
+				fe := FieldError{Key: name, Problem: "unknown environment variable",
+					Fix: "unset it; see the configuration reference for the variable names"}
+				if s := suggest(name, envNames, "_"); s != "" {
+					fe.Fix = "did you mean " + s + "?"
+				}
+				problems = append(problems, fe)
+			default:
+				v, fe := convert(l, value, name)
+				if fe == nil {
+					return l.key, v.Interface()
+				}
 				problems = append(problems, *fe)
 			}
-			return key, v
+			return "", nil
 		},
 	}), nil)
 
-	cfg := Default()
-	problems = append(problems, decode(k.Raw(), &cfg)...)
-	reported := map[string]bool{}
-	for _, p := range problems {
-		reported[p.Key] = true
-	}
-	var ve *ValidationError
-	if errors.As(cfg.Validate(), &ve) {
-		for _, p := range ve.Fields {
-			// kafka.brokers[1] → kafka.brokers
-			if parent, _, _ := strings.Cut(p.Key, "["); !reported[p.Key] && !reported[parent] {
-				problems = append(problems, p)
+	cfg, raw := Default(), k.Raw()
+	for _, l := range leaves {
+		if v, ok := lookup(raw, l.key); ok && v != nil { // null keeps the default
+			if val, fe := convert(l, v, ""); fe != nil {
+				problems = append(problems, *fe)
+			} else {
+				reflect.ValueOf(&cfg).Elem().FieldByIndex(l.index).Set(val)
 			}
 		}
 	}
+	loaded := len(problems) // validation does not report these keys again
+	for _, p := range cfg.problems() {
+		parent, _, _ := strings.Cut(p.Key, "[") // kafka.brokers[1] → kafka.brokers
+		if !slices.ContainsFunc(problems[:loaded], func(q FieldError) bool { return q.Key == p.Key || q.Key == parent }) {
+			problems = append(problems, p)
+		}
+	}
 	if len(problems) > 0 {
-		return nil, &ValidationError{Fields: problems}
+		return nil, join(problems)
 	}
 	return &cfg, nil
 }
@@ -101,15 +89,17 @@ func Load(path string, environ []string) (*Config, error) {
 // The schema is derived from the Config struct tags, so the known keys, their
 // variable names and their types cannot drift from the struct.
 
-type kind int
+// kind is a type of value as messages describe it: what it is, and how to
+// write it in the file and in the environment (ENV stands for the variable).
+type kind struct{ expected, howTo string }
 
-const (
-	kindString kind = iota
-	kindInt
-	kindDuration
-	kindStrings   // []string
-	kindStringMap // map[string]string
-	kindBool
+var (
+	kindString    = &kind{"a string", "write a plain string"}
+	kindInt       = &kind{"an integer", "write an integer such as 1000 (environment: ENV=1000)"}
+	kindDuration  = &kind{"a duration", "write a duration with a unit such as 500ms, 1s or 2m (environment: ENV=1s)"}
+	kindStrings   = &kind{"a list", "write a list such as [a, b] (environment: a comma list, ENV=a,b)"}
+	kindStringMap = &kind{"a mapping", "write a mapping such as {order: orders.v1} (environment: key=value pairs, ENV=order=orders.v1,user=users)"}
+	kindBool      = &kind{"true or false", "write true or false (environment: ENV=true, false, 1 or 0)"}
 )
 
 // leaf is one settable key.
@@ -118,67 +108,52 @@ type leaf struct {
 	env    string // OUTBOX_CDC_KAFKA_MAX_BUFFERED_RECORDS
 	index  []int  // reflect field path from Config
 	typ    reflect.Type
-	kind   kind
+	kind   *kind
 	secret bool // a DSN or a sink.Secret: its value is never shown
 }
 
 var (
-	leaves    []leaf // in struct order
+	leaves    []*leaf // in struct order
 	leafByKey = map[string]*leaf{}
 	leafByEnv = map[string]*leaf{}
-	sections  = map[string]bool{} // struct-valued keys → whether they hold a secret
-	envNames  []string            // for suggestions
-	allKeys   []string            // every leaf and section key, sorted, for suggestions
+	envNames  []string                // in struct order, for suggestions
+	allKeys   []string                // every leaf and section key, sorted, for suggestions
+	sections  = map[string]bool{}     // the struct-valued keys (postgres, kafka.tls)
+	children  = map[string][]string{} // section key ("" for the top level) → its keys, sorted
 )
 
 func init() {
 	walkSchema(reflect.TypeFor[Config](), "", nil)
-	for i := range leaves {
-		l := &leaves[i]
-		leafByKey[l.key], leafByEnv[l.env] = l, l
-		envNames = append(envNames, l.env)
-		for s := range sections {
-			sections[s] = sections[s] || l.secret && strings.HasPrefix(l.key, s+".")
-		}
+	for _, keys := range children {
+		slices.Sort(keys)
 	}
-	allKeys = slices.Concat(slices.Collect(maps.Keys(leafByKey)), slices.Collect(maps.Keys(sections)))
 	slices.Sort(allKeys)
 }
 
 func walkSchema(t reflect.Type, prefix string, index []int) {
-	kinds := map[reflect.Kind]kind{reflect.Int: kindInt, reflect.Int64: kindInt, reflect.Bool: kindBool,
-		reflect.Slice: kindStrings, reflect.Map: kindStringMap} // else kindString
+	kinds := map[reflect.Type]*kind{reflect.TypeFor[int](): kindInt, reflect.TypeFor[int64](): kindInt,
+		reflect.TypeFor[time.Duration](): kindDuration, reflect.TypeFor[bool](): kindBool,
+		reflect.TypeFor[[]string](): kindStrings, reflect.TypeFor[map[string]string](): kindStringMap} // else kindString
 	for i := range t.NumField() {
 		f := t.Field(i)
-		key := strings.TrimPrefix(prefix+"."+f.Tag.Get("koanf"), ".")
+		name := f.Tag.Get("koanf")
+		key := strings.TrimPrefix(prefix+"."+name, ".")
+		children[prefix], allKeys = append(children[prefix], name), append(allKeys, key)
 		idx := append(slices.Clone(index), i)
 		if f.Type.Kind() == reflect.Struct {
-			sections[key] = false
+			sections[key] = true
 			walkSchema(f.Type, key, idx)
 			continue
 		}
-		k := kinds[f.Type.Kind()]
-		if f.Type == reflect.TypeFor[time.Duration]() {
-			k = kindDuration
-		}
-		secret := f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[sink.Secret]()
-		leaves = append(leaves, leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: k, secret: secret})
+		l := &leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: cmp.Or(kinds[f.Type], kindString),
+			secret: f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[sink.Secret]()}
+		leaves, envNames = append(leaves, l), append(envNames, l.env)
+		leafByKey[key], leafByEnv[l.env] = l, l
 	}
 }
 
 func envName(key string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
-}
-
-// kinds says, for messages, what a kind of value is and how to write it in
-// the file and in the environment (ENV stands for the variable).
-var kinds = [...]struct{ expected, howTo string }{
-	kindString:    {"a string", "write a plain string"},
-	kindInt:       {"an integer", "write an integer such as 1000 (environment: ENV=1000)"},
-	kindDuration:  {"a duration", "write a duration with a unit such as 500ms, 1s or 2m (environment: ENV=1s)"},
-	kindStrings:   {"a list", "write a list such as [a, b] (environment: a comma list, ENV=a,b)"},
-	kindStringMap: {"a mapping", "write a mapping such as {order: orders.v1} (environment: key=value pairs, ENV=order=orders.v1,user=users)"},
-	kindBool:      {"true or false", "write true or false (environment: ENV=true, false, 1 or 0)"},
 }
 
 // checkKeys reports every key of the raw file map that is not in the schema,
@@ -189,84 +164,27 @@ func checkKeys(prefix string, m map[string]any) []FieldError {
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		path := strings.TrimPrefix(prefix+"."+k, ".")
 		v := m[k]
-		secret, isSection := sections[path]
 		switch sub, isMap := v.(map[string]any); {
-		case leafByKey[path] != nil || isSection && v == nil:
-		case isSection && isMap:
+		case leafByKey[path] != nil || sections[path] && v == nil:
+		case sections[path] && isMap:
 			out = append(out, checkKeys(path, sub)...)
-		case isSection:
-			fe := FieldError{Key: path, Problem: "expected a section (mapping of keys), got " + typeName(v),
-				Fix: "keys in " + path + " are: " + strings.Join(childKeys(path), ", ")}
-			if !secret { // else it may be a secret written one level too high
+		case sections[path]:
+			got, _, _ := yamlValue(v)
+			fe := FieldError{Key: path, Problem: "expected a section (mapping of keys), got " + got,
+				Fix: "keys in " + path + " are: " + strings.Join(children[path], ", ")}
+			// A section with a secret in it may be that secret written a level too high.
+			if !slices.ContainsFunc(leaves, func(l *leaf) bool { return l.secret && strings.HasPrefix(l.key, path+".") }) {
 				fe.Value = fmt.Sprint(v)
 			}
 			out = append(out, fe)
 		default:
-			fe := FieldError{Key: path, Problem: "unknown key"}
-			if s := suggest(path, allKeys); s != "" {
+			fe := FieldError{Key: path, Problem: "unknown key", Fix: "top-level sections are: " + strings.Join(children[""], ", ")}
+			if s := suggest(path, allKeys, "."); s != "" {
 				fe.Fix = "did you mean " + s + "?"
 			} else if prefix != "" {
-				fe.Fix = "keys in " + prefix + " are: " + strings.Join(childKeys(prefix), ", ")
-			} else {
-				fe.Fix = "top-level sections are: " + strings.Join(childKeys(""), ", ")
+				fe.Fix = "keys in " + prefix + " are: " + strings.Join(children[prefix], ", ")
 			}
 			out = append(out, fe)
-		}
-	}
-	return out
-}
-
-// childKeys lists the direct children of a section ("" for the top level).
-func childKeys(section string) []string {
-	var out []string
-	for _, k := range allKeys {
-		rest, ok := k, section == ""
-		if !ok {
-			rest, ok = strings.CutPrefix(k, section+".")
-		}
-		if child, _, _ := strings.Cut(rest, "."); ok && !slices.Contains(out, child) {
-			out = append(out, child)
-		}
-	}
-	return out
-}
-
-// fromEnv maps one environment variable to a key and a value of the key's
-// type. It returns key "" for variables to skip (reserved, unknown or
-// invalid), with a FieldError for the unknown and invalid ones.
-func fromEnv(name, value string) (string, any, *FieldError) {
-	if name == EnvConfigPath || strings.HasPrefix(name, envTestPrefix) {
-		return "", nil, nil
-	}
-	l := leafByEnv[name]
-	if l == nil {
-		fe := &FieldError{Key: name, Problem: "unknown environment variable",
-			Fix: "unset it; see the configuration reference for the variable names"}
-		if s := suggest(name, envNames); s != "" {
-			fe.Fix = "did you mean " + s + "?"
-		}
-		return "", nil, fe
-	}
-	v, fe := convert(l, value, name)
-	if fe != nil {
-		return "", nil, fe
-	}
-	return l.key, v.Interface(), nil
-}
-
-// decode sets every leaf present in raw onto cfg, which holds the defaults.
-// A null value keeps the default.
-func decode(raw map[string]any, cfg *Config) []FieldError {
-	var out []FieldError
-	root := reflect.ValueOf(cfg).Elem()
-	for i := range leaves {
-		l := &leaves[i]
-		if v, ok := lookup(raw, l.key); ok && v != nil {
-			if val, fe := convert(l, v, ""); fe != nil {
-				out = append(out, *fe)
-			} else {
-				root.FieldByIndex(l.index).Set(val)
-			}
 		}
 	}
 	return out
@@ -294,11 +212,11 @@ func lookup(m map[string]any, key string) (any, bool) {
 // one-element list. In the environment lists are comma lists and mappings
 // key=value pairs.
 func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
-	if reflect.TypeOf(v) == l.typ { // a YAML int or boolean, or converted by fromEnv
+	if reflect.TypeOf(v) == l.typ { // a YAML int or boolean, or a converted variable
 		return reflect.ValueOf(v), nil
 	}
 	bad := func(problem string) (reflect.Value, *FieldError) {
-		fe := &FieldError{Key: l.key, Problem: problem, Fix: strings.ReplaceAll(kinds[l.kind].howTo, "ENV", l.env)}
+		fe := &FieldError{Key: l.key, Problem: problem, Fix: strings.ReplaceAll(l.kind.howTo, "ENV", l.env)}
 		if env != "" {
 			fe.Problem = "invalid " + env + ": " + problem
 		}
@@ -307,23 +225,24 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 		}
 		return reflect.Value{}, fe
 	}
-	item := func(key, what string, x any) (reflect.Value, *FieldError) {
+	badItem := func(key, what string, x any) (reflect.Value, *FieldError) { // of a list or mapping
+		got, _, _ := yamlValue(x)
 		return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
-			Problem: "expected a string, got " + typeName(x), Fix: "each " + what + " of " + l.key + " is a plain string"}
+			Problem: "expected a string, got " + got, Fix: "each " + what + " of " + l.key + " is a plain string"}
 	}
+	got, str, scalar := yamlValue(v)
 	s, isString := v.(string)
 	fromEnv := isString && env != ""
 	switch l.kind {
 	case kindString:
-		if str, ok := scalarString(v); ok {
+		if scalar {
 			return reflect.ValueOf(str).Convert(l.typ), nil
 		}
 	case kindInt:
-		str, ok := scalarString(v)
 		n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
 		_, isBool := v.(bool)
 		switch _, isFloat := v.(float64); {
-		case !ok || isBool || err != nil && isString && !fromEnv: // a quoted number is unambiguous; nothing else is
+		case !scalar || isBool || err != nil && isString && !fromEnv: // a quoted number is unambiguous; nothing else is
 		case err != nil && fromEnv:
 			return bad("not an integer")
 		case err != nil && isFloat:
@@ -347,120 +266,98 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 			return bad("a number without a unit is ambiguous")
 		}
 	case kindStrings:
-		list, ok := v.([]any)
 		if fromEnv {
-			list, ok = nil, true
+			out := []string{}
 			for item := range strings.SplitSeq(s, ",") {
 				if strings.TrimSpace(s) != "" {
-					list = append(list, strings.TrimSpace(item))
+					out = append(out, strings.TrimSpace(item))
 				}
 			}
+			return reflect.ValueOf(out), nil
 		}
-		if ok {
+		if list, ok := v.([]any); ok {
 			out := make([]string, 0, len(list))
 			for i, x := range list {
-				str, ok := scalarString(x)
-				if !ok || x == nil {
-					return item(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
+				_, text, ok := yamlValue(x)
+				if !ok {
+					return badItem(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
 				}
-				out = append(out, str)
+				out = append(out, text)
 			}
 			return reflect.ValueOf(out), nil
 		}
 	case kindStringMap:
-		m, ok := v.(map[string]any)
 		if fromEnv {
-			m, ok = map[string]any{}, true
+			out := map[string]string{}
 			for item := range strings.SplitSeq(s, ",") {
 				k, val, found := strings.Cut(item, "=")
 				k = strings.TrimSpace(k)
-				switch _, dup := m[k]; {
+				switch _, dup := out[k]; {
 				case strings.TrimSpace(s) == "":
 				case !found || k == "":
 					return bad(fmt.Sprintf("entry %q is not key=value", strings.TrimSpace(item)))
 				case dup:
 					return bad(fmt.Sprintf("key %q is given twice", k))
 				default:
-					m[k] = strings.TrimSpace(val)
+					out[k] = strings.TrimSpace(val)
 				}
 			}
+			return reflect.ValueOf(out), nil
 		}
-		if ok {
+		if m, ok := v.(map[string]any); ok {
 			out := make(map[string]string, len(m))
 			for _, k := range slices.Sorted(maps.Keys(m)) {
-				str, ok := scalarString(m[k])
-				if !ok || m[k] == nil {
-					return item(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
+				_, text, ok := yamlValue(m[k])
+				if !ok {
+					return badItem(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
 				}
-				out[k] = str
+				out[k] = text
 			}
 			return reflect.ValueOf(out), nil
 		}
 	case kindBool:
 		if isString { // quoted in the file: the same words as in the environment
-			if b, ok := parseBool(s); ok {
-				return reflect.ValueOf(b), nil
+			switch strings.ToLower(strings.TrimSpace(s)) {
+			case "true", "1":
+				return reflect.ValueOf(true), nil
+			case "false", "0":
+				return reflect.ValueOf(false), nil
 			}
 			return bad("not true, false, 1 or 0")
 		}
 	}
-	return bad("expected " + kinds[l.kind].expected + ", got " + typeName(v))
+	return bad("expected " + l.kind.expected + ", got " + got)
 }
 
-// parseBool accepts the spellings of a boolean allowed in the environment:
-// true, false, 1 and 0 (any case, surrounding space ignored).
-func parseBool(s string) (value, ok bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "true", "1":
-		return true, true
-	case "false", "0":
-		return false, true
-	}
-	return false, false
-}
-
-// scalarString accepts a YAML scalar as a string: 9187 and true are taken as
-// the text they were written as (YAML has already parsed them).
-func scalarString(v any) (string, bool) {
+// yamlValue names the type of a YAML value for messages and gives the text
+// a scalar other than null was written as: where a string is expected, 9187
+// and true are taken as that text (YAML has already parsed them).
+func yamlValue(v any) (typeName, text string, scalar bool) {
 	switch x := v.(type) {
-	case string:
-		return x, true
-	case int, int64, uint64, bool:
-		return fmt.Sprint(x), true
-	case float64:
-		return strconv.FormatFloat(x, 'f', -1, 64), true
 	case nil:
-		return "", true
-	}
-	return "", false
-}
-
-func typeName(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
+		return "null", "", false
 	case string:
-		return "a string"
+		return "a string", x, true
 	case int, int64, uint64:
-		return "an integer"
+		return "an integer", fmt.Sprint(x), true
 	case float64:
-		return "a number"
+		return "a number", strconv.FormatFloat(x, 'f', -1, 64), true
 	case bool:
-		return "a boolean"
-	case []any, []string:
-		return "a list"
-	case map[string]any, map[string]string:
-		return "a mapping"
+		return "a boolean", fmt.Sprint(x), true
+	case []any:
+		return "a list", "", false
+	case map[string]any:
+		return "a mapping", "", false
 	case time.Time:
-		return "a timestamp"
+		return "a timestamp", "", false
 	}
-	return fmt.Sprintf("%T", v)
+	return fmt.Sprintf("%T", v), "", false
 }
 
 // suggest returns the candidate closest to name, or "" if none is close. It
 // also recognises a key written in the wrong section (dsn, kafka.dsn →
-// postgres.dsn) by its last part.
-func suggest(name string, candidates []string) string {
+// postgres.dsn) by its last part, which follows the last sep.
+func suggest(name string, candidates []string, sep string) string {
 	lname := strings.ToLower(name)
 	best, bestD := "", math.MaxInt
 	for _, c := range candidates {
@@ -471,14 +368,10 @@ func suggest(name string, candidates []string) string {
 	if bestD <= 2 || bestD == 3 && len(name) >= 12 {
 		return best
 	}
-	sep := "."
-	if strings.HasPrefix(name, EnvPrefix) {
-		sep = "_"
-	}
 	last := lname[strings.LastIndex(lname, sep)+1:]
 	var match string
 	for _, c := range candidates {
-		if _, isSection := sections[c]; strings.HasSuffix(strings.ToLower(c), sep+last) && !isSection {
+		if strings.HasSuffix(strings.ToLower(c), sep+last) && !sections[c] {
 			if match != "" {
 				return "" // ambiguous
 			}

@@ -60,22 +60,18 @@ func RedactDSN(dsn string) string {
 		}
 		return scheme + "://" + queryPasswordRE.ReplaceAllString(rest, "${1}"+sink.Redacted)
 	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), sink.Redacted)
-	}
 	u.RawQuery = queryPasswordRE.ReplaceAllString(u.RawQuery, "${1}"+sink.Redacted)
 	u.Fragment, u.RawFragment = "", ""
-	return u.String()
+	return u.Redacted() // its password as xxxxx, like sink.Redacted
 }
 
 // dsnProblem checks that dsn is a well-formed connection string. It never
 // includes the DSN, or parser messages that may quote it, in its answer.
 func dsnProblem(dsn string) string {
-	if !isURLForm(dsn) {
-		if !keywordDSNRE.MatchString(dsn) {
-			return "neither a postgres:// URL nor a list of keyword=value settings"
-		}
-	} else if _, err := url.Parse(dsn); err != nil {
+	switch _, err := url.Parse(dsn); {
+	case !isURLForm(dsn) && !keywordDSNRE.MatchString(dsn):
+		return "neither a postgres:// URL nor a list of keyword=value settings"
+	case isURLForm(dsn) && err != nil:
 		return "not a valid postgres:// URL (check that special characters in the password are percent-encoded)"
 	}
 	return ""
@@ -92,13 +88,9 @@ func dsnHasPassword(dsn string) bool {
 	if err != nil {
 		return false // reported as an invalid DSN already
 	}
-	if _, has := u.User.Password(); has {
-		return true
-	}
+	_, has := u.User.Password()
 	for k := range u.Query() {
-		if strings.EqualFold(k, "password") {
-			return true
-		}
+		has = has || strings.EqualFold(k, "password")
 	}
-	return false
+	return has
 }

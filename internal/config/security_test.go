@@ -320,12 +320,12 @@ func TestSecurityWarnings(t *testing.T) {
 	}
 	c.Kafka.TLS = KafkaTLS{Enabled: true, InsecureSkipVerify: true}
 	c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismScramSHA512, Username: "u", Password: "p"}
-	if w := c.Warnings(); len(w) != 1 || w[0].Key != "kafka.tls.insecure_skip_verify" || !strings.Contains(w[0].Message, "not verified") {
+	if w := c.Warnings(); len(w) != 1 || w[0].Key != "kafka.tls.insecure_skip_verify" || !strings.Contains(w[0].Problem, "not verified") {
 		t.Errorf("insecure_skip_verify: %v", w)
 	}
 	c.Kafka.TLS = KafkaTLS{}
 	c.Kafka.SASL.Mechanism = sink.MechanismPlain
-	if w := c.Warnings(); len(w) != 1 || w[0].Key != "kafka.sasl.mechanism" || !strings.Contains(w[0].Message, "clear text") {
+	if w := c.Warnings(); len(w) != 1 || w[0].Key != "kafka.sasl.mechanism" || !strings.Contains(w[0].Problem, "clear text") {
 		t.Errorf("PLAIN without TLS: %v", w)
 	}
 	c.Kafka.TLS.Enabled = true

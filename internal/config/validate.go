@@ -1,8 +1,8 @@
 package config
 
 import (
+	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"reflect"
 	"regexp"
@@ -20,9 +20,6 @@ var (
 	slotRE        = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 	publicationRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 	identifierRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
-	// A placeholder runs from { to the next }; a brace without its partner
-	// matches alone.
-	placeholderRE = regexp.MustCompile(`\{[^}]*\}?|\}`)
 )
 
 // FieldError is one problem with one key.
@@ -46,23 +43,15 @@ func (e FieldError) Error() string {
 	return s
 }
 
-// ValidationError lists every problem found in a configuration. It matches
-// ErrInvalid.
-type ValidationError struct {
-	Fields []FieldError
-}
-
-// Error prints one line per problem.
-func (e *ValidationError) Error() string {
-	lines := make([]string, len(e.Fields))
-	for i, f := range e.Fields {
-		lines[i] = f.Error()
+// join returns the problems as one error that prints a line each
+// (errors.Join); nil when there are none.
+func join(problems []FieldError) error {
+	errs := make([]error, len(problems))
+	for i, p := range problems {
+		errs[i] = p
 	}
-	return strings.Join(lines, "\n")
+	return errors.Join(errs...)
 }
-
-// Is makes errors.Is(err, ErrInvalid) true.
-func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
 
 type validator struct{ errs []FieldError }
 
@@ -106,32 +95,29 @@ func (v *validator) identifier(key, name, shown string) bool {
 	return false
 }
 
-// Validate checks every rule and returns all problems at once as a
-// *ValidationError, or nil. It reads the files the configuration names.
-func (c *Config) Validate() error {
+// Validate checks every rule and returns all problems at once, joined (see
+// join), or nil. It reads the files the configuration names.
+func (c *Config) Validate() error { return join(c.problems()) }
+
+// problems lists what breaks the rules, in the order of the keys.
+func (c *Config) problems() []FieldError {
 	var v validator
 	v.postgres(c.Postgres)
 	v.outbox(c.Outbox)
 	v.kafka(c.Kafka)
-	if c.HTTP.Listen != "" {
-		if p := hostPortProblem(c.HTTP.Listen, true); p != "" {
-			v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
-		}
+	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
+		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 	}
 
 	v.oneOf("checkpoint.store", c.Checkpoint.Store, []string{"table", "file", "none"})
-	switch c.Checkpoint.Store {
-	case "table":
-		if s, t, ok := strings.Cut(c.Checkpoint.Table, "."); !ok || strings.Contains(t, ".") {
-			v.add("checkpoint.table", c.Checkpoint.Table, "not schema.table", "use schema.table, such as outbox_cdc.checkpoints")
-		} else {
-			v.identifier("checkpoint.table", s, s)
-			v.identifier("checkpoint.table", t, t)
-		}
-	case "file":
-		if c.Checkpoint.File == "" {
-			v.add("checkpoint.file", "", "required when checkpoint.store is file", "set a path such as /var/lib/outbox-cdc/checkpoint")
-		}
+	switch s, t, ok := strings.Cut(c.Checkpoint.Table, "."); {
+	case c.Checkpoint.Store == "table" && (!ok || strings.Contains(t, ".")):
+		v.add("checkpoint.table", c.Checkpoint.Table, "not schema.table", "use schema.table, such as outbox_cdc.checkpoints")
+	case c.Checkpoint.Store == "table":
+		v.identifier("checkpoint.table", s, s)
+		v.identifier("checkpoint.table", t, t)
+	case c.Checkpoint.Store == "file" && c.Checkpoint.File == "":
+		v.add("checkpoint.file", "", "required when checkpoint.store is file", "set a path such as /var/lib/outbox-cdc/checkpoint")
 	}
 
 	s := c.Snapshot
@@ -154,10 +140,7 @@ func (c *Config) Validate() error {
 
 	v.oneOf("log.level", c.Log.Level, []string{"debug", "info", "warn", "error"})
 	v.oneOf("log.format", c.Log.Format, []string{"text", "json"})
-	if len(v.errs) == 0 {
-		return nil
-	}
-	return &ValidationError{Fields: v.errs}
+	return v.errs
 }
 
 func (v *validator) postgres(pg Postgres) {
@@ -166,13 +149,13 @@ func (v *validator) postgres(pg Postgres) {
 	} else if p := dsnProblem(string(pg.DSN)); p != "" {
 		v.add("postgres.dsn", pg.DSN.String(), p, "use postgres://user@host:5432/db or host=... user=... dbname=...")
 	}
-	if pg.PrimaryDSN != "" {
-		if p := dsnProblem(string(pg.PrimaryDSN)); p != "" {
-			v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), p, "use postgres://user@host:5432/db or host=... user=... dbname=...")
-		} else if pg.PrimaryDSN == pg.DSN {
-			v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), "the same as postgres.dsn",
-				"unset it: it names the primary when postgres.dsn is a standby")
-		}
+	switch p := dsnProblem(string(pg.PrimaryDSN)); {
+	case pg.PrimaryDSN == "":
+	case p != "":
+		v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), p, "use postgres://user@host:5432/db or host=... user=... dbname=...")
+	case pg.PrimaryDSN == pg.DSN:
+		v.add("postgres.primary_dsn", pg.PrimaryDSN.String(), "the same as postgres.dsn",
+			"unset it: it names the primary when postgres.dsn is a standby")
 	}
 	if !slotRE.MatchString(pg.Slot) {
 		v.add("postgres.slot", pg.Slot, "not a valid replication slot name", "use 1 to 63 characters from a-z, 0-9 and _")
@@ -197,13 +180,12 @@ func (v *validator) postgres(pg Postgres) {
 			v.add("postgres.password_file", pg.PasswordFile, err.Error(),
 				"give a file readable by this process that holds only the password")
 		}
-		if dsnHasPassword(string(pg.DSN)) {
-			v.add("postgres.password_file", pg.PasswordFile, "set while postgres.dsn has a password too",
-				"remove the password from postgres.dsn (or "+envName("postgres.dsn")+"), or remove postgres.password_file")
-		}
-		if dsnHasPassword(string(pg.PrimaryDSN)) {
-			v.add("postgres.password_file", pg.PasswordFile, "set while postgres.primary_dsn has a password too",
-				"remove the password from postgres.primary_dsn (or "+envName("postgres.primary_dsn")+"), or remove postgres.password_file")
+		keys := [...]string{"postgres.dsn", "postgres.primary_dsn"}
+		for i, dsn := range []DSN{pg.DSN, pg.PrimaryDSN} {
+			if dsnHasPassword(string(dsn)) {
+				v.add("postgres.password_file", pg.PasswordFile, "set while "+keys[i]+" has a password too",
+					"remove the password from "+keys[i]+" (or "+envName(keys[i])+"), or remove postgres.password_file")
+			}
 		}
 	}
 	if pg.RetainedWALWarnBytes < 0 {
@@ -264,22 +246,8 @@ func (v *validator) kafka(k Kafka) {
 			v.add(fmt.Sprintf("kafka.brokers[%d]", i), b, p, "use host:port, such as kafka1:9092")
 		}
 	}
-	if p := topicTemplateProblem(k.Topic); p != "" {
-		v.add("kafka.topic", k.Topic, p, "the only placeholder is "+TopicPlaceholder)
-	}
-	for _, at := range slices.Sorted(maps.Keys(k.Topics)) {
-		key := fmt.Sprintf("kafka.topics[%q]", at)
-		if at == "" {
-			v.add(key, "", "empty aggregate type", "remove the entry")
-		}
-		if p := topicProblem(k.Topics[at]); p != "" {
-			v.add(key, k.Topics[at], p, "")
-		}
-	}
-	if p := topicProblem(k.DLQTopic); p != "" {
-		v.add("kafka.dlq_topic", k.DLQTopic, p, "")
-	} else if clash := dlqClash(k); clash != "" {
-		v.add("kafka.dlq_topic", k.DLQTopic, clash, "choose a dead-letter topic no event can be published to")
+	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: k.DLQTopic}).Check() {
+		v.add(p.Key, p.Value, p.Reason, p.Fix)
 	}
 	switch {
 	case k.ClientID == "":
@@ -290,12 +258,9 @@ func (v *validator) kafka(k Kafka) {
 	if k.MaxBufferedRecords < 1 {
 		v.add("kafka.max_buffered_records", strconv.Itoa(k.MaxBufferedRecords), "must be at least 1", "")
 	}
-	// A larger record can never be produced and goes to the DLQ; below 1 MiB
-	// (the broker's default message.max.bytes) that would hit records the
-	// broker accepts.
+	// Below 1 MiB, the broker's default message.max.bytes, records it accepts would be dead-lettered.
 	if k.MaxBufferedBytes < 1<<20 {
-		v.add("kafka.max_buffered_bytes", strconv.FormatInt(k.MaxBufferedBytes, 10),
-			fmt.Sprintf("must be at least %d (1 MiB)", 1<<20),
+		v.add("kafka.max_buffered_bytes", strconv.FormatInt(k.MaxBufferedBytes, 10), fmt.Sprintf("must be at least %d (1 MiB)", 1<<20),
 			"a record larger than this is dead-lettered, so keep it at or above the broker's message.max.bytes")
 	}
 	// franz-go's bounds: linger up to 1m, request timeouts 100ms to 15m.
@@ -320,34 +285,22 @@ func (v *validator) kafka(k Kafka) {
 	v.kafkaSASL(k.SASL)
 }
 
-// kafkaTLS checks the kafka.tls section; sink.CheckTLS reads the files as
-// the connection will.
+// kafkaTLS checks the kafka.tls section: keys that TLS off would ignore, and
+// what sink.CheckTLS finds, reading the files as the connection will.
 func (v *validator) kafkaTLS(t KafkaTLS) {
-	if !t.Enabled {
-		rv := reflect.ValueOf(t)
-		for i := 1; i < rv.NumField(); i++ { // the keys after enabled
-			if f := rv.Field(i); !f.IsZero() {
-				key := "kafka.tls." + rv.Type().Field(i).Tag.Get("koanf")
-				v.add(key, fmt.Sprint(f), "set while kafka.tls.enabled is false, so the connection would not use it",
-					"set kafka.tls.enabled: true ("+envName("kafka.tls.enabled")+"=true), or remove "+key)
-			}
+	if t.Enabled {
+		for _, p := range sink.CheckTLS(*t.Sink()) {
+			v.add(p.Key, p.Value, p.Problem, p.Fix)
 		}
 		return
 	}
-	for _, p := range sink.CheckTLS(*t.Sink()) {
-		v.add(p.Key, p.File, p.Problem, p.Fix)
-	}
-	switch {
-	case t.CertFile != "" && t.KeyFile == "":
-		v.add("kafka.tls.key_file", "", "required when kafka.tls.cert_file is set",
-			"set it to the PEM private key of the client certificate, or remove kafka.tls.cert_file")
-	case t.KeyFile != "" && t.CertFile == "":
-		v.add("kafka.tls.cert_file", "", "required when kafka.tls.key_file is set",
-			"set it to the PEM client certificate of that key, or remove kafka.tls.key_file")
-	}
-	if t.ServerName != "" && net.ParseIP(t.ServerName) == nil && strings.ContainsAny(t.ServerName, " \t/:") {
-		v.add("kafka.tls.server_name", t.ServerName, "not a host name",
-			"give the DNS name (or IP address) the brokers' certificates are issued for, without port")
+	rv := reflect.ValueOf(t)
+	for i := 1; i < rv.NumField(); i++ { // the keys after enabled
+		if f := rv.Field(i); !f.IsZero() {
+			key := "kafka.tls." + rv.Type().Field(i).Tag.Get("koanf")
+			v.add(key, fmt.Sprint(f), "set while kafka.tls.enabled is false, so the connection would not use it",
+				"set kafka.tls.enabled: true ("+envName("kafka.tls.enabled")+"=true), or remove "+key)
+		}
 	}
 }
 
@@ -390,94 +343,18 @@ func (v *validator) kafkaSASL(s KafkaSASL) {
 // hostPortProblem checks host:port. The host may be empty only for a listen
 // address; port 0 is allowed only there too.
 func hostPortProblem(s string, listen bool) string {
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
-		return "not host:port"
-	}
-	if host == "" && !listen {
-		return "missing host"
-	}
 	lo := 1
 	if listen {
 		lo = 0
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < lo || n > 65535 {
-		return "port must be a number from " + strconv.Itoa(lo) + " to 65535"
-	}
-	return ""
-}
-
-// topicProblem puts router.CheckTopic's verdict on a topic name in the words
-// of this package.
-func topicProblem(name string) string {
-	switch {
-	case router.CheckTopic(name) == "":
-		return ""
-	case name == "":
-		return "empty topic name"
-	case len(name) > 249:
-		return "topic name longer than 249 characters"
-	case name == "." || name == "..":
-		return `topic name cannot be "." or ".."`
-	}
-	return "topic name may only contain letters, digits, '.', '_' and '-'"
-}
-
-// topicTemplateProblem checks kafka.topic as router.New does: at most one
-// {aggregate_type}, no other placeholder, and a legal topic name once the
-// placeholder is replaced.
-func topicTemplateProblem(t string) string {
-	if t == "" {
-		return "must not be empty"
-	}
-	for _, ph := range placeholderRE.FindAllString(t, -1) {
-		switch {
-		case ph == "}":
-			return "unmatched }"
-		case !strings.HasSuffix(ph, "}"):
-			return "unmatched {"
-		case ph != TopicPlaceholder:
-			return "unknown placeholder " + ph
-		}
-	}
-	before, after, found := strings.Cut(t, TopicPlaceholder)
-	name := t
-	if found {
-		name = before + "x" + after // an aggregate type adds at least a character
-	}
-	switch p := topicProblem(name); {
-	case strings.Contains(after, TopicPlaceholder):
-		return TopicPlaceholder + " may appear once"
-	case p == "":
-		return ""
-	case found && len(name) > 249:
-		return "too long: a topic name has at most 249 characters"
-	case strings.HasPrefix(p, "topic name may only"):
-		return "a " + p
-	default:
-		return p
-	}
-}
-
-// dlqClash reports whether an event could be published to the dead-letter
-// topic: it is a kafka.topics value or a name the template can produce.
-func dlqClash(k Kafka) string {
-	for _, at := range slices.Sorted(maps.Keys(k.Topics)) {
-		if k.Topics[at] == k.DLQTopic {
-			return fmt.Sprintf("same as kafka.topics[%q]", at)
-		}
-	}
-	// A bare {aggregate_type} can produce any name; rejecting every DLQ
-	// topic for it would forbid a common setup, so only a template with
-	// literal text (a namespace for event topics) is checked.
-	before, after, found := strings.Cut(k.Topic, TopicPlaceholder)
-	d := k.DLQTopic
-	switch {
-	case topicTemplateProblem(k.Topic) != "" || k.Topic == TopicPlaceholder:
-	case !found && d == k.Topic:
-		return "same as kafka.topic"
-	case found && len(d) > len(before)+len(after) && strings.HasPrefix(d, before) && strings.HasSuffix(d, after):
-		return fmt.Sprintf("kafka.topic publishes events of aggregate_type %q to it", d[len(before):len(d)-len(after)])
+	host, port, err := net.SplitHostPort(s)
+	switch n, perr := strconv.Atoi(port); {
+	case err != nil:
+		return "not host:port"
+	case host == "" && !listen:
+		return "missing host"
+	case perr != nil || n < lo || n > 65535:
+		return fmt.Sprintf("port must be a number from %d to 65535", lo)
 	}
 	return ""
 }

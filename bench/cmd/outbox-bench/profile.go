@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
+	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 // ProfileResult is an in-process drain under runtime/pprof.
@@ -41,7 +42,7 @@ func (e *env) profileDrain(ctx context.Context, opts options, slot, aggType stri
 	cfg.Postgres.Publication = publication
 	cfg.Outbox.Table = outboxTable
 	cfg.Kafka.Brokers = e.brokers
-	cfg.Kafka.Topic = "prof." + config.TopicPlaceholder
+	cfg.Kafka.Topic = "prof." + router.Placeholder
 	cfg.Kafka.DLQTopic = dlqTopic
 	cfg.HTTP.Listen = ""
 	pc, err := cli.PipelineConfig(&cfg)
