@@ -397,9 +397,14 @@ func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) (id string, dup
 	if err != nil {
 		return id, false, fmt.Errorf("handler: %w", err)
 	}
-	// If Commit fails after the server committed, the retry finds the inbox
-	// row and counts a duplicate: nothing runs twice.
-	if err := tx.Commit(ctx); err != nil {
+	// The handler succeeded: its transaction is committed even when a stop
+	// began meanwhile, so the work is kept and its offset committed instead
+	// of being redelivered after the rebalance. If Commit fails after the
+	// server committed, the retry finds the inbox row and counts a
+	// duplicate: nothing runs twice.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
 		return id, false, fmt.Errorf("commit: %w", err)
 	}
 	return id, false, nil
