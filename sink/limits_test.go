@@ -716,30 +716,20 @@ func TestDataLossIsLogged(t *testing.T) {
 	if o := first.wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("first record: %+v, want a plain delivery", o)
 	}
-	var answered atomic.Int32
-	c.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		answered.Add(1) // one request only: the control is not kept
-		req := kr.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.OutOfOrderSequenceNumber.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
+	var lost atomic.Bool
+	refused, _ := refuse(c, topicNames(ctx, t, s, topic), nil, func(string, []byte) int16 {
+		if lost.CompareAndSwap(false, true) {
+			return kerr.OutOfOrderSequenceNumber.Code // once
 		}
-		return resp, nil, true
+		return 0
 	})
 	second := newOutcomes()
 	produce(ctx, t, s, baseRecord(topic, []byte("0001")), second)
 	if o := second.wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("record after the loss: %+v, want a plain delivery", o)
 	}
-	if answered.Load() != 1 {
-		t.Fatalf("the broker answered %d produce requests with the loss, want 1", answered.Load())
+	if refused.Load() != 1 {
+		t.Fatalf("the broker answered %d produce requests with the loss, want 1", refused.Load())
 	}
 	checkSequence(t, consume(ctx, t, c, topic, 2), 2, -1)
 	// franz-go calls the hook on a goroutine of its own.
