@@ -47,25 +47,22 @@ func NewStamped(s Store, id Identity, onHeld func(Checkpoint)) *Stamped {
 	return &Stamped{Store: s, id: id, onHeld: onHeld}
 }
 
-func (s *Stamped) stamp(c *Checkpoint) {
+func (s *Stamped) Save(ctx context.Context, c Checkpoint) error {
+	return s.write(ctx, c, s.Store.Save)
+}
+
+func (s *Stamped) Replace(ctx context.Context, c Checkpoint) error {
+	return s.write(ctx, c, s.Store.Replace)
+}
+
+// write stamps c with the identity, on the timeline streamed now, and
+// stores it with store.
+func (s *Stamped) write(ctx context.Context, c Checkpoint, store func(context.Context, Checkpoint) error) error {
 	c.Identity = s.id
 	if tli := s.Timeline.Load(); tli != 0 {
 		c.Timeline = tli
 	}
-}
-
-func (s *Stamped) Save(ctx context.Context, c Checkpoint) error {
-	s.stamp(&c)
-	err := s.Store.Save(ctx, c)
-	if err == nil {
-		s.Holds(c)
-	}
-	return err
-}
-
-func (s *Stamped) Replace(ctx context.Context, c Checkpoint) error {
-	s.stamp(&c)
-	err := s.Store.Replace(ctx, c)
+	err := store(ctx, c)
 	if err == nil {
 		s.Holds(c)
 	}

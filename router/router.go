@@ -126,34 +126,35 @@ func templateProblem(t string) string {
 	if found {
 		name = before + "x" + after // an aggregate type adds at least a character
 	}
-	switch p := topicProblem(name); {
+	f, _ := topicFaultOf(name)
+	switch {
 	case strings.Contains(after, Placeholder):
 		return Placeholder + " may appear once"
-	case p == "":
+	case f == topicOK:
 		return ""
-	case found && len(name) > 249:
+	case found && f == topicTooLong:
 		return "too long: a topic name has at most 249 characters"
-	case strings.HasPrefix(p, "topic name may only"):
-		return "a " + p
+	case f == topicBadChar:
+		return "a " + configWording[f]
 	default:
-		return p
+		return configWording[f]
 	}
 }
 
-// topicProblem puts CheckTopic's verdict on a configured topic name in the
-// words of the configuration.
+// configWording words a topic fault for the configuration; runtime
+// dead-letter reasons use CheckTopic's.
+var configWording = map[topicFault]string{
+	topicEmpty:   "empty topic name",
+	topicDots:    `topic name cannot be "." or ".."`,
+	topicTooLong: "topic name longer than 249 characters",
+	topicBadChar: "topic name may only contain letters, digits, '.', '_' and '-'",
+}
+
+// topicProblem says, in the configuration's words, why a configured topic
+// name is illegal, or "".
 func topicProblem(name string) string {
-	switch {
-	case CheckTopic(name) == "":
-		return ""
-	case name == "":
-		return "empty topic name"
-	case len(name) > 249:
-		return "topic name longer than 249 characters"
-	case name == "." || name == "..":
-		return `topic name cannot be "." or ".."`
-	}
-	return "topic name may only contain letters, digits, '.', '_' and '-'"
+	f, _ := topicFaultOf(name)
+	return configWording[f]
 }
 
 // dlqClash says how an event could be published to the dead-letter topic:
@@ -280,23 +281,49 @@ func (r *Router) resolve(aggType string) route {
 	return route{topic: t}
 }
 
-// CheckTopic returns why name is not a legal Kafka topic name, or "".
-// Kafka's rule (org.apache.kafka.common.internals.Topic.validate): 1 to 249
-// characters of [a-zA-Z0-9._-], and not "." or "..".
-func CheckTopic(name string) string {
+// topicFault is what makes a name an illegal Kafka topic name.
+type topicFault int
+
+const (
+	topicOK topicFault = iota
+	topicEmpty
+	topicDots
+	topicTooLong
+	topicBadChar
+)
+
+// topicFaultOf applies Kafka's rule (org.apache.kafka.common.internals.
+// Topic.validate): 1 to 249 characters of [a-zA-Z0-9._-], and not "." or
+// "..". For topicBadChar it also returns the first character refused.
+func topicFaultOf(name string) (topicFault, byte) {
 	switch {
 	case name == "":
-		return "empty"
+		return topicEmpty, 0
 	case name == "." || name == "..":
-		return `"." and ".." are not allowed`
+		return topicDots, 0
 	case len(name) > 249:
-		return fmt.Sprintf("%d characters, the limit is 249", len(name))
+		return topicTooLong, 0
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Sprintf("character %q is not allowed (only a-z A-Z 0-9 . _ -)", c)
+			return topicBadChar, c
 		}
+	}
+	return topicOK, 0
+}
+
+// CheckTopic returns why name is not a legal Kafka topic name, or "".
+func CheckTopic(name string) string {
+	switch f, c := topicFaultOf(name); f {
+	case topicEmpty:
+		return "empty"
+	case topicDots:
+		return `"." and ".." are not allowed`
+	case topicTooLong:
+		return fmt.Sprintf("%d characters, the limit is 249", len(name))
+	case topicBadChar:
+		return fmt.Sprintf("character %q is not allowed (only a-z A-Z 0-9 . _ -)", c)
 	}
 	return ""
 }
