@@ -275,9 +275,11 @@ func EnsurePublication(ctx context.Context, src Source) error {
 // (a standby is read-only; the catalog row reaches it by replay) and waits
 // until the standby has replayed it.
 func publishOnPrimary(ctx context.Context, conn *pgx.Conn, src Source) error {
-	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-		pgx.Identifier{src.Publication}.Sanitize(), src.qualified())
 	if src.Primary == nil {
+		create, _, err := createPublication(ctx, conn, src)
+		if err != nil {
+			return err
+		}
 		return &PrerequisiteError{
 			Problem: fmt.Sprintf("publication %s does not exist, and the server is a standby where it cannot be created", src.Publication),
 			Fix:     "run on the primary: " + create + "; or set postgres.primary_dsn so the connector creates it there",
@@ -314,28 +316,37 @@ func publishOnPrimary(ctx context.Context, conn *pgx.Conn, src Source) error {
 	}
 }
 
-func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
+// createPublication returns the statement that creates the publication for
+// the outbox, and whether the outbox is partitioned.
+func createPublication(ctx context.Context, conn *pgx.Conn, src Source) (sql string, partitioned bool, err error) {
 	var relkind string
 	if err := conn.QueryRow(ctx, "SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), '')",
 		src.qualified()).Scan(&relkind); err != nil {
-		return fmt.Errorf("read table kind: %w", err)
+		return "", false, fmt.Errorf("read table kind: %w", err)
 	}
 	// A partitioned outbox is published under its root's name only with
 	// publish_via_partition_root (PG docs, CREATE PUBLICATION); otherwise
 	// each row arrives as an insert into its partition, which is not the
 	// configured table. With it, partitions attached later are covered too.
-	partitioned := relkind == "p"
+	// publish = 'insert': UPDATEs and DELETEs of outbox rows (cleanup jobs)
+	// are never even decoded into the stream.
+	partitioned = relkind == "p"
+	with := "publish = 'insert'"
+	if partitioned {
+		with += ", publish_via_partition_root = true"
+	}
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)",
+		pgx.Identifier{src.Publication}.Sanitize(), src.qualified(), with), partitioned, nil
+}
+
+func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
+	sql, partitioned, err := createPublication(ctx, conn, src)
+	if err != nil {
+		return err
+	}
 	var pubInsert, viaRoot bool
-	err := conn.QueryRow(ctx, "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1", src.Publication).Scan(&pubInsert, &viaRoot)
+	err = conn.QueryRow(ctx, "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1", src.Publication).Scan(&pubInsert, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
-		// publish = 'insert': UPDATEs and DELETEs of outbox rows (cleanup jobs)
-		// are never even decoded into the stream.
-		with := "publish = 'insert'"
-		if partitioned {
-			with += ", publish_via_partition_root = true"
-		}
-		sql := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)",
-			pgx.Identifier{src.Publication}.Sanitize(), src.qualified(), with)
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "42501" {

@@ -225,12 +225,13 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	if err != nil {
 		return pipeline.Config{}, err
 	}
+	src := replication.Source{
+		DB: db, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
+		Schema: schema, Table: table, Columns: cols, Failover: cfg.Postgres.FailoverSlot,
+		Primary: primary, CheckpointTable: cfg.Checkpoint.Store == "table",
+	}
 	return pipeline.Config{
-		Source: replication.Source{
-			DB: db, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
-			Schema: schema, Table: table, Columns: cols, Failover: cfg.Postgres.FailoverSlot,
-			Primary: primary, CheckpointTable: cfg.Checkpoint.Store == "table",
-		},
+		Source:  src,
 		Mapping: mapping,
 		Routes:  router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic},
 		Sink: sink.Config{
@@ -244,7 +245,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		DrainTimeout:    cfg.Kafka.DrainTimeout,
 		StatusInterval:  cfg.Postgres.StatusInterval,
 		BackoffMax:      cfg.Postgres.ReconnectBackoffMax,
-		Checkpoints:     checkpointStore(cfg, writer(db, primary)),
+		Checkpoints:     checkpointStore(cfg, src.Writer()), // the primary of a standby
 		RetainFor:       retainFor,
 		RetainBytes:     retainBytes,
 		Heartbeat:       cfg.Postgres.HeartbeatInterval,
@@ -300,15 +301,6 @@ func primaryDB(p config.Postgres) (*replication.DB, error) {
 		return nil, fmt.Errorf("postgres.primary_dsn: %w", err)
 	}
 	return d, nil
-}
-
-// writer is where the checkpoint table is written: the primary of a
-// standby when postgres.primary_dsn is set.
-func writer(db, primary *replication.DB) *replication.DB {
-	if primary != nil {
-		return primary
-	}
-	return db
 }
 
 // checkpointStore builds the configured store; nil for none.
