@@ -1,13 +1,6 @@
 package helm
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,10 +10,12 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // required are the values an install must give (the chart refuses to
@@ -137,6 +132,20 @@ func checkDeployment(t *testing.T, m *manifests) {
 	ports := map[string]int32{}
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
+	}
+	// Names the API server validates and the typed decoding does not.
+	var invalid []string
+	for _, n := range append([]string{c.Name}, volumeNames(pod.Spec.Volumes)...) {
+		invalid = append(invalid, validation.IsDNS1123Label(n)...)
+	}
+	for n := range ports {
+		invalid = append(invalid, validation.IsValidPortName(n)...)
+	}
+	for _, e := range c.Env {
+		invalid = append(invalid, validation.IsEnvVarName(e.Name)...)
+	}
+	if len(invalid) > 0 {
+		t.Errorf("invalid names in the Deployment: %v", invalid)
 	}
 	for what, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
 		if p == nil || p.HTTPGet == nil {
@@ -276,6 +285,14 @@ func checkConnectorConfig(t *testing.T, m *manifests) {
 	}
 }
 
+func volumeNames(vs []corev1.Volume) []string {
+	var names []string
+	for _, v := range vs {
+		names = append(names, v.Name)
+	}
+	return names
+}
+
 func argAfter(args []string, flag string) string {
 	if i := slices.Index(args, flag); i >= 0 && i+1 < len(args) {
 		return args[i+1]
@@ -284,11 +301,18 @@ func argAfter(args []string, flag string) string {
 }
 
 // mountSecrets writes the keys of every Secret volume c mounts under root
-// (certificates and keys as PEM, the rest as a password; "ca.crt" for a
+// (the test CA, a client certificate and its key as PEM, the rest as a password; "ca.crt" for a
 // Secret mounted whole) and returns text with the mount paths moved there.
 func mountSecrets(t *testing.T, root string, pod corev1.PodSpec, c corev1.Container, text string) string {
 	t.Helper()
-	cert, key := selfSigned(t)
+	ca, err := testenv.NewTestCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := ca.ClientCert("outbox-cdc")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, vm := range c.VolumeMounts {
 		for _, v := range pod.Volumes {
 			if v.Name != vm.Name || v.Secret == nil {
@@ -310,10 +334,12 @@ func mountSecrets(t *testing.T, root string, pod corev1.PodSpec, c corev1.Contai
 			}
 			for _, k := range keys {
 				content := []byte("secret\n")
-				switch filepath.Ext(k) {
-				case ".crt", ".pem":
+				switch {
+				case k == "ca.crt":
+					content = ca.CertPEM
+				case filepath.Ext(k) == ".crt":
 					content = cert
-				case ".key":
+				case filepath.Ext(k) == ".key":
 					content = key
 				}
 				if err := os.WriteFile(filepath.Join(dir, k), content, 0o600); err != nil {
@@ -324,24 +350,4 @@ func mountSecrets(t *testing.T, root string, pod corev1.PodSpec, c corev1.Contai
 		}
 	}
 	return text
-}
-
-// selfSigned returns a PEM certificate and its key.
-func selfSigned(t *testing.T) (cert, key []byte) {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "outbox-cdc"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -53,6 +55,15 @@ func render(values map[string]any) (*manifests, error) {
 		return nil, fmt.Errorf("load chart: %w", err)
 	}
 	caps := chartutil.DefaultCapabilities.Copy()
+	kv, err := apiKubeVersion()
+	if err != nil {
+		return nil, err
+	}
+	caps.KubeVersion = kv
+	// helm install checks this; the engine alone does not.
+	if !chartutil.IsCompatibleRange(chrt.Metadata.KubeVersion, caps.KubeVersion.String()) {
+		return nil, fmt.Errorf("Chart.yaml kubeVersion %s excludes Kubernetes %s", chrt.Metadata.KubeVersion, caps.KubeVersion)
+	}
 	vals, err := chartutil.ToRenderValues(chrt, values,
 		chartutil.ReleaseOptions{Name: releaseName, Namespace: namespace, IsInstall: true, Revision: 1}, caps)
 	if err != nil {
@@ -108,39 +119,28 @@ func (m *manifests) decode(doc []byte) error {
 	if err := yaml.Unmarshal(doc, &tm); err != nil {
 		return err
 	}
-	var obj any
-	want := ""
-	switch tm.Kind {
-	case "Deployment":
-		m.deployment, want = &appsv1.Deployment{}, "apps/v1"
-		obj = m.deployment
-	case "ConfigMap":
-		m.configMap, want = &corev1.ConfigMap{}, "v1"
-		obj = m.configMap
-	case "Service":
-		m.service, want = &corev1.Service{}, "v1"
-		obj = m.service
-	case "ServiceAccount":
-		m.serviceAccount, want = &corev1.ServiceAccount{}, "v1"
-		obj = m.serviceAccount
-	case "PodDisruptionBudget":
-		m.pdb, want = &policyv1.PodDisruptionBudget{}, "policy/v1"
-		obj = m.pdb
-	case "ServiceMonitor":
-		m.serviceMonitor, want = &monv1.ServiceMonitor{}, "monitoring.coreos.com/v1"
-		obj = m.serviceMonitor
-	case "PodMonitor":
-		m.podMonitor, want = &monv1.PodMonitor{}, "monitoring.coreos.com/v1"
-		obj = m.podMonitor
-	case "PrometheusRule":
-		m.prometheusRule, want = &monv1.PrometheusRule{}, "monitoring.coreos.com/v1"
-		obj = m.prometheusRule
-	default:
+	kinds := map[string]struct {
+		apiVersion string
+		alloc      func() any // sets m's field to a new object and returns it
+	}{
+		"Deployment":          {"apps/v1", func() any { return alloc(&m.deployment) }},
+		"ConfigMap":           {"v1", func() any { return alloc(&m.configMap) }},
+		"Service":             {"v1", func() any { return alloc(&m.service) }},
+		"ServiceAccount":      {"v1", func() any { return alloc(&m.serviceAccount) }},
+		"PodDisruptionBudget": {"policy/v1", func() any { return alloc(&m.pdb) }},
+		"ServiceMonitor":      {"monitoring.coreos.com/v1", func() any { return alloc(&m.serviceMonitor) }},
+		"PodMonitor":          {"monitoring.coreos.com/v1", func() any { return alloc(&m.podMonitor) }},
+		"PrometheusRule":      {"monitoring.coreos.com/v1", func() any { return alloc(&m.prometheusRule) }},
+	}
+	k, ok := kinds[tm.Kind]
+	if !ok {
 		return fmt.Errorf("kind %q: the test does not know it; add its API type", tm.Kind)
 	}
+	want := k.apiVersion
 	if tm.APIVersion != want {
 		return fmt.Errorf("%s: apiVersion %q, want %q", tm.Kind, tm.APIVersion, want)
 	}
+	obj := k.alloc()
 	// UnmarshalStrict refuses unknown and duplicate fields.
 	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
 		return fmt.Errorf("%s: %w", tm.Kind, err)
@@ -152,6 +152,26 @@ func (m *manifests) decode(doc []byte) error {
 	}
 	m.seen[header] = true
 	return checkMeta(tm.Kind, meta)
+}
+
+// apiKubeVersion is the Kubernetes release of the k8s.io/api types the
+// manifests are decoded into (k8s.io/api v0.X.Y is Kubernetes 1.X.Y, read
+// from go.mod): the chart is rendered for the version it is checked against.
+func apiKubeVersion() (chartutil.KubeVersion, error) {
+	b, err := os.ReadFile("go.mod")
+	if err != nil {
+		return chartutil.KubeVersion{}, err
+	}
+	m := regexp.MustCompile(`(?m)^\s*k8s\.io/api v0\.(\d+)\.(\d+)`).FindStringSubmatch(string(b))
+	if m == nil {
+		return chartutil.KubeVersion{}, errors.New("go.mod does not require k8s.io/api v0.X.Y")
+	}
+	return chartutil.KubeVersion{Version: "v1." + m[1] + "." + m[2], Major: "1", Minor: m[1]}, nil
+}
+
+func alloc[T any](field **T) any {
+	*field = new(T)
+	return *field
 }
 
 // checkMeta checks what the API server would refuse in any object's
