@@ -18,7 +18,7 @@ func TestChartRefuses(t *testing.T) {
 	}{
 		{"no DSN", with("config.postgres.dsn", ""), "config.postgres.dsn is required"},
 		{"no brokers", with("config.kafka.brokers", []any{}), "config.kafka.brokers is required"},
-		{"file store shared", with("config.checkpoint.store", "file"), "config.checkpoint.store file"},
+		{"file store", with("replicaCount", 1, "config.checkpoint.store", "file", "config.checkpoint.file", "/tmp/c"), "config.checkpoint.store file"},
 		{"http.listen elsewhere", with("config.http.listen", "127.0.0.1:9187"), "config.http.listen is set by the chart"},
 		{"two monitors", with("metrics.serviceMonitor.enabled", true, "metrics.podMonitor.enabled", true), "enable one"},
 		{"anti-affinity typo", with("podAntiAffinity", "strict"), "podAntiAffinity: want soft, hard"},

@@ -57,8 +57,8 @@ Refuses what cannot work in this deployment.
 {{- if and (dig "http" "listen" "" $cfg) (ne (dig "http" "listen" "" $cfg) (printf "0.0.0.0:%v" .Values.service.port)) }}
 {{- fail "config.http.listen is set by the chart (0.0.0.0:<service.port>, where the probes and Prometheus connect): remove it and set service.port" }}
 {{- end }}
-{{- if and (eq (dig "checkpoint" "store" "table" $cfg) "file") (gt (int .Values.replicaCount) 1) }}
-{{- fail "config.checkpoint.store file cannot be shared by several replicas: use table (the default), or set replicaCount 1" }}
+{{- if eq (dig "checkpoint" "store" "table" $cfg) "file" }}
+{{- fail "config.checkpoint.store file: the replicas cannot share a file, the root filesystem is read-only and a pod's files go with it; use table (the default, in the database)" }}
 {{- end }}
 {{- $_ := set $cfg "http" (merge (dict "listen" (printf "0.0.0.0:%v" .Values.service.port)) (dig "http" dict $cfg)) }}
 {{- if $s.postgresPassword.existingSecret }}
