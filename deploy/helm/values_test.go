@@ -20,6 +20,7 @@ func TestChartRefuses(t *testing.T) {
 		{"no brokers", with("config.kafka.brokers", []any{}), "config.kafka.brokers is required"},
 		{"file store", with("replicaCount", 1, "config.checkpoint.store", "file", "config.checkpoint.file", "/tmp/c"), "config.checkpoint.store file"},
 		{"http.listen elsewhere", with("config.http.listen", "127.0.0.1:9187"), "config.http.listen is set by the chart"},
+		{"http.listen from env", with("env", []any{map[string]any{"name": "OUTBOX_CDC_HTTP_LISTEN", "value": ":1"}}), "env OUTBOX_CDC_HTTP_LISTEN"},
 		{"two monitors", with("metrics.serviceMonitor.enabled", true, "metrics.podMonitor.enabled", true), "enable one"},
 		{"anti-affinity typo", with("podAntiAffinity", "strict"), "podAntiAffinity: want soft, hard"},
 	} {

@@ -57,6 +57,11 @@ Refuses what cannot work in this deployment.
 {{- if and (dig "http" "listen" "" $cfg) (ne (dig "http" "listen" "" $cfg) (printf "0.0.0.0:%v" .Values.service.port)) }}
 {{- fail "config.http.listen is set by the chart (0.0.0.0:<service.port>, where the probes and Prometheus connect): remove it and set service.port" }}
 {{- end }}
+{{- range .Values.env }}
+{{- if eq .name "OUTBOX_CDC_HTTP_LISTEN" }}
+{{- fail "env OUTBOX_CDC_HTTP_LISTEN: the chart sets http.listen (0.0.0.0:<service.port>, where the probes and Prometheus connect): remove it and set service.port" }}
+{{- end }}
+{{- end }}
 {{- if eq (dig "checkpoint" "store" "table" $cfg) "file" }}
 {{- fail "config.checkpoint.store file: the replicas cannot share a file, the root filesystem is read-only and a pod's files go with it; use table (the default, in the database)" }}
 {{- end }}
