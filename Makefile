@@ -9,9 +9,10 @@ CONFIG ?= outbox-cdc.yaml
 # Every module in the repository: the connector (.), the application libraries
 # (outbox, inbox: modules of their own so that services importing them do not
 # pull in the connector's dependencies) and the benchmark (bench: keeps the
-# plotting libraries out of the connector's go.mod). `go ... ./...` stops at a
+# plotting libraries out of the connector's go.mod); the Helm chart's test
+# (deploy/helm: keeps Helm and the Kubernetes API types out of it). `go ... ./...` stops at a
 # nested go.mod, so each target that means "all the code" loops over these.
-MODULES := . outbox inbox bench
+MODULES := . outbox inbox bench deploy/helm
 # Packages whose tests start PostgreSQL or Kafka (internal/testenv's lifecycle
 # tests do too); make unit and make integration run them, make check does not.
 SERVER_PKGS := /internal/testenv$$|/test/integration$$|/test/chaos$$

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -385,60 +384,6 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
-// exported returns the names a Prometheus query can use for the metrics
-// gathered from reg: each family, plus _bucket, _sum and _count for
-// histograms (and _sum, _count for summaries).
-func exported(t *testing.T, reg prometheus.Gatherer) map[string]bool {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := map[string]bool{}
-	for _, mf := range mfs {
-		n := mf.GetName()
-		names[n] = true
-		switch mf.GetType().String() {
-		case "HISTOGRAM", "GAUGE_HISTOGRAM":
-			names[n+"_bucket"], names[n+"_sum"], names[n+"_count"] = true, true, true
-		case "SUMMARY":
-			names[n+"_sum"], names[n+"_count"] = true, true
-		}
-	}
-	return names
-}
-
-var descName = regexp.MustCompile(`fqName: "([^"]+)"`)
-
-// described returns the metric names of every collector field of the struct
-// *v points to (with the _bucket, _sum and _count series of histogram
-// vectors).
-func described(v any) map[string]bool {
-	names := map[string]bool{}
-	rv := reflect.ValueOf(v).Elem()
-	for i := range rv.NumField() {
-		f := rv.Field(i)
-		if !f.CanInterface() || (f.Kind() == reflect.Pointer || f.Kind() == reflect.Interface) && f.IsNil() {
-			continue
-		}
-		c, ok := f.Interface().(prometheus.Collector)
-		if !ok {
-			continue
-		}
-		ch := make(chan *prometheus.Desc)
-		go func() { c.Describe(ch); close(ch) }()
-		for d := range ch {
-			if m := descName.FindStringSubmatch(d.String()); m != nil {
-				names[m[1]] = true
-				if _, ok := c.(*prometheus.HistogramVec); ok {
-					names[m[1]+"_bucket"], names[m[1]+"_sum"], names[m[1]+"_count"] = true, true, true
-				}
-			}
-		}
-	}
-	return names
-}
-
 // dashboardMetrics returns every metric name used by a Grafana dashboard's
 // PromQL expressions, and the expressions.
 func dashboardMetrics(t *testing.T, path string) (map[string]bool, []string) {
@@ -528,12 +473,9 @@ func TestPromQLExtraction(t *testing.T) {
 // dashboard queries is exported by the binary.
 func TestConnectorDashboardMetrics(t *testing.T) {
 	used, exprs := dashboardMetrics(t, "deploy/grafana/dashboards/outbox-cdc.json")
-	m := metrics.New()
-	have := exported(t, m.Registry)
-	// Vectors appear in Gather only once a label value is set; take their
-	// names from the collectors themselves.
-	for n := range described(m) {
-		have[n] = true
+	have, err := metrics.New().SeriesNames()
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, want := range []string{"outbox_cdc_events_published_total", "outbox_cdc_commit_to_ack_seconds_bucket",
 		"outbox_cdc_replication_lag_bytes", "outbox_cdc_slot_retained_wal_bytes", "outbox_cdc_events_dead_lettered_total"} {
@@ -572,7 +514,10 @@ func TestInboxDashboardMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	have := exported(t, reg)
+	have, err := metrics.SeriesNames(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(used) == 0 {
 		t.Fatal("the inbox dashboard uses no metric")
 	}
