@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Record formats (kafka.format). The CloudEvents ones follow CloudEvents 1.0.2
@@ -24,14 +25,9 @@ const (
 // Formats lists the values of kafka.format.
 func Formats() []string { return []string{FormatPlain, FormatCEBinary, FormatCEStructured} }
 
-// Header names and values of the CloudEvents Kafka protocol binding.
-const (
-	HeaderContentType  = "content-type" // binary: datacontenttype; structured: the event format
-	ceHeaderPrefix     = "ce_"
-	ceSpecVersion      = "1.0"
-	StructuredJSONType = "application/cloudevents+json; charset=UTF-8"
-	ceMediaPrefix      = "application/cloudevents" // what makes a receiver read structured mode
-)
+// ceSpecVersion is the CloudEvents version the records follow; the header
+// names are wire's.
+const ceSpecVersion = "1.0"
 
 // The placeholders kafka.cloudevents.source may use, resolved once at start.
 const (
@@ -83,7 +79,7 @@ func CheckCloudEvents(format string, ce CloudEvents) []Problem {
 	case err != nil || !strings.Contains(mt, "/"):
 		out = append(out, Problem{"kafka.cloudevents.content_type", ce.ContentType, "not a media type (type/subtype)",
 			`use a media type such as application/json, or "" to derive it from the payload column's type`})
-	case strings.HasPrefix(mt, ceMediaPrefix):
+	case strings.HasPrefix(mt, wire.CEMediaPrefix):
 		out = append(out, Problem{"kafka.cloudevents.content_type", ce.ContentType, "a CloudEvents event format, which receivers would read as structured mode",
 			"give the media type of the payload itself"})
 	}
@@ -176,11 +172,11 @@ func (s *shaper) shape(ev *decode.Event, commit time.Time, rec *Record) string {
 	if !s.structured || ev.Payload.Null {
 		for _, a := range attrs {
 			if len(a.Value) > 0 {
-				rec.Headers = append(rec.Headers, Header{ceHeaderPrefix + a.Key, a.Value})
+				rec.Headers = append(rec.Headers, Header{wire.CEHeaderPrefix + a.Key, a.Value})
 			}
 		}
 		if !ev.Payload.Null {
-			rec.Headers = append(rec.Headers, Header{HeaderContentType, []byte(ct)})
+			rec.Headers = append(rec.Headers, Header{wire.HeaderContentType, []byte(ct)})
 		}
 		return ""
 	}
@@ -189,7 +185,7 @@ func (s *shaper) shape(ev *decode.Event, commit time.Time, rec *Record) string {
 		return reason
 	}
 	rec.Value = v
-	rec.Headers = append(rec.Headers, Header{HeaderContentType, []byte(StructuredJSONType)})
+	rec.Headers = append(rec.Headers, Header{wire.HeaderContentType, []byte(wire.CEStructuredJSON)})
 	return ""
 }
 
@@ -204,7 +200,7 @@ func structuredValue(attrs []Header, ct string, ev *decode.Event) ([]byte, strin
 	switch {
 	case ev.PayloadFormat == decode.PayloadBinary || !utf8.Valid(p):
 		name, data = "data_base64", jsonString(base64.StdEncoding.EncodeToString(p))
-	case jsonContentType(ct):
+	case wire.JSONContentType(ct):
 		// json and jsonb values are JSON already; text under a configured
 		// JSON type may not be.
 		if ev.PayloadFormat != decode.PayloadJSON && !json.Valid(p) {
@@ -230,15 +226,4 @@ func structuredValue(attrs []Header, ct string, ev *decode.Event) ([]byte, strin
 func jsonString(s string) []byte {
 	b, _ := json.Marshal(s) // a string always marshals
 	return b
-}
-
-// jsonContentType reports whether a media type declares JSON content:
-// */json or */*+json, parameters aside (json-format.md 3.1).
-func jsonContentType(ct string) bool {
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		return false
-	}
-	_, sub, _ := strings.Cut(mt, "/")
-	return sub == "json" || strings.HasSuffix(sub, "+json")
 }
