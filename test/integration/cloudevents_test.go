@@ -69,17 +69,7 @@ http: {listen: %s}
 		($1, 'o-1', 'OrderShipped', '"just a string"', now() + interval '2 ms'),
 		($1, 'o-1', 'OrderDeleted', NULL, now() + interval '3 ms'),
 		($1, 'o-1', '', '{}', now() + interval '4 ms')`, aggType)
-	rows, err := conn.Query(ctx, `SELECT id::text, event_type, aggregate_id, payload::text FROM outbox ORDER BY created_at`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ceRow, error) {
-		var c ceRow
-		return c, r.Scan(&c.id, &c.eventType, &c.aggregateID, &c.payload)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := ceRows(ctx, t, conn, `SELECT id::text, event_type, aggregate_id, payload::text FROM outbox ORDER BY created_at`)
 
 	recs := consumeN(t, []string{topicFor(aggType)}, 4, time.Minute, time.Second)
 	if len(recs) != 4 {
@@ -111,18 +101,7 @@ http: {listen: %s}
 		return err
 	})
 	handled := func() []ceRow {
-		rows, err := conn.Query(ctx, `SELECT event_id, event_type, aggregate_id, payload FROM ce_handled ORDER BY event_id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ceRow, error) {
-			var c ceRow
-			return c, r.Scan(&c.id, &c.eventType, &c.aggregateID, &c.payload)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
+		return ceRows(ctx, t, conn, `SELECT event_id, event_type, aggregate_id, payload FROM ce_handled ORDER BY event_id`)
 	}
 	ibWait(t, ctx, "4 events handled", func() bool { return len(handled()) >= 4 })
 
@@ -213,6 +192,23 @@ func checkCloudEvent(t *testing.T, format, source string, rec *kgo.Record, row c
 	if err != nil || !strings.HasSuffix(attrs["time"], "Z") || !at.Truncate(time.Millisecond).Equal(rec.Timestamp) {
 		t.Errorf("record %d: time %q (%v), record timestamp %v", rec.Offset, attrs["time"], err, rec.Timestamp)
 	}
+}
+
+// ceRows reads (id, event type, aggregate id, payload) rows.
+func ceRows(ctx context.Context, t *testing.T, conn *pgx.Conn, query string) []ceRow {
+	t.Helper()
+	rows, err := conn.Query(ctx, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ceRow, error) {
+		var c ceRow
+		return c, r.Scan(&c.id, &c.eventType, &c.aggregateID, &c.payload)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 func hdr(r *kgo.Record, key string) string {
