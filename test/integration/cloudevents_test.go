@@ -255,3 +255,43 @@ func hdr(r *kgo.Record, key string) string {
 	v, _ := header(r, key)
 	return v
 }
+
+// TestCloudEventsStructuredSizeLimit: the size limit applies to the record as
+// written. A payload that fits its topic's max.message.bytes as a plain record
+// does not once wrapped in the structured envelope, and is dead-lettered for
+// its size; a small event of the same aggregate still arrives.
+func TestCloudEventsStructuredSizeLimit(t *testing.T) {
+	// A plain record of the big payload is at most 61 bytes of batch
+	// header, about 30 of framing, key and the three plain headers (under
+	// 100) over its 3,700: under the limit. The envelope adds about 300.
+	const maxBytes, big = 4000, 3700
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "text")
+	topic := limitedTopic(t, 1, maxBytes)
+	cfg := testConfig(t, dsn, "public.outbox", "ce_size")
+	cfg.Kafka.Topics = map[string]string{"limited": topic}
+	cfg.Kafka.Format = "cloudevents-structured"
+	startConnector(t, cfg)
+	conn := pgConnect(t, dsn)
+
+	var bigID, smallID string
+	committed(t, conn, func(tx pgx.Tx) {
+		bigID = insert(t, tx, "outbox", "limited", "agg-1", "Sized", strings.Repeat("x", big))
+		smallID = insert(t, tx, "outbox", "limited", "agg-1", "Sized", "small")
+	})
+	recs := consumeN(t, []string{topic}, 1, time.Minute, 2*time.Second)
+	if len(recs) != 1 || hdr(recs[0], "id") != smallID {
+		t.Errorf("%s holds %d records (first id %q), want only %s", topic, len(recs), hdr(recs[0], "id"), smallID)
+	}
+	dead := consumeN(t, []string{dlqFor("ce_size")}, 1, time.Minute, 2*time.Second)
+	if len(dead) != 1 || hdr(dead[0], "id") != bigID {
+		t.Fatalf("%d dead letters (first id %q), want %s", len(dead), hdr(dead[0], "id"), bigID)
+	}
+	if reason := hdr(dead[0], "error"); !strings.Contains(reason, "exceeds max.message.bytes 4000") || !strings.Contains(reason, topic) {
+		t.Errorf("dead letter error %q", reason)
+	}
+	// A record the sink dead-letters is the record it refused: the envelope.
+	if hdr(dead[0], "content-type") != "application/cloudevents+json; charset=UTF-8" || len(dead[0].Value) <= big+200 {
+		t.Errorf("dead letter content-type %q, %d bytes of value", hdr(dead[0], "content-type"), len(dead[0].Value))
+	}
+}
