@@ -34,11 +34,11 @@ func ParseMessage(content []byte) Event {
 		if err != nil {
 			ev.Invalid = "payload_base64 is not standard base64: " + err.Error()
 		}
-		ev.Payload = Value{Bytes: b}
+		ev.Payload, ev.PayloadFormat = Value{Bytes: b}, PayloadBinary
 	case len(e.Payload) == 0 || string(e.Payload) == "null":
 		ev.Payload = Value{Null: true}
 	default:
-		ev.Payload = Value{Bytes: e.Payload}
+		ev.Payload, ev.PayloadFormat = Value{Bytes: e.Payload}, PayloadJSON
 	}
 	names := make([]string, 0, len(e.Headers))
 	for k := range e.Headers {

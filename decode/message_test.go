@@ -23,7 +23,7 @@ func TestParseMessage(t *testing.T) {
 		name:    "every member",
 		content: `{"id":"e1","aggregate_type":"order","aggregate_id":"o-1","event_type":"Placed","payload":{"n": 1},"headers":{"z":"2","a":"1"},"future":true}`,
 		want: &Event{ID: txt("e1"), AggregateType: txt("order"), AggregateID: txt("o-1"), EventType: txt("Placed"),
-			Payload: txt(`{"n": 1}`), Headers: []Header{{"a", txt("1")}, {"z", txt("2")}}},
+			Payload: txt(`{"n": 1}`), PayloadFormat: PayloadJSON, Headers: []Header{{"a", txt("1")}, {"z", txt("2")}}},
 	}, {
 		name:    "absent and null members are NULL, empty text is a value",
 		content: `{"id":null,"aggregate_id":"","payload":null}`,
@@ -35,7 +35,7 @@ func TestParseMessage(t *testing.T) {
 	}, {
 		name:    "payload_base64 is the raw bytes",
 		content: `{"id":"e1","aggregate_type":"a","aggregate_id":"k","event_type":"t","payload_base64":"AAH/"}`,
-		want:    &Event{ID: txt("e1"), AggregateType: txt("a"), AggregateID: txt("k"), EventType: txt("t"), Payload: Value{Bytes: []byte{0, 1, 0xff}}},
+		want:    &Event{ID: txt("e1"), AggregateType: txt("a"), AggregateID: txt("k"), EventType: txt("t"), Payload: Value{Bytes: []byte{0, 1, 0xff}}, PayloadFormat: PayloadBinary},
 	}, {
 		name:    "bad base64",
 		content: `{"id":"e1","aggregate_type":"a","aggregate_id":"k","event_type":"t","payload_base64":"%%"}`,
@@ -81,15 +81,16 @@ func TestParseMessageReadsEmit(t *testing.T) {
 	for _, c := range []struct {
 		payload any
 		want    Value
+		format  PayloadFormat
 	}{
-		{json.RawMessage(`{ "qty" : 2 }`), txt(`{"qty":2}`)}, // compacted by encoding/json
-		{map[string]int{"qty": 2}, txt(`{"qty":2}`)},
-		{"text", txt(`"text"`)},
-		{[]byte{0xff, 0, 'a'}, Value{Bytes: []byte{0xff, 0, 'a'}}},
-		{[]byte{}, Value{Bytes: []byte{}}},
-		{nil, null},
-		{[]byte(nil), null},
-		{json.RawMessage(nil), null},
+		{json.RawMessage(`{ "qty" : 2 }`), txt(`{"qty":2}`), PayloadJSON}, // compacted by encoding/json
+		{map[string]int{"qty": 2}, txt(`{"qty":2}`), PayloadJSON},
+		{"text", txt(`"text"`), PayloadJSON},
+		{[]byte{0xff, 0, 'a'}, Value{Bytes: []byte{0xff, 0, 'a'}}, PayloadBinary},
+		{[]byte{}, Value{Bytes: []byte{}}, PayloadBinary},
+		{nil, null, PayloadText},
+		{[]byte(nil), null, PayloadText},
+		{json.RawMessage(nil), null, PayloadText},
 	} {
 		content, err := w.EncodeMessage(outbox.Event{ID: "e1", AggregateType: "order", AggregateID: "o-1", EventType: "Placed",
 			Payload: c.payload, Headers: map[string]any{"tenant": "acme", "n": 7, "skip": nil}})
@@ -98,7 +99,7 @@ func TestParseMessageReadsEmit(t *testing.T) {
 		}
 		got := ParseMessage(content)
 		want := Event{ID: txt("e1"), AggregateType: txt("order"), AggregateID: txt("o-1"), EventType: txt("Placed"),
-			Payload: c.want, Headers: []Header{{"n", txt("7")}, {"tenant", txt("acme")}}}
+			Payload: c.want, PayloadFormat: c.format, Headers: []Header{{"n", txt("7")}, {"tenant", txt("acme")}}}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("payload %#v: content %s\n got %+v\nwant %+v", c.payload, content, got, want)
 		}

@@ -47,6 +47,8 @@ type relation struct {
 	// hasBytea reports whether any mapped column is bytea, the only case
 	// in which an Insert needs the Decoder's bytea buffer.
 	hasBytea bool
+	// payload is the format of the payload column's type.
+	payload PayloadFormat
 }
 
 // relation decodes Relation (PG docs 55.9): Int32 id, String namespace, String
@@ -137,6 +139,9 @@ func (d *Decoder) resolve(rel *relation) {
 		if rel.idx[k] < 0 && !slices.Contains(missing, want) {
 			missing = append(missing, want)
 		}
+	}
+	if i := rel.idx[fieldPayload]; i >= 0 {
+		rel.payload = PayloadFormatOf(rel.cols[i].typ)
 	}
 	if len(missing) > 0 {
 		rel.invalid = MissingColumns(rel.namespace, rel.name, missing)

@@ -163,6 +163,9 @@ type Event struct {
 	// Payload is json/jsonb/text as sent, bytea decoded to raw bytes, any
 	// other type in its text form. Null means a tombstone for the router.
 	Payload Value
+	// PayloadFormat comes from the payload column's type (or the member of
+	// an emitted message that held it).
+	PayloadFormat PayloadFormat
 	// Headers holds one entry per Mapping.HeaderColumns, in that order.
 	Headers []Header
 	// Invalid is non-empty when the row can never be published because the

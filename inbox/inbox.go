@@ -21,8 +21,10 @@
 // must therefore be recognised by the handler, which records it somewhere and
 // returns nil.
 //
-// The event id is the record's "id" header, which outbox-cdc always sets.
-// A record without one (or with an empty one) gets the id
+// The event id is the record's "id" header, which outbox-cdc always sets, or
+// its CloudEvents id when the connector publishes CloudEvents (kafka.format;
+// EventOf reads every format). A record without one (or with an empty one,
+// or an unreadable structured CloudEvent without an "id" header) gets the id
 // "<topic>/<partition>/<offset>": such records are deduplicated only against
 // redelivery of the same offset, not against a copy produced again.
 //
@@ -46,8 +48,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Defaults for Config.
@@ -78,6 +78,9 @@ type Execer interface {
 // The handler may still run more than once for one event when it has side
 // effects outside tx (an HTTP call, an e-mail): only the database work is
 // exactly once. Make such effects idempotent.
+//
+// EventOf(rec) gives the event id, type, aggregate and payload whatever the
+// connector's record format.
 type Handler func(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error
 
 // Config configures a Consumer.
@@ -370,10 +373,11 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 
 // attempt runs one delivery attempt of rec in its own transaction.
 func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) (id string, dup bool, err error) {
-	id = EventID(rec)
+	ev, _ := EventOf(rec) // unreadable: the handler's EventOf says so
+	id = eventID(rec, ev.ID)
 	var eventType any
-	if et, ok := Header(rec, wire.HeaderEventType); ok {
-		eventType = et
+	if ev.Type != "" {
+		eventType = ev.Type
 	}
 	tx, err := c.cfg.DB.Begin(ctx)
 	if err != nil {
@@ -427,10 +431,16 @@ func (c *Consumer) commit(ctx context.Context, recs []*kgo.Record) error {
 	return nil
 }
 
-// EventID returns the id the inbox stores for rec: its "id" header, or
-// "<topic>/<partition>/<offset>" when the header is missing or empty.
+// EventID returns the id the inbox stores for rec: its event id (EventOf;
+// the "id" header of a structured CloudEvent that cannot be read), or
+// "<topic>/<partition>/<offset>" when it has none.
 func EventID(rec *kgo.Record) string {
-	if id, ok := Header(rec, wire.HeaderID); ok && id != "" {
+	ev, _ := EventOf(rec)
+	return eventID(rec, ev.ID)
+}
+
+func eventID(rec *kgo.Record, id string) string {
+	if id != "" {
 		return id
 	}
 	return fmt.Sprintf("%s/%d/%d", rec.Topic, rec.Partition, rec.Offset)

@@ -34,6 +34,7 @@ type Rows struct {
 	tx      pgx.Tx
 	rows    pgx.Rows
 	headers []string
+	format  decode.PayloadFormat
 	ctx     context.Context
 }
 
@@ -53,7 +54,7 @@ func (r *Rows) Event() (decode.Event, error) {
 		return decode.Event{}, fmt.Errorf("%s: scan: %w", r.what, err)
 	}
 	ev := decode.Event{ID: strValue(vals[0]), AggregateType: strValue(vals[1]), AggregateID: strValue(vals[2]),
-		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}}
+		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}, PayloadFormat: r.format}
 	for i, h := range r.headers {
 		ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
 	}
@@ -101,14 +102,14 @@ func (s Source) begin(ctx context.Context, what string) (*Rows, error) {
 
 // query runs the rows query with filter and order on r's transaction.
 func (s Source) query(ctx context.Context, r *Rows, spec RowSpec, filter string, order []string) error {
-	q, err := s.rowsQuery(ctx, r.tx, spec.Mapping, filter, order)
+	q, format, err := s.rowsQuery(ctx, r.tx, spec.Mapping, filter, order)
 	if err != nil {
 		return fmt.Errorf("%s: %w", r.what, err)
 	}
 	if r.rows, err = r.tx.Query(ctx, q); err != nil {
 		return fmt.Errorf("%s: %s: %w", r.what, q, err)
 	}
-	r.headers = spec.Mapping.HeaderColumns
+	r.headers, r.format = spec.Mapping.HeaderColumns, format
 	return nil
 }
 
@@ -203,15 +204,17 @@ func xidFilter(ref, xmin8 uint64) string { return fmt.Sprintf("%s >= %d", xid8(r
 // rowsQuery selects the mapped columns of the rows matching filter (SQL, ""
 // for all) ordered by order (columns, or expressions in parentheses): the
 // query of the snapshot and the backfill.
-func (s Source) rowsQuery(ctx context.Context, tx pgx.Tx, m decode.Mapping, filter string, order []string) (string, error) {
+// The payload's format is the one the decoder gives the same column.
+func (s Source) rowsQuery(ctx context.Context, tx pgx.Tx, m decode.Mapping, filter string, order []string) (string, decode.PayloadFormat, error) {
 	var payloadType string
-	err := tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
+	var payloadOID uint32
+	err := tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL), atttypid FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped`,
-		s.qualified(), m.Payload).Scan(&payloadType)
+		s.qualified(), m.Payload).Scan(&payloadType, &payloadOID)
 	if err != nil {
-		return "", fmt.Errorf("payload column %s: %w", m.Payload, err)
+		return "", 0, fmt.Errorf("payload column %s: %w", m.Payload, err)
 	}
-	return snapshotSQL(m, s.Schema, s.Table, payloadType == "bytea", filter, order), nil
+	return snapshotSQL(m, s.Schema, s.Table, payloadType == "bytea", filter, order), decode.PayloadFormatOf(payloadOID), nil
 }
 
 // snapshotSQL builds the rows query.

@@ -27,6 +27,7 @@ type RangeRead struct {
 	query   string
 	args    []any
 	headers []string
+	format  decode.PayloadFormat
 	// Column is the time column selecting the range: snapshot.order_by, or
 	// created_at. Order is the full ORDER BY.
 	Column string
@@ -97,7 +98,7 @@ func (s Source) prepareRange(ctx context.Context, r *RangeRead, spec RowSpec, si
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
-	q, err := s.rowsQuery(ctx, r.tx, spec.Mapping, "", order)
+	q, format, err := s.rowsQuery(ctx, r.tx, spec.Mapping, "", order)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
@@ -117,7 +118,7 @@ func (s Source) prepareRange(ctx context.Context, r *RangeRead, spec RowSpec, si
 		return fmt.Errorf("verify: unexpected rows query %q", q)
 	}
 	r.query = "SELECT " + c + "::timestamptz, " + q[len("SELECT "):by] + " WHERE " + filter + q[by:]
-	r.Column, r.Order = col, order
+	r.Column, r.Order, r.format = col, order, format
 	return nil
 }
 
@@ -197,7 +198,7 @@ func (r *RangeRead) Row() (decode.Event, time.Time, error) {
 		return decode.Event{}, time.Time{}, fmt.Errorf("verify: scan: %w", err)
 	}
 	ev := decode.Event{ID: strValue(vals[0]), AggregateType: strValue(vals[1]), AggregateID: strValue(vals[2]),
-		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}}
+		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}, PayloadFormat: r.format}
 	for i, h := range r.headers {
 		ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
 	}

@@ -3,6 +3,7 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"regexp"
@@ -42,6 +43,10 @@ type Config struct {
 	TopicTemplate string
 	Topics        map[string]string
 	DLQTopic      string
+	// Format is kafka.format ("" is plain); CloudEvents its cloudevents-*
+	// settings (cloudevents.go).
+	Format      string
+	CloudEvents CloudEvents
 }
 
 type route struct {
@@ -56,6 +61,7 @@ type Router struct {
 	fixed          map[string]string
 	dlq            string
 	cache          map[string]route
+	ce             *shaper // nil for the plain format
 }
 
 // New returns a Router for cfg, or the first of cfg.Check's problems.
@@ -63,9 +69,13 @@ func New(cfg Config) (*Router, error) {
 	if problems := cfg.Check(); len(problems) > 0 {
 		return nil, problems[0]
 	}
+	ce, err := newShaper(cmp.Or(cfg.Format, FormatPlain), cfg.CloudEvents)
+	if err != nil {
+		return nil, err
+	}
 	before, after, found := strings.Cut(cfg.TopicTemplate, Placeholder)
 	return &Router{prefix: before, suffix: after, templated: found, fixed: cfg.Topics, dlq: cfg.DLQTopic,
-		cache: make(map[string]route)}, nil
+		cache: make(map[string]route), ce: ce}, nil
 }
 
 // Problem is a routing setting that cannot work, worded for the
@@ -198,6 +208,9 @@ func (r *Router) Route(ev *decode.Event, commit time.Time, rec *Record) (reason 
 	rec.Value = valueOf(ev.Payload)
 	rec.Timestamp = commit
 	rec.Headers = appendHeaders(rec.Headers[:0], ev)
+	if r.ce != nil {
+		return r.ce.shape(ev, commit, rec)
+	}
 	return ""
 }
 

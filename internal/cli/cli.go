@@ -230,7 +230,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		Schema: schema, Table: table, Columns: cols, Failover: cfg.Postgres.FailoverSlot,
 		Primary: primary, CheckpointTable: cfg.Checkpoint.Store == "table",
 	}
-	return pipeline.Config{
+	pc := pipeline.Config{
 		Source:  src,
 		Mapping: mapping,
 		Routes:  router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic},
@@ -256,7 +256,9 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		Snapshot:        cfg.Snapshot.Mode,
 		SnapshotFilter:  cfg.Snapshot.Filter,
 		SnapshotOrderBy: cfg.Snapshot.OrderBy,
-	}, nil
+	}
+	pc.Routes.Format, pc.Routes.CloudEvents = cloudEvents(cfg.Kafka, db, schema, table)
+	return pc, nil
 }
 
 // kafkaSecurity translates kafka.tls and kafka.sasl for the sink. The

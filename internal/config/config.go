@@ -120,6 +120,16 @@ type Kafka struct {
 	UnknownTopicTimeout    time.Duration `koanf:"unknown_topic_timeout"`
 	TLS                    KafkaTLS      `koanf:"tls"`
 	SASL                   KafkaSASL     `koanf:"sasl"`
+	// Format is one of router.Formats; CloudEvents configures the
+	// cloudevents-* ones.
+	Format      string           `koanf:"format"`
+	CloudEvents KafkaCloudEvents `koanf:"cloudevents"`
+}
+
+// KafkaCloudEvents configures the CloudEvents record formats (router.CloudEvents).
+type KafkaCloudEvents struct {
+	Source      string `koanf:"source"`       // template with router.SourceDatabase, …
+	ContentType string `koanf:"content_type"` // "": from the payload column's type
 }
 
 // KafkaTLS configures TLS towards the brokers (docs/security.md). The keys
@@ -202,6 +212,7 @@ func Default() Config {
 			RequestTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
 			UnknownTopicTimeout: 2 * time.Minute,
+			Format:              router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
 		},
 		HTTP:       HTTP{Listen: "127.0.0.1:9187"},
 		Log:        Log{Level: "info", Format: "text"},

@@ -283,6 +283,9 @@ func (v *validator) kafka(k Kafka) {
 	}
 	v.kafkaTLS(k.TLS)
 	v.kafkaSASL(k.SASL)
+	for _, p := range router.CheckCloudEvents(k.Format, router.CloudEvents(k.CloudEvents)) {
+		v.add(p.Key, p.Value, p.Reason, p.Fix)
+	}
 }
 
 // kafkaTLS checks the kafka.tls section: keys that TLS off would ignore, and

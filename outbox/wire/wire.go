@@ -10,7 +10,11 @@
 // readers who do not use Go.
 package wire
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"mime"
+	"strings"
+)
 
 // Headers of every published record, in this order, each omitted when its
 // value is NULL. Extra headers (the connector's outbox.header_columns,
@@ -36,6 +40,33 @@ const (
 	HeaderPayloadOmitted = "payload_omitted" // why the payload (and more) was left out
 	HeaderTruncated      = "truncated"       // the key and headers were cut to fit
 )
+
+// CloudEvents records (the connector's kafka.format cloudevents-binary and
+// cloudevents-structured) follow the CloudEvents 1.0.2 Kafka protocol
+// binding and keep the headers above. In binary mode every attribute is a
+// header named CEHeaderPrefix + attribute (ce_id, ce_type, ce_subject, …) and
+// HeaderContentType holds datacontenttype; in structured mode
+// HeaderContentType is CEStructuredJSON and the value is the JSON envelope.
+const (
+	HeaderContentType = "content-type"
+	CEHeaderPrefix    = "ce_"
+	CEStructuredJSON  = "application/cloudevents+json; charset=UTF-8"
+	// CEMediaPrefix starts the content-type of every structured record,
+	// whatever its event format: the binding's test for structured mode.
+	CEMediaPrefix = "application/cloudevents"
+)
+
+// JSONContentType reports whether a media type declares JSON content,
+// */json or */*+json with parameters ignored: the CloudEvents JSON format
+// then carries the data as a JSON value rather than a string.
+func JSONContentType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	_, sub, _ := strings.Cut(mt, "/")
+	return sub == "json" || strings.HasSuffix(sub, "+json")
+}
 
 // Reserved reports whether name is a header every record carries, which an
 // extra header may therefore not use: the record would have two.

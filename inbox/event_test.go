@@ -1,0 +1,111 @@
+package inbox
+
+import (
+	"bytes"
+	"cmp"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func headers(kv ...string) []kgo.RecordHeader {
+	h := make([]kgo.RecordHeader, 0, len(kv)/2)
+	for i := 0; i < len(kv); i += 2 {
+		h = append(h, kgo.RecordHeader{Key: kv[i], Value: []byte(kv[i+1])})
+	}
+	return h
+}
+
+// TestEventOf: one event published in each format, as the connector writes
+// it (docs/guide.md, "Record formats") and as another CloudEvents producer
+// would (without the plain headers), reads as the same Event.
+func TestEventOf(t *testing.T) {
+	plain := []string{"id", "e-1", "event_type", "OrderPlaced", "aggregate_type", "order"}
+	ceBinary := []string{"ce_specversion", "1.0", "ce_id", "e-1", "ce_source", "/outbox-cdc/shop/public.outbox", "ce_type", "OrderPlaced",
+		"ce_subject", "o-7", "ce_time", "2026-12-01T02:55:00.123456Z", "ce_partitionkey", "o-7"}
+	const structuredJSON = `{"specversion":"1.0","id":"e-1","source":"/outbox-cdc/shop/public.outbox","type":"OrderPlaced",` +
+		`"subject":"o-7","time":"2026-12-01T02:55:00.123456Z","partitionkey":"o-7","datacontenttype":"application/json",` +
+		`"data":{ "sku" : "A-1", "qty":2 }}`
+	const payload = `{ "sku" : "A-1", "qty":2 }`
+	want := Event{ID: "e-1", Type: "OrderPlaced", AggregateID: "o-7", AggregateType: "order", Payload: []byte(payload), ContentType: "application/json"}
+	foreign := want
+	foreign.AggregateType = ""
+
+	tests := []struct {
+		name string
+		rec  *kgo.Record
+		want Event
+	}{
+		{"plain", &kgo.Record{Key: []byte("o-7"), Value: []byte(payload), Headers: headers(plain...)},
+			Event{ID: "e-1", Type: "OrderPlaced", AggregateID: "o-7", AggregateType: "order", Payload: []byte(payload)}},
+		{"binary", &kgo.Record{Key: []byte("o-7"), Value: []byte(payload),
+			Headers: headers(append(append(plain[:6:6], ceBinary...), "content-type", "application/json")...)}, want},
+		{"structured", &kgo.Record{Key: []byte("o-7"), Value: []byte(structuredJSON),
+			Headers: headers(append(plain[:6:6], "content-type", "application/cloudevents+json; charset=UTF-8")...)}, want},
+		{"binary from another producer", &kgo.Record{Value: []byte(payload),
+			Headers: headers(append(ceBinary[:14:14], "content-type", "application/json")...)}, foreign},
+		{"structured from another producer", &kgo.Record{Value: []byte(structuredJSON),
+			Headers: headers("content-type", "application/cloudevents+json")}, foreign},
+		{"the CloudEvents id wins", &kgo.Record{Key: []byte("o-7"), Value: []byte(structuredJSON),
+			Headers: headers("id", "other", "content-type", "application/cloudevents+json")},
+			Event{ID: "e-1", Type: "OrderPlaced", AggregateID: "o-7", Payload: []byte(payload), ContentType: "application/json"}},
+		{"structured text data", &kgo.Record{Key: []byte("k"), Value: []byte(`{"specversion":"1.0","id":"e-2","source":"/s","type":"T","datacontenttype":"text/plain","data":"line \"1\"\n"}`),
+			Headers: headers("content-type", "application/cloudevents+json")},
+			Event{ID: "e-2", Type: "T", AggregateID: "k", Payload: []byte("line \"1\"\n"), ContentType: "text/plain"}},
+		{"structured data_base64", &kgo.Record{Key: []byte("k"), Value: []byte(`{"specversion":"1.0","id":"e-3","source":"/s","type":"T","datacontenttype":"application/octet-stream","data_base64":"AP94"}`),
+			Headers: headers("content-type", "application/cloudevents+json")},
+			Event{ID: "e-3", Type: "T", AggregateID: "k", Payload: []byte{0, 0xff, 'x'}, ContentType: "application/octet-stream"}},
+		{"structured without datacontenttype is JSON", &kgo.Record{Key: []byte("k"), Value: []byte(`{"specversion":"1.0","id":"e-4","source":"/s","type":"T","data":[1]}`),
+			Headers: headers("content-type", "application/cloudevents+json")},
+			Event{ID: "e-4", Type: "T", AggregateID: "k", Payload: []byte("[1]"), ContentType: "application/json"}},
+		{"binary tombstone", &kgo.Record{Key: []byte("o-7"), Headers: headers(append(plain[:6:6], ceBinary...)...)},
+			Event{ID: "e-1", Type: "OrderPlaced", AggregateID: "o-7", AggregateType: "order"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := EventOf(tc.rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.ID != tc.want.ID || got.Type != tc.want.Type || got.AggregateID != tc.want.AggregateID ||
+				got.AggregateType != tc.want.AggregateType || got.ContentType != tc.want.ContentType ||
+				!bytes.Equal(got.Payload, tc.want.Payload) || (got.Payload == nil) != (tc.want.Payload == nil) {
+				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			}
+			if id := EventID(tc.rec); id != tc.want.ID {
+				t.Errorf("EventID = %q, want %q", id, tc.want.ID)
+			}
+		})
+	}
+}
+
+// TestEventOfUnreadable: a structured record that cannot be read is an
+// error for the handler. The inbox still dedupes on the envelope's id when
+// only the data is bad; else on the id header, then the offset.
+func TestEventOfUnreadable(t *testing.T) {
+	for _, tc := range []struct {
+		name, ct, value, err string
+		id                   string // the id despite the error; "": none
+	}{
+		{"not JSON", "application/cloudevents+json", "{", "CloudEvents JSON: unexpected end of JSON input", ""},
+		{"another event format", "application/cloudevents+avro", "x", `content-type "application/cloudevents+avro" is not the CloudEvents JSON format`, ""},
+		{"both data members", "application/cloudevents+json", `{"id":"e","data":1,"data_base64":"AA=="}`, "both data and data_base64", "e"},
+		{"bad base64", "application/cloudevents+json", `{"id":"e","data_base64":"%%"}`, "illegal base64", "e"},
+		{"text data not a string", "application/cloudevents+json", `{"id":"e","datacontenttype":"text/plain","data":{}}`, "is not a JSON string", "e"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &kgo.Record{Topic: "t", Partition: 1, Offset: 9, Value: []byte(tc.value), Headers: headers("content-type", tc.ct)}
+			if _, err := EventOf(rec); err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "t/1/9") {
+				t.Errorf("EventOf error %v, want %q naming t/1/9", err, tc.err)
+			}
+			if id := EventID(rec); id != cmp.Or(tc.id, "t/1/9") {
+				t.Errorf("EventID = %q, want %q", id, cmp.Or(tc.id, "t/1/9"))
+			}
+			rec.Headers = append(rec.Headers, headers("id", "e-9")...)
+			if id := EventID(rec); id != cmp.Or(tc.id, "e-9") {
+				t.Errorf("EventID with an id header = %q", id)
+			}
+		})
+	}
+}
