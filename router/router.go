@@ -42,6 +42,12 @@ type Config struct {
 	TopicTemplate string
 	Topics        map[string]string
 	DLQTopic      string
+	// TraceColumn (outbox.trace_column) is the header column holding a trace
+	// context, sent as traceparent and tracestate (trace.go); "" for none.
+	TraceColumn string
+	// OnBadTrace is told about a trace column value without a valid
+	// traceparent (the event is published without trace headers).
+	OnBadTrace func(ev *decode.Event, problem string)
 }
 
 type route struct {
@@ -56,6 +62,8 @@ type Router struct {
 	fixed          map[string]string
 	dlq            string
 	cache          map[string]route
+	traceColumn    string
+	onBadTrace     func(ev *decode.Event, problem string)
 }
 
 // New returns a Router for cfg, or the first of cfg.Check's problems.
@@ -65,7 +73,7 @@ func New(cfg Config) (*Router, error) {
 	}
 	before, after, found := strings.Cut(cfg.TopicTemplate, Placeholder)
 	return &Router{prefix: before, suffix: after, templated: found, fixed: cfg.Topics, dlq: cfg.DLQTopic,
-		cache: make(map[string]route)}, nil
+		cache: make(map[string]route), traceColumn: cfg.TraceColumn, onBadTrace: cfg.OnBadTrace}, nil
 }
 
 // Problem is a routing setting that cannot work, worded for the
@@ -198,6 +206,9 @@ func (r *Router) Route(ev *decode.Event, commit time.Time, rec *Record) (reason 
 	rec.Value = valueOf(ev.Payload)
 	rec.Timestamp = commit
 	rec.Headers = appendHeaders(rec.Headers[:0], ev)
+	if r.traceColumn != "" {
+		rec.Headers = r.traceHeaders(rec.Headers, ev)
+	}
 	return ""
 }
 
