@@ -183,7 +183,8 @@ func allZero(b []byte) bool {
 // traceHeaders replaces the trace column's header, which the decoder
 // delivered with the other header columns, by traceparent and tracestate. A
 // value without a valid traceparent is published without trace headers and
-// reported to onBadTrace; it never blocks the event.
+// reported to onBadTrace; it never blocks the event. A malformed tracestate
+// alone is left out, as W3C prescribes, and not reported.
 func (r *Router) traceHeaders(h []Header, ev *decode.Event) []Header {
 	i := len(h) - 1
 	for i >= 0 && h[i].Key != r.traceColumn {
@@ -195,10 +196,10 @@ func (r *Router) traceHeaders(h []Header, ev *decode.Event) []Header {
 	v := h[i].Value
 	h = slices.Delete(h, i, i+1)
 	tc, problem := ParseTraceContext(v)
-	if problem != "" && r.onBadTrace != nil {
-		r.onBadTrace(ev, problem)
-	}
 	if tc.Parent == nil {
+		if r.onBadTrace != nil {
+			r.onBadTrace(ev, problem)
+		}
 		return h
 	}
 	h = append(h, Header{wire.HeaderTraceParent, tc.Parent})
