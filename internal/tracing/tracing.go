@@ -3,8 +3,9 @@
 // acknowledgement, child of the trace context the outbox row carried.
 //
 // OTLP over HTTP/protobuf rather than gRPC: every collector and vendor
-// endpoint accepts it, it goes through ordinary HTTP proxies, and it needs
-// no gRPC stack in the binary. Export never slows the pipeline: spans wait in
+// endpoint accepts it, it goes through ordinary HTTP proxies and load
+// balancers, and it uses net/http rather than a gRPC client connection (the
+// OTLP protobuf package still links gRPC's status types). Export never slows the pipeline: spans wait in
 // a bounded queue for a batch exporter goroutine; when the queue is full or
 // an export fails, spans are dropped and counted. Shutdown flushes with a
 // bound.
