@@ -80,19 +80,25 @@ func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(out)
 }
 
-// spanWithParent returns the received span whose parent is parent, or nil.
-func (o *otlpReceiver) spanWithParent(parent string) *tracepb.Span {
+// spanWithParent returns the received span of event id whose parent is
+// parent, or nil.
+func (o *otlpReceiver) spanWithParent(parent, id string) *tracepb.Span {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, s := range o.spans {
-		if hex.EncodeToString(s.GetParentSpanId()) == parent {
-			return s
+		if hex.EncodeToString(s.GetParentSpanId()) != parent {
+			continue
+		}
+		for _, a := range s.GetAttributes() {
+			if a.GetKey() == "messaging.message.id" && a.GetValue().GetStringValue() == id {
+				return s
+			}
 		}
 	}
 	return nil
 }
 
-// TestTracingEndToEnd: an application writes with outbox.Write under a span,
+// TestTracingEndToEnd: an application writes with outbox.Write (and Emit) under a span,
 // the connector binary exports its span to an in-process OTLP receiver, and
 // the inbox handles the record. The connector's span is a child of the
 // application's, the consumer's a child of the connector's, one trace id
@@ -124,6 +130,7 @@ postgres:
 outbox:
   table: public.outbox
   trace_column: tracingspancontext
+  message_prefix: outbox
 kafka:
   brokers: [%s]
   topic: %s
@@ -144,7 +151,11 @@ otel:
 	}
 	appCtx, appSpan := appTP.Tracer("app").Start(ctx, "place order")
 	olTx(appCtx, t, conn, true, func(tx pgx.Tx) error {
-		return w.Write(appCtx, tx, outbox.Event{ID: "00000000-0000-4000-8000-000000000001", AggregateType: aggType, AggregateID: "o-1", EventType: "Placed", Payload: 1})
+		if err := w.Write(appCtx, tx, outbox.Event{ID: "00000000-0000-4000-8000-000000000001", AggregateType: aggType, AggregateID: "o-1", EventType: "Placed", Payload: 1}); err != nil {
+			return err
+		}
+		// A table-less event carries the context as the header of that name.
+		return w.Emit(appCtx, tx, outbox.Event{ID: "emitted-4", AggregateType: aggType, AggregateID: "o-4", EventType: "Placed", Payload: 4})
 	})
 	appSpan.End()
 	app := appSpan.SpanContext()
@@ -163,14 +174,16 @@ otel:
 	consumerTP := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(consumerSpans))
 	calls := newIBCalls()
 	ibStart(t, dsn, topic, "trace-"+runID, calls.handler(nil), func(c *inbox.Config) { c.TracerProvider = consumerTP })
-	ibWait(t, ctx, "3 events handled", func() bool { ok, _ := calls.snapshot(); return len(ok) == 3 })
-	ibWait(t, ctx, "3 consumer spans ended", func() bool { return len(consumerSpans.Ended()) >= 3 })
+	ibWait(t, ctx, "4 events handled", func() bool { ok, _ := calls.snapshot(); return len(ok) == 4 })
+	ibWait(t, ctx, "4 consumer spans ended", func() bool { return len(consumerSpans.Ended()) >= 4 })
 
 	p.waitMetric(t, 30*time.Second, "outbox_cdc_trace_context_invalid_total", 1)
-	var connApp, connDbz *tracepb.Span
+	var connApp, connEmit, connDbz *tracepb.Span
 	ibWait(t, ctx, "the connector's spans at the receiver", func() bool {
-		connApp, connDbz = recv.spanWithParent(app.SpanID().String()), recv.spanWithParent(dbzParent)
-		return connApp != nil && connDbz != nil
+		connApp, connEmit = recv.spanWithParent(app.SpanID().String(), "00000000-0000-4000-8000-000000000001"),
+			recv.spanWithParent(app.SpanID().String(), "emitted-4")
+		connDbz = recv.spanWithParent(dbzParent, "00000000-0000-4000-8000-000000000002")
+		return connApp != nil && connEmit != nil && connDbz != nil
 	})
 	stopClean(t, p)
 	recv.mu.Lock()
@@ -209,6 +222,7 @@ otel:
 		}
 	}
 	check("outbox.Write", connApp, app.TraceID().String(), "00000000-0000-4000-8000-000000000001")
+	check("outbox.Emit", connEmit, app.TraceID().String(), "emitted-4")
 	check("Debezium row", connDbz, dbzTrace, "00000000-0000-4000-8000-000000000002")
 	// The commit happened before the application span ended; the span
 	// starts at the commit time.
