@@ -226,6 +226,9 @@ func (r *Router) DeadLetter(ev *decode.Event, commit time.Time, reason string, r
 	rec.Timestamp = commit
 	h := append(rec.Headers[:0], Header{wire.HeaderError, []byte(reason)})
 	h = appendHeaders(h, ev)
+	if r.traceColumn != "" {
+		h = r.traceHeaders(h, ev)
+	}
 	if !ev.AggregateID.Null {
 		h = append(h, Header{wire.HeaderAggregateID, ev.AggregateID.Bytes})
 	}

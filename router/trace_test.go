@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 
@@ -96,19 +97,27 @@ func TestRouteTraceColumn(t *testing.T) {
 			if reason := r.Route(&ev, commitTime, &rec); reason != "" {
 				t.Fatalf("Route: %s", reason)
 			}
-			got := headersOf(rec.Headers)[3:] // after id, event_type, aggregate_type
-			if len(got) != len(tt.want) {
+			if got := headersOf(rec.Headers)[3:]; !slices.Equal(got, tt.want) { // after id, event_type, aggregate_type
 				t.Fatalf("headers %q, want %q", got, tt.want)
-			}
-			for i := range got {
-				if got[i] != tt.want[i] {
-					t.Fatalf("headers %q, want %q", got, tt.want)
-				}
 			}
 			if tt.bad != (len(bads) == 1) || tt.bad && bads[0].id != string(ev.ID.Bytes) {
 				t.Fatalf("OnBadTrace calls %v, want one: %v", bads, tt.bad)
 			}
 		})
+	}
+}
+
+// A row the router dead-letters keeps its trace, before aggregate_id.
+func TestDeadLetterTraceColumn(t *testing.T) {
+	r := mustNew(t, Config{TraceColumn: "trace"})
+	ev := event()
+	ev.EventType = null
+	ev.Headers = []decode.Header{{Name: "trace", Value: val(tp)}}
+	var rec Record
+	r.DeadLetter(&ev, commitTime, "bad", &rec)
+	want := []hdr{{"error", "bad"}, {"id", string(ev.ID.Bytes)}, {"aggregate_type", "order"}, {"traceparent", tp}, {"aggregate_id", "42"}}
+	if got := headersOf(rec.Headers); !slices.Equal(got, want) {
+		t.Fatalf("headers %q, want %q", got, want)
 	}
 }
 
