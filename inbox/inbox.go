@@ -48,6 +48,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults for Config.
@@ -120,6 +122,15 @@ type Config struct {
 	// Logger receives handler failures (warn) and duplicates (debug).
 	// Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider starts one consumer span per delivery attempt, child
+	// of the trace context in the record's traceparent and tracestate
+	// headers; the Handler's ctx is inside it. Default: the global
+	// provider (otel.GetTracerProvider(), a no-op until the application
+	// sets one).
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context from the headers. Default: W3C
+	// trace context, what outbox-cdc sends.
+	Propagator propagation.TextMapPropagator
 }
 
 // Consumer runs a Handler once per event id. Create it with New, run it with
@@ -131,6 +142,7 @@ type Consumer struct {
 	m         consumerMetrics
 	log       *slog.Logger
 	rebalance chan struct{}
+	trace     tracing
 }
 
 // New validates cfg and creates the Kafka client (it connects lazily).
@@ -187,6 +199,7 @@ func New(cfg Config) (*Consumer, error) {
 		m:         vecs.with(cfg.Consumer),
 		log:       cfg.Logger.With("consumer", cfg.Consumer),
 		rebalance: make(chan struct{}, 1),
+		trace:     newTracing(cfg),
 	}
 	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOptions...)
 	opts = append(opts,
@@ -375,6 +388,8 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) (id string, dup bool, err error) {
 	ev, _ := EventOf(rec) // unreadable: the handler's EventOf says so
 	id = eventID(rec, ev.ID)
+	ctx, span := c.trace.start(ctx, rec, id)
+	defer func() { end(span, dup, err) }()
 	var eventType any
 	if ev.Type != "" {
 		eventType = ev.Type

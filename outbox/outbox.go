@@ -124,6 +124,13 @@ type Config struct {
 	// (time-ordered, which keeps the primary key index compact). NewV4 is
 	// the random alternative.
 	NewID func() (string, error)
+	// TraceColumn, when set, is the column (or, for Emit, the header) that
+	// receives the W3C trace context of the ctx passed to Write or Emit;
+	// configure the connector's outbox.trace_column with the same name. An
+	// event written without a span in ctx, or with its own value for the
+	// column in Headers, is left as it is. Uses the OpenTelemetry API only:
+	// the application's SDK decides what a span is.
+	TraceColumn string
 }
 
 // NewV7 returns a new UUID v7 string, the default event id.
@@ -154,6 +161,8 @@ type Writer struct {
 	prefix  string
 	newID   func() (string, error)
 	columns Columns
+	// traceColumn receives the caller's trace context (Config.TraceColumn).
+	traceColumn string
 }
 
 var defaultWriter = func() *Writer {
@@ -201,6 +210,8 @@ func New(cfg Config) (*Writer, error) {
 		prefix:  cfg.Prefix,
 		newID:   cfg.NewID,
 		columns: c,
+
+		traceColumn: cfg.TraceColumn,
 	}
 	for i, n := range names {
 		if w.colSet[n] {
@@ -208,6 +219,9 @@ func New(cfg Config) (*Writer, error) {
 		}
 		w.colSet[n] = true
 		w.cols[i] = pgx.Identifier{n}.Sanitize()
+	}
+	if w.colSet[cfg.TraceColumn] {
+		return nil, fmt.Errorf("outbox: trace column %q is one of the mapped columns", cfg.TraceColumn)
 	}
 	w.insert = w.insertSQL(nil)
 	return w, nil
@@ -241,6 +255,7 @@ func (w *Writer) insertSQL(extra []string) string {
 // Write inserts e into the outbox table inside tx. The event is published
 // when, and only if, tx commits.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, e Event) error {
+	e.Headers = w.withTrace(ctx, e.Headers)
 	id, err := w.prepare(&e)
 	if err != nil {
 		return err
@@ -298,6 +313,7 @@ type Message = wire.Message
 // else as fmt.Sprint; nil values are skipped. The connector publishes the
 // message only when its outbox.message_prefix equals the Writer's prefix.
 func (w *Writer) Emit(ctx context.Context, tx pgx.Tx, e Event) error {
+	e.Headers = w.withTrace(ctx, e.Headers)
 	content, err := w.EncodeMessage(e)
 	if err != nil {
 		return err

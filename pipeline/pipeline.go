@@ -73,6 +73,9 @@ type Config struct {
 	// GuardInterval is how often the outbox's publication membership and
 	// columns are checked (default 1s); confirmation trails by up to two.
 	GuardInterval time.Duration
+
+	// Tracer, when set (otel.endpoint), gives each event a span (trace.go).
+	Tracer Tracer
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -118,6 +121,7 @@ type Pipeline struct {
 
 // New validates the routing rules; Run does the rest.
 func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
+	cfg.Routes.OnBadTrace = badTraceReporter(m, log)
 	r, err := router.New(cfg.Routes)
 	if err != nil {
 		return nil, err

@@ -169,6 +169,9 @@ func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, commit time.Ti
 	for i := range rec.Headers {
 		rec.Headers[i].Value = own(rec.Headers[i].Value, msg)
 	}
+	if p.cfg.Tracer != nil {
+		d.endSpan = p.cfg.Tracer.Start(commit, rec)
+	}
 	p.tracker.Add(txn)
 	p.m.InFlight.Set(float64(p.tracker.InFlight()))
 	return p.out.Produce(ctx, rec, d)
@@ -193,11 +196,16 @@ type delivery struct {
 	commit time.Time
 	reason string // set when the router dead-lettered it
 	id     string
+	// endSpan ends the event's span (Config.Tracer); nil without one.
+	endSpan func(sink.Outcome)
 }
 
 // Delivered runs on a franz-go goroutine.
 func (d *delivery) Delivered(o sink.Outcome) {
 	p := d.p
+	if d.endSpan != nil {
+		d.endSpan(o)
+	}
 	if o.Err != nil {
 		if sink.Classify(o.Err) != sink.ClassShutdown {
 			p.fail(&deliveryError{o.Err})

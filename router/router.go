@@ -47,6 +47,12 @@ type Config struct {
 	// settings (cloudevents.go).
 	Format      string
 	CloudEvents CloudEvents
+	// TraceColumn (outbox.trace_column) is the header column holding a trace
+	// context, sent as traceparent and tracestate (trace.go); "" for none.
+	TraceColumn string
+	// OnBadTrace is told about a trace column value without a valid
+	// traceparent (the event is published without trace headers).
+	OnBadTrace func(ev *decode.Event, problem string)
 }
 
 type route struct {
@@ -62,6 +68,8 @@ type Router struct {
 	dlq            string
 	cache          map[string]route
 	ce             *shaper // nil for the plain format
+	traceColumn    string
+	onBadTrace     func(ev *decode.Event, problem string)
 }
 
 // New returns a Router for cfg, or the first of cfg.Check's problems.
@@ -75,7 +83,7 @@ func New(cfg Config) (*Router, error) {
 	}
 	before, after, found := strings.Cut(cfg.TopicTemplate, Placeholder)
 	return &Router{prefix: before, suffix: after, templated: found, fixed: cfg.Topics, dlq: cfg.DLQTopic,
-		cache: make(map[string]route), ce: ce}, nil
+		cache: make(map[string]route), ce: ce, traceColumn: cfg.TraceColumn, onBadTrace: cfg.OnBadTrace}, nil
 }
 
 // Problem is a routing setting that cannot work, worded for the
@@ -208,6 +216,9 @@ func (r *Router) Route(ev *decode.Event, commit time.Time, rec *Record) (reason 
 	rec.Value = valueOf(ev.Payload)
 	rec.Timestamp = commit
 	rec.Headers = appendHeaders(rec.Headers[:0], ev)
+	if r.traceColumn != "" {
+		rec.Headers = r.traceHeaders(rec.Headers, ev)
+	}
 	if r.ce != nil {
 		return r.ce.shape(ev, commit, rec)
 	}
@@ -228,6 +239,9 @@ func (r *Router) DeadLetter(ev *decode.Event, commit time.Time, reason string, r
 	rec.Timestamp = commit
 	h := append(rec.Headers[:0], Header{wire.HeaderError, []byte(reason)})
 	h = appendHeaders(h, ev)
+	if r.traceColumn != "" {
+		h = r.traceHeaders(h, ev)
+	}
 	if !ev.AggregateID.Null {
 		h = append(h, Header{wire.HeaderAggregateID, ev.AggregateID.Bytes})
 	}

@@ -142,6 +142,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 func run(ctx context.Context, cfg *config.Config, pc pipeline.Config, log *slog.Logger, stderr io.Writer) int {
 	pc.Sink.Opts = append(pc.Sink.Opts, sink.RetryEOF())
 	m := metrics.New()
+	tp, stopTracing, err := startTracing(ctx, cfg.OTel, m, log)
+	if err != nil {
+		log.Error("tracing", "err", err)
+		return ExitFailure
+	}
+	if tp != nil {
+		pc.Tracer = tp
+		defer stopTracing() // after the pipeline drained: every span has ended
+	}
 	p, err := pipeline.New(pc, m, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "outbox-cdc: %v\n", err)
@@ -199,12 +208,12 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	mapping := decode.Mapping{
 		Schema: schema, Table: table,
 		ID: c.ID, AggregateType: c.AggregateType, AggregateID: c.AggregateID, EventType: c.EventType, Payload: c.Payload,
-		HeaderColumns: cfg.Outbox.HeaderColumns,
+		HeaderColumns: headerColumns(cfg.Outbox),
 	}
 	if err := mapping.Validate(); err != nil {
 		return pipeline.Config{}, err
 	}
-	cols := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}, cfg.Outbox.HeaderColumns...)
+	cols := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}, headerColumns(cfg.Outbox)...)
 	retainFor, retainBytes, err := config.RetainWindow(cfg.Postgres.Retain)
 	if err != nil { // validated already
 		return pipeline.Config{}, fmt.Errorf("postgres.retain: %w", err)
@@ -233,7 +242,8 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	pc := pipeline.Config{
 		Source:  src,
 		Mapping: mapping,
-		Routes:  router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic},
+		Routes: router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic,
+			TraceColumn: cfg.Outbox.TraceColumn},
 		Sink: sink.Config{
 			Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, DLQTopic: cfg.Kafka.DLQTopic,
 			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,

@@ -49,6 +49,7 @@ type Config struct {
 	Log        Log        `koanf:"log"`
 	Checkpoint Checkpoint `koanf:"checkpoint"` // where the acknowledged position is saved
 	Snapshot   Snapshot   `koanf:"snapshot"`   // rows already in the outbox when the slot is created
+	OTel       OTel       `koanf:"otel"`       // the connector's spans (OpenTelemetry)
 }
 
 // Postgres is the replication source.
@@ -88,6 +89,10 @@ type Outbox struct {
 	// MessagePrefix enables the table-less outbox (pg_logical_emit_message);
 	// "" disables it.
 	MessagePrefix string `koanf:"message_prefix"`
+	// TraceColumn holds a W3C trace context (a traceparent, or Debezium's
+	// tracingspancontext properties), sent as traceparent and tracestate
+	// headers; "" for none.
+	TraceColumn string `koanf:"trace_column"`
 }
 
 // Columns maps each record part to the name of the column that holds it.

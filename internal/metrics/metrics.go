@@ -39,6 +39,9 @@ type Metrics struct {
 	SnapshotEvents    prometheus.Counter
 	BackfilledEvents  prometheus.Counter
 	FatalErrors       *prometheus.CounterVec
+	// TraceContextInvalid and TraceSpansDropped: trace.go.
+	TraceContextInvalid prometheus.Counter
+	TraceSpansDropped   prometheus.Counter
 
 	start     time.Time
 	lastEvent atomic.Int64 // unix nanoseconds of the last acknowledged event
@@ -108,6 +111,7 @@ func New() *Metrics {
 	m.FatalErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fatal_errors_total",
 		Help: "Errors that stopped the connector, by reason (slot_missing, slot_or_publication_missing, slot_invalidated, timeline_fork, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
 	m.start = time.Now()
+	m.addTrace(ns)
 	sinceLast := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "seconds_since_last_event",
 		Help: "Seconds since the last event was acknowledged (since start when none yet)."}, func() float64 {
 		last := m.start

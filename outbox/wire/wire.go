@@ -25,6 +25,15 @@ const (
 	HeaderAggregateType = "aggregate_type" // selects the topic
 )
 
+// W3C trace-context headers (https://www.w3.org/TR/trace-context/) over Kafka
+// headers, as OpenTelemetry's Kafka instrumentations carry them. The connector
+// sends them when outbox.trace_column holds a trace context; the inbox
+// continues the trace from them.
+const (
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
+)
+
 // Headers a dead letter adds to the record it replaces. The dead letter keeps
 // the record's key, value, timestamp and headers; in front of them go
 // HeaderError and, when the broker refused the record, HeaderTopic. A row the

@@ -78,7 +78,7 @@ type ibConsumer struct {
 	done   chan error
 }
 
-func ibStart(t *testing.T, dsn, topic, group string, h inbox.Handler) *ibConsumer {
+func ibStart(t *testing.T, dsn, topic, group string, h inbox.Handler, tune ...func(*inbox.Config)) *ibConsumer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -88,13 +88,17 @@ func ibStart(t *testing.T, dsn, topic, group string, h inbox.Handler) *ibConsume
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	reg := prometheus.NewRegistry()
-	c, err := inbox.New(inbox.Config{
+	cfg := inbox.Config{
 		Brokers: kafkaServer.Brokers(), Group: group, Topics: []string{topic}, Consumer: "inventory",
 		DB: conn, Handler: h, Registerer: reg,
 		RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond,
 		Logger:       slog.New(slog.NewTextHandler(ibLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		KafkaOptions: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
-	})
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	c, err := inbox.New(cfg)
 	if err != nil {
 		t.Fatalf("inbox.New: %v", err)
 	}
