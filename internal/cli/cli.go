@@ -21,7 +21,6 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
-	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
@@ -196,15 +195,17 @@ func check(ctx context.Context, pc pipeline.Config, stdout, stderr io.Writer) in
 func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	schema, table := cfg.Outbox.SchemaTable()
 	c := cfg.Outbox.Columns
+	routes := cfg.Routes()
 	mapping := decode.Mapping{
 		Schema: schema, Table: table,
 		ID: c.ID, AggregateType: c.AggregateType, AggregateID: c.AggregateID, EventType: c.EventType, Payload: c.Payload,
-		HeaderColumns: cfg.Outbox.HeaderColumns,
+		HeaderColumns: cfg.Outbox.HeaderColumns, Columns: routes.Columns(),
 	}
 	if err := mapping.Validate(); err != nil {
 		return pipeline.Config{}, err
 	}
 	cols := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}, cfg.Outbox.HeaderColumns...)
+	cols = append(cols, mapping.Columns...)
 	retainFor, retainBytes, err := config.RetainWindow(cfg.Postgres.Retain)
 	if err != nil { // validated already
 		return pipeline.Config{}, fmt.Errorf("postgres.retain: %w", err)
@@ -233,7 +234,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	return pipeline.Config{
 		Source:  src,
 		Mapping: mapping,
-		Routes:  router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic},
+		Routes:  routes,
 		Sink: sink.Config{
 			Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, DLQTopic: cfg.Kafka.DLQTopic,
 			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,

@@ -88,6 +88,12 @@ type Outbox struct {
 	// MessagePrefix enables the table-less outbox (pg_logical_emit_message);
 	// "" disables it.
 	MessagePrefix string `koanf:"message_prefix"`
+	// Debezium EventRouter equivalents (router.Config, internal/config/eventrouter.go).
+	Fields                  []string `koanf:"fields"`           // column:header|envelope|partition[:alias]
+	StandardHeaders         []string `koanf:"standard_headers"` // of id, event_type, aggregate_type
+	SourceHeaders           []string `koanf:"source_headers"`   // of lsn, xid, commit_time
+	TombstoneOnEmptyPayload bool     `koanf:"tombstone_on_empty_payload"`
+	TimestampColumn         string   `koanf:"timestamp_column"` // record timestamp instead of the commit time
 }
 
 // Columns maps each record part to the name of the column that holds it.
@@ -118,8 +124,11 @@ type Kafka struct {
 	TopicPartitions        int           `koanf:"topic_partitions"`         // -1: the broker's default
 	TopicReplicationFactor int           `koanf:"topic_replication_factor"` // -1: the broker's default
 	UnknownTopicTimeout    time.Duration `koanf:"unknown_topic_timeout"`
-	TLS                    KafkaTLS      `koanf:"tls"`
-	SASL                   KafkaSASL     `koanf:"sasl"`
+	// TopicRegex and TopicReplacement rewrite the built topic name (Debezium's route.topic.regex/replacement).
+	TopicRegex       string    `koanf:"topic_regex"`
+	TopicReplacement string    `koanf:"topic_replacement"`
+	TLS              KafkaTLS  `koanf:"tls"`
+	SASL             KafkaSASL `koanf:"sasl"`
 }
 
 // KafkaTLS configures TLS towards the brokers (docs/security.md). The keys
@@ -195,6 +204,7 @@ func Default() Config {
 				EventType: "event_type", Payload: "payload",
 			},
 			HeaderColumns: []string{},
+			Fields:        []string{}, StandardHeaders: []string{"id", "event_type", "aggregate_type"}, SourceHeaders: []string{},
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq",
