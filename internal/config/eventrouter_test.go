@@ -1,0 +1,84 @@
+package config
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+func TestValidateEventRouter(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		key    string
+		want   string
+	}{
+		{"field syntax", func(c *Config) { c.Outbox.Fields = []string{"type"} }, "outbox.fields[0]", "column:header[:alias]"},
+		{"field placement", func(c *Config) { c.Outbox.Fields = []string{"a:header", "type:body"} }, "outbox.fields[1]", `placement "body"`},
+		{"field column", func(c *Config) { c.Outbox.Fields = []string{"a-b:header"} }, "outbox.fields[0]", "identifier"},
+		{"field alias twice", func(c *Config) { c.Outbox.Fields = []string{"a:header:h", "b:header:h"} }, "outbox.fields[1]", `header "h" appears twice`},
+		{"standard header", func(c *Config) { c.Outbox.StandardHeaders = []string{"type"} }, "outbox.standard_headers", "id, event_type, aggregate_type"},
+		{"source header", func(c *Config) { c.Outbox.SourceHeaders = []string{"txid"} }, "outbox.source_headers", "lsn, xid, commit_time"},
+		{"timestamp column", func(c *Config) { c.Outbox.TimestampColumn = "created at" }, "outbox.timestamp_column", "identifier"},
+		{"topic regex", func(c *Config) { c.Kafka.TopicRegex, c.Kafka.TopicReplacement = "(", "x" }, "kafka.topic_regex", "RE2"},
+		{"topic replacement", func(c *Config) { c.Kafka.TopicRegex, c.Kafka.TopicReplacement = "(a)", "$2" }, "kafka.topic_regex", "group 2"},
+		{"topic placeholder", func(c *Config) { c.Kafka.Topic = "e.{column:}" }, "kafka.topic", "{column:NAME}"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := withRequired()
+			tt.mutate(&c)
+			hasKey(t, c.Validate(), tt.key, tt.want)
+		})
+	}
+}
+
+// A Debezium-style configuration loads from YAML and the environment and
+// becomes the router configuration it says.
+func TestLoadEventRouter(t *testing.T) {
+	t.Parallel()
+	file := withRequiredYAML(t, `
+outbox:
+  fields: ["type:header:eventType", "type:envelope", "p:partition"]
+  standard_headers: [id]
+  timestamp_column: created_at
+  tombstone_on_empty_payload: true
+kafka:
+  topic: "{aggregate_type}"
+  topic_regex: "(?<routedByValue>.*)"
+  topic_replacement: "outbox.event.${routedByValue}"
+`)
+	cfg, err := Load(writeFile(t, file), []string{"OUTBOX_CDC_OUTBOX_SOURCE_HEADERS=lsn,xid"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := router.Config{
+		TopicTemplate: "{aggregate_type}", Topics: map[string]string{}, DLQTopic: "outbox.dlq",
+		TopicRegex: "(?<routedByValue>.*)", TopicReplacement: "outbox.event.${routedByValue}",
+		Fields: []router.Field{{Column: "type", Placement: router.PlaceHeader, Alias: "eventType"},
+			{Column: "type", Placement: router.PlaceEnvelope, Alias: "type"}, {Column: "p", Placement: router.PlacePartition, Alias: "p"}},
+		StandardHeaders: []string{"id"}, SourceHeaders: []string{"lsn", "xid"},
+		TimestampColumn: "created_at", TombstoneOnEmpty: true,
+	}
+	if got := cfg.Routes(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Routes() =\n%+v\nwant\n%+v", got, want)
+	}
+	if _, err := router.New(cfg.Routes()); err != nil {
+		t.Fatalf("router.New: %v", err)
+	}
+}
+
+// The defaults give the router today's records: every standard header, no
+// extra column.
+func TestDefaultRoutes(t *testing.T) {
+	t.Parallel()
+	c := withRequired()
+	rc := c.Routes()
+	if !reflect.DeepEqual(rc.StandardHeaders, []string{"id", "event_type", "aggregate_type"}) || len(rc.Fields) != 0 ||
+		len(rc.Columns()) != 0 || rc.TopicRegex != "" || rc.TombstoneOnEmpty {
+		t.Fatalf("default routes %+v", rc)
+	}
+}
