@@ -127,16 +127,16 @@ func (r *Router) RouteFrom(ev *decode.Event, src Source, rec *Record) (reason st
 	}
 	for _, s := range x.source {
 		switch s {
-		case HeaderLSN:
+		case wire.HeaderLSN:
 			if src.LSN != 0 {
-				h = append(h, Header{HeaderLSN, []byte(src.LSN.String())})
+				h = append(h, Header{wire.HeaderLSN, []byte(src.LSN.String())})
 			}
-		case HeaderXid:
+		case wire.HeaderXid:
 			if src.Xid != 0 {
-				h = append(h, Header{HeaderXid, strconv.AppendUint(nil, uint64(src.Xid), 10)})
+				h = append(h, Header{wire.HeaderXid, strconv.AppendUint(nil, uint64(src.Xid), 10)})
 			}
-		case HeaderCommitTime:
-			h = append(h, Header{HeaderCommitTime, src.Commit.UTC().AppendFormat(nil, "2006-01-02T15:04:05.000000Z07:00")})
+		case wire.HeaderCommitTime:
+			h = append(h, Header{wire.HeaderCommitTime, src.Commit.UTC().AppendFormat(nil, "2006-01-02T15:04:05.000000Z07:00")})
 		}
 	}
 	rec.Headers = h

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Placement says where an extra column goes (outbox.fields), as in
@@ -65,14 +67,7 @@ func (f Field) String() string {
 // transaction headers of outbox.source_headers.
 var (
 	standardHeaders = []string{"id", "event_type", "aggregate_type"}
-	sourceHeaders   = []string{HeaderLSN, HeaderXid, HeaderCommitTime}
-)
-
-// Names of the optional transaction headers (outbox.source_headers).
-const (
-	HeaderLSN        = "lsn"         // WAL position of the row's insert, e.g. 0/16B3748
-	HeaderXid        = "xid"         // PostgreSQL transaction id, decimal
-	HeaderCommitTime = "commit_time" // commit time, RFC 3339 UTC with microseconds
+	sourceHeaders   = []string{wire.HeaderLSN, wire.HeaderXid, wire.HeaderCommitTime}
 )
 
 // envelopePayload is the envelope member holding the payload (Debezium's
