@@ -7,35 +7,6 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
-func TestValidateEventRouter(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name   string
-		mutate func(*Config)
-		key    string
-		want   string
-	}{
-		{"field syntax", func(c *Config) { c.Outbox.Fields = []string{"type"} }, "outbox.fields[0]", "column:header[:alias]"},
-		{"field placement", func(c *Config) { c.Outbox.Fields = []string{"a:header", "type:body"} }, "outbox.fields[1]", `placement "body"`},
-		{"field column", func(c *Config) { c.Outbox.Fields = []string{"a-b:header"} }, "outbox.fields[0]", "identifier"},
-		{"field alias twice", func(c *Config) { c.Outbox.Fields = []string{"a:header:h", "b:header:h"} }, "outbox.fields[1]", `header "h" appears twice`},
-		{"standard header", func(c *Config) { c.Outbox.StandardHeaders = []string{"type"} }, "outbox.standard_headers", "id, event_type, aggregate_type"},
-		{"source header", func(c *Config) { c.Outbox.SourceHeaders = []string{"txid"} }, "outbox.source_headers", "lsn, xid, commit_time"},
-		{"timestamp column", func(c *Config) { c.Outbox.TimestampColumn = "created at" }, "outbox.timestamp_column", "identifier"},
-		{"topic regex", func(c *Config) { c.Kafka.TopicRegex, c.Kafka.TopicReplacement = "(", "x" }, "kafka.topic_regex", "RE2"},
-		{"topic replacement", func(c *Config) { c.Kafka.TopicRegex, c.Kafka.TopicReplacement = "(a)", "$2" }, "kafka.topic_regex", "group 2"},
-		{"topic placeholder", func(c *Config) { c.Kafka.Topic = "e.{column:}" }, "kafka.topic", "{column:NAME}"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			c := withRequired()
-			tt.mutate(&c)
-			hasKey(t, c.Validate(), tt.key, tt.want)
-		})
-	}
-}
-
 // A Debezium-style configuration loads from YAML and the environment and
 // becomes the router configuration it says.
 func TestLoadEventRouter(t *testing.T) {
