@@ -8,16 +8,14 @@ import (
 
 // Routes is the router's configuration: kafka.topic and its companions, and
 // the Debezium EventRouter options of the outbox section. Call it on a
-// validated Config.
+// validated Config. An empty outbox.standard_headers (`[]`, or the variable
+// set to "") loads as an empty list and means none.
 func (c *Config) Routes() router.Config {
 	rc := router.Config{
 		TopicTemplate: c.Kafka.Topic, Topics: c.Kafka.Topics, DLQTopic: c.Kafka.DLQTopic,
 		TopicRegex: c.Kafka.TopicRegex, TopicReplacement: c.Kafka.TopicReplacement,
 		StandardHeaders: c.Outbox.StandardHeaders, SourceHeaders: c.Outbox.SourceHeaders,
 		TimestampColumn: c.Outbox.TimestampColumn, TombstoneOnEmpty: c.Outbox.TombstoneOnEmptyPayload,
-	}
-	if rc.StandardHeaders == nil { // an empty list means none; only an unset one means all
-		rc.StandardHeaders = []string{}
 	}
 	for _, s := range c.Outbox.Fields {
 		if f, err := router.ParseField(s); err == nil {

@@ -53,3 +53,22 @@ func TestDefaultRoutes(t *testing.T) {
 		t.Fatalf("default routes %+v", rc)
 	}
 }
+
+// An empty standard_headers list reaches the router as "none", not as unset
+// (which the router reads as all three).
+func TestEmptyStandardHeaders(t *testing.T) {
+	t.Parallel()
+	for _, env := range [][]string{nil, {"OUTBOX_CDC_OUTBOX_STANDARD_HEADERS="}} {
+		yaml := requiredYAML
+		if env == nil {
+			yaml = withRequiredYAML(t, "outbox: {standard_headers: []}")
+		}
+		cfg, err := Load(writeFile(t, yaml), env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sh := cfg.Routes().StandardHeaders; sh == nil || len(sh) != 0 {
+			t.Errorf("env %v: StandardHeaders %#v, want an empty list", env, sh)
+		}
+	}
+}
