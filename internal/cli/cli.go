@@ -40,6 +40,8 @@ commands:
   verify   --config FILE --since TIME [--until TIME] [--margin D] [--repair] [--json]
                            compare the outbox rows of a time range with Kafka; with
                            --repair, republish the missing ones
+  from-debezium FILE.properties
+                           print the outbox-cdc YAML for a Debezium outbox connector config
   version                  print the version
 
 The config file may also be given by OUTBOX_CDC_CONFIG; every key can be
@@ -64,6 +66,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		fmt.Fprintf(stdout, "outbox-cdc %s\n", Version)
 		return ExitOK
 	case "run", "check", "status", "replay", "verify":
+	case "from-debezium":
+		return runFromDebezium(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK
