@@ -56,14 +56,37 @@ type wantRecord struct {
 // configurations (*.properties) and checks every record on the broker byte
 // for byte against what Debezium's EventRouter produces for the same rows.
 func TestEventRouterDebeziumParity(t *testing.T) {
+	placementRows := func(agg string) []string {
+		return []string{
+			fmt.Sprintf(`INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload, "timestamp", p)
+				VALUES ('%s', '%s', '1', 'OrderCreated', '%s', '2019-05-03 13:58:14.344123', 2)`, erID, agg, erPayload),
+			fmt.Sprintf(`INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
+				VALUES ('4d47e190-0402-4048-bc2c-89dd54343cdc', '%s', '1', 'OrderDeleted', NULL)`, agg),
+		}
+	}
+	placementRecords := func(agg string) []wantRecord {
+		return []wantRecord{
+			{topic: "outbox.event." + agg, key: "1", partition: 2,
+				value: []byte(`{"payload":` + erPayloadJSON + `,"eventType":"OrderCreated"}`),
+				headers: []kgo.RecordHeader{{Key: "id", Value: []byte(erID)},
+					{Key: "eventType", Value: []byte("OrderCreated")}},
+				timestamp: time.Date(2019, 5, 3, 13, 58, 14, 344_000_000, time.UTC)},
+			{topic: "outbox.event." + agg, key: "1", partition: -1, value: nil,
+				headers: []kgo.RecordHeader{{Key: "id", Value: []byte("4d47e190-0402-4048-bc2c-89dd54343cdc")},
+					{Key: "eventType", Value: []byte("OrderDeleted")}}},
+		}
+	}
 	tests := []struct {
 		name       string
+		config     string // testdata/eventrouter/<config>.yaml
+		snapshot   bool   // rows written before the start, published by snapshot.mode: pending
 		partitions int
 		rows       func(agg string) []string // INSERT statements
 		want       func(agg string) []wantRecord
 	}{
 		{
 			name:       "documented",
+			config:     "documented",
 			partitions: 1,
 			rows: func(agg string) []string {
 				return []string{fmt.Sprintf(`INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
@@ -74,30 +97,10 @@ func TestEventRouterDebeziumParity(t *testing.T) {
 					headers: []kgo.RecordHeader{{Key: "id", Value: []byte(erID)}}, partition: -1}}
 			},
 		},
-		{
-			name:       "placements",
-			partitions: 4,
-			rows: func(agg string) []string {
-				return []string{
-					fmt.Sprintf(`INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload, "timestamp", p)
-						VALUES ('%s', '%s', '1', 'OrderCreated', '%s', '2019-05-03 13:58:14.344123', 2)`, erID, agg, erPayload),
-					fmt.Sprintf(`INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
-						VALUES ('4d47e190-0402-4048-bc2c-89dd54343cdc', '%s', '1', 'OrderDeleted', NULL)`, agg),
-				}
-			},
-			want: func(agg string) []wantRecord {
-				return []wantRecord{
-					{topic: "outbox.event." + agg, key: "1", partition: 2,
-						value: []byte(`{"payload":` + erPayloadJSON + `,"eventType":"OrderCreated"}`),
-						headers: []kgo.RecordHeader{{Key: "id", Value: []byte(erID)},
-							{Key: "eventType", Value: []byte("OrderCreated")}},
-						timestamp: time.Date(2019, 5, 3, 13, 58, 14, 344_000_000, time.UTC)},
-					{topic: "outbox.event." + agg, key: "1", partition: -1, value: nil,
-						headers: []kgo.RecordHeader{{Key: "id", Value: []byte("4d47e190-0402-4048-bc2c-89dd54343cdc")},
-							{Key: "eventType", Value: []byte("OrderDeleted")}}},
-				}
-			},
-		},
+		{name: "placements", config: "placements", partitions: 4, rows: placementRows, want: placementRecords},
+		// Debezium's initial snapshot reads the rows as op "r", which the
+		// EventRouter routes like inserts: the same records.
+		{name: "placements_snapshot", config: "placements", snapshot: true, partitions: 4, rows: placementRows, want: placementRecords},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -119,15 +122,22 @@ func TestEventRouterDebeziumParity(t *testing.T) {
 			slot := "er_" + tc.name
 			dropSlotAtEnd(t, dsn, slot)
 			addr := freeAddr(t)
-			p := startProc(t, filepath.Join("testdata", "eventrouter", tc.name+".yaml"), addr, true,
-				"OUTBOX_CDC_POSTGRES_DSN="+dsn,
-				"OUTBOX_CDC_KAFKA_BROKERS="+strings.Join(kafkaServer.Brokers(), ","),
-				"OUTBOX_CDC_KAFKA_DLQ_TOPIC="+dlqFor(slot),
-				"OUTBOX_CDC_HTTP_LISTEN="+addr)
-
+			env := []string{"OUTBOX_CDC_POSTGRES_DSN=" + dsn, "OUTBOX_CDC_POSTGRES_SLOT=" + slot,
+				"OUTBOX_CDC_KAFKA_BROKERS=" + strings.Join(kafkaServer.Brokers(), ","),
+				"OUTBOX_CDC_KAFKA_DLQ_TOPIC=" + dlqFor(slot), "OUTBOX_CDC_HTTP_LISTEN=" + addr}
+			insert := func() {
+				for _, q := range tc.rows(agg) {
+					exec1(t, dsn, q)
+				}
+			}
 			before := time.Now().Add(-time.Second)
-			for _, q := range tc.rows(agg) {
-				exec1(t, dsn, q)
+			if tc.snapshot {
+				insert()
+				env = append(env, "OUTBOX_CDC_SNAPSHOT_MODE=pending")
+			}
+			p := startProc(t, filepath.Join("testdata", "eventrouter", tc.config+".yaml"), addr, true, env...)
+			if !tc.snapshot {
+				insert()
 			}
 			want := tc.want(agg)
 			got := consumeN(t, []string{topic}, len(want), time.Minute, 2*time.Second)
