@@ -172,6 +172,9 @@ type Event struct {
 	// Payload is json/jsonb/text as sent, bytea decoded to raw bytes, any
 	// other type in its text form. Null means a tombstone for the router.
 	Payload Value
+	// PayloadBinary reports a bytea payload column, which a JSON envelope
+	// writes as base64 (table-less events leave it false).
+	PayloadBinary bool
 	// Headers holds one entry per Mapping.HeaderColumns, in that order.
 	Headers []Header
 	// Columns holds one entry per Mapping.Columns, in that order.

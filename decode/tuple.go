@@ -51,6 +51,7 @@ func (d *Decoder) insert(r *reader, res *Result) error {
 	ev.AggregateID = pick(vals, rel.idx[fieldAggregateID])
 	ev.EventType = pick(vals, rel.idx[fieldEventType])
 	ev.Payload = pick(vals, rel.idx[fieldPayload])
+	ev.PayloadBinary = rel.idx[fieldPayload] >= 0 && rel.cols[rel.idx[fieldPayload]].bytea
 	for i := range d.headers {
 		// Name is rewritten too, in case a caller edited the aliased slice.
 		d.headers[i] = Header{Name: d.m.HeaderColumns[i], Value: pick(vals, rel.idx[numFields+i])}

@@ -35,6 +35,7 @@ type Rows struct {
 	rows    pgx.Rows
 	headers []string
 	extra   []string // Mapping.Columns
+	binary  bool     // the payload column is bytea
 	ctx     context.Context
 }
 
@@ -55,7 +56,7 @@ func (r *Rows) Event() (decode.Event, error) {
 		return decode.Event{}, fmt.Errorf("%s: scan: %w", r.what, err)
 	}
 	ev := decode.Event{ID: strValue(vals[0]), AggregateType: strValue(vals[1]), AggregateID: strValue(vals[2]),
-		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}}
+		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}, PayloadBinary: r.binary}
 	for i, h := range r.headers {
 		ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
 	}
@@ -104,14 +105,14 @@ func (s Source) begin(ctx context.Context, what string) (*Rows, error) {
 
 // query runs the rows query with filter and order on r's transaction.
 func (s Source) query(ctx context.Context, r *Rows, spec RowSpec, filter string, order []string) error {
-	q, err := s.rowsQuery(ctx, r.tx, spec.Mapping, filter, order)
+	q, binary, err := s.rowsQuery(ctx, r.tx, spec.Mapping, filter, order)
 	if err != nil {
 		return fmt.Errorf("%s: %w", r.what, err)
 	}
 	if r.rows, err = r.tx.Query(ctx, q); err != nil {
 		return fmt.Errorf("%s: %s: %w", r.what, q, err)
 	}
-	r.headers, r.extra = spec.Mapping.HeaderColumns, spec.Mapping.Columns
+	r.headers, r.extra, r.binary = spec.Mapping.HeaderColumns, spec.Mapping.Columns, binary
 	return nil
 }
 
@@ -206,15 +207,16 @@ func xidFilter(ref, xmin8 uint64) string { return fmt.Sprintf("%s >= %d", xid8(r
 // rowsQuery selects the mapped columns of the rows matching filter (SQL, ""
 // for all) ordered by order (columns, or expressions in parentheses): the
 // query of the snapshot and the backfill.
-func (s Source) rowsQuery(ctx context.Context, tx pgx.Tx, m decode.Mapping, filter string, order []string) (string, error) {
+func (s Source) rowsQuery(ctx context.Context, tx pgx.Tx, m decode.Mapping, filter string, order []string) (q string, binary bool, err error) {
 	var payloadType string
-	err := tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
+	err = tx.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped`,
 		s.qualified(), m.Payload).Scan(&payloadType)
 	if err != nil {
-		return "", fmt.Errorf("payload column %s: %w", m.Payload, err)
+		return "", false, fmt.Errorf("payload column %s: %w", m.Payload, err)
 	}
-	return snapshotSQL(m, s.Schema, s.Table, payloadType == "bytea", filter, order), nil
+	binary = payloadType == "bytea"
+	return snapshotSQL(m, s.Schema, s.Table, binary, filter, order), binary, nil
 }
 
 // snapshotSQL builds the rows query.

@@ -28,6 +28,7 @@ type RangeRead struct {
 	args    []any
 	headers []string
 	extra   []string // Mapping.Columns
+	binary  bool     // the payload column is bytea
 	// Column is the time column selecting the range: snapshot.order_by, or
 	// created_at. Order is the full ORDER BY.
 	Column string
@@ -98,10 +99,11 @@ func (s Source) prepareRange(ctx context.Context, r *RangeRead, spec RowSpec, si
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
-	q, err := s.rowsQuery(ctx, r.tx, spec.Mapping, "", order)
+	q, binary, err := s.rowsQuery(ctx, r.tx, spec.Mapping, "", order)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
+	r.binary = binary
 	c := pgx.Identifier{col}.Sanitize()
 	filter := c + " >= $1::timestamptz"
 	r.args = []any{since}
@@ -199,7 +201,7 @@ func (r *RangeRead) Row() (decode.Event, time.Time, error) {
 		return decode.Event{}, time.Time{}, fmt.Errorf("verify: scan: %w", err)
 	}
 	ev := decode.Event{ID: strValue(vals[0]), AggregateType: strValue(vals[1]), AggregateID: strValue(vals[2]),
-		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}}
+		EventType: strValue(vals[3]), Payload: decode.Value{Bytes: payload, Null: payload == nil}, PayloadBinary: r.binary}
 	for i, h := range r.headers {
 		ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
 	}

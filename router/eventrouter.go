@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/base64"
 	"fmt"
 	"slices"
 	"strconv"
@@ -167,12 +168,16 @@ func emptyPayload(v decode.Value) bool {
 
 // envelope builds the value Debezium's EventRouter gives with an envelope
 // placement, as Kafka's JsonConverter writes it with schemas.enable=false:
-// {"payload":<payload as a JSON string>,<alias>:<value>,...}, compact, members
+// {"payload":<payload as a JSON string, base64 for bytes>,<alias>:<value>,...}, compact, members
 // in outbox.fields order. The value is a new slice: it outlives the call.
 func (r *Router) envelope(ev *decode.Event) []byte {
 	b := make([]byte, 0, 16+len(ev.Payload.Bytes)*11/10)
 	b = append(b, `{"`+envelopePayload+`":`...)
-	b = appendJSONValue(b, ev.Payload, 0)
+	if ev.PayloadBinary && !ev.Payload.Null { // JsonConverter writes bytes as base64
+		b = appendJSONString(b, base64.StdEncoding.EncodeToString(ev.Payload.Bytes))
+	} else {
+		b = appendJSONValue(b, ev.Payload, 0)
+	}
 	for _, f := range r.x.fields {
 		if f.Placement != PlaceEnvelope {
 			continue

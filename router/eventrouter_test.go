@@ -45,6 +45,7 @@ func TestRouteFrom(t *testing.T) {
 		cfg       Config
 		cols      []decode.Column
 		payload   *decode.Value // nil: event()'s
+		binary    bool          // the payload is bytea
 		wantTopic string        // "" = outbox.event.order
 		wantValue *string       // nil: a tombstone
 		wantHdrs  []hv
@@ -82,6 +83,14 @@ func TestRouteFrom(t *testing.T) {
 			cols:      []decode.Column{col("type", "a/é\u2028<b>", 25)},
 			payload:   &decode.Value{Bytes: []byte(`"x\y"`)},
 			wantValue: ptr(`{"payload":"\"x\\y\"","type":"a/é` + "\u2028" + `<b>"}`),
+		},
+		{
+			name:      "envelope with a bytea payload: base64",
+			cfg:       Config{StandardHeaders: []string{}, Fields: fields(t, "type:envelope")},
+			cols:      []decode.Column{col("type", "T", 25)},
+			payload:   &decode.Value{Bytes: []byte{0xff, 0x00, '"'}},
+			binary:    true,
+			wantValue: ptr(`{"payload":"/wAi","type":"T"}`),
 		},
 		{
 			name:      "envelope with NULL payload and no tombstone option",
@@ -197,6 +206,7 @@ func TestRouteFrom(t *testing.T) {
 			if tc.payload != nil {
 				ev.Payload = *tc.payload
 			}
+			ev.PayloadBinary = tc.binary
 			rec := Record{Partition: 99, HasPartition: true}
 			reason := r.RouteFrom(&ev, src, &rec)
 			if tc.wantFail != "" {
