@@ -124,11 +124,12 @@ type Kafka struct {
 	TopicPartitions        int           `koanf:"topic_partitions"`         // -1: the broker's default
 	TopicReplicationFactor int           `koanf:"topic_replication_factor"` // -1: the broker's default
 	UnknownTopicTimeout    time.Duration `koanf:"unknown_topic_timeout"`
+	TLS                    KafkaTLS      `koanf:"tls"`
+	SASL                   KafkaSASL     `koanf:"sasl"`
+
 	// TopicRegex and TopicReplacement rewrite the built topic name (Debezium's route.topic.regex/replacement).
-	TopicRegex       string    `koanf:"topic_regex"`
-	TopicReplacement string    `koanf:"topic_replacement"`
-	TLS              KafkaTLS  `koanf:"tls"`
-	SASL             KafkaSASL `koanf:"sasl"`
+	TopicRegex       string `koanf:"topic_regex"`
+	TopicReplacement string `koanf:"topic_replacement"`
 }
 
 // KafkaTLS configures TLS towards the brokers (docs/security.md). The keys
