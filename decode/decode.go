@@ -31,6 +31,10 @@ type Mapping struct {
 	ID, AggregateType, AggregateID, EventType, Payload string
 	// HeaderColumns are extra columns copied to Event.Headers, in order.
 	HeaderColumns []string
+	// Columns are further columns delivered in Event.Columns, in order, for
+	// the router to place (outbox.fields, a timestamp column, topic
+	// placeholders); unlike HeaderColumns they are not headers by themselves.
+	Columns []string
 	// RelationID, when set, is the outbox table's OID as resolved at start
 	// (the partitioned root's for a partitioned outbox). Its rows are outbox
 	// rows under whatever name the WAL carries, so rows written while the
@@ -58,6 +62,9 @@ func (m Mapping) Validate() error {
 	for i, h := range m.HeaderColumns {
 		req(fmt.Sprintf("header column %d", i), h)
 	}
+	for i, c := range m.Columns {
+		req(fmt.Sprintf("column %d", i), c)
+	}
 	return errors.Join(errs...)
 }
 
@@ -71,6 +78,7 @@ type Decoder struct {
 	res      Result
 	vals     []Value  // one per tuple column of the current Insert
 	headers  []Header // one per Mapping.HeaderColumns
+	columns  []Column // one per Mapping.Columns
 	bytea    []byte   // decoded bytea values of the current Insert
 	truncIDs []uint32
 
@@ -83,10 +91,12 @@ type Decoder struct {
 // m names. m is copied.
 func NewDecoder(m Mapping) *Decoder {
 	m.HeaderColumns = append([]string(nil), m.HeaderColumns...)
+	m.Columns = append([]string(nil), m.Columns...)
 	d := &Decoder{
 		m:       m,
 		rels:    make(map[uint32]*relation),
 		headers: make([]Header, len(m.HeaderColumns)),
+		columns: make([]Column, len(m.Columns)),
 		strs:    make(map[string]string),
 	}
 	for i, h := range m.HeaderColumns {

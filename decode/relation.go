@@ -11,7 +11,8 @@ import (
 // is passed on in the text form PostgreSQL sent.
 const oidBytea = 17
 
-// Positions of the event fields in relation.idx; header columns follow.
+// Positions of the event fields in relation.idx; header columns, then the
+// other extra columns (Mapping.Columns) follow.
 const (
 	fieldID = iota
 	fieldAggregateType
@@ -118,9 +119,10 @@ func (d *Decoder) relation(r *reader, res *Result) error {
 
 // resolve finds each mapped column in rel and precomputes the Invalid text.
 func (d *Decoder) resolve(rel *relation) {
-	names := make([]string, 0, numFields+len(d.m.HeaderColumns))
+	names := make([]string, 0, numFields+len(d.m.HeaderColumns)+len(d.m.Columns))
 	names = append(names, d.m.ID, d.m.AggregateType, d.m.AggregateID, d.m.EventType, d.m.Payload)
 	names = append(names, d.m.HeaderColumns...)
+	names = append(names, d.m.Columns...)
 
 	rel.idx = make([]int, len(names))
 	var missing []string

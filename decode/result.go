@@ -155,6 +155,15 @@ type Header struct {
 	Value Value
 }
 
+// Column is one extra column the router places (Mapping.Columns).
+type Column struct {
+	Name  string
+	Value Value
+	// Type is the column's type OID when known (0 otherwise): the router
+	// writes booleans and numbers as such.
+	Type uint32
+}
+
 // Event is an Insert into the outbox table, with the mapped columns picked
 // out. Text values are as PostgreSQL sent them; bytea values are already
 // decoded to raw bytes.
@@ -168,6 +177,8 @@ type Event struct {
 	PayloadFormat PayloadFormat
 	// Headers holds one entry per Mapping.HeaderColumns, in that order.
 	Headers []Header
+	// Columns holds one entry per Mapping.Columns, in that order.
+	Columns []Column
 	// Invalid is non-empty when the row can never be published because the
 	// table lacks a mapped column; route the row to the dead-letter topic.
 	// NULL values are not Invalid: the router decides what they mean.

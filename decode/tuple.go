@@ -59,6 +59,17 @@ func (d *Decoder) insert(r *reader, res *Result) error {
 	if len(d.headers) > 0 {
 		ev.Headers = d.headers
 	}
+	base := numFields + len(d.headers)
+	for i := range d.columns {
+		at := rel.idx[base+i]
+		d.columns[i] = Column{Name: d.m.Columns[i], Value: pick(vals, at)}
+		if at >= 0 {
+			d.columns[i].Type = rel.cols[at].typ
+		}
+	}
+	if len(d.columns) > 0 {
+		ev.Columns = d.columns
+	}
 	res.Kind = KindEvent
 	return nil
 }

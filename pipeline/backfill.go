@@ -75,7 +75,7 @@ func (p *Pipeline) publishRows(ctx context.Context, rows *replication.Rows, txn 
 		if err != nil {
 			return n, err
 		}
-		if err := p.publish(ctx, txn, at, &ev, nil, &rec); err != nil {
+		if err := p.publish(ctx, txn, router.Source{Commit: at}, &ev, nil, &rec); err != nil {
 			return n, err
 		}
 		if count != nil {

@@ -43,6 +43,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 		txn        *offsets.Txn
 		skip       bool // transaction delivered before (below the start, or backfilled)
 		commitTime time.Time
+		xid        uint32
 		txnFinal   lsn.LSN    // commit LSN of the open transaction
 		dispatched = pl.start // end of the last transaction fully handed to the sink
 		rec        router.Record
@@ -102,7 +103,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			// PostgreSQL skips these when streaming starts at the checkpoint;
 			// this also covers a reconnect that resumed lower.
 			skip = res.Begin.FinalLSN < pl.start || bf.delivered(res.Begin.Xid)
-			commitTime = res.Begin.CommitTime
+			commitTime, xid = res.Begin.CommitTime, res.Begin.Xid
 			p.m.Transactions.Inc()
 		case decode.KindCommit:
 			if txn == nil {
@@ -132,7 +133,8 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			if skip {
 				continue
 			}
-			if err := p.publish(produceCtx, txn, commitTime, &res.Event, m.Data, &rec); err != nil {
+			src := router.Source{Commit: commitTime, Xid: xid, LSN: m.WALStart}
+			if err := p.publish(produceCtx, txn, src, &res.Event, m.Data, &rec); err != nil {
 				return err
 			}
 		case decode.KindMessage:
@@ -147,7 +149,8 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 				continue
 			}
 			ev := decode.ParseMessage(msg.Content)
-			if err := p.publish(produceCtx, txn, commitTime, &ev, msg.Content, &rec); err != nil {
+			src := router.Source{Commit: commitTime, Xid: xid, LSN: msg.LSN}
+			if err := p.publish(produceCtx, txn, src, &ev, msg.Content, &rec); err != nil {
 				return err
 			}
 		}
@@ -155,10 +158,10 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 }
 
 // publish routes one event and hands it to the producer.
-func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, commit time.Time, ev *decode.Event, msg []byte, rec *router.Record) error {
-	d := &delivery{p: p, txn: txn, commit: commit}
-	if reason := p.router.Route(ev, commit, rec); reason != "" {
-		p.router.DeadLetter(ev, commit, reason, rec)
+func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, src router.Source, ev *decode.Event, msg []byte, rec *router.Record) error {
+	d := &delivery{p: p, txn: txn, commit: src.Commit}
+	if reason := p.router.RouteFrom(ev, src, rec); reason != "" {
+		p.router.DeadLetter(ev, src.Commit, reason, rec)
 		d.reason, d.id = reason, string(ev.ID.Bytes)
 	}
 	rec.Topic = p.plan.topicPrefix + rec.Topic
@@ -170,7 +173,7 @@ func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, commit time.Ti
 		rec.Headers[i].Value = own(rec.Headers[i].Value, msg)
 	}
 	if p.cfg.Tracer != nil {
-		d.endSpan = p.cfg.Tracer.Start(commit, rec)
+		d.endSpan = p.cfg.Tracer.Start(src.Commit, rec)
 	}
 	p.tracker.Add(txn)
 	p.m.InFlight.Set(float64(p.tracker.InFlight()))

@@ -35,6 +35,7 @@ type Rows struct {
 	rows    pgx.Rows
 	headers []string
 	format  decode.PayloadFormat
+	extra   []string // Mapping.Columns
 	ctx     context.Context
 }
 
@@ -50,7 +51,8 @@ func (r *Rows) Event() (decode.Event, error) {
 	for i := range hdrs {
 		dest = append(dest, &hdrs[i])
 	}
-	if err := r.rows.Scan(dest...); err != nil {
+	cols := newColumnScan(r.extra)
+	if err := r.rows.Scan(cols.dest(dest)...); err != nil {
 		return decode.Event{}, fmt.Errorf("%s: scan: %w", r.what, err)
 	}
 	ev := decode.Event{ID: strValue(vals[0]), AggregateType: strValue(vals[1]), AggregateID: strValue(vals[2]),
@@ -58,6 +60,7 @@ func (r *Rows) Event() (decode.Event, error) {
 	for i, h := range r.headers {
 		ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
 	}
+	ev.Columns = cols.columns()
 	return ev, nil
 }
 
@@ -109,7 +112,7 @@ func (s Source) query(ctx context.Context, r *Rows, spec RowSpec, filter string,
 	if r.rows, err = r.tx.Query(ctx, q); err != nil {
 		return fmt.Errorf("%s: %s: %w", r.what, q, err)
 	}
-	r.headers, r.format = spec.Mapping.HeaderColumns, format
+	r.headers, r.extra, r.format = spec.Mapping.HeaderColumns, spec.Mapping.Columns, format
 	return nil
 }
 
@@ -228,6 +231,9 @@ func snapshotSQL(m decode.Mapping, schema, table string, payloadBytea bool, filt
 	}
 	for _, h := range m.HeaderColumns {
 		cols = append(cols, text(h))
+	}
+	for _, c := range m.Columns { // with the type the WAL's Relation message would give
+		cols = append(cols, text(c), "pg_typeof("+pgx.Identifier{c}.Sanitize()+")::oid")
 	}
 	q := "SELECT " + strings.Join(cols, ", ") + " FROM " + pgx.Identifier{schema, table}.Sanitize()
 	if f := strings.TrimSpace(filter); f != "" {
@@ -371,4 +377,36 @@ func (h *Heartbeat) Close() {
 		h.conn.Close(context.Background())
 		h.conn = nil
 	}
+}
+
+// columnScan reads the Mapping.Columns part of a rows query: each column's
+// text and type OID.
+type columnScan struct {
+	names []string
+	text  []*string
+	types []uint32
+}
+
+func newColumnScan(names []string) *columnScan {
+	return &columnScan{names: names, text: make([]*string, len(names)), types: make([]uint32, len(names))}
+}
+
+// dest appends the scan targets to d.
+func (c *columnScan) dest(d []any) []any {
+	for i := range c.names {
+		d = append(d, &c.text[i], &c.types[i])
+	}
+	return d
+}
+
+// columns returns the scanned values, nil when there are none.
+func (c *columnScan) columns() []decode.Column {
+	if len(c.names) == 0 {
+		return nil
+	}
+	out := make([]decode.Column, len(c.names))
+	for i, n := range c.names {
+		out[i] = decode.Column{Name: n, Value: strValue(c.text[i]), Type: c.types[i]}
+	}
+	return out
 }

@@ -28,6 +28,7 @@ type RangeRead struct {
 	args    []any
 	headers []string
 	format  decode.PayloadFormat
+	extra   []string // Mapping.Columns
 	// Column is the time column selecting the range: snapshot.order_by, or
 	// created_at. Order is the full ORDER BY.
 	Column string
@@ -57,7 +58,7 @@ func (s Source) ReadRange(ctx context.Context, spec RowSpec, since, until time.T
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("verify: begin: %w", err)
 	}
-	r := &RangeRead{conn: conn, tx: tx, ctx: ctx, headers: spec.Mapping.HeaderColumns}
+	r := &RangeRead{conn: conn, tx: tx, ctx: ctx, headers: spec.Mapping.HeaderColumns, extra: spec.Mapping.Columns}
 	if err := s.prepareRange(ctx, r, spec, since, until); err != nil {
 		r.Close()
 		return nil, err
@@ -102,6 +103,7 @@ func (s Source) prepareRange(ctx context.Context, r *RangeRead, spec RowSpec, si
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
+	r.format = format
 	c := pgx.Identifier{col}.Sanitize()
 	filter := c + " >= $1::timestamptz"
 	r.args = []any{since}
@@ -194,7 +196,8 @@ func (r *RangeRead) Row() (decode.Event, time.Time, error) {
 	for i := range hdrs {
 		dest = append(dest, &hdrs[i])
 	}
-	if err := r.batch.Scan(dest...); err != nil {
+	cols := newColumnScan(r.extra)
+	if err := r.batch.Scan(cols.dest(dest)...); err != nil {
 		return decode.Event{}, time.Time{}, fmt.Errorf("verify: scan: %w", err)
 	}
 	ev := decode.Event{ID: strValue(vals[0]), AggregateType: strValue(vals[1]), AggregateID: strValue(vals[2]),
@@ -202,6 +205,7 @@ func (r *RangeRead) Row() (decode.Event, time.Time, error) {
 	for i, h := range r.headers {
 		ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
 	}
+	ev.Columns = cols.columns()
 	return ev, at, nil
 }
 

@@ -167,15 +167,17 @@ func (s *shaper) shape(ev *decode.Event, commit time.Time, rec *Record) string {
 		{"time", commit.UTC().AppendFormat(nil, time.RFC3339Nano)},
 		{"partitionkey", subject}, // Partitioning extension: lets CloudEvents forwarders keep the key
 	}
-	// A tombstone stays a nil value, which compaction needs, so it is sent
-	// in binary mode in either format: an event without data.
-	if !s.structured || ev.Payload.Null {
+	// A tombstone (a NULL payload, or an empty one with
+	// outbox.tombstone_on_empty_payload) stays a nil value, which compaction
+	// needs, so it is sent in binary mode in either format: an event without
+	// data.
+	if !s.structured || rec.Value == nil {
 		for _, a := range attrs {
 			if len(a.Value) > 0 {
 				rec.Headers = append(rec.Headers, Header{wire.CEHeaderPrefix + a.Key, a.Value})
 			}
 		}
-		if !ev.Payload.Null {
+		if rec.Value != nil {
 			rec.Headers = append(rec.Headers, Header{wire.HeaderContentType, []byte(ct)})
 		}
 		return ""

@@ -36,9 +36,15 @@ type Record struct {
 	Value     []byte // nil for a tombstone
 	Headers   []Header
 	Timestamp time.Time
+	// Partition is the record's partition when HasPartition (an
+	// outbox.fields partition column); otherwise the key chooses it.
+	Partition    int32
+	HasPartition bool
 }
 
-// Config holds the routing rules (kafka.topic, kafka.topics, kafka.dlq_topic).
+// Config holds the routing rules (kafka.topic, kafka.topics, kafka.dlq_topic)
+// and the options of Debezium's outbox EventRouter that fit a row outbox
+// (docs/operations.md, "Cut-over from Debezium's outbox event router").
 type Config struct {
 	TopicTemplate string
 	Topics        map[string]string
@@ -53,6 +59,26 @@ type Config struct {
 	// OnBadTrace is told about a trace column value without a valid
 	// traceparent (the event is published without trace headers).
 	OnBadTrace func(ev *decode.Event, problem string)
+
+	// TopicRegex and TopicReplacement (kafka.topic_regex,
+	// kafka.topic_replacement): a name the template builds that matches the
+	// regex whole is replaced (Java syntax: $1, ${name}), as Kafka
+	// Connect's RegexRouter does for route.topic.regex.
+	TopicRegex, TopicReplacement string
+	// Fields are outbox.fields: extra columns as headers, envelope members
+	// or the partition.
+	Fields []Field
+	// StandardHeaders (outbox.standard_headers) chooses among the id,
+	// event_type and aggregate_type headers; nil means all three.
+	StandardHeaders []string
+	// SourceHeaders (outbox.source_headers) adds lsn, xid, commit_time.
+	SourceHeaders []string
+	// TimestampColumn (outbox.timestamp_column) is the record timestamp
+	// instead of the commit time, when not NULL.
+	TimestampColumn string
+	// TombstoneOnEmpty (outbox.tombstone_on_empty_payload) publishes an
+	// empty or blank payload as a tombstone, envelope or not.
+	TombstoneOnEmpty bool
 }
 
 type route struct {
@@ -70,6 +96,8 @@ type Router struct {
 	ce             *shaper // nil for the plain format
 	traceColumn    string
 	onBadTrace     func(ev *decode.Event, problem string)
+	gen            *general // nil when prefix and suffix build every topic
+	x              extras
 }
 
 // New returns a Router for cfg, or the first of cfg.Check's problems.
@@ -82,8 +110,17 @@ func New(cfg Config) (*Router, error) {
 		return nil, err
 	}
 	before, after, found := strings.Cut(cfg.TopicTemplate, Placeholder)
-	return &Router{prefix: before, suffix: after, templated: found, fixed: cfg.Topics, dlq: cfg.DLQTopic,
-		cache: make(map[string]route), ce: ce, traceColumn: cfg.TraceColumn, onBadTrace: cfg.OnBadTrace}, nil
+	r := &Router{prefix: before, suffix: after, templated: found, fixed: cfg.Topics, dlq: cfg.DLQTopic,
+		cache: make(map[string]route), x: newExtras(cfg),
+		ce: ce, traceColumn: cfg.TraceColumn, onBadTrace: cfg.OnBadTrace}
+	if cfg.TopicRegex != "" || len(templateColumns(cfg.TopicTemplate)) > 0 {
+		g, err := newGeneral(cfg)
+		if err != nil {
+			return nil, Problem{"kafka.topic_regex", cfg.TopicRegex, err.Error(), ""}
+		}
+		r.gen = g
+	}
+	return r, nil
 }
 
 // Problem is a routing setting that cannot work, worded for the
@@ -99,9 +136,17 @@ func (p Problem) Error() string { return fmt.Sprintf("%s %q: %s", p.Key, p.Value
 // (kafka.dlq_topic); a dead-letter topic that events can be routed to.
 func (cfg Config) Check() []Problem {
 	var out []Problem
-	if p := templateProblem(cfg.TopicTemplate); p != "" {
-		out = append(out, Problem{"kafka.topic", cfg.TopicTemplate, p, "the only placeholder is " + Placeholder})
+	if p := templateProblem(cfg.TopicTemplate, cfg.TopicRegex == ""); p != "" {
+		out = append(out, Problem{"kafka.topic", cfg.TopicTemplate, p,
+			"the placeholders are " + Placeholder + " and " + columnPrefix + "NAME} (a column of the outbox table)"})
 	}
+	if cfg.TopicRegex != "" {
+		if _, err := newGeneral(cfg); err != nil {
+			out = append(out, Problem{"kafka.topic_regex", cfg.TopicRegex + " -> " + cfg.TopicReplacement, err.Error(),
+				"a Go regexp (RE2) and a replacement with $1 or ${name}"})
+		}
+	}
+	out = append(out, cfg.FieldProblems()...)
 	for _, at := range slices.Sorted(maps.Keys(cfg.Topics)) {
 		key := fmt.Sprintf("kafka.topics[%q]", at)
 		if at == "" {
@@ -124,8 +169,9 @@ func (cfg Config) Check() []Problem {
 var placeholderRE = regexp.MustCompile(`\{[^}]*\}?|\}`)
 
 // templateProblem checks a template: at most one Placeholder, no other
-// placeholder, and a legal topic name once the placeholder is replaced.
-func templateProblem(t string) string {
+// placeholder than column ones, and, when legal is set (no regex rewrites the
+// name), a legal topic name once the placeholders are replaced.
+func templateProblem(t string, legal bool) string {
 	if t == "" {
 		return "must not be empty"
 	}
@@ -135,9 +181,13 @@ func templateProblem(t string) string {
 			return "unmatched }"
 		case !strings.HasSuffix(ph, "}"):
 			return "unmatched {"
-		case ph != Placeholder:
+		case ph != Placeholder && columnOf(ph) == "":
 			return "unknown placeholder " + ph
 		}
+	}
+	cols := templateColumns(t)
+	for _, c := range cols {
+		t = strings.ReplaceAll(t, columnPrefix+c+"}", "x") // a value adds at least a character
 	}
 	before, after, found := strings.Cut(t, Placeholder)
 	name := t
@@ -148,9 +198,9 @@ func templateProblem(t string) string {
 	switch {
 	case strings.Contains(after, Placeholder):
 		return Placeholder + " may appear once"
-	case f == topicOK:
+	case f == topicOK || !legal:
 		return ""
-	case found && f == topicTooLong:
+	case (found || len(cols) > 0) && f == topicTooLong:
 		return "too long: a topic name has at most 249 characters"
 	case f == topicBadChar:
 		return "a " + configWording[f]
@@ -189,7 +239,8 @@ func (cfg Config) dlqClash() string {
 	before, after, found := strings.Cut(cfg.TopicTemplate, Placeholder)
 	d := cfg.DLQTopic
 	switch {
-	case templateProblem(cfg.TopicTemplate) != "" || cfg.TopicTemplate == Placeholder:
+	case templateProblem(cfg.TopicTemplate, true) != "" || cfg.TopicTemplate == Placeholder ||
+		cfg.TopicRegex != "" || len(templateColumns(cfg.TopicTemplate)) > 0:
 	case !found && d == cfg.TopicTemplate:
 		return "same as kafka.topic"
 	case found && len(d) > len(before)+len(after) && strings.HasPrefix(d, before) && strings.HasSuffix(d, after):
@@ -201,28 +252,7 @@ func (cfg Config) dlqClash() string {
 // Route fills rec for ev committed at commit. It returns a non-empty reason
 // when the row can never be published; the caller then dead-letters it.
 func (r *Router) Route(ev *decode.Event, commit time.Time, rec *Record) (reason string) {
-	if ev.Invalid != "" {
-		return ev.Invalid
-	}
-	if ev.AggregateID.Null {
-		return "aggregate_id is NULL"
-	}
-	rt := r.topicFor(ev.AggregateType)
-	if rt.reason != "" {
-		return rt.reason
-	}
-	rec.Topic = rt.topic
-	rec.Key = ev.AggregateID.Bytes
-	rec.Value = valueOf(ev.Payload)
-	rec.Timestamp = commit
-	rec.Headers = appendHeaders(rec.Headers[:0], ev)
-	if r.traceColumn != "" {
-		rec.Headers = r.traceHeaders(rec.Headers, ev)
-	}
-	if r.ce != nil {
-		return r.ce.shape(ev, commit, rec)
-	}
-	return ""
+	return r.RouteFrom(ev, Source{Commit: commit}, rec)
 }
 
 // DeadLetter fills rec with the dead-letter record for ev, in the shape
@@ -231,6 +261,7 @@ func (r *Router) Route(ev *decode.Event, commit time.Time, rec *Record) (reason 
 // first and aggregate_id last.
 func (r *Router) DeadLetter(ev *decode.Event, commit time.Time, reason string, rec *Record) {
 	rec.Topic = r.dlq
+	rec.Partition, rec.HasPartition = 0, false
 	rec.Key = ev.AggregateID.Bytes
 	if ev.AggregateID.Null {
 		rec.Key = ev.ID.Bytes
@@ -275,7 +306,11 @@ func appendHeaders(h []Header, ev *decode.Event) []Header {
 	return h
 }
 
-func (r *Router) topicFor(aggType decode.Value) route {
+func (r *Router) topicFor(ev *decode.Event) route {
+	if r.gen != nil {
+		return r.generalTopic(ev)
+	}
+	aggType := ev.AggregateType
 	if aggType.Null {
 		if r.templated {
 			return route{reason: "aggregate_type is NULL and kafka.topic uses " + Placeholder}
@@ -290,6 +325,28 @@ func (r *Router) topicFor(aggType decode.Value) route {
 	rt := r.resolve(at)
 	if len(r.cache) < maxTopicCache {
 		r.cache[at] = rt
+	}
+	return rt
+}
+
+// generalTopic builds the topic from column placeholders and the regex; a
+// kafka.topics entry for the aggregate type still wins.
+func (r *Router) generalTopic(ev *decode.Event) route {
+	if !ev.AggregateType.Null {
+		if t, ok := r.fixed[string(ev.AggregateType.Bytes)]; ok {
+			return route{topic: t}
+		}
+	}
+	name, reason := r.gen.name(ev)
+	if reason != "" {
+		return route{reason: reason}
+	}
+	if rt, ok := r.cache[string(name)]; ok {
+		return rt
+	}
+	rt := r.gen.resolve(string(name))
+	if len(r.cache) < maxTopicCache {
+		r.cache[string(name)] = rt
 	}
 	return rt
 }

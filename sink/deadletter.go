@@ -41,6 +41,7 @@ func (s *Sink) deadLetter(r *record, reason string, cause error) {
 		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.Topic)})
 	r.Headers = append(h, r.Headers...)
 	r.orig, r.Topic = r.Topic, s.dlq
+	r.Partition = -1 // the key chooses, whatever partition the original had
 	r.dead, r.reason, r.level = true, reason, 0
 	r.err, r.alone, r.resent, r.seq = nil, false, false, 0
 	if errors.Is(cause, kerr.InvalidTimestamp) {

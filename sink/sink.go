@@ -155,7 +155,8 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		// Keyed records hash with murmur2 like the Java client, so the same
 		// aggregate_id lands in the same partition for every producer.
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		// A record with a partition column's value keeps it (partitioner).
+		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ProducerBatchCompression(codec),
 		// A batch over the topic's limit is refused whole: cap each topic's
@@ -275,6 +276,10 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 	r.Key = rec.Key
 	r.Value = rec.Value
 	r.Timestamp = rec.Timestamp
+	r.Partition = -1
+	if rec.HasPartition {
+		r.Partition = rec.Partition
+	}
 	h := r.hdr[:0]
 	for _, x := range rec.Headers {
 		h = append(h, kgo.RecordHeader{Key: x.Key, Value: x.Value})

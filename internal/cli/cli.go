@@ -21,7 +21,6 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
-	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
@@ -41,6 +40,8 @@ commands:
   verify   --config FILE --since TIME [--until TIME] [--margin D] [--repair] [--json]
                            compare the outbox rows of a time range with Kafka; with
                            --repair, republish the missing ones
+  from-debezium FILE.properties
+                           print the outbox-cdc YAML for a Debezium outbox connector config
   version                  print the version
 
 The config file may also be given by OUTBOX_CDC_CONFIG; every key can be
@@ -65,6 +66,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		fmt.Fprintf(stdout, "outbox-cdc %s\n", Version)
 		return ExitOK
 	case "run", "check", "status", "replay", "verify":
+	case "from-debezium":
+		return runFromDebezium(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK
@@ -205,15 +208,17 @@ func check(ctx context.Context, pc pipeline.Config, stdout, stderr io.Writer) in
 func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	schema, table := cfg.Outbox.SchemaTable()
 	c := cfg.Outbox.Columns
+	routes := cfg.Routes()
 	mapping := decode.Mapping{
 		Schema: schema, Table: table,
 		ID: c.ID, AggregateType: c.AggregateType, AggregateID: c.AggregateID, EventType: c.EventType, Payload: c.Payload,
-		HeaderColumns: headerColumns(cfg.Outbox),
+		HeaderColumns: headerColumns(cfg.Outbox), Columns: routes.Columns(),
 	}
 	if err := mapping.Validate(); err != nil {
 		return pipeline.Config{}, err
 	}
 	cols := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}, headerColumns(cfg.Outbox)...)
+	cols = append(cols, mapping.Columns...)
 	retainFor, retainBytes, err := config.RetainWindow(cfg.Postgres.Retain)
 	if err != nil { // validated already
 		return pipeline.Config{}, fmt.Errorf("postgres.retain: %w", err)
@@ -242,8 +247,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	pc := pipeline.Config{
 		Source:  src,
 		Mapping: mapping,
-		Routes: router.Config{TopicTemplate: cfg.Kafka.Topic, Topics: cfg.Kafka.Topics, DLQTopic: cfg.Kafka.DLQTopic,
-			TraceColumn: cfg.Outbox.TraceColumn},
+		Routes:  routes,
 		Sink: sink.Config{
 			Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, DLQTopic: cfg.Kafka.DLQTopic,
 			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,

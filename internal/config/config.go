@@ -93,6 +93,12 @@ type Outbox struct {
 	// tracingspancontext properties), sent as traceparent and tracestate
 	// headers; "" for none.
 	TraceColumn string `koanf:"trace_column"`
+	// Debezium EventRouter equivalents (router.Config, internal/config/eventrouter.go).
+	Fields                  []string `koanf:"fields"`           // column:header|envelope|partition[:alias]
+	StandardHeaders         []string `koanf:"standard_headers"` // of id, event_type, aggregate_type
+	SourceHeaders           []string `koanf:"source_headers"`   // of lsn, xid, commit_time
+	TombstoneOnEmptyPayload bool     `koanf:"tombstone_on_empty_payload"`
+	TimestampColumn         string   `koanf:"timestamp_column"` // record timestamp instead of the commit time
 }
 
 // Columns maps each record part to the name of the column that holds it.
@@ -125,6 +131,9 @@ type Kafka struct {
 	UnknownTopicTimeout    time.Duration `koanf:"unknown_topic_timeout"`
 	TLS                    KafkaTLS      `koanf:"tls"`
 	SASL                   KafkaSASL     `koanf:"sasl"`
+	// TopicRegex and TopicReplacement rewrite the built topic name (Debezium's route.topic.regex/replacement).
+	TopicRegex       string `koanf:"topic_regex"`
+	TopicReplacement string `koanf:"topic_replacement"`
 	// Format is one of router.Formats; CloudEvents configures the
 	// cloudevents-* ones.
 	Format      string           `koanf:"format"`
@@ -210,6 +219,7 @@ func Default() Config {
 				EventType: "event_type", Payload: "payload",
 			},
 			HeaderColumns: []string{},
+			Fields:        []string{}, StandardHeaders: []string{"id", "event_type", "aggregate_type"}, SourceHeaders: []string{},
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq",

@@ -468,6 +468,16 @@ func TestValidate(t *testing.T) {
 		{"column bad", func(c *Config) { c.Outbox.Columns.AggregateType = "agg-type" }, "outbox.columns.aggregate_type", "identifier"},
 		{"column long", func(c *Config) { c.Outbox.Columns.AggregateID = strings.Repeat("a", 64) }, "outbox.columns.aggregate_id", "63"},
 		{"column event_type", func(c *Config) { c.Outbox.Columns.EventType = "1x" }, "outbox.columns.event_type", "identifier"},
+		{"field syntax", func(c *Config) { c.Outbox.Fields = []string{"type"} }, "outbox.fields[0]", "column:header[:alias]"},
+		{"field placement", func(c *Config) { c.Outbox.Fields = []string{"a:header", "type:body"} }, "outbox.fields[1]", `placement "body"`},
+		{"field column", func(c *Config) { c.Outbox.Fields = []string{"a-b:header"} }, "outbox.fields[0]", "identifier"},
+		{"field alias twice", func(c *Config) { c.Outbox.Fields = []string{"a:header:h", "b:header:h"} }, "outbox.fields[1]", `header "h" appears twice`},
+		{"standard header", func(c *Config) { c.Outbox.StandardHeaders = []string{"type"} }, "outbox.standard_headers", "id, event_type, aggregate_type"},
+		{"source header", func(c *Config) { c.Outbox.SourceHeaders = []string{"txid"} }, "outbox.source_headers", "lsn, xid, commit_time"},
+		{"timestamp column", func(c *Config) { c.Outbox.TimestampColumn = "created at" }, "outbox.timestamp_column", "identifier"},
+		{"topic regex", func(c *Config) { c.Kafka.TopicRegex, c.Kafka.TopicReplacement = "(", "x" }, "kafka.topic_regex", "RE2"},
+		{"topic replacement", func(c *Config) { c.Kafka.TopicRegex, c.Kafka.TopicReplacement = "(a)", "$2" }, "kafka.topic_regex", "group 2"},
+		{"topic placeholder", func(c *Config) { c.Kafka.Topic = "e.{column:}" }, "kafka.topic", "{column:NAME}"},
 		{"column payload", func(c *Config) { c.Outbox.Columns.Payload = "pay load" }, "outbox.columns.payload", "identifier"},
 		{"header empty", func(c *Config) { c.Outbox.HeaderColumns = []string{"a", ""} }, "outbox.header_columns[1]", "must not be empty"},
 		{"header duplicate", func(c *Config) { c.Outbox.HeaderColumns = []string{"a", "b", "a"} }, "outbox.header_columns[2]", "listed twice"},
@@ -739,7 +749,7 @@ func TestSchema(t *testing.T) {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 60 {
+	if len(leaves) != 67 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }

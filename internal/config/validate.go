@@ -106,6 +106,7 @@ func (c *Config) problems() []FieldError {
 	v.outbox(c.Outbox)
 	v.tracing(c.Outbox, c.OTel)
 	v.kafka(c.Kafka)
+	v.eventRouter(c)
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
 		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 	}
@@ -247,7 +248,8 @@ func (v *validator) kafka(k Kafka) {
 			v.add(fmt.Sprintf("kafka.brokers[%d]", i), b, p, "use host:port, such as kafka1:9092")
 		}
 	}
-	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: k.DLQTopic}).Check() {
+	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: k.DLQTopic,
+		TopicRegex: k.TopicRegex, TopicReplacement: k.TopicReplacement}).Check() {
 		v.add(p.Key, p.Value, p.Reason, p.Fix)
 	}
 	switch {

@@ -34,6 +34,14 @@ const (
 	HeaderTraceState  = "tracestate"
 )
 
+// Headers the connector adds after the others when outbox.source_headers
+// names them; rows read from the table instead of the WAL have no lsn or xid.
+const (
+	HeaderLSN        = "lsn"         // WAL position of the row's insert, e.g. 0/16B3748
+	HeaderXid        = "xid"         // PostgreSQL transaction id, decimal
+	HeaderCommitTime = "commit_time" // commit time, RFC 3339 UTC with microseconds
+)
+
 // Headers a dead letter adds to the record it replaces. The dead letter keeps
 // the record's key, value, timestamp and headers; in front of them go
 // HeaderError and, when the broker refused the record, HeaderTopic. A row the

@@ -130,16 +130,23 @@ func newTopic(t *testing.T, partitions int) string {
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
 	topic := "it-" + hex.EncodeToString(suffix)
+	createTopic(t, topic, partitions)
+	return topic
+}
 
+// createTopic creates topic with n partitions and deletes it when the test
+// ends.
+func createTopic(t *testing.T, topic string, n int) {
+	t.Helper()
 	adm := newAdmin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := adm.CreateTopic(ctx, int32(partitions), 1, nil, topic)
+	resp, err := adm.CreateTopic(ctx, int32(n), 1, nil, topic)
 	if err == nil {
 		err = resp.Err
 	}
 	if err != nil {
-		t.Fatalf("new topic: %v", err)
+		t.Fatalf("create topic %s: %v", topic, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -152,7 +159,6 @@ func newTopic(t *testing.T, partitions int) string {
 			t.Logf("delete topic %s: %v", topic, err)
 		}
 	})
-	return topic
 }
 
 // newAdmin returns an admin client for the shared broker, closed when the

@@ -1,0 +1,288 @@
+package router
+
+import (
+	"encoding/base64"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+)
+
+// Source is where a row comes from: its transaction's commit time and xid,
+// and the WAL position of its insert (zero for rows read from the table).
+type Source struct {
+	Commit time.Time
+	Xid    uint32
+	LSN    lsn.LSN
+}
+
+// Type OIDs (pg_type.dat) written as JSON booleans and numbers, and the
+// timestamp types a timestamp column may have.
+const (
+	oidBool        = 16
+	oidInt8        = 20
+	oidInt2        = 21
+	oidInt4        = 23
+	oidFloat4      = 700
+	oidFloat8      = 701
+	oidTimestamp   = 1114
+	oidTimestamptz = 1184
+)
+
+var (
+	textTrue  = []byte("true")
+	textFalse = []byte("false")
+)
+
+// extras is what the EventRouter options add to a Router.
+type extras struct {
+	fields    []Field
+	envelope  bool
+	std       [3]bool // id, event_type, aggregate_type headers
+	source    []string
+	tsColumn  string
+	tombstone bool
+}
+
+func newExtras(cfg Config) extras {
+	x := extras{fields: slices.Clone(cfg.Fields), source: slices.Clone(cfg.SourceHeaders),
+		tsColumn: cfg.TimestampColumn, tombstone: cfg.TombstoneOnEmpty, std: [3]bool{true, true, true}}
+	if cfg.StandardHeaders != nil {
+		for i, h := range standardHeaders {
+			x.std[i] = slices.Contains(cfg.StandardHeaders, h)
+		}
+	}
+	for _, f := range x.fields {
+		x.envelope = x.envelope || f.Placement == PlaceEnvelope
+	}
+	return x
+}
+
+// RouteFrom is Route with the transaction's xid and the row's WAL position,
+// which outbox.source_headers may publish.
+func (r *Router) RouteFrom(ev *decode.Event, src Source, rec *Record) (reason string) {
+	if ev.Invalid != "" {
+		return ev.Invalid
+	}
+	if ev.AggregateID.Null {
+		return "aggregate_id is NULL"
+	}
+	rt := r.topicFor(ev)
+	if rt.reason != "" {
+		return rt.reason
+	}
+	rec.Topic = rt.topic
+	rec.Key = ev.AggregateID.Bytes
+	rec.Partition, rec.HasPartition = 0, false
+	rec.Timestamp = src.Commit
+	x := &r.x
+	if x.tsColumn != "" {
+		v, typ := column(ev, x.tsColumn)
+		if !v.Null { // NULL falls back to the commit time, as Debezium falls back to ts_ms
+			ts, err := parseTimestamp(string(v.Bytes), typ)
+			if err != nil {
+				return fmt.Sprintf("outbox.timestamp_column %q: %v", x.tsColumn, err)
+			}
+			rec.Timestamp = ts
+		}
+	}
+	h := rec.Headers[:0]
+	add := func(key string, v decode.Value) {
+		if !v.Null {
+			h = append(h, Header{key, v.Bytes})
+		}
+	}
+	if x.std[0] {
+		add(wire.HeaderID, ev.ID)
+	}
+	if x.std[1] {
+		add(wire.HeaderEventType, ev.EventType)
+	}
+	if x.std[2] {
+		add(wire.HeaderAggregateType, ev.AggregateType)
+	}
+	for _, c := range ev.Headers {
+		add(c.Name, c.Value)
+	}
+	for _, f := range x.fields {
+		v, typ := column(ev, f.Column)
+		switch f.Placement {
+		case PlaceHeader:
+			// Kafka Connect's SimpleHeaderConverter: NULL is a null header,
+			// a boolean is true/false, anything else its text.
+			h = append(h, Header{f.Alias, headerValue(v, typ)})
+		case PlacePartition:
+			if v.Null {
+				continue // Debezium: a NULL partition leaves it to the key
+			}
+			p, err := strconv.ParseInt(string(v.Bytes), 10, 32)
+			if err != nil || p < 0 {
+				return fmt.Sprintf("partition column %q holds %q, not a partition number", f.Column, v.Bytes)
+			}
+			rec.Partition, rec.HasPartition = int32(p), true
+		}
+	}
+	for _, s := range x.source {
+		switch s {
+		case wire.HeaderLSN:
+			if src.LSN != 0 {
+				h = append(h, Header{wire.HeaderLSN, []byte(src.LSN.String())})
+			}
+		case wire.HeaderXid:
+			if src.Xid != 0 {
+				h = append(h, Header{wire.HeaderXid, strconv.AppendUint(nil, uint64(src.Xid), 10)})
+			}
+		case wire.HeaderCommitTime:
+			h = append(h, Header{wire.HeaderCommitTime, src.Commit.UTC().AppendFormat(nil, "2006-01-02T15:04:05.000000Z07:00")})
+		}
+	}
+	rec.Headers = h
+	if r.traceColumn != "" {
+		rec.Headers = r.traceHeaders(rec.Headers, ev)
+	}
+	switch {
+	case x.tombstone && emptyPayload(ev.Payload):
+		rec.Value = nil
+	case x.envelope:
+		rec.Value = r.envelope(ev)
+	default:
+		rec.Value = valueOf(ev.Payload)
+	}
+	if r.ce != nil {
+		return r.ce.shape(ev, src.Commit, rec)
+	}
+	return ""
+}
+
+// emptyPayload is Debezium's route.tombstone.on.empty.payload test: NULL, or
+// nothing but what Java's String.trim removes (characters up to U+0020).
+func emptyPayload(v decode.Value) bool {
+	if v.Null {
+		return true
+	}
+	for _, c := range v.Bytes {
+		if c > ' ' {
+			return false
+		}
+	}
+	return true
+}
+
+// envelope builds the value Debezium's EventRouter gives with an envelope
+// placement, as Kafka's JsonConverter writes it with schemas.enable=false:
+// {"payload":<payload as a JSON string, base64 for bytes>,<alias>:<value>,...}, compact, members
+// in outbox.fields order. The value is a new slice: it outlives the call.
+func (r *Router) envelope(ev *decode.Event) []byte {
+	b := make([]byte, 0, 16+len(ev.Payload.Bytes)*11/10)
+	b = append(b, `{"`+envelopePayload+`":`...)
+	if ev.PayloadFormat == decode.PayloadBinary && !ev.Payload.Null { // JsonConverter writes bytes as base64
+		b = appendJSONString(b, base64.StdEncoding.EncodeToString(ev.Payload.Bytes))
+	} else {
+		b = appendJSONValue(b, ev.Payload, 0)
+	}
+	for _, f := range r.x.fields {
+		if f.Placement != PlaceEnvelope {
+			continue
+		}
+		v, typ := column(ev, f.Column)
+		b = append(b, ',')
+		b = appendJSONString(b, f.Alias)
+		b = append(b, ':')
+		b = appendJSONValue(b, v, typ)
+	}
+	return append(b, '}')
+}
+
+// headerValue is a column's header value.
+func headerValue(v decode.Value, typ uint32) []byte {
+	switch {
+	case v.Null:
+		return nil
+	case typ == oidBool && len(v.Bytes) == 1:
+		if v.Bytes[0] == 't' {
+			return textTrue
+		}
+		return textFalse
+	case v.Bytes == nil:
+		return []byte{}
+	}
+	return v.Bytes
+}
+
+// appendJSONValue writes a column value as Debezium's schema for its type
+// reaches JsonConverter: booleans and integers as JSON literals, everything
+// else (text, uuid, json/jsonb, numeric as with decimal.handling.mode=string)
+// as a JSON string of its text form.
+func appendJSONValue(b []byte, v decode.Value, typ uint32) []byte {
+	switch {
+	case v.Null:
+		return append(b, "null"...)
+	case typ == oidBool && len(v.Bytes) == 1:
+		if v.Bytes[0] == 't' {
+			return append(b, "true"...)
+		}
+		return append(b, "false"...)
+	case typ == oidInt2 || typ == oidInt4 || typ == oidInt8:
+		return append(b, v.Bytes...)
+	case typ == oidFloat4 || typ == oidFloat8:
+		if _, err := strconv.ParseFloat(string(v.Bytes), 64); err == nil && v.Bytes[len(v.Bytes)-1] >= '0' && v.Bytes[len(v.Bytes)-1] <= '9' {
+			return append(b, v.Bytes...)
+		}
+	}
+	return appendJSONString(b, string(v.Bytes))
+}
+
+// appendJSONString quotes s as Jackson does: ", \ and control characters
+// escaped (\b \t \n \f \r by name, others \u00XX in upper case), nothing else.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789ABCDEF"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c == '\b':
+			b = append(b, '\\', 'b')
+		case c == '\t':
+			b = append(b, '\\', 't')
+		case c == '\n':
+			b = append(b, '\\', 'n')
+		case c == '\f':
+			b = append(b, '\\', 'f')
+		case c == '\r':
+			b = append(b, '\\', 'r')
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// parseTimestamp reads a timestamp or timestamptz column in PostgreSQL's
+// text form (DateStyle ISO, the default); a timestamp without time zone is
+// UTC, as Debezium reads it.
+func parseTimestamp(s string, typ uint32) (time.Time, error) {
+	layout := "2006-01-02 15:04:05.999999999"
+	if typ == oidTimestamptz {
+		layout += "Z07"
+		if len(s) > 3 && s[len(s)-3] == ':' { // an offset with minutes: +05:30
+			layout += ":00"
+		}
+	} else if typ != oidTimestamp && typ != 0 {
+		return time.Time{}, fmt.Errorf("type OID %d is not timestamp or timestamptz", typ)
+	}
+	if typ == 0 && len(s) > 3 && (s[len(s)-3] == '+' || s[len(s)-3] == '-') { // type unknown: offset present
+		layout += "Z07"
+	}
+	t, err := time.Parse(layout, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is not a timestamp in ISO form", s)
+	}
+	return t, nil
+}
