@@ -27,11 +27,13 @@ const (
 	MechanismPlain       = "PLAIN"
 	MechanismScramSHA256 = "SCRAM-SHA-256"
 	MechanismScramSHA512 = "SCRAM-SHA-512"
+	MechanismOAuthBearer = "OAUTHBEARER"
+	MechanismAWSMSKIAM   = "AWS_MSK_IAM"
 )
 
 // Mechanisms lists the SASL mechanisms SASLMechanism accepts.
 func Mechanisms() []string {
-	return []string{MechanismPlain, MechanismScramSHA256, MechanismScramSHA512}
+	return []string{MechanismPlain, MechanismScramSHA256, MechanismScramSHA512, MechanismOAuthBearer, MechanismAWSMSKIAM}
 }
 
 // Security is how the producer connects to the brokers: TLS, SASL, both or
@@ -58,9 +60,10 @@ type TLS struct {
 
 // SASL configures broker authentication.
 type SASL struct {
-	Mechanism string // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
-	Username  string
-	Password  Secret
+	Mechanism string // one of Mechanisms
+	Username  string // PLAIN and SCRAM
+	Password  Secret // PLAIN and SCRAM
+	OAuth     OAuth  // OAUTHBEARER
 }
 
 // String shows the mechanism and user, never the password.
@@ -274,6 +277,18 @@ func readFile(path string, maxSize int64) ([]byte, error) {
 
 // SASLMechanism returns the franz-go mechanism for s.
 func SASLMechanism(s SASL) (sasl.Mechanism, error) {
+	switch s.Mechanism {
+	case MechanismOAuthBearer:
+		if (s.OAuth.TokenURL == "") == (s.OAuth.TokenFile == "") {
+			return nil, errors.New("kafka.sasl.oauth: set exactly one of token_url and token_file with OAUTHBEARER")
+		}
+		return oauthMechanism(s.OAuth), nil
+	case MechanismAWSMSKIAM:
+		return awsMechanism(os.Getenv), nil
+	case MechanismPlain, MechanismScramSHA256, MechanismScramSHA512:
+	default:
+		return nil, fmt.Errorf("kafka.sasl.mechanism %q: use one of %s", s.Mechanism, strings.Join(Mechanisms(), ", "))
+	}
 	if s.Username == "" {
 		return nil, errors.New("kafka.sasl.username: required with a SASL mechanism")
 	}
@@ -281,15 +296,13 @@ func SASLMechanism(s SASL) (sasl.Mechanism, error) {
 		return nil, errors.New("kafka.sasl.password: required with a SASL mechanism")
 	}
 	pw := string(s.Password)
-	switch s.Mechanism {
-	case MechanismPlain:
+	if s.Mechanism == MechanismPlain {
 		return plain.Auth{User: s.Username, Pass: pw}.AsMechanism(), nil
-	case MechanismScramSHA256:
-		return scram.Auth{User: s.Username, Pass: pw}.AsSha256Mechanism(), nil
-	case MechanismScramSHA512:
-		return scram.Auth{User: s.Username, Pass: pw}.AsSha512Mechanism(), nil
 	}
-	return nil, fmt.Errorf("kafka.sasl.mechanism %q: use %s, %s or %s", s.Mechanism, MechanismPlain, MechanismScramSHA256, MechanismScramSHA512)
+	if s.Mechanism == MechanismScramSHA256 {
+		return scram.Auth{User: s.Username, Pass: pw}.AsSha256Mechanism(), nil
+	}
+	return scram.Auth{User: s.Username, Pass: pw}.AsSha512Mechanism(), nil
 }
 
 // SecurityFailureLog returns a client option that logs, at error level,
@@ -369,6 +382,8 @@ func SecurityFailure(err error) string {
 		header    tls.RecordHeaderError
 	)
 	switch {
+	case errors.As(err, new(*TokenError)):
+		return "no OAUTHBEARER token (check the kafka.sasl.oauth keys and the token service)"
 	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.IllegalSaslState):
 		return "SASL authentication failed (check kafka.sasl.username and the password)"
 	case errors.Is(err, kerr.UnsupportedSaslMechanism):

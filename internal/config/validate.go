@@ -188,6 +188,7 @@ func (v *validator) postgres(pg Postgres) {
 			}
 		}
 	}
+	v.passwordCommand(pg)
 	if pg.RetainedWALWarnBytes < 0 {
 		v.add("postgres.retained_wal_warn_bytes", strconv.FormatInt(pg.RetainedWALWarnBytes, 10), "must not be negative", "0 disables the warning")
 	}
@@ -307,6 +308,9 @@ func (v *validator) kafkaTLS(t KafkaTLS) {
 // kafkaSASL checks the kafka.sasl section, reading the password file. No
 // message shows the password.
 func (v *validator) kafkaSASL(s KafkaSASL) {
+	if v.kafkaTokenSASL(s) {
+		return
+	}
 	if s.Mechanism == "" {
 		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
 			v.add("kafka.sasl.mechanism", "", "empty while other kafka.sasl keys are set, so the connection would not authenticate",

@@ -1,0 +1,242 @@
+package sink
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/oauth"
+)
+
+// OAuth is where SASL/OAUTHBEARER tokens come from: a token endpoint with
+// the client-credentials grant (TokenURL), or a file another process keeps
+// fresh (TokenFile, such as a Kubernetes projected service account token).
+// Exactly one of TokenURL and TokenFile is set.
+type OAuth struct {
+	TokenURL     string
+	ClientID     string
+	ClientSecret Secret
+	// ClientSecretFile holds the client secret instead of ClientSecret; it
+	// is read at every token request, so a rotated secret is picked up.
+	ClientSecretFile string
+	Scope            string            // "" sends no scope
+	Extensions       map[string]string // SASL extensions (KIP-342), such as logicalCluster
+	TokenFile        string
+	// HTTPClient requests tokens; nil uses one with a 30s timeout.
+	HTTPClient *http.Client
+}
+
+// TokenError is a token that could not be obtained: the endpoint is down or
+// refuses the client, or the token file is missing or expired. Source names
+// the key and the URL or file; no field holds a secret. It is temporary:
+// the client retries the connection, so a token service that comes back, or
+// a refreshed file, lets the connector continue.
+type TokenError struct {
+	Source  string // kafka.sasl.oauth.token_url https://… or kafka.sasl.oauth.token_file /path
+	Problem string
+}
+
+func (e *TokenError) Error() string { return "OAUTHBEARER token from " + e.Source + ": " + e.Problem }
+
+// Temporary makes franz-go retry the connection (kgo's isRetryableBrokerErr).
+func (*TokenError) Temporary() bool { return true }
+
+// oauthMechanism returns OAUTHBEARER with a token source asked at every
+// connection and reauthentication, which franz-go does before the broker's
+// session lifetime (at most the token's) runs out.
+func oauthMechanism(o OAuth) sasl.Mechanism {
+	src := newTokenSource(o)
+	return oauth.Oauth(func(ctx context.Context) (oauth.Auth, error) {
+		tok, err := src.token(ctx)
+		if err != nil {
+			return oauth.Auth{}, err
+		}
+		return oauth.Auth{Token: tok, Extensions: o.Extensions}, nil
+	})
+}
+
+// tokenSource caches a client-credentials token until shortly before it
+// expires; a token file is read at every call, which is what a projected
+// token (replaced by its writer before it expires) needs.
+type tokenSource struct {
+	o      OAuth
+	client *http.Client
+	now    func() time.Time
+
+	mu        sync.Mutex // held during a fetch: concurrent connections wait for one request
+	cached    string
+	refreshAt time.Time
+	fetches   int // token requests made, for tests
+}
+
+func newTokenSource(o OAuth) *tokenSource {
+	c := o.HTTPClient
+	if c == nil {
+		c = &http.Client{Timeout: 30 * time.Second}
+	}
+	return &tokenSource{o: o, client: c, now: time.Now}
+}
+
+func (s *tokenSource) token(ctx context.Context) (string, error) {
+	if s.o.TokenFile != "" {
+		return s.fileToken()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if s.cached != "" && now.Before(s.refreshAt) {
+		return s.cached, nil
+	}
+	tok, lifetime, err := s.fetch(ctx)
+	if err != nil {
+		return "", err
+	}
+	s.cached, s.refreshAt = tok, now.Add(lifetime-refreshMargin(lifetime))
+	return tok, nil
+}
+
+// refreshMargin is how long before its expiry a token is replaced: a fifth
+// of its lifetime, at most five minutes, so that a connection opened just
+// before the refresh still authenticates with time to spare.
+func refreshMargin(lifetime time.Duration) time.Duration {
+	return min(lifetime/5, 5*time.Minute)
+}
+
+func (s *tokenSource) fileToken() (string, error) {
+	src := "kafka.sasl.oauth.token_file " + s.o.TokenFile
+	b, err := ReadSecretFile(s.o.TokenFile)
+	if err != nil {
+		return "", &TokenError{Source: src, Problem: err.Error()}
+	}
+	tok := strings.TrimSpace(string(b))
+	if exp, ok := jwtExpiry(tok); ok && !s.now().Before(exp) {
+		return "", &TokenError{Source: src, Problem: "the token expired at " + exp.UTC().Format(time.RFC3339) +
+			" (is the process that renews the file running?)"}
+	}
+	return tok, nil
+}
+
+// maxTokenResponse bounds a token endpoint's answer.
+const maxTokenResponse = 1 << 20
+
+// fetch requests a token with the client-credentials grant (RFC 6749
+// §4.4), authenticating the client with HTTP Basic (§2.3.1). lifetime is
+// expires_in, else the JWT's exp, else 0 (not cached).
+func (s *tokenSource) fetch(ctx context.Context) (tok string, lifetime time.Duration, err error) {
+	s.fetches++
+	src := "kafka.sasl.oauth.token_url " + redactURL(s.o.TokenURL)
+	fail := func(format string, args ...any) (string, time.Duration, error) {
+		return "", 0, &TokenError{Source: src, Problem: fmt.Sprintf(format, args...)}
+	}
+	secret := string(s.o.ClientSecret)
+	if s.o.ClientSecretFile != "" {
+		b, err := ReadSecretFile(s.o.ClientSecretFile)
+		if err != nil {
+			return fail("kafka.sasl.oauth.client_secret_file %s: %v", s.o.ClientSecretFile, err)
+		}
+		secret = string(b)
+	}
+	form := url.Values{"grant_type": {"client_credentials"}}
+	if s.o.Scope != "" {
+		form.Set("scope", s.o.Scope)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.o.TokenURL, strings.NewReader(form.Encode()))
+	if err != nil {
+		return fail("%v", err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	req.SetBasicAuth(url.QueryEscape(s.o.ClientID), url.QueryEscape(secret))
+	resp, err := s.client.Do(req)
+	if err != nil {
+		// *url.Error repeats the URL, already in Source.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fail("request failed: %v", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenResponse))
+	if err != nil {
+		return fail("reading the answer: %v", err)
+	}
+	var r struct {
+		AccessToken string          `json:"access_token"`
+		TokenType   string          `json:"token_type"`
+		ExpiresIn   json.RawMessage `json:"expires_in"`
+		Error       string          `json:"error"`
+		Description string          `json:"error_description"`
+	}
+	jsonErr := json.Unmarshal(body, &r)
+	if resp.StatusCode != http.StatusOK {
+		// The error fields are codes and prose meant for the client (RFC
+		// 6749 §5.2); the rest of the body is not shown.
+		problem := "answered " + resp.Status
+		if r.Error != "" {
+			problem += ": " + r.Error
+			if r.Description != "" {
+				problem += " (" + r.Description + ")"
+			}
+		}
+		if resp.StatusCode == http.StatusUnauthorized || r.Error == "invalid_client" {
+			problem += "; check kafka.sasl.oauth.client_id and the client secret"
+		}
+		return fail("%s", problem)
+	}
+	switch {
+	case jsonErr != nil:
+		return fail("the answer is not a JSON token response")
+	case r.AccessToken == "":
+		return fail("the answer has no access_token")
+	case r.TokenType != "" && !strings.EqualFold(r.TokenType, "bearer"):
+		return fail("token_type is %q, not Bearer", r.TokenType)
+	}
+	if secs, err := strconv.ParseFloat(strings.Trim(string(r.ExpiresIn), `"`), 64); err == nil && secs > 0 {
+		lifetime = time.Duration(secs * float64(time.Second))
+	} else if exp, ok := jwtExpiry(r.AccessToken); ok {
+		lifetime = max(exp.Sub(s.now()), 0)
+	}
+	return r.AccessToken, lifetime, nil
+}
+
+// jwtExpiry reads the exp claim of a JWT without verifying it (the broker
+// does that): enough to tell when a token is no longer worth sending.
+func jwtExpiry(tok string) (time.Time, bool) {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+	if err != nil {
+		return time.Time{}, false
+	}
+	var claims struct {
+		Exp *float64 `json:"exp"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Exp == nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, int64(*claims.Exp*float64(time.Second))), true
+}
+
+// redactURL drops user info, query and fragment from a token URL before it
+// is shown: any of them could carry a credential.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	u.User, u.RawQuery, u.Fragment, u.RawFragment = nil, "", "", ""
+	return u.String()
+}
