@@ -257,6 +257,10 @@ func (c *Config) Warnings() []FieldError {
 		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
 			Problem: "SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
 	}
+	if s.Mechanism == sink.MechanismOAuthBearer && !t.Enabled {
+		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
+			Problem: "OAUTHBEARER without TLS sends the bearer token in clear text; set kafka.tls.enabled: true"})
+	}
 	return out
 }
 
