@@ -26,7 +26,10 @@ func TestValidateCloudAuth(t *testing.T) {
 	file := func(c *Config) {
 		c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismOAuthBearer, OAuth: KafkaOAuth{TokenFile: tokenFile}}
 	}
-	iam := func(c *Config) { c.Kafka.TLS.Enabled = true; c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismAWSMSKIAM} }
+	iam := func(c *Config) {
+		c.Kafka.TLS.Enabled = true
+		c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismAWSMSKIAM}
+	}
 	tests := []struct {
 		name   string
 		mutate func(*Config)
