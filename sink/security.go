@@ -229,15 +229,15 @@ func readPEM(path, suffix, noBlock string) ([]byte, error) {
 	return nil, err
 }
 
-// maxSecretFileSize bounds a password file: anything larger is a mistake (a
-// key or a directory listing), not a password.
-const maxSecretFileSize = 64 << 10
+// MaxSecretSize bounds a password file or a password command's output:
+// anything larger is a mistake (a key or a directory listing), not a password.
+const MaxSecretSize = 64 << 10
 
 // ReadSecretFile reads a password file: the whole content minus trailing
 // newlines (\n or \r\n, as editors and `echo` leave them). Its errors are
 // short reasons that name neither the file nor its content.
 func ReadSecretFile(path string) (Secret, error) {
-	b, err := readFile(path, maxSecretFileSize)
+	b, err := readFile(path, MaxSecretSize)
 	if err != nil {
 		return "", err
 	}

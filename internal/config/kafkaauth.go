@@ -113,17 +113,24 @@ func (v *validator) tokenURL(o KafkaOAuth) {
 		v.add("kafka.sasl.oauth.client_id", "", "required with kafka.sasl.oauth.token_url",
 			"set it in the config file or "+envName("kafka.sasl.oauth.client_id"))
 	}
+	v.secretOrFile("kafka.sasl.oauth.client_secret", o.ClientSecret != "", o.ClientSecretFile,
+		"required with kafka.sasl.oauth.token_url", "client secret")
+}
+
+// secretOrFile checks a secret given in key or in the file of key_file:
+// exactly one of them, and a file that can be read. No message shows the
+// secret; what names it in the fix.
+func (v *validator) secretOrFile(key string, inline bool, file, required, what string) {
+	fileKey := key + "_file"
 	switch {
-	case o.ClientSecret != "" && o.ClientSecretFile != "":
-		v.add("kafka.sasl.oauth.client_secret", "", "set together with kafka.sasl.oauth.client_secret_file",
-			"keep one: remove kafka.sasl.oauth.client_secret (and "+envName("kafka.sasl.oauth.client_secret")+") or the file")
-	case o.ClientSecret == "" && o.ClientSecretFile == "":
-		v.add("kafka.sasl.oauth.client_secret", "", "required with kafka.sasl.oauth.token_url",
-			"set kafka.sasl.oauth.client_secret_file to a file holding it, or "+envName("kafka.sasl.oauth.client_secret"))
-	case o.ClientSecretFile != "":
-		if _, err := sink.ReadSecretFile(o.ClientSecretFile); err != nil {
-			v.add("kafka.sasl.oauth.client_secret_file", o.ClientSecretFile, err.Error(),
-				"give a file readable by this process that holds only the client secret")
+	case inline && file != "":
+		v.add(key, "", "set together with "+fileKey,
+			"keep one: remove "+key+" (and "+envName(key)+") or "+fileKey)
+	case !inline && file == "":
+		v.add(key, "", required, "set "+fileKey+" to a file holding it, or "+envName(key))
+	case file != "":
+		if _, err := sink.ReadSecretFile(file); err != nil {
+			v.add(fileKey, file, err.Error(), "give a file readable by this process that holds only the "+what)
 		}
 	}
 }

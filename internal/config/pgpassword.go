@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 // maxCommandStderr bounds the stderr a failed password command leaves in
@@ -63,12 +65,8 @@ func runPasswordCommand(ctx context.Context, command string, timeout time.Durati
 	if pw == "" {
 		return "", errors.New("postgres.password_command: printed nothing on standard output")
 	}
-	if len(pw) > maxSecretBytes {
-		return "", fmt.Errorf("postgres.password_command: printed more than %d bytes, not a password", maxSecretBytes)
+	if len(pw) > sink.MaxSecretSize {
+		return "", fmt.Errorf("postgres.password_command: printed more than %d bytes, not a password", sink.MaxSecretSize)
 	}
 	return pw, nil
 }
-
-// maxSecretBytes bounds a password or token read from a command, as
-// sink.ReadSecretFile bounds a file.
-const maxSecretBytes = 64 << 10

@@ -329,19 +329,7 @@ func (v *validator) kafkaSASL(s KafkaSASL) {
 		v.add("kafka.sasl.username", "", "required when kafka.sasl.mechanism is set",
 			"set it in the config file or "+envName("kafka.sasl.username"))
 	}
-	switch {
-	case s.Password != "" && s.PasswordFile != "":
-		v.add("kafka.sasl.password", "", "set together with kafka.sasl.password_file",
-			"keep one: remove kafka.sasl.password (and "+envName("kafka.sasl.password")+") or kafka.sasl.password_file")
-	case s.Password == "" && s.PasswordFile == "":
-		v.add("kafka.sasl.password", "", "required when kafka.sasl.mechanism is set",
-			"set kafka.sasl.password_file to a file holding it, or "+envName("kafka.sasl.password"))
-	case s.PasswordFile != "":
-		if _, err := sink.ReadSecretFile(s.PasswordFile); err != nil {
-			v.add("kafka.sasl.password_file", s.PasswordFile, err.Error(),
-				"give a file readable by this process that holds only the password")
-		}
-	}
+	v.secretOrFile("kafka.sasl.password", s.Password != "", s.PasswordFile, "required when kafka.sasl.mechanism is set", "password")
 }
 
 // hostPortProblem checks host:port. The host may be empty only for a listen
