@@ -76,7 +76,6 @@ type tokenSource struct {
 	mu        sync.Mutex // held during a fetch: concurrent connections wait for one request
 	cached    string
 	refreshAt time.Time
-	fetches   int // token requests made, for tests
 }
 
 func newTokenSource(o OAuth) *tokenSource {
@@ -133,7 +132,6 @@ const maxTokenResponse = 1 << 20
 // §4.4), authenticating the client with HTTP Basic (§2.3.1). lifetime is
 // expires_in, else the JWT's exp, else 0 (not cached).
 func (s *tokenSource) fetch(ctx context.Context) (tok string, lifetime time.Duration, err error) {
-	s.fetches++
 	src := "kafka.sasl.oauth.token_url " + redactURL(s.o.TokenURL)
 	fail := func(format string, args ...any) (string, time.Duration, error) {
 		return "", 0, &TokenError{Source: src, Problem: fmt.Sprintf(format, args...)}

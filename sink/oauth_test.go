@@ -75,8 +75,8 @@ func TestTokenSourceCaching(t *testing.T) {
 	for _, st := range steps {
 		now = start.Add(st.at)
 		got, err := s.token(t.Context())
-		if err != nil || got != st.want || s.fetches != st.fetches {
-			t.Errorf("at +%s: token %q, %v after %d fetches; want %q after %d", st.at, got, err, s.fetches, st.want, st.fetches)
+		if fetches := len(idp.forms); err != nil || got != st.want || fetches != st.fetches {
+			t.Errorf("at +%s: token %q, %v after %d fetches; want %q after %d", st.at, got, err, fetches, st.want, st.fetches)
 		}
 	}
 	if idp.forms[0] != "grant_type=client_credentials&scope=kafka" {

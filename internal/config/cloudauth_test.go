@@ -174,6 +174,7 @@ func TestPasswordCommand(t *testing.T) {
 		{"no output", `true`, time.Second, "postgres.password_command: printed nothing on standard output", false},
 		{"timeout", `echo slow-pw; sleep 5`, 200 * time.Millisecond,
 			"postgres.password_command: timed out after 200ms (postgres.password_command_timeout)", false},
+		{"output too large", `head -c 70000 /dev/zero | tr '\0' x`, time.Second, "printed more than 65536 bytes, not a password", false},
 		{"long stderr keeps its end", `head -c 5000 /dev/zero | tr '\0' x >&2; echo END >&2; exit 1`, time.Second, "xxEND", false},
 	}
 	for _, tt := range tests {

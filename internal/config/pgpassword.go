@@ -41,8 +41,9 @@ func runPasswordCommand(ctx context.Context, command string, timeout time.Durati
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	stdout := &capped{max: sink.MaxSecretSize + 1}
+	stderr := &capped{max: 64 << 10}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	// A killed shell can leave a child holding the pipes open; give up
 	// waiting for them shortly after the kill.
 	cmd.WaitDelay = time.Second
@@ -65,8 +66,22 @@ func runPasswordCommand(ctx context.Context, command string, timeout time.Durati
 	if pw == "" {
 		return "", errors.New("postgres.password_command: printed nothing on standard output")
 	}
-	if len(pw) > sink.MaxSecretSize {
+	if stdout.Len() > sink.MaxSecretSize {
 		return "", fmt.Errorf("postgres.password_command: printed more than %d bytes, not a password", sink.MaxSecretSize)
 	}
 	return pw, nil
+}
+
+// capped keeps the first max bytes written to it and drops the rest, so a
+// runaway command cannot fill the memory.
+type capped struct {
+	bytes.Buffer
+	max int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.Len(); room > 0 {
+		c.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
 }

@@ -28,6 +28,8 @@ const tokenLifetime = 8 * time.Second
 type tokenEndpoint struct {
 	srv            *httptest.Server
 	issued         atomic.Int64
+	down           atomic.Bool  // answer 503 to every request
+	refused        atomic.Int64 // requests answered 503
 	mu             sync.Mutex
 	bad            []string
 	tokens         []string
@@ -42,6 +44,13 @@ func newTokenEndpoint(t *testing.T, clientID, secret string) *tokenEndpoint {
 }
 
 func (e *tokenEndpoint) serve(w http.ResponseWriter, r *http.Request) {
+	if e.down.Load() {
+		e.refused.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprint(w, `{"error":"temporarily_unavailable"}`)
+		return
+	}
 	id, secret, ok := r.BasicAuth()
 	problem := ""
 	switch {
@@ -321,4 +330,54 @@ http:
 	}
 	stopClean(t, p)
 	noneOf(t, "connector log", p.output(), passwords)
+}
+
+// TestOAuthBearerTokenEndpointDown: while the token endpoint answers 503
+// the connector keeps running, says why (naming the endpoint) and retries;
+// once the endpoint is back the event arrives.
+func TestOAuthBearerTokenEndpointDown(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	addr := freeAddr(t)
+	dropSlotAtEnd(t, dsn, "oauth_down")
+	secret := "cs-down-" + runID
+	ep := newTokenEndpoint(t, "outbox-cdc-client", secret)
+	ep.down.Store(true)
+	cfg := oauthConfig(t, dsn, "oauth_down", addr, fmt.Sprintf(`      token_url: %s/token
+      client_id: outbox-cdc-client
+      client_secret: %s
+      scope: kafka
+`, ep.srv.URL, secret))
+	aggType := "oauthdown"
+
+	// Not /readyz, which may wait for Kafka: the slot must exist before the
+	// insert, or the event is not in the stream.
+	p := startProc(t, cfg, addr, false)
+	waitFor(t, time.Minute, "replication to start", func() bool { return strings.Contains(p.output(), "replication started") })
+	insertAgg(t, dsn, aggType, "while-down")
+	want := "no OAUTHBEARER token"
+	for deadline := time.Now().Add(time.Minute); ; {
+		out := p.output()
+		if i := strings.Index(out, want); ep.refused.Load() >= 2 && i >= 0 && strings.Contains(out, ep.srv.URL+"/token") {
+			line, _, _ := strings.Cut(out[strings.LastIndexByte(out[:i], '\n')+1:], "\n")
+			t.Logf("while the endpoint is down: %s", line)
+			break
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("connector exited while the token endpoint was down: %v\n%s", p.err, out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 1m the endpoint refused %d requests; the log lacks %q with the endpoint's URL:\n%s", ep.refused.Load(), want, out)
+		}
+		time.Sleep(100 * time.Millisecond) // poll interval: the log and the counter are read again
+	}
+	ep.down.Store(false)
+	wantKeys(t, topicFor(aggType), "while-down")
+	if ep.issued.Load() < 1 {
+		t.Errorf("the event arrived without a token from the endpoint")
+	}
+	stopClean(t, p)
+	noneOf(t, "connector log", p.output(), ep.secrets())
 }
