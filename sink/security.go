@@ -385,7 +385,7 @@ func SecurityFailure(err error) string {
 	case errors.As(err, new(*TokenError)):
 		return "no OAUTHBEARER token (check the kafka.sasl.oauth keys and the token service)"
 	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.IllegalSaslState):
-		return "SASL authentication failed (check kafka.sasl.username and the password)"
+		return "SASL authentication failed (check kafka.sasl.username and the password; with OAUTHBEARER the token, with AWS_MSK_IAM the AWS credentials)"
 	case errors.Is(err, kerr.UnsupportedSaslMechanism):
 		return "the broker does not offer this SASL mechanism (check kafka.sasl.mechanism)"
 	case errors.As(err, &hostname):

@@ -44,7 +44,8 @@ func runPasswordCommand(ctx context.Context, command string, timeout time.Durati
 	stdout := &capped{max: sink.MaxSecretSize + 1}
 	stderr := &capped{max: 64 << 10}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	// A killed shell can leave a child holding the pipes open; give up
+	ownGroup(cmd)
+	// Should a child escape the group and hold the pipes open, stop
 	// waiting for them shortly after the kill.
 	cmd.WaitDelay = time.Second
 	err := cmd.Run()
