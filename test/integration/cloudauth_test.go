@@ -173,6 +173,12 @@ func TestOAuthBearerClientCredentials(t *testing.T) {
 `, ep.srv.URL, secretFile))
 	aggType := "oauthcc"
 
+	code, out := runBinary(t, time.Minute, nil, "check", "--config", cfg)
+	if code != 0 || !strings.Contains(out, "kafka: ok") {
+		t.Fatalf("check: exit %d, want 0 with kafka: ok:\n%s", code, out)
+	}
+	noneOf(t, "check output", out, ep.secrets())
+
 	p := startProcess(t, cfg, addr)
 	first := time.Now()
 	insertAgg(t, dsn, aggType, "before-expiry")
