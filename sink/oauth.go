@@ -36,17 +36,25 @@ type OAuth struct {
 	HTTPClient *http.Client
 }
 
-// TokenError is a token that could not be obtained: the endpoint is down or
-// refuses the client, or the token file is missing or expired. Source names
-// the key and the URL or file; no field holds a secret. It is temporary:
-// the client retries the connection, so a token service that comes back, or
-// a refreshed file, lets the connector continue.
+// TokenError is a credential that could not be obtained: a token endpoint
+// or STS is down or refuses the client, or a token file is missing or
+// expired. No field holds a secret. It is temporary: the client retries the
+// connection, so a service that comes back, or a refreshed file, lets the
+// connector continue.
 type TokenError struct {
-	Source  string // kafka.sasl.oauth.token_url https://… or kafka.sasl.oauth.token_file /path
+	What    string // OAUTHBEARER token, AWS credentials
+	Source  string // the key and the URL or file: kafka.sasl.oauth.token_url https://…
 	Problem string
+	Check   string // what to check, for SecurityFailure
 }
 
-func (e *TokenError) Error() string { return "OAUTHBEARER token from " + e.Source + ": " + e.Problem }
+func (e *TokenError) Error() string { return e.What + " from " + e.Source + ": " + e.Problem }
+
+// oauthError is a TokenError of the OAUTHBEARER token source.
+func oauthError(source, problem string) *TokenError {
+	return &TokenError{What: "OAUTHBEARER token", Source: source, Problem: problem,
+		Check: "the kafka.sasl.oauth keys and the token service"}
+}
 
 // Temporary makes franz-go retry the connection (kgo's isRetryableBrokerErr).
 func (*TokenError) Temporary() bool { return true }
@@ -115,12 +123,12 @@ func (s *tokenSource) fileToken() (string, error) {
 	src := "kafka.sasl.oauth.token_file " + s.o.TokenFile
 	b, err := ReadSecretFile(s.o.TokenFile)
 	if err != nil {
-		return "", &TokenError{Source: src, Problem: err.Error()}
+		return "", oauthError(src, err.Error())
 	}
 	tok := strings.TrimSpace(string(b))
 	if exp, ok := jwtExpiry(tok); ok && !s.now().Before(exp) {
-		return "", &TokenError{Source: src, Problem: "the token expired at " + exp.UTC().Format(time.RFC3339) +
-			" (is the process that renews the file running?)"}
+		return "", oauthError(src, "the token expired at "+exp.UTC().Format(time.RFC3339)+
+			" (is the process that renews the file running?)")
 	}
 	return tok, nil
 }
@@ -134,7 +142,7 @@ const maxTokenResponse = 1 << 20
 func (s *tokenSource) fetch(ctx context.Context) (tok string, lifetime time.Duration, err error) {
 	src := "kafka.sasl.oauth.token_url " + redactURL(s.o.TokenURL)
 	fail := func(format string, args ...any) (string, time.Duration, error) {
-		return "", 0, &TokenError{Source: src, Problem: fmt.Sprintf(format, args...)}
+		return "", 0, oauthError(src, fmt.Sprintf(format, args...))
 	}
 	secret := string(s.o.ClientSecret)
 	if s.o.ClientSecretFile != "" {

@@ -380,10 +380,11 @@ func SecurityFailure(err error) string {
 		verify    *tls.CertificateVerificationError
 		alert     tls.AlertError
 		header    tls.RecordHeaderError
+		token     *TokenError
 	)
 	switch {
-	case errors.As(err, new(*TokenError)):
-		return "no OAUTHBEARER token (check the kafka.sasl.oauth keys and the token service)"
+	case errors.As(err, &token):
+		return "no " + token.What + " (check " + token.Check + ")"
 	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.IllegalSaslState):
 		return "SASL authentication failed (check kafka.sasl.username and the password; with OAUTHBEARER the token, with AWS_MSK_IAM the AWS credentials)"
 	case errors.Is(err, kerr.UnsupportedSaslMechanism):

@@ -114,11 +114,22 @@ func TestValidateCloudAuth(t *testing.T) {
 			}
 		})
 	}
-	t.Run("msk iam without credentials", func(t *testing.T) {
+	t.Run("msk iam with web identity", func(t *testing.T) {
 		t.Setenv(sink.EnvAWSAccessKeyID, "")
+		t.Setenv(sink.EnvAWSWebIdentityTokenFile, tokenFile)
+		t.Setenv(sink.EnvAWSRoleARN, "arn:aws:iam::123456789012:role/x")
 		c := withRequired()
 		iam(&c)
-		hasKey(t, c.Validate(), "kafka.sasl.mechanism", "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set", "AWS_SESSION_TOKEN")
+		if err := c.Validate(); err != nil {
+			t.Errorf("web identity refused: %v", err)
+		}
+	})
+	t.Run("msk iam without credentials", func(t *testing.T) {
+		t.Setenv(sink.EnvAWSAccessKeyID, "")
+		t.Setenv(sink.EnvAWSWebIdentityTokenFile, "")
+		c := withRequired()
+		iam(&c)
+		hasKey(t, c.Validate(), "kafka.sasl.mechanism", "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, must be set", "AWS_SESSION_TOKEN")
 	})
 }
 

@@ -64,7 +64,7 @@ func (v *validator) kafkaTokenSASL(s KafkaSASL) bool {
 		}
 		if p := sink.AWSCredentialsProblem(os.Getenv); p != "" {
 			v.add("kafka.sasl.mechanism", s.Mechanism, p,
-				"export them (and "+sink.EnvAWSSessionToken+" with temporary credentials) in the connector's environment")
+				"export them (with "+sink.EnvAWSSessionToken+" for temporary keys) in the connector's environment")
 		}
 		return true
 	}
