@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/xml"
 	"errors"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -59,10 +57,7 @@ type awsCredentials struct {
 	getenv func(string) string
 	client *http.Client
 	now    func() time.Time
-
-	mu        sync.Mutex // held during an STS request
-	cached    aws.Auth
-	refreshAt time.Time
+	cache  expiring[aws.Auth]
 }
 
 func (c *awsCredentials) auth(ctx context.Context) (aws.Auth, error) {
@@ -72,18 +67,11 @@ func (c *awsCredentials) auth(ctx context.Context) (aws.Auth, error) {
 	if p := AWSCredentialsProblem(c.getenv); p != "" {
 		return aws.Auth{}, errors.New("AWS_MSK_IAM: " + p)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	now := c.now()
-	if c.cached.AccessKey != "" && now.Before(c.refreshAt) {
-		return c.cached, nil
-	}
-	auth, expires, err := c.assumeRole(ctx)
-	if err != nil {
-		return aws.Auth{}, err
-	}
-	c.cached, c.refreshAt = auth, now.Add(expires.Sub(now)-refreshMargin(expires.Sub(now)))
-	return auth, nil
+	return c.cache.get(now, func() (aws.Auth, time.Duration, error) {
+		auth, expires, err := c.assumeRole(ctx)
+		return auth, max(expires.Sub(now), 0), err
+	})
 }
 
 // stsEndpoint is AWS_ENDPOINT_URL_STS, else the regional endpoint, else the
@@ -120,23 +108,9 @@ func (c *awsCredentials) assumeRole(ctx context.Context) (aws.Auth, time.Time, e
 	}
 	form := url.Values{"Action": {"AssumeRoleWithWebIdentity"}, "Version": {"2011-06-15"},
 		"RoleArn": {c.getenv(EnvAWSRoleARN)}, "RoleSessionName": {session}, "WebIdentityToken": {strings.TrimSpace(string(tok))}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
+	resp, body, err := postForm(ctx, c.client, endpoint, form, nil)
 	if err != nil {
 		return fail(err.Error())
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := c.client.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return fail("request failed: " + err.Error())
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenResponse))
-	if err != nil {
-		return fail("reading the answer: " + err.Error())
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e struct {

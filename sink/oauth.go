@@ -80,10 +80,7 @@ type tokenSource struct {
 	o      OAuth
 	client *http.Client
 	now    func() time.Time
-
-	mu        sync.Mutex // held during a fetch: concurrent connections wait for one request
-	cached    string
-	refreshAt time.Time
+	cache  expiring[string]
 }
 
 func newTokenSource(o OAuth) *tokenSource {
@@ -98,18 +95,34 @@ func (s *tokenSource) token(ctx context.Context) (string, error) {
 	if s.o.TokenFile != "" {
 		return s.fileToken()
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	if s.cached != "" && now.Before(s.refreshAt) {
-		return s.cached, nil
+	return s.cache.get(s.now(), func() (string, time.Duration, error) { return s.fetch(ctx) })
+}
+
+// expiring keeps a credential until refreshMargin before it expires. get
+// holds its lock while fetching: concurrent connections wait for one
+// request instead of each making one.
+type expiring[T any] struct {
+	mu        sync.Mutex
+	value     T
+	set       bool
+	refreshAt time.Time
+}
+
+// get returns the kept value, or fetches a new one (with its lifetime; 0
+// keeps nothing) when it is due at now.
+func (e *expiring[T]) get(now time.Time, fetch func() (T, time.Duration, error)) (T, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.set && now.Before(e.refreshAt) {
+		return e.value, nil
 	}
-	tok, lifetime, err := s.fetch(ctx)
+	v, lifetime, err := fetch()
 	if err != nil {
-		return "", err
+		var zero T
+		return zero, err
 	}
-	s.cached, s.refreshAt = tok, now.Add(lifetime-refreshMargin(lifetime))
-	return tok, nil
+	e.value, e.set, e.refreshAt = v, true, now.Add(lifetime-refreshMargin(lifetime))
+	return v, nil
 }
 
 // refreshMargin is how long before its expiry a token is replaced: a fifth
@@ -156,26 +169,12 @@ func (s *tokenSource) fetch(ctx context.Context) (tok string, lifetime time.Dura
 	if s.o.Scope != "" {
 		form.Set("scope", s.o.Scope)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.o.TokenURL, strings.NewReader(form.Encode()))
+	status, body, err := postForm(ctx, s.client, s.o.TokenURL, form, func(req *http.Request) {
+		req.Header.Set("Accept", "application/json")
+		req.SetBasicAuth(url.QueryEscape(s.o.ClientID), url.QueryEscape(secret))
+	})
 	if err != nil {
 		return fail("%v", err)
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Accept", "application/json")
-	req.SetBasicAuth(url.QueryEscape(s.o.ClientID), url.QueryEscape(secret))
-	resp, err := s.client.Do(req)
-	if err != nil {
-		// *url.Error repeats the URL, already in Source.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return fail("request failed: %v", err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenResponse))
-	if err != nil {
-		return fail("reading the answer: %v", err)
 	}
 	var r struct {
 		AccessToken string          `json:"access_token"`
@@ -185,17 +184,17 @@ func (s *tokenSource) fetch(ctx context.Context) (tok string, lifetime time.Dura
 		Description string          `json:"error_description"`
 	}
 	jsonErr := json.Unmarshal(body, &r)
-	if resp.StatusCode != http.StatusOK {
+	if status.StatusCode != http.StatusOK {
 		// The error fields are codes and prose meant for the client (RFC
 		// 6749 §5.2); the rest of the body is not shown.
-		problem := "answered " + resp.Status
+		problem := "answered " + status.Status
 		if r.Error != "" {
 			problem += ": " + r.Error
 			if r.Description != "" {
 				problem += " (" + r.Description + ")"
 			}
 		}
-		if resp.StatusCode == http.StatusUnauthorized || r.Error == "invalid_client" {
+		if status.StatusCode == http.StatusUnauthorized || r.Error == "invalid_client" {
 			problem += "; check kafka.sasl.oauth.client_id and the client secret"
 		}
 		return fail("%s", problem)
@@ -214,6 +213,34 @@ func (s *tokenSource) fetch(ctx context.Context) (tok string, lifetime time.Dura
 		lifetime = max(exp.Sub(s.now()), 0)
 	}
 	return r.AccessToken, lifetime, nil
+}
+
+// postForm POSTs form to endpoint (decorate adds headers) and returns the
+// response, whose body is closed, and up to maxTokenResponse bytes of that
+// body. Its errors leave out the URL, which the callers name once.
+func postForm(ctx context.Context, c *http.Client, endpoint string, form url.Values, decorate func(*http.Request)) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
+	if err != nil {
+		return nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if decorate != nil {
+		decorate(req)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, nil, fmt.Errorf("request failed: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenResponse))
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the answer: %w", err)
+	}
+	return resp, body, nil
 }
 
 // jwtExpiry reads the exp claim of a JWT without verifying it (the broker

@@ -122,7 +122,7 @@ func TestTokenSourceLifetime(t *testing.T) {
 			if _, err := s.token(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			if got := s.refreshAt.Sub(now); got != tt.want {
+			if got := s.cache.refreshAt.Sub(now); got != tt.want {
 				t.Errorf("refetch after %s, want %s", got, tt.want)
 			}
 		})
