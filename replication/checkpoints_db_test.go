@@ -31,7 +31,7 @@ func TestTableStoreStampsServerTimeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer standby.Close()
-	db, err := ParseDB(primary.DSN("postgres"), "")
+	db, err := ParseDB(primary.DSN("postgres"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestTableStoreStampsServerTimeline(t *testing.T) {
 	if err := standby.Promote(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if db, err = ParseDB(standby.DSN("postgres"), ""); err != nil {
+	if db, err = ParseDB(standby.DSN("postgres"), nil); err != nil {
 		t.Fatal(err)
 	}
 	after, err := db.Identify(ctx)

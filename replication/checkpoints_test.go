@@ -6,7 +6,7 @@ import (
 )
 
 func TestTableStoreForget(t *testing.T) {
-	db, err := ParseDB("postgres://x@h/db", "")
+	db, err := ParseDB("postgres://x@h/db", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

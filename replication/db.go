@@ -12,12 +12,18 @@ import (
 // DB opens every PostgreSQL connection of the connector (replication
 // stream, setup, slot statistics, heartbeat, snapshot and backfill reads,
 // the guard's readings, the checkpoint table) from one parsed
-// configuration. The password of postgres.password_file is set on it once,
-// so no DSN string (nor the process environment) carries credentials
-// between packages.
+// configuration. A PasswordFunc, when set, gives each connection attempt its
+// password, so no DSN string (nor the process environment) carries
+// credentials between packages and short-lived tokens are never reused.
 type DB struct {
-	cfg *pgx.ConnConfig
+	cfg      *pgx.ConnConfig
+	password PasswordFunc // nil: the DSN's own password, if any
 }
+
+// PasswordFunc returns the password for one connection attempt (the content
+// of postgres.password_file or the output of postgres.password_command, got
+// anew each time). Its error must not contain the password.
+type PasswordFunc func(ctx context.Context) (string, error)
 
 // NewDB returns a DB for a parsed configuration; cfg is copied.
 func NewDB(cfg *pgconn.Config) (*DB, error) {
@@ -31,28 +37,47 @@ func NewDB(cfg *pgconn.Config) (*DB, error) {
 	return &DB{cfg: cc}, nil
 }
 
-// ParseDB parses dsn; a non-empty password replaces the DSN's (the content
-// of postgres.password_file).
-func ParseDB(dsn, password string) (*DB, error) {
+// ParseDB parses dsn; a non-nil password replaces the DSN's password at
+// every connection attempt.
+func ParseDB(dsn string, password PasswordFunc) (*DB, error) {
 	cc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postgres.dsn: %w", err)
 	}
-	if password != "" {
-		cc.Password = password
+	return &DB{cfg: cc, password: password}, nil
+}
+
+// settings returns a copy of the connection settings with this attempt's
+// password. The password lives only in that copy, for one connect.
+func (d *DB) settings(ctx context.Context) (*pgx.ConnConfig, error) {
+	cc := d.cfg.Copy()
+	if d.password != nil {
+		pw, err := d.password(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cc.Password = pw
 	}
-	return &DB{cfg: cc}, nil
+	return cc, nil
 }
 
 // connect opens an ordinary connection; callers wrap and classify its error.
 func (d *DB) connect(ctx context.Context) (*pgx.Conn, error) {
-	return pgx.ConnectConfig(ctx, d.cfg.Copy())
+	cc, err := d.settings(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.ConnectConfig(ctx, cc)
 }
 
 // replication opens a replication connection (replication=database);
 // callers wrap and classify its error.
 func (d *DB) replication(ctx context.Context) (*pgconn.PgConn, error) {
-	cfg := d.cfg.Config.Copy()
+	cc, err := d.settings(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &cc.Config
 	cfg.RuntimeParams["replication"] = "database"
 	if cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = "outbox-cdc"
@@ -63,8 +88,17 @@ func (d *DB) replication(ctx context.Context) (*pgconn.PgConn, error) {
 // Database is the database the connections open.
 func (d *DB) Database() string { return d.cfg.Database }
 
-// Config returns a copy of the connection settings.
+// Config returns a copy of the connection settings, without the password a
+// PasswordFunc would give.
 func (d *DB) Config() *pgconn.Config { return d.cfg.Config.Copy() }
+
+// Password runs the PasswordFunc once, for tools and tests; "" without one.
+func (d *DB) Password(ctx context.Context) (string, error) {
+	if d.password == nil {
+		return "", nil
+	}
+	return d.password(ctx)
+}
 
 // quoteLiteral quotes s as an SQL string literal, for the statements that
 // take no parameters (SET TRANSACTION SNAPSHOT, replication commands, the SQL

@@ -522,7 +522,7 @@ var ErrNoSlot = errNoSlot
 // Slot reads the slot's state on a connection of its own for tests and
 // tools that hold a DSN; the connector uses DB.Slot.
 func Slot(ctx context.Context, dsn, slot string) (SlotInfo, error) {
-	d, err := ParseDB(dsn, "")
+	d, err := ParseDB(dsn, nil)
 	if err != nil {
 		return SlotInfo{}, err
 	}

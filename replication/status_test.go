@@ -21,7 +21,7 @@ func TestStatusSend(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	f := newFakeWalsender(t)
-	db, err := ParseDB(f.dsn(), "")
+	db, err := ParseDB(f.dsn(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -230,7 +230,7 @@ func (fixedPositions) InFlight() int               { return 0 }
 func (p fixedPositions) Advanced() <-chan struct{} { return p.advanced }
 
 func newTestStream(f *fakeWalsender, tune func(*Config)) *Stream {
-	db, err := ParseDB(f.dsn(), "")
+	db, err := ParseDB(f.dsn(), nil)
 	if err != nil {
 		panic(err) // a constant DSN
 	}

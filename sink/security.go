@@ -27,11 +27,13 @@ const (
 	MechanismPlain       = "PLAIN"
 	MechanismScramSHA256 = "SCRAM-SHA-256"
 	MechanismScramSHA512 = "SCRAM-SHA-512"
+	MechanismOAuthBearer = "OAUTHBEARER"
+	MechanismAWSMSKIAM   = "AWS_MSK_IAM"
 )
 
 // Mechanisms lists the SASL mechanisms SASLMechanism accepts.
 func Mechanisms() []string {
-	return []string{MechanismPlain, MechanismScramSHA256, MechanismScramSHA512}
+	return []string{MechanismPlain, MechanismScramSHA256, MechanismScramSHA512, MechanismOAuthBearer, MechanismAWSMSKIAM}
 }
 
 // Security is how the producer connects to the brokers: TLS, SASL, both or
@@ -58,9 +60,10 @@ type TLS struct {
 
 // SASL configures broker authentication.
 type SASL struct {
-	Mechanism string // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
-	Username  string
-	Password  Secret
+	Mechanism string // one of Mechanisms
+	Username  string // PLAIN and SCRAM
+	Password  Secret // PLAIN and SCRAM
+	OAuth     OAuth  // OAUTHBEARER
 }
 
 // String shows the mechanism and user, never the password.
@@ -226,15 +229,15 @@ func readPEM(path, suffix, noBlock string) ([]byte, error) {
 	return nil, err
 }
 
-// maxSecretFileSize bounds a password file: anything larger is a mistake (a
-// key or a directory listing), not a password.
-const maxSecretFileSize = 64 << 10
+// MaxSecretSize bounds a password file or a password command's output:
+// anything larger is a mistake (a key or a directory listing), not a password.
+const MaxSecretSize = 64 << 10
 
 // ReadSecretFile reads a password file: the whole content minus trailing
 // newlines (\n or \r\n, as editors and `echo` leave them). Its errors are
 // short reasons that name neither the file nor its content.
 func ReadSecretFile(path string) (Secret, error) {
-	b, err := readFile(path, maxSecretFileSize)
+	b, err := readFile(path, MaxSecretSize)
 	if err != nil {
 		return "", err
 	}
@@ -274,6 +277,18 @@ func readFile(path string, maxSize int64) ([]byte, error) {
 
 // SASLMechanism returns the franz-go mechanism for s.
 func SASLMechanism(s SASL) (sasl.Mechanism, error) {
+	switch s.Mechanism {
+	case MechanismOAuthBearer:
+		if (s.OAuth.TokenURL == "") == (s.OAuth.TokenFile == "") {
+			return nil, errors.New("kafka.sasl.oauth: set exactly one of token_url and token_file with OAUTHBEARER")
+		}
+		return oauthMechanism(s.OAuth), nil
+	case MechanismAWSMSKIAM:
+		return awsMechanism(os.Getenv), nil
+	case MechanismPlain, MechanismScramSHA256, MechanismScramSHA512:
+	default:
+		return nil, fmt.Errorf("kafka.sasl.mechanism %q: use one of %s", s.Mechanism, strings.Join(Mechanisms(), ", "))
+	}
 	if s.Username == "" {
 		return nil, errors.New("kafka.sasl.username: required with a SASL mechanism")
 	}
@@ -281,15 +296,13 @@ func SASLMechanism(s SASL) (sasl.Mechanism, error) {
 		return nil, errors.New("kafka.sasl.password: required with a SASL mechanism")
 	}
 	pw := string(s.Password)
-	switch s.Mechanism {
-	case MechanismPlain:
+	if s.Mechanism == MechanismPlain {
 		return plain.Auth{User: s.Username, Pass: pw}.AsMechanism(), nil
-	case MechanismScramSHA256:
-		return scram.Auth{User: s.Username, Pass: pw}.AsSha256Mechanism(), nil
-	case MechanismScramSHA512:
-		return scram.Auth{User: s.Username, Pass: pw}.AsSha512Mechanism(), nil
 	}
-	return nil, fmt.Errorf("kafka.sasl.mechanism %q: use %s, %s or %s", s.Mechanism, MechanismPlain, MechanismScramSHA256, MechanismScramSHA512)
+	if s.Mechanism == MechanismScramSHA256 {
+		return scram.Auth{User: s.Username, Pass: pw}.AsSha256Mechanism(), nil
+	}
+	return scram.Auth{User: s.Username, Pass: pw}.AsSha512Mechanism(), nil
 }
 
 // SecurityFailureLog returns a client option that logs, at error level,
@@ -367,10 +380,13 @@ func SecurityFailure(err error) string {
 		verify    *tls.CertificateVerificationError
 		alert     tls.AlertError
 		header    tls.RecordHeaderError
+		token     *TokenError
 	)
 	switch {
+	case errors.As(err, &token):
+		return "no " + token.What + " (check " + token.Check + ")"
 	case errors.Is(err, kerr.SaslAuthenticationFailed), errors.Is(err, kerr.IllegalSaslState):
-		return "SASL authentication failed (check kafka.sasl.username and the password)"
+		return "SASL authentication failed (check kafka.sasl.username and the password; with OAUTHBEARER the token, with AWS_MSK_IAM the AWS credentials)"
 	case errors.Is(err, kerr.UnsupportedSaslMechanism):
 		return "the broker does not offer this SASL mechanism (check kafka.sasl.mechanism)"
 	case errors.As(err, &hostname):

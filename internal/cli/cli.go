@@ -276,11 +276,16 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 }
 
 // kafkaSecurity translates kafka.tls and kafka.sasl for the sink. The
-// password file is read here, and the CA, certificate and key files by
+// password file is read here (OAUTHBEARER token files and client secret
+// files at each use), and the CA, certificate and key files by
 // sink.SecurityOpts, at start.
 func kafkaSecurity(k config.Kafka) (sink.Security, error) {
 	sec := sink.Security{TLS: k.TLS.Sink()}
-	if k.SASL.Mechanism != "" {
+	switch k.SASL.Mechanism {
+	case "":
+	case sink.MechanismOAuthBearer, sink.MechanismAWSMSKIAM:
+		sec.SASL = &sink.SASL{Mechanism: k.SASL.Mechanism, OAuth: k.SASL.OAuth.Sink()}
+	default:
 		pw, err := k.SASL.Secret()
 		if err != nil {
 			return sink.Security{}, err
@@ -290,17 +295,14 @@ func kafkaSecurity(k config.Kafka) (sink.Security, error) {
 	return sec, nil
 }
 
-// postgresDB parses postgres.dsn once and gives it the password of
-// postgres.password_file, read now: the password goes to the driver's
-// parsed configuration, never into a DSN string (which could end up in a
-// message) nor into the process environment. A DSN with its own password
-// was rejected by validation.
+// postgresDB parses postgres.dsn once and gives it the password source of
+// postgres.password_file or postgres.password_command, used at every
+// connection attempt: the password goes to the driver's settings for that
+// connect only, never into a DSN string (which could end up in a message)
+// nor into the process environment. A DSN with its own password was
+// rejected by validation.
 func postgresDB(p config.Postgres) (*replication.DB, error) {
-	pw, err := p.FilePassword()
-	if err != nil {
-		return nil, err
-	}
-	return replication.ParseDB(string(p.DSN), pw)
+	return replication.ParseDB(string(p.DSN), p.PasswordSource())
 }
 
 // primaryDB parses postgres.primary_dsn like postgres.dsn; nil when unset.
@@ -308,11 +310,7 @@ func primaryDB(p config.Postgres) (*replication.DB, error) {
 	if p.PrimaryDSN == "" {
 		return nil, nil
 	}
-	pw, err := p.FilePassword()
-	if err != nil {
-		return nil, err
-	}
-	d, err := replication.ParseDB(string(p.PrimaryDSN), pw)
+	d, err := replication.ParseDB(string(p.PrimaryDSN), p.PasswordSource())
 	if err != nil {
 		return nil, fmt.Errorf("postgres.primary_dsn: %w", err)
 	}

@@ -41,8 +41,15 @@ func TestPostgresPasswordFile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("PipelineConfig: %v", err)
 	}
-	if got := pc.Source.DB.Config().Password; got != "s3cret" {
-		t.Errorf("connection password %q, want the file's", got)
+	if got, err := pc.Source.DB.Password(t.Context()); got != "s3cret" || err != nil {
+		t.Errorf("connection password %q, %v; want the file's", got, err)
+	}
+	// Re-read at every connection attempt: a rotated file is used next time.
+	if err := os.WriteFile(path, []byte("rotated\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := pc.Source.DB.Password(t.Context()); got != "rotated" || err != nil {
+		t.Errorf("connection password after rotation %q, %v; want the new content", got, err)
 	}
 	if got := os.Getenv("PGPASSWORD"); got != "" {
 		t.Errorf("PGPASSWORD = %q, want it left alone", got)

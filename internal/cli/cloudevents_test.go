@@ -19,7 +19,7 @@ func TestCloudEventsSource(t *testing.T) {
 		{"postgres://app@db:5432", "/outbox-cdc/app/sales.outbox"},
 		{"host=db user=app dbname='my shop'", "/outbox-cdc/my%20shop/sales.outbox"},
 	} {
-		db, err := replication.ParseDB(tc.dsn, "")
+		db, err := replication.ParseDB(tc.dsn, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

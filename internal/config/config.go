@@ -56,9 +56,15 @@ type Config struct {
 type Postgres struct {
 	// DSN is a libpq connection string, URL or keyword form. Required.
 	DSN DSN `koanf:"dsn"`
-	// PasswordFile holds the password of the DSN's role (FilePassword); not
-	// allowed with a password in the DSN.
+	// PasswordFile holds the password of the DSN's role, re-read at every
+	// connection attempt (PasswordSource); not allowed with a password in
+	// the DSN.
 	PasswordFile string `koanf:"password_file"`
+	// PasswordCommand is run (sh -c) at every connection attempt; its
+	// standard output is the password (PasswordSource). Not with
+	// PasswordFile nor a password in the DSN.
+	PasswordCommand        string        `koanf:"password_command"`
+	PasswordCommandTimeout time.Duration `koanf:"password_command_timeout"`
 	// PrimaryDSN is the primary of a DSN that is a hot standby
 	// (PostgreSQL 16+), where heartbeats, a missing publication and the
 	// checkpoint table are written; "" when unset. postgres.password_file
@@ -174,6 +180,7 @@ type KafkaSASL struct {
 	Username     string      `koanf:"username"`
 	Password     sink.Secret `koanf:"password"`
 	PasswordFile string      `koanf:"password_file"` // not with Password; see Secret
+	OAuth        KafkaOAuth  `koanf:"oauth"`         // with OAUTHBEARER
 }
 
 // HTTP is the metrics and health endpoint.
@@ -210,7 +217,7 @@ func Default() Config {
 			StatusInterval: time.Second, ReconnectBackoffMax: 30 * time.Second,
 			Retain: "0", HeartbeatInterval: 10 * time.Second,
 			RetainedWALWarnBytes: 1 << 30, QueueBytes: 64 << 20, ReceiveTimeout: 60 * time.Second,
-			FailoverSlot: "auto",
+			FailoverSlot: "auto", PasswordCommandTimeout: 10 * time.Second,
 		},
 		Outbox: Outbox{
 			Table: "public.outbox",
@@ -226,8 +233,8 @@ func Default() Config {
 			ClientID: "outbox-cdc", MaxBufferedRecords: 10000, MaxBufferedBytes: 64 << 20,
 			RequestTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
-			UnknownTopicTimeout: 2 * time.Minute,
-			Format:              router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
+			UnknownTopicTimeout: 2 * time.Minute, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
+			Format: router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
 		},
 		HTTP:       HTTP{Listen: "127.0.0.1:9187"},
 		Log:        Log{Level: "info", Format: "text"},
@@ -243,13 +250,6 @@ func (o Outbox) SchemaTable() (schema, table string) {
 		return s, t
 	}
 	return "public", o.Table
-}
-
-// FilePassword returns the content of postgres.password_file, read now, or
-// "" when the key is not set. The caller puts it into the connection
-// settings, never into the DSN string.
-func (p Postgres) FilePassword() (string, error) {
-	return passwordFrom("postgres.password_file", p.PasswordFile, "")
 }
 
 // Secret returns the SASL password: kafka.sasl.password, or the content of
@@ -282,6 +282,10 @@ func (c *Config) Warnings() []FieldError {
 	if s.Mechanism == sink.MechanismPlain && !t.Enabled {
 		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
 			Problem: "SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
+	}
+	if s.Mechanism == sink.MechanismOAuthBearer && !t.Enabled {
+		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
+			Problem: "OAUTHBEARER without TLS sends the bearer token in clear text; set kafka.tls.enabled: true"})
 	}
 	return out
 }

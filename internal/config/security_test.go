@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -118,7 +119,7 @@ func TestSecurityEnvNames(t *testing.T) {
 		}
 	}
 	def := Default()
-	if def.Kafka.TLS != (KafkaTLS{}) || def.Kafka.SASL != (KafkaSASL{}) || def.Postgres.PasswordFile != "" {
+	if def.Kafka.TLS != (KafkaTLS{}) || !reflect.DeepEqual(def.Kafka.SASL, KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}}) || def.Postgres.PasswordFile != "" {
 		t.Errorf("security defaults are not all off: %#v %#v", def.Kafka.TLS, def.Kafka.SASL)
 	}
 }
@@ -170,18 +171,18 @@ func TestSecretFile(t *testing.T) {
 		if err != nil || got != want {
 			t.Errorf("Secret() of %q = %q, %v; want %q", content, got, err, want)
 		}
-		got, err = Postgres{PasswordFile: p}.FilePassword()
+		got, err = Postgres{PasswordFile: p}.PasswordSource()(t.Context())
 		if err != nil || got != want {
-			t.Errorf("FilePassword() of %q = %q, %v; want %q", content, got, err, want)
+			t.Errorf("PasswordSource() of %q = %q, %v; want %q", content, got, err, want)
 		}
 	}
 	if pw, err := (KafkaSASL{Password: "inline"}).Secret(); pw != "inline" || err != nil {
 		t.Errorf("Secret() = %q, %v", pw, err)
 	}
-	if pw, err := (Postgres{}).FilePassword(); pw != "" || err != nil {
-		t.Errorf("FilePassword() without a file = %q, %v", pw, err)
+	if src := (Postgres{}).PasswordSource(); src != nil {
+		t.Errorf("PasswordSource() without a file or command is not nil")
 	}
-	_, err := Postgres{PasswordFile: filepath.Join(dir, "missing")}.FilePassword()
+	_, err := Postgres{PasswordFile: filepath.Join(dir, "missing")}.PasswordSource()(t.Context())
 	if err == nil || !strings.Contains(err.Error(), "postgres.password_file") || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("missing file: %v", err)
 	}
@@ -421,7 +422,8 @@ func TestSASLPasswordNeverPrinted(t *testing.T) {
 	if !strings.Contains(buf.String(), "alice") {
 		t.Errorf("slog output lacks the username:\n%s", buf.String())
 	}
-	if got := fmt.Sprintf("%+v", c.Kafka.SASL); got != "{Mechanism:SCRAM-SHA-512 Username:alice Password:xxxxx PasswordFile:}" {
+	if got := fmt.Sprintf("%+v", c.Kafka.SASL); got != "{Mechanism:SCRAM-SHA-512 Username:alice Password:xxxxx PasswordFile: "+
+		"OAuth:{TokenURL: ClientID: ClientSecret: ClientSecretFile: Scope: Extensions:map[] TokenFile:}}" {
 		t.Errorf("%%+v of KafkaSASL = %s", got)
 	}
 	// An empty password stays empty: nothing to hide.

@@ -190,6 +190,7 @@ func (v *validator) postgres(pg Postgres) {
 			}
 		}
 	}
+	v.passwordCommand(pg)
 	if pg.RetainedWALWarnBytes < 0 {
 		v.add("postgres.retained_wal_warn_bytes", strconv.FormatInt(pg.RetainedWALWarnBytes, 10), "must not be negative", "0 disables the warning")
 	}
@@ -313,6 +314,9 @@ func (v *validator) kafkaTLS(t KafkaTLS) {
 // kafkaSASL checks the kafka.sasl section, reading the password file. No
 // message shows the password.
 func (v *validator) kafkaSASL(s KafkaSASL) {
+	if v.kafkaTokenSASL(s) {
+		return
+	}
 	if s.Mechanism == "" {
 		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
 			v.add("kafka.sasl.mechanism", "", "empty while other kafka.sasl keys are set, so the connection would not authenticate",
@@ -331,19 +335,7 @@ func (v *validator) kafkaSASL(s KafkaSASL) {
 		v.add("kafka.sasl.username", "", "required when kafka.sasl.mechanism is set",
 			"set it in the config file or "+envName("kafka.sasl.username"))
 	}
-	switch {
-	case s.Password != "" && s.PasswordFile != "":
-		v.add("kafka.sasl.password", "", "set together with kafka.sasl.password_file",
-			"keep one: remove kafka.sasl.password (and "+envName("kafka.sasl.password")+") or kafka.sasl.password_file")
-	case s.Password == "" && s.PasswordFile == "":
-		v.add("kafka.sasl.password", "", "required when kafka.sasl.mechanism is set",
-			"set kafka.sasl.password_file to a file holding it, or "+envName("kafka.sasl.password"))
-	case s.PasswordFile != "":
-		if _, err := sink.ReadSecretFile(s.PasswordFile); err != nil {
-			v.add("kafka.sasl.password_file", s.PasswordFile, err.Error(),
-				"give a file readable by this process that holds only the password")
-		}
-	}
+	v.secretOrFile("kafka.sasl.password", s.Password != "", s.PasswordFile, "required when kafka.sasl.mechanism is set", "password")
 }
 
 // hostPortProblem checks host:port. The host may be empty only for a listen

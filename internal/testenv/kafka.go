@@ -41,6 +41,9 @@ type KafkaOptions struct {
 	// Security, when set, adds a SASL_SSL listener (see SecureBrokers). The
 	// PLAINTEXT listener stays for the harness and for Brokers.
 	Security *KafkaSecurity
+	// OAuthBearer, when set, adds an OAUTHBEARER listener (see
+	// OAuthBrokers); ignored for external brokers.
+	OAuthBearer *KafkaOAuthBearer
 }
 
 // KafkaSecurity configures the SASL_SSL listener of a managed broker.
@@ -85,6 +88,9 @@ type Kafka struct {
 	security   *KafkaSecurity // nil: no SASL_SSL listener
 	securePort int
 	keystore   string // PEM key and certificate chain of the SASL_SSL listener
+
+	oauth     *KafkaOAuthBearer // nil: no OAUTH listener
+	oauthPort int
 
 	closing closeSignal // ends an in-flight Restart when Close is called
 	mu      sync.Mutex
@@ -151,11 +157,12 @@ func (k *Kafka) init(ctx context.Context, opts KafkaOptions) error {
 	k.log4j = filepath.Join(k.baseDir, "log4j2.properties")
 	k.logPath = filepath.Join(k.baseDir, "kafka.log")
 
-	ports, err := FreePorts(3)
+	ports, err := FreePorts(4)
 	if err != nil {
 		return err
 	}
 	k.port, k.ctrlPort = ports[0], ports[1]
+	k.oauth, k.oauthPort = opts.OAuthBearer, ports[3]
 	if opts.Security != nil {
 		k.security, k.securePort = opts.Security, ports[2]
 		k.keystore = filepath.Join(k.baseDir, "sasl-ssl-keystore.pem")
@@ -276,6 +283,12 @@ func (k *Kafka) writeConfig(extra map[string]string) error {
 	}
 	if k.security != nil {
 		maps.Copy(props, k.securityProperties())
+	}
+	if k.oauth != nil {
+		maps.Copy(props, k.oauthProperties())
+		props["listeners"] += ",OAUTH://" + k.oauthAddr()
+		props["advertised.listeners"] += ",OAUTH://" + k.oauthAddr()
+		props["listener.security.protocol.map"] += ",OAUTH:SASL_PLAINTEXT"
 	}
 	maps.Copy(props, extra)
 

@@ -52,7 +52,9 @@ func run(m *testing.M) int {
 	}()
 	kStart := time.Now()
 	var kErr error
-	kafkaServer, kErr = testenv.StartKafka(ctx, testenv.KafkaOptions{})
+	// The OAUTH listener costs nothing at start; its sessions end with
+	// their token (connections.max.reauth.ms), for cloudauth_test.go.
+	kafkaServer, kErr = testenv.StartKafka(ctx, testenv.KafkaOptions{OAuthBearer: &testenv.KafkaOAuthBearer{MaxReauth: time.Minute}})
 	kTook := time.Since(kStart)
 	pgRes := <-pgDone
 
