@@ -35,6 +35,9 @@ func batchSize(r *kgo.Record) int {
 // error (the reason) and topic first, then its own; key, value and
 // timestamp as they were. cause is the refusal that led here, if any.
 func (s *Sink) deadLetter(r *record, reason string, cause error) {
+	if r.parked { // refused by the parking topic: it names the event's topic
+		r.Topic, r.parked = r.orig, false
+	}
 	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
 	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
 	h = append(h, kgo.RecordHeader{Key: wire.HeaderError, Value: []byte(reason)},
@@ -48,6 +51,13 @@ func (s *Sink) deadLetter(r *record, reason string, cause error) {
 		r.Timestamp = time.Now() // the dead-letter topic would refuse it too
 	}
 	r.size = batchSize(&r.Record)
+	s.mu.Lock()
+	err := s.quarantine(r, reason)
+	s.mu.Unlock()
+	if err != nil {
+		r.finish(Outcome{Err: err})
+		return
+	}
 	_ = s.submit(r, false)
 }
 

@@ -1,0 +1,170 @@
+package sink_test
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+const parking = "outbox.parking"
+
+func quarantineMode(cfg *sink.Config) { cfg.ParkingTopic = parking }
+
+// keyedRecord is record i of aggregate key, with its index as value and
+// id header.
+func keyedRecord(tp, key string, i int, suffix string) *router.Record {
+	return &router.Record{Topic: tp, Key: []byte(key), Value: []byte(fmt.Sprintf("%04d%s", i, suffix)),
+		Headers: []router.Header{{Key: "id", Value: []byte(fmt.Sprintf("ev-%d", i))}}}
+}
+
+// byKey groups values by key, in the order read (one partition per key).
+func byKey(recs []*kgo.Record) map[string][]string {
+	m := map[string][]string{}
+	for _, r := range recs {
+		m[string(r.Key)] = append(m[string(r.Key)], string(r.Value))
+	}
+	return m
+}
+
+// TestQuarantineParksLaterEventsInOrder: the broker refuses one record of
+// aggregate k1 in a batch with its neighbours, which are in flight behind it
+// in the same partition, and records keep coming. The refused record is
+// dead-lettered, every later record of k1 (those refused with it included)
+// goes to the parking topic in order, and the other aggregates reach their
+// topic complete and in order.
+func TestQuarantineParksLaterEventsInOrder(t *testing.T) {
+	const n, poison, keys = 400, 201, 4 // poison is k1's 51st record
+	ctx := testCtx(t)
+	c := newCluster(t, kfake.SeedTopics(3, parking))
+	s, _ := newSinkTuned(t, c, nil, quarantineMode)
+	names := topicNames(ctx, t, s, topic, dlq, parking)
+	release := make(chan struct{})
+	var held atomic.Bool
+	_, most := refuse(c, names, func() {
+		if held.CompareAndSwap(false, true) {
+			c.SleepControl(func() {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			})
+		}
+	}, func(tp string, b []byte) int16 {
+		if tp == topic && bytes.Contains(b, []byte("poison")) {
+			return kerr.MessageTooLarge.Code
+		}
+		return 0
+	})
+	res := newResults(n)
+	want := map[string][]string{}   // on the event topic, by key
+	parked := map[string][]string{} // on the parking topic
+	for i := range n {
+		key, suffix := fmt.Sprintf("k%d", i%keys), ""
+		if i == poison {
+			suffix = "-poison"
+		}
+		rec := keyedRecord(topic, key, i, suffix)
+		switch {
+		case key == "k1" && i > poison:
+			parked[key] = append(parked[key], string(rec.Value))
+		case i != poison:
+			want[key] = append(want[key], string(rec.Value))
+		}
+		produce(ctx, t, s, rec, res.slot(i))
+		if i == poison {
+			close(release)
+		}
+	}
+	for i, o := range res.all(ctx, t, n) {
+		switch {
+		case i == poison:
+			if !o.DeadLettered || o.Quarantined != 1 {
+				t.Errorf("poison record: outcome %+v, want dead-lettered with 1 quarantine", o)
+			}
+		case i%keys == 1 && i > poison:
+			if !o.Parked {
+				t.Errorf("record %d of the quarantined aggregate: outcome %+v, want parked", i, o)
+			}
+		case o.Parked || o.DeadLettered || o.Err != nil:
+			t.Errorf("record %d: outcome %+v, want a plain delivery", i, o)
+		}
+	}
+	if most.Load() < 2 {
+		t.Fatalf("refused batches held at most %d records: the neighbours were never in flight with it", most.Load())
+	}
+	if got := byKey(consume(ctx, t, c, topic, n-1-len(parked["k1"]))); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("event topic by key:\n got %v\nwant %v", got, want)
+	}
+	precs := consume(ctx, t, c, parking, len(parked["k1"]))
+	if got := byKey(precs); fmt.Sprint(got) != fmt.Sprint(parked) {
+		t.Errorf("parking topic by key:\n got %v\nwant %v", got, parked)
+	}
+	for _, r := range precs {
+		q, _ := header(r, sink.HeaderQuarantine)
+		tp, _ := header(r, "topic")
+		if q != fmt.Sprintf("ev-%d", poison) || tp != topic {
+			t.Fatalf("parked record %q: quarantine %q, topic %q; want ev-%d and %s", r.Value, q, tp, poison, topic)
+		}
+	}
+	if dl := consume(ctx, t, c, dlq, 1)[0]; !bytes.HasSuffix(dl.Value, []byte("-poison")) {
+		t.Errorf("dead letter %q is not the poison record", dl.Value)
+	}
+	qs := s.Quarantined()
+	if len(qs) != 1 || qs[0].Key != "k1" || qs[0].FirstID != fmt.Sprintf("ev-%d", poison) ||
+		!strings.Contains(qs[0].Reason, "MESSAGE_TOO_LARGE") || qs[0].Topic != topic || qs[0].Parked != int64(len(parked["k1"])) {
+		t.Errorf("quarantined %+v, want k1 from ev-%d for MESSAGE_TOO_LARGE on %s with %d parked", qs, poison, topic, len(parked["k1"]))
+	}
+}
+
+// TestRouterDeadLetterQuarantines: a record the router dead-lettered (sent
+// to the dead-letter topic directly) quarantines its key too; past
+// MaxQuarantined a new quarantine is a fatal outcome, never a silent skip.
+func TestRouterDeadLetterQuarantines(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, kfake.SeedTopics(3, parking))
+	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { quarantineMode(cfg); cfg.MaxQuarantined = 1 })
+	recs := []*router.Record{
+		keyedRecord(dlq, "a", 0, ""), // the router's dead letter
+		keyedRecord(topic, "a", 1, ""),
+		keyedRecord(topic, "b", 2, ""),
+		keyedRecord(dlq, "b", 3, ""), // a second quarantine: over the bound
+	}
+	res := newResults(len(recs))
+	for i, r := range recs {
+		produce(ctx, t, s, r, res.slot(i))
+	}
+	out := res.all(ctx, t, len(recs))
+	if !out[0].DeadLettered || !out[1].Parked || out[2] != (sink.Outcome{Quarantined: 1}) {
+		t.Errorf("outcomes %+v: want dead-lettered, parked, delivered", out[:3])
+	}
+	if out[3].Err == nil || !strings.Contains(out[3].Err.Error(), "dlq.max_quarantined") || sink.Classify(out[3].Err) != sink.ClassFatal {
+		t.Errorf("dead letter over the bound: outcome %+v, want a fatal error naming dlq.max_quarantined", out[3])
+	}
+	if p := consume(ctx, t, c, parking, 1)[0]; string(p.Key) != "a" || string(p.Value) != "0001" {
+		t.Errorf("parked %q=%q, want a=0001", p.Key, p.Value)
+	}
+}
+
+// TestSkipModeParksNothing: without a parking topic (dlq.mode skip) later
+// records of a dead-lettered aggregate are delivered as before.
+func TestSkipModeParksNothing(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	s := newSink(t, c, nil)
+	res := newResults(2)
+	produce(ctx, t, s, keyedRecord(dlq, "a", 0, ""), res.slot(0))
+	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(1))
+	out := res.all(ctx, t, 2)
+	if !out[0].DeadLettered || out[1] != (sink.Outcome{}) || len(s.Quarantined()) != 0 {
+		t.Errorf("outcomes %+v, quarantined %v: want dead-lettered, delivered, none", out, s.Quarantined())
+	}
+}
