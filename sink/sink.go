@@ -133,7 +133,7 @@ type Sink struct {
 	broker      brokerInfo
 	closed      bool
 
-	parking        string                 // "" in dlq.mode skip
+	parking        string // "" in dlq.mode skip
 	maxQuarantined int
 	quarantined    map[string]*Quarantine // by key
 
