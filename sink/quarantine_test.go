@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -47,23 +45,7 @@ func TestQuarantineParksLaterEventsInOrder(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(3, parking))
 	s, _ := newSinkTuned(t, c, nil, quarantineMode)
 	names := topicNames(ctx, t, s, topic, dlq, parking)
-	release := make(chan struct{})
-	var held atomic.Bool
-	_, most := refuse(c, names, func() {
-		if held.CompareAndSwap(false, true) {
-			c.SleepControl(func() {
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-			})
-		}
-	}, func(tp string, b []byte) int16 {
-		if tp == topic && bytes.Contains(b, []byte("poison")) {
-			return kerr.MessageTooLarge.Code
-		}
-		return 0
-	})
+	release, _, most := refusePoison(ctx, c, names)
 	res := newResults(n)
 	want := map[string][]string{}   // on the event topic, by key
 	parked := map[string][]string{} // on the parking topic

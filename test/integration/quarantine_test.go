@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
@@ -51,30 +49,7 @@ func TestQuarantineParksLaterEvents(t *testing.T) {
 	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "limited", "agg-0", "Sized", `{"seq": 0}`) })
 	consumeN(t, []string{topic}, 1, time.Minute, 0)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	v := fmt.Sprint(lowered)
-	adm := newAdmin(t)
-	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, topic)
-	if err == nil {
-		_, err = resp.On(topic, nil)
-	}
-	if err != nil {
-		t.Fatalf("lower max.message.bytes: %v", err)
-	}
-	waitFor(t, 20*time.Second, "the lowered limit", func() bool {
-		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
-		if err != nil {
-			return false
-		}
-		rc, err := rcs.On(topic, nil)
-		for _, c := range rc.Configs {
-			if err == nil && c.Key == "max.message.bytes" {
-				return c.MaybeValue() == v
-			}
-		}
-		return false
-	})
+	lowerLimit(t, topic, lowered)
 
 	var refusedID string
 	committed(t, conn, func(tx pgx.Tx) {
