@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
@@ -43,7 +44,7 @@ func TestQuarantineParksLaterEvents(t *testing.T) {
 	cfg.Kafka.Topics = map[string]string{"limited": topic}
 	cfg.DLQ.Mode = config.DLQQuarantine
 	cfg.Kafka.ParkingTopic = "parking.quarantine." + runID
-	startConnector(t, cfg)
+	c := startConnector(t, cfg)
 	conn := pgConnect(t, dsn)
 	// The connector learns the topic and its 1 MiB limit.
 	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "limited", "agg-0", "Sized", `{"seq": 0}`) })
@@ -91,4 +92,8 @@ func TestQuarantineParksLaterEvents(t *testing.T) {
 	if len(dlq) != 1 || seqOf(t, dlq[0]) != 1 || string(dlq[0].Key) != "agg-1" {
 		t.Fatalf("%d dead letters, want exactly agg-1's seq 1", len(dlq))
 	}
+	// The metrics follow the acknowledgements, which a consumer may see first.
+	waitFor(t, 10*time.Second, "19 parked events and 1 quarantined aggregate in the metrics", func() bool {
+		return testutil.ToFloat64(c.m.Parked) == events-1 && testutil.ToFloat64(c.m.Quarantined) == 1
+	})
 }
