@@ -102,6 +102,13 @@ func (s *Sink) missingDeadLetter(t *topicState, r *record) {
 			t.name, s.unknownTimeout, kerr.UnknownTopicOrPartition)})
 		return
 	}
+	s.mu.Lock()
+	diverted := s.divert(r) // an earlier record of its key was dead-lettered
+	s.mu.Unlock()
+	if diverted {
+		_ = s.submit(r, false)
+		return
+	}
 	s.deadLetter(r, fmt.Sprintf("topic %s did not exist for %v (kafka.unknown_topic_timeout): %v",
 		t.name, s.unknownTimeout, kerr.UnknownTopicOrPartition), nil)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -149,4 +150,25 @@ func TestSkipModeParksNothing(t *testing.T) {
 	if !out[0].DeadLettered || out[1] != (sink.Outcome{}) || len(s.Quarantined()) != 0 {
 		t.Errorf("outcomes %+v, quarantined %v: want dead-lettered, delivered, none", out, s.Quarantined())
 	}
+}
+
+// TestQuarantineAfterMissingTopic: records held for a topic that never
+// appears: the first of a key is dead-lettered when the wait ends, the later
+// ones of that key are parked in order, not dead-lettered too.
+func TestQuarantineAfterMissingTopic(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, kfake.SeedTopics(3, parking))
+	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) {
+		quarantineMode(cfg)
+		cfg.UnknownTopicTimeout = 300 * time.Millisecond
+	})
+	res := newResults(3)
+	for i := range 3 {
+		produce(ctx, t, s, keyedRecord("no-such-topic", "a", i, ""), res.slot(i))
+	}
+	out := res.all(ctx, t, 3)
+	if !out[0].DeadLettered || !out[1].Parked || !out[2].Parked {
+		t.Fatalf("outcomes %+v: want dead-lettered, parked, parked", out)
+	}
+	checkSequence(t, consume(ctx, t, c, parking, 2), 3, 0)
 }
