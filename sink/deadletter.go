@@ -35,8 +35,9 @@ func batchSize(r *kgo.Record) int {
 // error (the reason) and topic first, then its own; key, value and
 // timestamp as they were. cause is the refusal that led here, if any.
 func (s *Sink) deadLetter(r *record, reason string, cause error) {
-	if r.parked { // refused by the parking topic: it names the event's topic
+	if r.parked { // refused by the parking topic: back to the event as it was
 		r.Topic, r.parked = r.orig, false
+		r.Headers = r.Headers[2:] // quarantine and topic, added by divert
 	}
 	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
 	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)

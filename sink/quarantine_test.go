@@ -25,6 +25,14 @@ func keyedRecord(tp, key string, i int, suffix string) *router.Record {
 		Headers: []router.Header{{Key: "id", Value: []byte(fmt.Sprintf("ev-%d", i))}}}
 }
 
+// routerDead is record i as the router dead-letters a row whose
+// aggregate_id is key.
+func routerDead(key string, i int) *router.Record {
+	r := keyedRecord(dlq, key, i, "")
+	r.Headers = append(r.Headers, router.Header{Key: "aggregate_id", Value: []byte(key)})
+	return r
+}
+
 // byKey groups values by key, in the order read (one partition per key).
 func byKey(recs []*kgo.Record) map[string][]string {
 	m := map[string][]string{}
@@ -116,10 +124,11 @@ func TestRouterDeadLetterQuarantines(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(3, parking))
 	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { quarantineMode(cfg); cfg.MaxQuarantined = 1 })
 	recs := []*router.Record{
-		keyedRecord(dlq, "a", 0, ""), // the router's dead letter
+		routerDead("a", 0),
 		keyedRecord(topic, "a", 1, ""),
 		keyedRecord(topic, "b", 2, ""),
-		keyedRecord(dlq, "b", 3, ""), // a second quarantine: over the bound
+		keyedRecord(dlq, "ev-9", 4, ""), // NULL aggregate_id: keyed by its id, quarantines nothing
+		routerDead("b", 3),              // a second quarantine: over the bound
 	}
 	res := newResults(len(recs))
 	for i, r := range recs {
@@ -129,8 +138,11 @@ func TestRouterDeadLetterQuarantines(t *testing.T) {
 	if !out[0].DeadLettered || !out[1].Parked || out[2] != (sink.Outcome{Quarantined: 1}) {
 		t.Errorf("outcomes %+v: want dead-lettered, parked, delivered", out[:3])
 	}
-	if out[3].Err == nil || !strings.Contains(out[3].Err.Error(), "dlq.max_quarantined") || sink.Classify(out[3].Err) != sink.ClassFatal {
-		t.Errorf("dead letter over the bound: outcome %+v, want a fatal error naming dlq.max_quarantined", out[3])
+	if !out[3].DeadLettered || out[3].Quarantined != 1 {
+		t.Errorf("dead letter without aggregate_id: outcome %+v, want dead-lettered, still 1 quarantine", out[3])
+	}
+	if out[4].Err == nil || !strings.Contains(out[4].Err.Error(), "dlq.max_quarantined") || sink.Classify(out[4].Err) != sink.ClassFatal {
+		t.Errorf("dead letter over the bound: outcome %+v, want a fatal error naming dlq.max_quarantined", out[4])
 	}
 	if p := consume(ctx, t, c, parking, 1)[0]; string(p.Key) != "a" || string(p.Value) != "0001" {
 		t.Errorf("parked %q=%q, want a=0001", p.Key, p.Value)
@@ -144,7 +156,7 @@ func TestSkipModeParksNothing(t *testing.T) {
 	c := newCluster(t)
 	s := newSink(t, c, nil)
 	res := newResults(2)
-	produce(ctx, t, s, keyedRecord(dlq, "a", 0, ""), res.slot(0))
+	produce(ctx, t, s, routerDead("a", 0), res.slot(0))
 	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(1))
 	out := res.all(ctx, t, 2)
 	if !out[0].DeadLettered || out[1] != (sink.Outcome{}) || len(s.Quarantined()) != 0 {

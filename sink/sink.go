@@ -317,7 +317,9 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 		r.finish(Outcome{Err: err})
 		return err
 	}
-	if r.dead { // later records of its key must not overtake it
+	// The router's dead letter of a row with an aggregate_id (without one
+	// its key is the event id): later records of the key must not overtake it.
+	if r.dead && headerValue(&r.Record, wire.HeaderAggregateID) != "" {
 		s.mu.Lock()
 		err := s.quarantine(r, r.reason)
 		s.mu.Unlock()
