@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -183,4 +184,48 @@ func TestQuarantineAfterMissingTopic(t *testing.T) {
 		t.Fatalf("outcomes %+v: want dead-lettered, parked, parked", out)
 	}
 	checkSequence(t, consume(ctx, t, c, parking, 2), 3, 0)
+}
+
+// TestParkingRefusalDeadLetters: a record the parking topic refuses is
+// dead-lettered as the event it was (its own topic in the topic header, no
+// quarantine header); the key's next record is still parked.
+func TestParkingRefusalDeadLetters(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, kfake.SeedTopics(3, parking))
+	s, _ := newSinkTuned(t, c, nil, quarantineMode)
+	names := topicNames(ctx, t, s, topic, dlq, parking)
+	refuse(c, names, nil, func(tp string, b []byte) int16 {
+		if tp == parking && bytes.Contains(b, []byte("poison")) {
+			return kerr.PolicyViolation.Code
+		}
+		return 0
+	})
+	res := newResults(3)
+	produce(ctx, t, s, routerDead("a", 0), res.slot(0))
+	produce(ctx, t, s, keyedRecord(topic, "a", 1, "-poison"), res.slot(1))
+	produce(ctx, t, s, keyedRecord(topic, "a", 2, ""), res.slot(2))
+	out := res.all(ctx, t, 3)
+	if !out[0].DeadLettered || !out[1].DeadLettered || !out[2].Parked {
+		t.Fatalf("outcomes %+v: want dead-lettered, dead-lettered, parked", out)
+	}
+	dead := consume(ctx, t, c, dlq, 2)
+	var refused *kgo.Record
+	for _, r := range dead {
+		if bytes.HasSuffix(r.Value, []byte("-poison")) {
+			refused = r
+		}
+	}
+	if refused == nil {
+		t.Fatalf("dead letters %v lack the refused parked record", byKey(dead))
+	}
+	var keys []string
+	for _, h := range refused.Headers {
+		keys = append(keys, h.Key)
+	}
+	if tp, _ := header(refused, "topic"); fmt.Sprint(keys) != "[error topic id]" || tp != topic {
+		t.Errorf("refused parked record's headers %v, want error, topic=%s, id", headerList(refused), topic)
+	}
+	if p := consume(ctx, t, c, parking, 1)[0]; string(p.Value) != "0002" {
+		t.Errorf("parked %q, want 0002", p.Value)
+	}
 }
