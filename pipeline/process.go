@@ -217,12 +217,18 @@ func (d *delivery) Delivered(o sink.Outcome) {
 		return
 	}
 	now := time.Now()
-	if o.DeadLettered {
+	if o.Quarantined > 0 {
+		p.m.Quarantined.Set(float64(o.Quarantined))
+	}
+	switch {
+	case o.DeadLettered:
 		p.m.DeadLettered.Inc()
 		if d.reason != "" {
 			p.log.Warn("event dead-lettered", "id", d.id, "reason", d.reason, "topic", p.cfg.Routes.DLQTopic)
 		}
-	} else {
+	case o.Parked:
+		p.m.Parked.Inc()
+	default:
 		p.m.Published.Inc()
 		p.m.CommitToAck.Observe(now.Sub(d.commit).Seconds())
 	}

@@ -35,6 +35,10 @@ func batchSize(r *kgo.Record) int {
 // error (the reason) and topic first, then its own; key, value and
 // timestamp as they were. cause is the refusal that led here, if any.
 func (s *Sink) deadLetter(r *record, reason string, cause error) {
+	if r.parked { // refused by the parking topic: back to the event as it was
+		r.Topic, r.parked = r.orig, false
+		r.Headers = r.Headers[2:] // quarantine and topic, added by divert
+	}
 	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
 	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
 	h = append(h, kgo.RecordHeader{Key: wire.HeaderError, Value: []byte(reason)},
@@ -48,6 +52,13 @@ func (s *Sink) deadLetter(r *record, reason string, cause error) {
 		r.Timestamp = time.Now() // the dead-letter topic would refuse it too
 	}
 	r.size = batchSize(&r.Record)
+	s.mu.Lock()
+	err := s.quarantine(r, reason)
+	s.mu.Unlock()
+	if err != nil {
+		r.finish(Outcome{Err: err})
+		return
+	}
 	_ = s.submit(r, false)
 }
 
@@ -90,6 +101,13 @@ func (s *Sink) missingDeadLetter(t *topicState, r *record) {
 	if r.dead {
 		r.finish(Outcome{Err: fmt.Errorf("dead-letter topic %s did not exist for %v (kafka.unknown_topic_timeout): %w",
 			t.name, s.unknownTimeout, kerr.UnknownTopicOrPartition)})
+		return
+	}
+	s.mu.Lock()
+	diverted := s.divert(r) // an earlier record of its key was dead-lettered
+	s.mu.Unlock()
+	if diverted {
+		_ = s.submit(r, false)
 		return
 	}
 	s.deadLetter(r, fmt.Sprintf("topic %s did not exist for %v (kafka.unknown_topic_timeout): %v",

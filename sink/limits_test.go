@@ -137,6 +137,31 @@ func refuse(c *kfake.Cluster, names map[[16]byte]string, before func(), decide r
 	return refused, most
 }
 
+// refusePoison refuses, as over a limit the sink did not know, every batch
+// of topic that holds a record with "poison" in it. The first request waits
+// until release is closed, so that the poison record, buffered by then, is
+// refused in a batch with others.
+func refusePoison(ctx context.Context, c *kfake.Cluster, names map[[16]byte]string) (release chan struct{}, refused, most *atomic.Int32) {
+	release = make(chan struct{})
+	var waited atomic.Bool
+	refused, most = refuse(c, names, func() {
+		if waited.CompareAndSwap(false, true) {
+			c.SleepControl(func() {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			})
+		}
+	}, func(tp string, b []byte) int16 {
+		if tp == topic && bytes.Contains(b, []byte("poison")) {
+			return kerr.MessageTooLarge.Code
+		}
+		return 0
+	})
+	return release, refused, most
+}
+
 // checkSequence checks that recs hold the values %04d from 0 to n-1 except
 // skip, in that order.
 func checkSequence(t *testing.T, recs []*kgo.Record, n, skip int) {
@@ -167,25 +192,7 @@ func TestOnlyTheRefusedRecordIsDeadLettered(t *testing.T) {
 	c := newCluster(t)
 	s := newSink(t, c, nil)
 	names := topicNames(ctx, t, s, topic, dlq)
-	// The first request waits until the poison record is buffered, so that
-	// it is refused in a batch with others.
-	release := make(chan struct{})
-	var parked atomic.Bool
-	refused, most := refuse(c, names, func() {
-		if parked.CompareAndSwap(false, true) {
-			c.SleepControl(func() {
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-			})
-		}
-	}, func(tp string, b []byte) int16 {
-		if tp == topic && bytes.Contains(b, []byte("poison")) {
-			return kerr.MessageTooLarge.Code
-		}
-		return 0
-	})
+	release, refused, most := refusePoison(ctx, c, names)
 	res := newResults(n)
 	for i := range n {
 		v := fmt.Sprintf("%04d", i)

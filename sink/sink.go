@@ -60,6 +60,12 @@ type Config struct {
 	// UnknownTopicTimeout is how long records wait for a missing topic
 	// before they are dead-lettered; 0 means 2m.
 	UnknownTopicTimeout time.Duration
+	// ParkingTopic turns quarantine on (dlq.mode quarantine): once a record
+	// is dead-lettered, later records with its key go to this topic
+	// (quarantine.go). "" keeps dlq.mode skip.
+	ParkingTopic string
+	// MaxQuarantined bounds the quarantined keys; 0 means 10000.
+	MaxQuarantined int
 	// Opts are extra client options (TLS, SASL, test hooks).
 	Opts []kgo.Opt
 }
@@ -71,6 +77,12 @@ type Outcome struct {
 	DeadLettered bool
 	// Reason says why it was dead-lettered.
 	Reason string
+	// Parked is true when the record was delivered to the parking topic
+	// because its key is quarantined.
+	Parked bool
+	// Quarantined is how many keys were quarantined when the outcome was
+	// decided.
+	Quarantined int
 	// Err is a fatal error: the record was not delivered anywhere and the
 	// pipeline must stop without confirming it.
 	Err error
@@ -87,6 +99,8 @@ const (
 	defaultBatchMax = 1_000_012
 	// defaultMaxHeld bounds records held back when MaxBufferedRecords is 0.
 	defaultMaxHeld = 10_000
+	// defaultMaxQuarantined bounds quarantined keys when MaxQuarantined is 0.
+	defaultMaxQuarantined = 10_000
 )
 
 // Sink wraps one idempotent producer.
@@ -119,6 +133,10 @@ type Sink struct {
 	broker      brokerInfo
 	closed      bool
 
+	parking        string // "" in dlq.mode skip
+	maxQuarantined int
+	quarantined    map[string]*Quarantine // by key
+
 	outstanding atomic.Int64 // records accepted whose Done has not run
 	once        sync.Once
 }
@@ -133,7 +151,11 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	s := &Sink{dlq: cfg.DLQTopic, log: log, autoCreate: cfg.AutoCreateTopics,
 		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor,
 		unknownTimeout: cfg.UnknownTopicTimeout, maxHeld: cfg.MaxBufferedRecords, maxHeldBytes: cfg.MaxBufferedBytes,
-		topics: make(map[string]*topicState), space: make(chan struct{})}
+		topics: make(map[string]*topicState), space: make(chan struct{}),
+		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*Quarantine)}
+	if s.maxQuarantined <= 0 {
+		s.maxQuarantined = defaultMaxQuarantined
+	}
 	if s.partitions == 0 {
 		s.partitions = -1
 	}
@@ -258,6 +280,7 @@ type record struct {
 	resent bool  // sent again by a repair
 
 	dead   bool   // bound for the dead-letter topic
+	parked bool   // bound for the parking topic: its key is quarantined
 	reason string // why it is dead-lettered
 	orig   string // topic it was meant for ("" for the router's dead letters)
 	level  int    // dead-letter copy: 0 whole, 1 without payload, 2 minimal
@@ -294,6 +317,17 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 		r.finish(Outcome{Err: err})
 		return err
 	}
+	// The router's dead letter of a row with an aggregate_id (without one
+	// its key is the event id): later records of the key must not overtake it.
+	if r.dead && headerValue(&r.Record, wire.HeaderAggregateID) != "" {
+		s.mu.Lock()
+		err := s.quarantine(r, r.reason)
+		s.mu.Unlock()
+		if err != nil {
+			r.finish(Outcome{Err: err})
+			return nil
+		}
+	}
 	if err := s.submit(r, true); err != nil {
 		return err
 	}
@@ -327,6 +361,11 @@ func (s *Sink) submit(r *record, fromProduce bool) error {
 		}
 		t := s.topic(r.Topic)
 		if t.ready {
+			// Only a ready topic: one being repaired may still hold records
+			// of the key ahead of r; handOver diverts r after them.
+			if s.divert(r) {
+				continue
+			}
 			if t.overLimit(r) {
 				s.mu.Unlock()
 				s.tooLarge(t, r)
@@ -380,6 +419,11 @@ func (s *Sink) handOver(t *topicState, r *record, how int) {
 		s.mu.Unlock()
 		return
 	}
+	if s.divert(r) { // nothing of its key is left ahead of it in t
+		s.mu.Unlock()
+		_ = s.submit(r, false)
+		return
+	}
 	if t.overLimit(r) {
 		s.mu.Unlock()
 		s.tooLarge(t, r)
@@ -412,7 +456,7 @@ func (s *Sink) settle(r *record, err error) {
 	case err == nil:
 		first, ok := t.refused[r.Partition]
 		overtook = ok && !r.resent && r.seq > first
-		o = &Outcome{DeadLettered: r.dead, Reason: r.reason}
+		o = &Outcome{DeadLettered: r.dead, Reason: r.reason, Parked: r.parked, Quarantined: len(s.quarantined)}
 	case s.closed:
 		o = &Outcome{Err: shutdownError(err)}
 	case r.ctx.Err() != nil: // the caller stopped: resent after a restart

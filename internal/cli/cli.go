@@ -254,6 +254,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 			Linger: cfg.Kafka.ProducerLinger, RequestTimeout: cfg.Kafka.RequestTimeout, Compression: cfg.Kafka.Compression,
 			AutoCreateTopics: cfg.Kafka.AutoCreateTopics, TopicPartitions: int32(cfg.Kafka.TopicPartitions),
 			TopicReplicationFactor: int16(cfg.Kafka.TopicReplicationFactor), UnknownTopicTimeout: cfg.Kafka.UnknownTopicTimeout,
+			ParkingTopic: cfg.ParkingTopic(), MaxQuarantined: cfg.DLQ.MaxQuarantined,
 			Opts: kafkaOpts,
 		},
 		DrainTimeout:    cfg.Kafka.DrainTimeout,

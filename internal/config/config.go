@@ -50,6 +50,7 @@ type Config struct {
 	Checkpoint Checkpoint `koanf:"checkpoint"` // where the acknowledged position is saved
 	Snapshot   Snapshot   `koanf:"snapshot"`   // rows already in the outbox when the slot is created
 	OTel       OTel       `koanf:"otel"`       // the connector's spans (OpenTelemetry)
+	DLQ        DLQ        `koanf:"dlq"`        // what follows a dead letter (quarantine.go)
 }
 
 // Postgres is the replication source.
@@ -123,6 +124,7 @@ type Kafka struct {
 	Topic              string            `koanf:"topic"`   // template with router.Placeholder
 	Topics             map[string]string `koanf:"topics"`  // aggregate_type → topic; wins over Topic
 	DLQTopic           string            `koanf:"dlq_topic"`
+	ParkingTopic       string            `koanf:"parking_topic"` // quarantined aggregates' later events (dlq.mode quarantine)
 	ClientID           string            `koanf:"client_id"`
 	MaxBufferedRecords int               `koanf:"max_buffered_records"`
 	// MaxBufferedBytes is at least 1 MiB: a larger record is dead-lettered.
@@ -229,7 +231,7 @@ func Default() Config {
 			Fields:        []string{}, StandardHeaders: []string{"id", "event_type", "aggregate_type"}, SourceHeaders: []string{},
 		},
 		Kafka: Kafka{
-			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq",
+			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq", ParkingTopic: "outbox.parking",
 			ClientID: "outbox-cdc", MaxBufferedRecords: 10000, MaxBufferedBytes: 64 << 20,
 			RequestTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
@@ -240,6 +242,7 @@ func Default() Config {
 		Log:        Log{Level: "info", Format: "text"},
 		Checkpoint: Checkpoint{Store: "table", Table: "outbox_cdc.checkpoints"},
 		Snapshot:   Snapshot{Mode: "none"},
+		DLQ:        DLQ{Mode: DLQSkip, MaxQuarantined: 10000},
 	}
 }
 

@@ -523,6 +523,16 @@ func TestValidate(t *testing.T) {
 		{"listen bad port", func(c *Config) { c.HTTP.Listen = "localhost:http" }, "http.listen", "0 to 65535"},
 		{"log level", func(c *Config) { c.Log.Level = "verbose" }, "log.level", "debug, info, warn, error"},
 		{"log format", func(c *Config) { c.Log.Format = "logfmt" }, "log.format", "text, json"},
+		{"dlq mode", func(c *Config) { c.DLQ.Mode = "park" }, "dlq.mode", "skip, quarantine"},
+		{"quarantine bound zero", func(c *Config) { c.DLQ.MaxQuarantined = 0 }, "dlq.max_quarantined", "stops the connector"},
+		{"quarantine bound huge", func(c *Config) { c.DLQ.MaxQuarantined = 2_000_000 }, "dlq.max_quarantined", "1 to 1000000"},
+		{"parking is the dlq", func(c *Config) { c.DLQ.Mode = DLQQuarantine; c.Kafka.ParkingTopic = "outbox.dlq" }, "kafka.parking_topic", "same as kafka.dlq_topic"},
+		{"parking illegal", func(c *Config) { c.DLQ.Mode = DLQQuarantine; c.Kafka.ParkingTopic = "park!" }, "kafka.parking_topic", "letters, digits"},
+		{"parking a fixed topic", func(c *Config) {
+			c.DLQ.Mode = DLQQuarantine
+			c.Kafka.Topics = map[string]string{"order": "outbox.parking"}
+		}, "kafka.parking_topic", `same as kafka.topics["order"]`},
+		{"parking produced by template", func(c *Config) { c.DLQ.Mode = DLQQuarantine; c.Kafka.ParkingTopic = "outbox.event.parked" }, "kafka.parking_topic", `aggregate_type "parked"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -553,6 +563,8 @@ func TestValidate(t *testing.T) {
 			func(c *Config) { c.HTTP.Listen = "" },
 			func(c *Config) { c.HTTP.Listen = ":0" },
 			func(c *Config) { c.HTTP.Listen = "[::]:9187" },
+			func(c *Config) { c.DLQ.Mode = DLQQuarantine },
+			func(c *Config) { c.Kafka.ParkingTopic = "outbox.dlq" }, // unused in skip mode
 		} {
 			c := withRequired()
 			mutate(&c)
@@ -749,7 +761,7 @@ func TestSchema(t *testing.T) {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 76 {
+	if len(leaves) != 79 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }

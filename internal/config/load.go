@@ -359,6 +359,11 @@ func yamlValue(v any) (typeName, text string, scalar bool) {
 // postgres.dsn) by its last part, which follows the last sep.
 func suggest(name string, candidates []string, sep string) string {
 	lname := strings.ToLower(name)
+	// A name that is exactly the last part of one key (dsn) means that key,
+	// even when a short section name (dlq) is closer by edits.
+	if m := lastPartMatch(lname, candidates, sep); m != "" {
+		return m
+	}
 	best, bestD := "", math.MaxInt
 	for _, c := range candidates {
 		if d := editDistance(lname, strings.ToLower(c)); d < bestD {
@@ -368,6 +373,12 @@ func suggest(name string, candidates []string, sep string) string {
 	if bestD <= 2 || bestD == 3 && len(name) >= 12 {
 		return best
 	}
+	return ""
+}
+
+// lastPartMatch is the one key, not a section, whose last part is the last
+// part of lname; "" if none or several.
+func lastPartMatch(lname string, candidates []string, sep string) string {
 	last := lname[strings.LastIndex(lname, sep)+1:]
 	var match string
 	for _, c := range candidates {

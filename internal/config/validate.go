@@ -106,6 +106,7 @@ func (c *Config) problems() []FieldError {
 	v.outbox(c.Outbox)
 	v.tracing(c.Outbox, c.OTel)
 	v.kafka(c.Kafka)
+	v.dlq(c.DLQ, c.Kafka)
 	v.eventRouter(c)
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
 		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)

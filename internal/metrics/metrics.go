@@ -20,6 +20,8 @@ type Metrics struct {
 
 	Published    prometheus.Counter
 	DeadLettered prometheus.Counter
+	Parked       prometheus.Counter // dlq.mode quarantine
+	Quarantined  prometheus.Gauge
 	ConfirmedLSN prometheus.Gauge
 	ReceivedLSN  prometheus.Gauge
 	LagBytes     prometheus.Gauge // written by the slot monitor only (replication.SlotInfo.LagBytes)
@@ -73,6 +75,10 @@ func New() *Metrics {
 			Help: "Outbox events acknowledged by the broker on their destination topic."}),
 		DeadLettered: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_dead_lettered_total",
 			Help: "Outbox events that could never be published and were acknowledged on the dead-letter topic."}),
+		Parked: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_parked_total",
+			Help: "Outbox events of quarantined aggregates acknowledged on the parking topic."}),
+		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "quarantined_aggregates",
+			Help: "Aggregates quarantined after a dead letter: their later events are parked."}),
 		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "confirmed_lsn",
 			Help: "Last LSN confirmed (flushed) to PostgreSQL, as a number."}),
 		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "received_lsn",
@@ -120,6 +126,7 @@ func New() *Metrics {
 		}
 		return time.Since(last).Seconds()
 	})
+	m.Registry.MustRegister(m.Parked, m.Quarantined)
 	m.Registry.MustRegister(m.Published, m.DeadLettered, m.ConfirmedLSN, m.ReceivedLSN, m.LagBytes, m.InFlight,
 		m.CommitToAck, m.Connected, m.Reconnects, m.Transactions,
 		m.RetainedWAL, m.SlotWALStatus, m.SlotFailoverReady, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.BackfilledEvents, m.FatalErrors, sinceLast,

@@ -41,6 +41,37 @@ func limitedTopic(t *testing.T, partitions int32, maxBytes int) string {
 	return name
 }
 
+// lowerLimit sets topic's max.message.bytes to maxBytes and waits until the
+// (single) broker describes it.
+func lowerLimit(t *testing.T, topic string, maxBytes int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v := fmt.Sprint(maxBytes)
+	adm := newAdmin(t)
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, topic)
+	if err == nil {
+		_, err = resp.On(topic, nil)
+	}
+	if err != nil {
+		t.Fatalf("lower max.message.bytes: %v", err)
+	}
+	// The (single) broker describes the value it applies.
+	waitFor(t, 20*time.Second, "the lowered limit", func() bool {
+		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err != nil {
+			return false
+		}
+		rc, err := rcs.On(topic, nil)
+		for _, c := range rc.Configs {
+			if err == nil && c.Key == "max.message.bytes" {
+				return c.MaybeValue() == v
+			}
+		}
+		return false
+	})
+}
+
 // seqOf returns the payload's seq field.
 func seqOf(t *testing.T, r *kgo.Record) int {
 	t.Helper()
@@ -299,31 +330,7 @@ func TestLoweredLimitRefusalKeepsOrder(t *testing.T) {
 	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "limited", "agg-1", "Sized", `{"seq": 0}`) })
 	consumeN(t, []string{topic}, 1, time.Minute, 0)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	v := fmt.Sprint(lowered)
-	adm := newAdmin(t)
-	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, topic)
-	if err == nil {
-		_, err = resp.On(topic, nil)
-	}
-	if err != nil {
-		t.Fatalf("lower max.message.bytes: %v", err)
-	}
-	// The (single) broker describes the value it applies.
-	waitFor(t, 20*time.Second, "the lowered limit", func() bool {
-		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
-		if err != nil {
-			return false
-		}
-		rc, err := rcs.On(topic, nil)
-		for _, c := range rc.Configs {
-			if err == nil && c.Key == "max.message.bytes" {
-				return c.MaybeValue() == v
-			}
-		}
-		return false
-	})
+	lowerLimit(t, topic, lowered)
 
 	committed(t, conn, func(tx pgx.Tx) {
 		for i := 1; i <= total; i++ {

@@ -1,0 +1,88 @@
+package sink
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+)
+
+// HeaderQuarantine names the quarantine a parked record belongs to: the id
+// of the event whose dead letter started it (its key when it has none).
+const HeaderQuarantine = "quarantine"
+
+// Quarantine is an aggregate (a record key) whose later events are parked
+// because one of its events was dead-lettered: delivering them would let
+// them overtake it.
+type Quarantine struct {
+	Key     string
+	FirstID string // id header of the dead-lettered event
+	Reason  string
+	Topic   string // the dead-lettered event's topic ("" for the router's refusals)
+	Since   time.Time
+	Parked  int64 // records parked so far by this process
+}
+
+// quarantine starts a quarantine for r's key as r is dead-lettered, unless
+// the sink only skips (no parking topic), r has no key or the key is
+// quarantined already. Past maxQuarantined it fails: dropping the rule
+// silently would break order. Called with s.mu held.
+func (s *Sink) quarantine(r *record, reason string) error {
+	if s.parking == "" || len(r.Key) == 0 {
+		return nil
+	}
+	key := string(r.Key)
+	if _, ok := s.quarantined[key]; ok {
+		return nil
+	}
+	if len(s.quarantined) >= s.maxQuarantined {
+		return fmt.Errorf("cannot quarantine aggregate %q: %d aggregates are quarantined already (dlq.max_quarantined); redrive or skip some, or raise the bound", key, len(s.quarantined))
+	}
+	id := headerValue(&r.Record, wire.HeaderID)
+	if id == "" {
+		id = key
+	}
+	s.quarantined[key] = &Quarantine{Key: key, FirstID: id, Reason: reason, Topic: r.orig, Since: time.Now()}
+	if n := len(s.quarantined); n > s.maxQuarantined*8/10 {
+		s.log.Warn("many aggregates are quarantined; at dlq.max_quarantined the connector stops rather than let events overtake",
+			"quarantined", n, "max", s.maxQuarantined)
+	}
+	return nil
+}
+
+// divert sends r to the parking topic when its key is quarantined, with
+// the quarantine and original topic in front of its headers. It reports
+// whether it did. Called with s.mu held, in Produce order for each key
+// (see submit and handOver).
+func (s *Sink) divert(r *record) bool {
+	if s.parking == "" || r.dead || r.parked || len(r.Key) == 0 {
+		return false
+	}
+	q, ok := s.quarantined[string(r.Key)]
+	if !ok {
+		return false
+	}
+	q.Parked++
+	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
+	h = append(h, kgo.RecordHeader{Key: HeaderQuarantine, Value: []byte(q.FirstID)},
+		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.Topic)})
+	r.Headers = append(h, r.Headers...)
+	r.orig, r.Topic, r.parked = r.Topic, s.parking, true
+	r.Partition = -1 // the key chooses, as in the dead-letter topic
+	r.err, r.alone, r.resent = nil, false, false
+	r.size = batchSize(&r.Record)
+	return true
+}
+
+// Quarantined lists the quarantined aggregates, in no particular order.
+func (s *Sink) Quarantined() []Quarantine {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Quarantine, 0, len(s.quarantined))
+	for _, q := range s.quarantined {
+		out = append(out, *q)
+	}
+	return out
+}
