@@ -290,6 +290,10 @@ func (c *Config) Warnings() []FieldError {
 		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
 			Problem: "OAUTHBEARER without TLS sends the bearer token in clear text; set kafka.tls.enabled: true"})
 	}
+	if c.DLQ.Mode == DLQQuarantine {
+		out = append(out, FieldError{Key: "dlq.mode",
+			Problem: "quarantine is not yet saved with the checkpoint: after a restart or failover the quarantined aggregates flow again and there is no redrive (docs/architecture.md, \"Ordering in the failure path\")"})
+	}
 	return out
 }
 

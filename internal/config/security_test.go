@@ -313,6 +313,16 @@ func TestValidateSecurity(t *testing.T) {
 	}
 }
 
+// TestQuarantineWarns: quarantine mode says what it does not do yet.
+func TestQuarantineWarns(t *testing.T) {
+	t.Parallel()
+	c := withRequired()
+	c.DLQ.Mode = DLQQuarantine
+	if w := c.Warnings(); len(w) != 1 || w[0].Key != "dlq.mode" || !strings.Contains(w[0].Problem, "not yet saved") {
+		t.Errorf("quarantine: %v", w)
+	}
+}
+
 func TestSecurityWarnings(t *testing.T) {
 	t.Parallel()
 	c := withRequired()
