@@ -22,6 +22,9 @@ type Results struct {
 	Micro       []MicroResult  `json:"micro"`
 	Targets     []Target       `json:"targets"`
 	Failures    []string       `json:"failures"`
+	// DebeziumSkipped says why Debezium did not run ("" when it did, or
+	// when -debezium=false).
+	DebeziumSkipped string `json:"debezium_skipped,omitempty"`
 }
 
 // EnvInfo describes the machine and the servers.
