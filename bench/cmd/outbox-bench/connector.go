@@ -118,11 +118,16 @@ func (k *connector) get(ctx context.Context, path string) error {
 }
 
 func (k *connector) fetch(ctx context.Context, path string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.base+path, nil)
+	return httpGet(ctx, k.http, k.base+path)
+}
+
+// httpGet returns the body of a 200 answer to GET url.
+func httpGet(ctx context.Context, hc *http.Client, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := k.http.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +137,7 @@ func (k *connector) fetch(ctx context.Context, path string) ([]byte, error) {
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", path, resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return b, nil
 }

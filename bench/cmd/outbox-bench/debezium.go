@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -201,21 +200,9 @@ func (d *debezium) waitRunning(ctx context.Context, e *env, slot string) error {
 
 func (d *debezium) status(ctx context.Context, hc *http.Client) (connectStatus, error) {
 	var st connectStatus
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.rest+"/connectors/"+d.conn+"/status", nil)
+	b, err := httpGet(ctx, hc, d.rest+"/connectors/"+d.conn+"/status")
 	if err != nil {
 		return st, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return st, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("status: %s", resp.Status)
 	}
 	return st, json.Unmarshal(b, &st)
 }

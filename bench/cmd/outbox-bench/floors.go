@@ -73,8 +73,7 @@ func runRecvFloor(ctx context.Context, e *env, opts options, rate int, log *slog
 	e.waitQuiet(ctx, floorRecv+" at "+thousands(rate)+"/s")
 	a := probe.snap()
 	committed, window, err := runLoad(ctx, spec, commitNs)
-	res.Committed, res.DurationSeconds = committed, window.Seconds()
-	res.AchievedRate = float64(committed) / window.Seconds()
+	res.wrote(committed, window)
 	if err != nil {
 		return res, err
 	}
@@ -199,8 +198,7 @@ func runProducerFloor(ctx context.Context, e *env, opts options, rate int, log *
 	e.waitQuiet(ctx, floorProducer+" at "+thousands(rate)+"/s")
 	a := probe.snap()
 	produced, window, err := produceAt(ctx, cl, topic, aggType, rate, opts.Duration, commitNs)
-	res.Committed, res.DurationSeconds = produced, window.Seconds()
-	res.AchievedRate = float64(produced) / window.Seconds()
+	res.wrote(produced, window)
 	if err != nil {
 		return res, err
 	}

@@ -84,6 +84,12 @@ type SteadyResult struct {
 	RelayStats *relay.Stats `json:"relay_stats,omitempty"`
 }
 
+// wrote records what the measured load achieved.
+func (s *SteadyResult) wrote(events int, window time.Duration) {
+	s.Committed, s.DurationSeconds = events, window.Seconds()
+	s.AchievedRate = float64(events) / window.Seconds()
+}
+
 // warmup events go through the whole path (connections, metadata, the
 // topic's partitions) before the measured run; they use sequence numbers
 // after the run's and are excluded from every statistic.
@@ -152,8 +158,7 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 	e.waitQuiet(ctx, sys.Name+" at "+thousands(rate)+"/s")
 	a := probe.snap()
 	committed, window, err := runLoad(ctx, spec, commitNs)
-	res.Committed, res.DurationSeconds = committed, window.Seconds()
-	res.AchievedRate = float64(committed) / window.Seconds()
+	res.wrote(committed, window)
 	if err != nil {
 		return res, err
 	}
