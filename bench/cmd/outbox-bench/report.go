@@ -37,8 +37,8 @@ func renderReport(r *Results, chart string) string {
 	w("| Kafka | %s, single KRaft node, %d partitions per topic, RF 1 |\n", e.Kafka, e.Partitions)
 	w("| background load | %.2f busy cores before the servers started (other users of the machine; the \"other\" CPU columns below show it per run) |\n", e.BackgroundBusyCores)
 	p := r.Params
-	w("| parameters | drain %s events per transaction size %v; steady %v events/s for %s each, %d writers; relay LIMIT %d, poll %v |\n\n",
-		thousands(p.Events), p.TxSizes, p.Rates, p.Duration, p.Writers, p.RelayBatch, p.RelayIntervals)
+	w("| parameters | drain %s events per transaction size %v; steady %v events/s for %s each, %d writers; relay LIMIT %d, poll %v; floors %v; Debezium %v at %v events/s |\n\n",
+		thousands(p.Events), p.TxSizes, p.Rates, p.Duration, p.Writers, p.RelayBatch, p.RelayIntervals, p.Floors, p.Debezium, p.DebeziumRates)
 
 	w("## Targets\n\n")
 	w("| target | goal | measured | status | what limits it |\n|---|---|---|---|---|\n")
