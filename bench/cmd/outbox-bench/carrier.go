@@ -11,7 +11,7 @@ import (
 )
 
 // carrier is what moves a steady run's events from PostgreSQL to Kafka: the
-// connector process or the polling relay.
+// connector process, Debezium or the polling relay.
 type carrier interface {
 	// account names the carrier's processes for CPU accounting.
 	account(p *cpuProbe)
@@ -29,6 +29,9 @@ func (e *env) startCarrier(ctx context.Context, sys system, aggType, topic strin
 	if sys.isRelay() {
 		return startRelay(ctx, e, relay.Config{DSN: e.dsn, Table: pollTable, Brokers: e.brokers, Topic: topic,
 			PollInterval: sys.Interval, BatchSize: opts.RelayBatch, MaxBufferedRecords: 10000}, log)
+	}
+	if sys.Debezium {
+		return e.startDebeziumCarrier(ctx, aggType)
 	}
 	slot := "cdc_" + aggType
 	k, err := e.startConnector(ctx, slot, connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Linger: sys.Linger})

@@ -22,14 +22,9 @@ import (
 // memory (VmHWM) and CPU are its own. Its configuration is a YAML file with
 // the contract's keys only.
 type connector struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	base    string // http://127.0.0.1:port
-	started time.Time
-	http    *http.Client
-	done    chan struct{} // closed when the process has exited
-	waitErr error
+	*child
+	base string // http://127.0.0.1:port
+	http *http.Client
 }
 
 type connectorConfig struct {
@@ -70,26 +65,13 @@ log:
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(e.workDir, name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	defer logFile.Close() // the child has its own descriptor
 	cmd := exec.Command(e.connectorBin, "run", "--config", cfgPath)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = withoutConnectorEnv(os.Environ())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	k := &connector{name: name, cmd: cmd, logPath: logPath, base: "http://" + listen,
-		http: &http.Client{Timeout: 5 * time.Second}, done: make(chan struct{})}
-	k.started = time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start connector %s: %w", name, err)
+	ch, err := startChild(name, cmd, filepath.Join(e.workDir, name+".log"))
+	if err != nil {
+		return nil, fmt.Errorf("start connector: %w", err)
 	}
-	go func() {
-		k.waitErr = cmd.Wait()
-		close(k.done)
-	}()
+	k := &connector{child: ch, base: "http://" + listen, http: &http.Client{Timeout: 5 * time.Second}}
 	if err := k.waitReady(ctx); err != nil {
 		k.kill()
 		return nil, err
@@ -107,17 +89,6 @@ func withoutConnectorEnv(env []string) []string {
 		}
 	}
 	return out
-}
-
-func (k *connector) pid() int { return k.cmd.Process.Pid }
-
-func (k *connector) exited() bool {
-	select {
-	case <-k.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // waitReady polls /readyz (200 while the replication stream is up).
@@ -147,11 +118,16 @@ func (k *connector) get(ctx context.Context, path string) error {
 }
 
 func (k *connector) fetch(ctx context.Context, path string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.base+path, nil)
+	return httpGet(ctx, k.http, k.base+path)
+}
+
+// httpGet returns the body of a 200 answer to GET url.
+func httpGet(ctx context.Context, hc *http.Client, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := k.http.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +137,7 @@ func (k *connector) fetch(ctx context.Context, path string) ([]byte, error) {
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", path, resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return b, nil
 }
@@ -203,31 +179,6 @@ func (k *connector) waitDelivered(ctx context.Context, n int64, every time.Durat
 	}
 }
 
-// memory returns VmHWM (peak resident set) and VmRSS in bytes.
-func (k *connector) memory() (hwm, rss int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", k.pid()))
-	if err != nil {
-		return 0, 0, err
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		key, val, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(val), " kB"), 10, 64)
-		switch key {
-		case "VmHWM":
-			hwm = kb << 10
-		case "VmRSS":
-			rss = kb << 10
-		}
-	}
-	if hwm == 0 {
-		return 0, 0, fmt.Errorf("no VmHWM in /proc/%d/status", k.pid())
-	}
-	return hwm, rss, nil
-}
-
 // stop sends SIGTERM (stop reading, drain, confirm) and requires exit code 0.
 func (k *connector) stop(ctx context.Context) error {
 	if k.exited() {
@@ -248,26 +199,6 @@ func (k *connector) stop(ctx context.Context) error {
 		return fmt.Errorf("connector %s: %w:\n%s", k.name, k.waitErr, k.logTail())
 	}
 	return nil
-}
-
-// kill ends the process at once and waits for it.
-func (k *connector) kill() {
-	if !k.exited() {
-		_ = k.cmd.Process.Kill()
-	}
-	<-k.done
-}
-
-func (k *connector) logTail() string {
-	b, err := os.ReadFile(k.logPath)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > 20 {
-		lines = lines[len(lines)-20:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // errLost marks a scenario that did not deliver every event.

@@ -27,6 +27,12 @@ type DrainResult struct {
 	// PeakRSSBytes is the highest VmHWM of the connector runs.
 	PeakRSSBytes int64 `json:"peak_rss_bytes"`
 
+	// Debezium drains one more slot, once, timed from process start until
+	// the benchmark's consumer has every event; DebeziumRatio is the
+	// connector's best rate over Debezium's.
+	Debezium      *ConnectorRun `json:"debezium,omitempty"`
+	DebeziumRatio float64       `json:"debezium_ratio,omitempty"`
+
 	// Profiled is the in-process drain of one more identical slot under the
 	// CPU profiler (its rate is a cross-check, not the headline).
 	Profiled *ProfileResult `json:"profiled,omitempty"`
@@ -55,10 +61,15 @@ type Verified struct {
 type drainSlots struct {
 	recv, cdc []string
 	prof      string
+	dbz       string // "" without Debezium
 }
 
 func (d drainSlots) all() []string {
-	return append(append(append([]string(nil), d.recv...), d.cdc...), d.prof)
+	out := append(append(append([]string(nil), d.recv...), d.cdc...), d.prof)
+	if d.dbz != "" {
+		out = append(out, d.dbz)
+	}
+	return out
 }
 
 // runDrain preloads events behind the slots, then drains them with
@@ -76,6 +87,10 @@ func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.L
 	}
 	slots.prof = "prof_" + aggType
 	topics = append(topics, "prof."+aggType)
+	if e.debeziumLibs != "" {
+		slots.dbz = "dbz_" + aggType
+		topics = append(topics, "dbz."+aggType)
+	}
 	log = log.With("scenario", "drain", "tx_size", txSize)
 	res := &DrainResult{TxSize: txSize, Events: n, Transactions: n / txSize}
 
@@ -128,6 +143,20 @@ func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.L
 	}
 	log.Info("drain rates", "pg_recvlogical", int(res.RecvLogical.EventsPerSec), "connector", int(res.Connector.EventsPerSec),
 		"ratio", round(res.Ratio, 3))
+
+	if slots.dbz != "" {
+		e.waitQuiet(ctx, "debezium drain")
+		dr, err := drainDebezium(ctx, e, opts, slots.dbz, "dbz."+aggType, n, log)
+		if err != nil {
+			return res, fmt.Errorf("debezium: %w", err)
+		}
+		res.Debezium = &dr
+		if dr.EventsPerSec > 0 {
+			res.DebeziumRatio = res.Connector.EventsPerSec / dr.EventsPerSec
+		}
+		log.Info("debezium drained", "seconds", round(dr.Seconds, 2), "events_per_sec", int(dr.EventsPerSec),
+			"peak_rss_mb", dr.PeakRSSBytes>>20)
+	}
 
 	if opts.Profile {
 		p, err := e.profileDrain(ctx, opts, slots.prof, aggType, n, log)
@@ -246,4 +275,48 @@ func verifyTopic(ctx context.Context, e *env, topic string, n int, v *Verified, 
 	}
 	log.Info("verified", "topic", topic, "distinct", v.Distinct, "duplicates", v.Duplicates)
 	return nil
+}
+
+// drainDebezium runs Debezium on a preloaded slot and times process start
+// until the benchmark's consumer has all n events on topic (Debezium has no
+// delivered counter to poll; the consumer's lag after the last produce is
+// part of the time, as it is not for the connector, at most a fetch).
+func drainDebezium(ctx context.Context, e *env, opts options, slot, topic string, n int, log *slog.Logger) (ConnectorRun, error) {
+	var run ConnectorRun
+	ctx, cancel := context.WithTimeout(ctx, opts.DrainTimeout)
+	defer cancel()
+	arr := newArrivals(n)
+	cons, err := startConsumer(ctx, e.brokers, topic, arr, log)
+	if err != nil {
+		return run, err
+	}
+	defer cons.stop()
+	probe := cpuProbe{pgPID: e.pgPID, kafkaPID: e.kafkaPID}
+	a := probe.snap()
+	d, err := e.startDebezium(ctx, slot, slot, "dbz.{aggregate_type}")
+	if err != nil {
+		return run, err
+	}
+	defer d.kill()
+	run.ReadySeconds = time.Since(d.started).Seconds()
+	probe.clientPID, probe.pathPID = d.pid(), e.slotPID(ctx, slot)
+	if err := arr.waitDistinct(ctx, int64(n)); err != nil {
+		return run, fmt.Errorf("%w: %v\n%s", errLost, err, d.logTail())
+	}
+	doneAt := time.Now()
+	b := probe.snap()
+	run.ReaderRun = newReaderRun(doneAt.Sub(d.started), n, usage(a, b))
+	if run.PeakRSSBytes, _, err = d.memory(); err != nil {
+		return run, err
+	}
+	d.kill()
+	if err := cons.stop(); err != nil {
+		return run, err
+	}
+	run.Verified.Distinct = arr.distinct.Load()
+	if run.Verified.Records, err = e.topicRecords(ctx, topic); err != nil {
+		return run, fmt.Errorf("verify %s: %w", topic, err)
+	}
+	run.Verified.Duplicates = run.Verified.Records - run.Verified.Distinct
+	return run, nil
 }

@@ -55,6 +55,10 @@ type env struct {
 	partitions   int
 	background   float64       // busy cores before the servers started
 	quietBudget  time.Duration // left to spend waiting for a quiet machine
+	// debeziumLibs is the Debezium/Connect classpath directory; empty when
+	// Debezium does not run, debeziumSkipped then says why (if asked for).
+	debeziumLibs    string
+	debeziumSkipped string
 }
 
 func startEnv(ctx context.Context, opts options, log *slog.Logger) (_ *env, err error) {
@@ -69,6 +73,13 @@ func startEnv(ctx context.Context, opts options, log *slog.Logger) (_ *env, err 
 	}
 	if e.connectorBin, err = connectorBinary(ctx, opts, e.workDir, log); err != nil {
 		return nil, err
+	}
+	if opts.Debezium {
+		if e.debeziumLibs, err = debeziumLibs(ctx); err != nil {
+			e.debeziumSkipped = err.Error()
+			log.Warn("DEBEZIUM SKIPPED: its jars cannot be fetched; the report says so", "err", err)
+			err = nil
+		}
 	}
 	// What the machine does without us: other users' load skews every
 	// number, so it is measured and reported.
@@ -163,6 +174,7 @@ func (e *env) createSchema(ctx context.Context) error {
 	stmts := []string{
 		string(ddl),
 		fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", publication, outboxTable),
+		fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", dbzPublication, outboxTable),
 		fmt.Sprintf(relay.Schema, pollTable, "outbox_polling"),
 	}
 	for _, s := range stmts {

@@ -51,6 +51,9 @@ type options struct {
 	Scenarios      []string
 	Profile        bool
 	DrainRepeats   int
+	Debezium       bool
+	DebeziumRates  []int
+	Floors         bool
 
 	Connector    string
 	Micro        string
@@ -85,6 +88,9 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.RelayBatch, "relay-batch", 100, "steady: polling relay claim batch (LIMIT)")
 	scenarios := fs.String("scenarios", "drain,steady", "scenarios to run, comma list of drain, steady")
 	fs.IntVar(&o.DrainRepeats, "drain-repeats", 2, "drain: runs of each reader per transaction size (the fastest counts)")
+	fs.BoolVar(&o.Debezium, "debezium", true, "also run Debezium (Kafka Connect standalone, scripts/fetch-debezium.sh) in the drain and steady runs")
+	dbzRates := fs.String("debezium-rates", "500,2000,10000", "steady: offered loads at which Debezium runs, comma list")
+	fs.BoolVar(&o.Floors, "floors", true, "steady: also measure the floors at each rate (pg_recvlogical, a bare franz-go producer)")
 	fs.BoolVar(&o.Profile, "profile", true, "drain: also drain in process under the CPU profiler")
 	fs.StringVar(&o.Connector, "connector", "", "outbox-cdc binary (default: go build ./cmd/outbox-cdc into the work dir)")
 	fs.StringVar(&o.Micro, "micro", "", "output of go test -bench to include in the report")
@@ -108,6 +114,9 @@ func parseFlags(args []string) (options, error) {
 		return o, err
 	}
 	if o.Rates, err = parseInts("rates", *rates); err != nil {
+		return o, err
+	}
+	if o.DebeziumRates, err = parseInts("debezium-rates", *dbzRates); err != nil {
 		return o, err
 	}
 	for _, s := range splitList(*intervals) {
@@ -231,6 +240,7 @@ func run(ctx context.Context, opts options, log *slog.Logger) error {
 	}
 	defer e.close()
 	res.Env = e.info(ctx)
+	res.DebeziumSkipped = e.debeziumSkipped
 
 	if opts.has("drain") {
 		for _, size := range opts.TxSizes {
@@ -245,8 +255,8 @@ func run(ctx context.Context, opts options, log *slog.Logger) error {
 	}
 	if opts.has("steady") {
 		for _, rate := range opts.Rates {
-			for _, sys := range steadySystems(opts) {
-				s, err := runSteady(ctx, e, opts, sys, rate, log)
+			for _, sys := range steadySystems(opts, rate, e.debeziumLibs != "") {
+				s, err := runSystem(ctx, e, opts, sys, rate, log)
 				if err != nil {
 					res.fail(fmt.Sprintf("steady, %s at %d events/s", sys.Name, rate), err, log)
 				}

@@ -22,6 +22,9 @@ type Results struct {
 	Micro       []MicroResult  `json:"micro"`
 	Targets     []Target       `json:"targets"`
 	Failures    []string       `json:"failures"`
+	// DebeziumSkipped says why Debezium did not run ("" when it did, or
+	// when -debezium=false).
+	DebeziumSkipped string `json:"debezium_skipped,omitempty"`
 }
 
 // EnvInfo describes the machine and the servers.
@@ -54,11 +57,15 @@ type Params struct {
 	Scenarios      []string `json:"scenarios"`
 	Profile        bool     `json:"profile"`
 	DrainRepeats   int      `json:"drain_repeats"`
+	Floors         bool     `json:"floors"`
+	Debezium       bool     `json:"debezium"`
+	DebeziumRates  []int    `json:"debezium_rates,omitempty"`
 }
 
 func paramsOf(o options) Params {
 	p := Params{Events: o.Events, TxSizes: o.TxSizes, Rates: o.Rates, Duration: o.Duration.String(),
-		Writers: o.Writers, Partitions: o.Partitions, RelayBatch: o.RelayBatch, Scenarios: o.Scenarios, Profile: o.Profile, DrainRepeats: o.DrainRepeats}
+		Writers: o.Writers, Partitions: o.Partitions, RelayBatch: o.RelayBatch, Scenarios: o.Scenarios, Profile: o.Profile, DrainRepeats: o.DrainRepeats,
+		Floors: o.Floors, Debezium: o.Debezium, DebeziumRates: o.DebeziumRates}
 	for _, d := range o.RelayIntervals {
 		p.RelayIntervals = append(p.RelayIntervals, d.String())
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,19 +19,41 @@ type system struct {
 	Name     string        // "outbox-cdc", "outbox-cdc-linger2ms", "relay-1s", ...
 	Interval time.Duration // poll interval; 0 for outbox-cdc
 	Linger   time.Duration // outbox-cdc's kafka.linger
+	Debezium bool          // Debezium on Kafka Connect
+	Floor    bool          // a floor: pg_recvlogical or the bare producer
 }
 
 func (s system) isRelay() bool { return s.Interval > 0 }
 
-func steadySystems(opts options) []system {
-	out := []system{{Name: "outbox-cdc"}}
+// steadySystems are the systems run at rate: the floors first, so that each
+// rate's rows compare with floors measured just before.
+func steadySystems(opts options, rate int, debezium bool) []system {
+	var out []system
+	if opts.Floors {
+		out = append(out, system{Name: floorRecv, Floor: true}, system{Name: floorProducer, Floor: true})
+	}
+	out = append(out, system{Name: "outbox-cdc"})
 	for _, l := range opts.Lingers {
 		out = append(out, system{Name: "outbox-cdc-linger" + l.String(), Linger: l})
+	}
+	if debezium && slices.Contains(opts.DebeziumRates, rate) {
+		out = append(out, system{Name: "debezium", Debezium: true})
 	}
 	for _, d := range opts.RelayIntervals {
 		out = append(out, system{Name: "relay-" + d.String(), Interval: d})
 	}
 	return out
+}
+
+// runSystem runs one system at one offered load.
+func runSystem(ctx context.Context, e *env, opts options, sys system, rate int, log *slog.Logger) (*SteadyResult, error) {
+	switch sys.Name {
+	case floorRecv:
+		return runRecvFloor(ctx, e, opts, rate, log)
+	case floorProducer:
+		return runProducerFloor(ctx, e, opts, rate, log)
+	}
+	return runSteady(ctx, e, opts, sys, rate, log)
 }
 
 // SteadyResult is one system at one offered load.
@@ -59,6 +82,12 @@ type SteadyResult struct {
 	CPU          CPUUsage `json:"cpu"`
 	// RelayStats are the relay's counters.
 	RelayStats *relay.Stats `json:"relay_stats,omitempty"`
+}
+
+// wrote records what the measured load achieved.
+func (s *SteadyResult) wrote(events int, window time.Duration) {
+	s.Committed, s.DurationSeconds = events, window.Seconds()
+	s.AchievedRate = float64(events) / window.Seconds()
 }
 
 // warmup events go through the whole path (connections, metadata, the
@@ -129,8 +158,7 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 	e.waitQuiet(ctx, sys.Name+" at "+thousands(rate)+"/s")
 	a := probe.snap()
 	committed, window, err := runLoad(ctx, spec, commitNs)
-	res.Committed, res.DurationSeconds = committed, window.Seconds()
-	res.AchievedRate = float64(committed) / window.Seconds()
+	res.wrote(committed, window)
 	if err != nil {
 		return res, err
 	}

@@ -23,10 +23,10 @@ const (
 	statusNotMet      = "not met"
 	statusNotMeasured = "not measured"
 
-	rssLimitBytes   = 100e6
+	rssLimitBytes   = 64e6
 	ackTargetRate   = 2000
 	ackTargetP99Ms  = 10
-	drainTarget     = 0.8
+	drainTarget     = 1.0
 	relayTargetTime = 50
 )
 
@@ -40,14 +40,16 @@ func status(ok bool) string {
 func evaluateTargets(r *Results) []Target {
 	var ts []Target
 	ts = append(ts, drainTargets(r)...)
+	ts = append(ts, steadyTargets(r)...)
 	ts = append(ts, ackTarget(r), rssTarget(r), allocTarget(r))
+	ts = append(ts, debeziumTargets(r)...)
 	ts = append(ts, relayTargets(r)...)
 	return ts
 }
 
 func drainTargets(r *Results) []Target {
 	if len(r.Drains) == 0 {
-		return []Target{{Name: "drain rate", Goal: "≥ 0.8× pg_recvlogical", Status: statusNotMeasured}}
+		return []Target{{Name: "drain rate", Goal: fmt.Sprintf("≥ %.1f× pg_recvlogical", drainTarget), Status: statusNotMeasured}}
 	}
 	var ts []Target
 	for _, d := range r.Drains {
@@ -118,7 +120,7 @@ func ackTarget(r *Results) Target {
 }
 
 func rssTarget(r *Results) Target {
-	t := Target{Name: "connector peak RSS, any load", Goal: "≤ 100 MB"}
+	t := Target{Name: "connector peak RSS, any load", Goal: fmt.Sprintf("≤ %.0f MB", mb(rssLimitBytes))}
 	var peak int64
 	var where []string
 	for _, d := range r.Drains {
@@ -128,7 +130,7 @@ func rssTarget(r *Results) Target {
 		}
 	}
 	for _, s := range r.Steady {
-		if s.PeakRSSBytes > 0 {
+		if s.PeakRSSBytes > 0 && strings.HasPrefix(s.System, "outbox-cdc") {
 			where = append(where, fmt.Sprintf("%s at %s/s %.1f MB", s.System, thousands(s.OfferedRate), mb(s.PeakRSSBytes)))
 			peak = max(peak, s.PeakRSSBytes)
 		}
