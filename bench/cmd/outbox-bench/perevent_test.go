@@ -45,6 +45,8 @@ func TestSteadyTargets(t *testing.T) {
 			"broker CPU per event at 2,000 events/s", statusMet},
 		{"broker 1.6× missed", []SteadyResult{steadyRun(floorProducer, 2000, n, 1, 0, 2), steadyRun("outbox-cdc", 2000, n, 1, 1, 3.2)},
 			"broker CPU per event at 2,000 events/s", statusNotMet},
+		{"broker below its floor: no verdict", []SteadyResult{steadyRun(floorProducer, 2000, n, 1, 0, 4), steadyRun("outbox-cdc", 2000, n, 1, 1, 2)},
+			"broker CPU per event at 2,000 events/s", statusNotMeasured},
 		{"broker without floor", []SteadyResult{steadyRun("outbox-cdc", 2000, n, 1, 1, 3)}, "broker CPU per event at 2,000 events/s", statusNotMeasured},
 		// Another system's numbers never stand in for the connector's.
 		{"debezium is not the connector", []SteadyResult{steadyRun("debezium", 2000, n, 1, 1, 1)}, "commit → consume p99 at 2,000 events/s", statusNotMeasured},
