@@ -27,7 +27,7 @@ func benchDecoder(b *testing.B, payloadType uint32) (*Decoder, pgwire.Wire) {
 		b.Fatal(err)
 	}
 	payload := benchPayload
-	if payloadType == oidBytea {
+	if payloadType == OIDBytea {
 		payload = `\x` + hex.EncodeToString([]byte(benchPayload))
 	}
 	ins := pgwire.Insert(outboxID, pgwire.Txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), pgwire.Txt("order"), pgwire.Txt("ord-7f3a9c"),
@@ -49,7 +49,7 @@ func benchInsert(b *testing.B, payloadType uint32) {
 }
 
 func BenchmarkDecodeInsert(b *testing.B)      { benchInsert(b, pgwire.OIDJSONB) }
-func BenchmarkDecodeInsertBytea(b *testing.B) { benchInsert(b, oidBytea) }
+func BenchmarkDecodeInsertBytea(b *testing.B) { benchInsert(b, OIDBytea) }
 
 // BenchmarkDecodeInsertOtherTable measures the skip path for tables that share
 // the publication.

@@ -190,8 +190,8 @@ func TestInsertEvent(t *testing.T) {
 		{
 			name: "bytea hex",
 			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
-				pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
-				pgwire.Col{Name: "trace_id", OID: oidBytea}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
+				pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: OIDBytea},
+				pgwire.Col{Name: "trace_id", OID: OIDBytea}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
 			ins: pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(`\x00ff10deadBEEF`), pgwire.Txt(`\x`), pgwire.Txt("x")),
 			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
 				Payload: Value{Bytes: []byte{0x00, 0xff, 0x10, 0xde, 0xad, 0xbe, 0xef}},
@@ -200,8 +200,8 @@ func TestInsertEvent(t *testing.T) {
 		{
 			name: "bytea escape format",
 			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
-				pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
-				pgwire.Col{Name: "trace_id", OID: oidBytea}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
+				pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: OIDBytea},
+				pgwire.Col{Name: "trace_id", OID: OIDBytea}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
 			ins: pgwire.Insert(outboxID, pgwire.Txt(uuid), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(`ab\\c\000\377\012`), pgwire.Null(), pgwire.Txt("x")),
 			want: Event{ID: val(uuid), AggregateType: val("a"), AggregateID: val("1"), EventType: val("E"),
 				Payload: Value{Bytes: []byte{'a', 'b', '\\', 'c', 0, 0xff, '\n'}},
@@ -209,7 +209,7 @@ func TestInsertEvent(t *testing.T) {
 		},
 		{
 			name: "bytea text that is not a mapped column stays text",
-			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "blob", OID: oidBytea}, pgwire.Col{Name: "id", OID: pgwire.OIDUUID},
+			rel: pgwire.Relation(outboxID, "public", "outbox", pgwire.Col{Name: "blob", OID: OIDBytea}, pgwire.Col{Name: "id", OID: pgwire.OIDUUID},
 				pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText}, pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText},
 				pgwire.Col{Name: "payload", OID: pgwire.OIDJSON}, pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText}),
 			ins: pgwire.Insert(outboxID, pgwire.Txt(`\xzz`), pgwire.Txt(uuid), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(`{}`), pgwire.Txt("t"), pgwire.Txt("x")),
@@ -463,8 +463,8 @@ func TestSchemaChangeRemaps(t *testing.T) {
 func validMessages() []pgwire.Wire {
 	at := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
 	byteaRel := pgwire.Relation(outboxID+1, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
-		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
-		pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: oidBytea})
+		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: OIDBytea},
+		pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: OIDBytea})
 	return []pgwire.Wire{
 		outboxRelation(),
 		byteaRel,
@@ -532,7 +532,7 @@ func TestFormatErrors(t *testing.T) {
 	ok := []pgwire.Value{pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt("{}"), pgwire.Txt("t"), pgwire.Txt("x")}
 	with := func(last pgwire.Value) pgwire.Wire { return rows(append(ok[:len(ok):len(ok)], last)...) }
 	byteaRel := pgwire.Relation(outboxID+1, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
-		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
+		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: OIDBytea},
 		pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: pgwire.OIDText})
 	byteaRow := func(payload string) pgwire.Wire {
 		return pgwire.Insert(outboxID+1, pgwire.Txt("id"), pgwire.Txt("a"), pgwire.Txt("1"), pgwire.Txt("E"), pgwire.Txt(payload), pgwire.Txt("t"), pgwire.Txt("x"))
@@ -640,8 +640,8 @@ func TestZeroAllocs(t *testing.T) {
 	at := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
 	d := primed(t)
 	byteaRel := pgwire.Relation(outboxID+1, "public", "outbox", pgwire.Col{Name: "id", OID: pgwire.OIDUUID}, pgwire.Col{Name: "aggregate_type", OID: pgwire.OIDText},
-		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: oidBytea},
-		pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: oidBytea})
+		pgwire.Col{Name: "aggregate_id", OID: pgwire.OIDText}, pgwire.Col{Name: "event_type", OID: pgwire.OIDText}, pgwire.Col{Name: "payload", OID: OIDBytea},
+		pgwire.Col{Name: "trace_id", OID: pgwire.OIDText}, pgwire.Col{Name: "tenant", OID: OIDBytea})
 	mustDecode(t, d, byteaRel, pgwire.Relation(otherID, "public", "orders", pgwire.Col{Name: "id", OID: pgwire.OIDInt8}))
 	for name, m := range map[string]pgwire.Wire{
 		"insert": pgwire.Insert(outboxID, pgwire.Txt("0b8e2a52-3c1f-4f0e-9d59-5b7f3f0f6a11"), pgwire.Txt("order"), pgwire.Txt("42"),

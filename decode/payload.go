@@ -15,18 +15,12 @@ const (
 	PayloadBinary
 )
 
-// Built-in JSON type OIDs (pg_type.dat); oidBytea is in relation.go.
-const (
-	oidJSON  = 114
-	oidJSONB = 3802
-)
-
 // PayloadFormatOf returns the format of a payload column of type typeOID.
 func PayloadFormatOf(typeOID uint32) PayloadFormat {
 	switch typeOID {
-	case oidJSON, oidJSONB:
+	case OIDJSON, OIDJSONB:
 		return PayloadJSON
-	case oidBytea:
+	case OIDBytea:
 		return PayloadBinary
 	}
 	return PayloadText

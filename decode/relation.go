@@ -6,11 +6,6 @@ import (
 	"strings"
 )
 
-// Built-in type OIDs (pg_type.dat) that change how a value is converted.
-// Everything else, json/jsonb/text/varchar/uuid/timestamps/integers included,
-// is passed on in the text form PostgreSQL sent.
-const oidBytea = 17
-
 // Positions of the event fields in relation.idx; header columns, then the
 // other extra columns (Mapping.Columns) follow.
 const (
@@ -131,7 +126,7 @@ func (d *Decoder) resolve(rel *relation) {
 		for i := range rel.cols {
 			if rel.cols[i].name == want {
 				rel.idx[k] = i
-				if rel.cols[i].typ == oidBytea {
+				if rel.cols[i].typ == OIDBytea {
 					rel.cols[i].bytea = true
 					rel.hasBytea = true
 				}

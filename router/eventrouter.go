@@ -20,19 +20,6 @@ type Source struct {
 	LSN    lsn.LSN
 }
 
-// Type OIDs (pg_type.dat) written as JSON booleans and numbers, and the
-// timestamp types a timestamp column may have.
-const (
-	oidBool        = 16
-	oidInt8        = 20
-	oidInt2        = 21
-	oidInt4        = 23
-	oidFloat4      = 700
-	oidFloat8      = 701
-	oidTimestamp   = 1114
-	oidTimestamptz = 1184
-)
-
 var (
 	textTrue  = []byte("true")
 	textFalse = []byte("false")
@@ -202,7 +189,7 @@ func headerValue(v decode.Value, typ uint32) []byte {
 	switch {
 	case v.Null:
 		return nil
-	case typ == oidBool && len(v.Bytes) == 1:
+	case typ == decode.OIDBool && len(v.Bytes) == 1:
 		if v.Bytes[0] == 't' {
 			return textTrue
 		}
@@ -221,14 +208,14 @@ func appendJSONValue(b []byte, v decode.Value, typ uint32) []byte {
 	switch {
 	case v.Null:
 		return append(b, "null"...)
-	case typ == oidBool && len(v.Bytes) == 1:
+	case typ == decode.OIDBool && len(v.Bytes) == 1:
 		if v.Bytes[0] == 't' {
 			return append(b, "true"...)
 		}
 		return append(b, "false"...)
-	case typ == oidInt2 || typ == oidInt4 || typ == oidInt8:
+	case typ == decode.OIDInt2 || typ == decode.OIDInt4 || typ == decode.OIDInt8:
 		return append(b, v.Bytes...)
-	case typ == oidFloat4 || typ == oidFloat8:
+	case typ == decode.OIDFloat4 || typ == decode.OIDFloat8:
 		if _, err := strconv.ParseFloat(string(v.Bytes), 64); err == nil && v.Bytes[len(v.Bytes)-1] >= '0' && v.Bytes[len(v.Bytes)-1] <= '9' {
 			return append(b, v.Bytes...)
 		}
@@ -269,12 +256,12 @@ func appendJSONString(b []byte, s string) []byte {
 // UTC, as Debezium reads it.
 func parseTimestamp(s string, typ uint32) (time.Time, error) {
 	layout := "2006-01-02 15:04:05.999999999"
-	if typ == oidTimestamptz {
+	if typ == decode.OIDTimestamptz {
 		layout += "Z07"
 		if len(s) > 3 && s[len(s)-3] == ':' { // an offset with minutes: +05:30
 			layout += ":00"
 		}
-	} else if typ != oidTimestamp && typ != 0 {
+	} else if typ != decode.OIDTimestamp && typ != 0 {
 		return time.Time{}, fmt.Errorf("type OID %d is not timestamp or timestamptz", typ)
 	}
 	if typ == 0 && len(s) > 3 && (s[len(s)-3] == '+' || s[len(s)-3] == '-') { // type unknown: offset present
