@@ -181,7 +181,9 @@ func allZero(b []byte) bool {
 }
 
 // traceHeaders replaces the trace column's header, which the decoder
-// delivered with the other header columns, by traceparent and tracestate. A
+// delivered with the other header columns, by traceparent and tracestate. It
+// travels as a header column, not as one of Config.Columns, because a
+// table-less event (outbox.Emit) carries it as a message header of that name. A
 // value without a valid traceparent is published without trace headers and
 // reported to onBadTrace; it never blocks the event. A malformed tracestate
 // alone is left out, as W3C prescribes, and not reported.

@@ -15,3 +15,15 @@ func BatchSize(rec *router.Record) int {
 	}
 	return batchSize(&r)
 }
+
+// Quarantined lists the quarantined aggregates, in no particular order (for
+// the tests until redrive reads them).
+func (s *Sink) Quarantined() []Quarantine {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Quarantine, 0, len(s.quarantined))
+	for _, q := range s.quarantined {
+		out = append(out, *q)
+	}
+	return out
+}

@@ -75,14 +75,3 @@ func (s *Sink) divert(r *record) bool {
 	r.size = batchSize(&r.Record)
 	return true
 }
-
-// Quarantined lists the quarantined aggregates, in no particular order.
-func (s *Sink) Quarantined() []Quarantine {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Quarantine, 0, len(s.quarantined))
-	for _, q := range s.quarantined {
-		out = append(out, *q)
-	}
-	return out
-}
