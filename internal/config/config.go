@@ -106,6 +106,9 @@ type Outbox struct {
 	SourceHeaders           []string `koanf:"source_headers"`   // of lsn, xid, commit_time
 	TombstoneOnEmptyPayload bool     `koanf:"tombstone_on_empty_payload"`
 	TimestampColumn         string   `koanf:"timestamp_column"` // record timestamp instead of the commit time
+	// Tables lists several outbox tables (tables.go), each with the keys
+	// above and kafka's routing keys as its defaults; not with Table.
+	Tables []OutboxTable `koanf:"tables"`
 }
 
 // Columns maps each record part to the name of the column that holds it.
@@ -227,7 +230,7 @@ func Default() Config {
 				ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
 				EventType: "event_type", Payload: "payload",
 			},
-			HeaderColumns: []string{},
+			HeaderColumns: []string{}, Tables: []OutboxTable{},
 			Fields:        []string{}, StandardHeaders: []string{"id", "event_type", "aggregate_type"}, SourceHeaders: []string{},
 		},
 		Kafka: Kafka{

@@ -73,6 +73,9 @@ func Load(path string, environ []string) (*Config, error) {
 			}
 		}
 	}
+	if _, set := lookup(raw, "outbox.table"); !set && len(cfg.Outbox.Tables) > 0 {
+		cfg.Outbox.Table = "" // the default names no table of the list
+	}
 	loaded := len(problems) // validation does not report these keys again
 	for _, p := range cfg.problems() {
 		parent, _, _ := strings.Cut(p.Key, "[") // kafka.brokers[1] → kafka.brokers
@@ -133,7 +136,8 @@ func init() {
 func walkSchema(t reflect.Type, prefix string, index []int) {
 	kinds := map[reflect.Type]*kind{reflect.TypeFor[int](): kindInt, reflect.TypeFor[int64](): kindInt,
 		reflect.TypeFor[time.Duration](): kindDuration, reflect.TypeFor[bool](): kindBool,
-		reflect.TypeFor[[]string](): kindStrings, reflect.TypeFor[map[string]string](): kindStringMap} // else kindString
+		reflect.TypeFor[[]string](): kindStrings, reflect.TypeFor[map[string]string](): kindStringMap,
+		reflect.TypeFor[[]OutboxTable](): kindTables} // else kindString
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name := f.Tag.Get("koanf")
@@ -234,6 +238,8 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 	s, isString := v.(string)
 	fromEnv := isString && env != ""
 	switch l.kind {
+	case kindTables:
+		return convertTables(l, v, env)
 	case kindString:
 		if scalar {
 			return reflect.ValueOf(str).Convert(l.typ), nil

@@ -108,6 +108,7 @@ func (c *Config) problems() []FieldError {
 	v.kafka(c.Kafka)
 	v.dlq(c.DLQ, c.Kafka)
 	v.eventRouter(c)
+	v.tables(c)
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
 		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 	}
@@ -209,6 +210,7 @@ func (v *validator) postgres(pg Postgres) {
 func (v *validator) outbox(ob Outbox) {
 	const tableFix = "use schema.table or table (schema public)"
 	switch parts := strings.Split(ob.Table, "."); {
+	case len(ob.Tables) > 0: // checked with each entry (tables.go)
 	case ob.Table == "":
 		v.add("outbox.table", "", "must not be empty", tableFix)
 	case len(parts) > 2:
@@ -250,10 +252,7 @@ func (v *validator) kafka(k Kafka) {
 			v.add(fmt.Sprintf("kafka.brokers[%d]", i), b, p, "use host:port, such as kafka1:9092")
 		}
 	}
-	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: k.DLQTopic,
-		TopicRegex: k.TopicRegex, TopicReplacement: k.TopicReplacement}).Check() {
-		v.add(p.Key, p.Value, p.Reason, p.Fix)
-	}
+	v.routes(k)
 	switch {
 	case k.ClientID == "":
 		v.add("kafka.client_id", "", "must not be empty", "")
@@ -288,6 +287,14 @@ func (v *validator) kafka(k Kafka) {
 	}
 	v.kafkaTLS(k.TLS)
 	v.kafkaSASL(k.SASL)
+}
+
+// routes checks the kafka keys an outbox.tables entry may override.
+func (v *validator) routes(k Kafka) {
+	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: k.DLQTopic,
+		TopicRegex: k.TopicRegex, TopicReplacement: k.TopicReplacement}).Check() {
+		v.add(p.Key, p.Value, p.Reason, p.Fix)
+	}
 	for _, p := range router.CheckCloudEvents(k.Format, router.CloudEvents(k.CloudEvents)) {
 		v.add(p.Key, p.Value, p.Reason, p.Fix)
 	}
