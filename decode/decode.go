@@ -71,15 +71,13 @@ func (m Mapping) Validate() error {
 // Decoder decodes the pgoutput messages of one replication stream. It is not
 // safe for concurrent use.
 type Decoder struct {
-	m    Mapping
-	rels map[uint32]*relation
+	tables []table // one per outbox table, in the order given
+	rels   map[uint32]*relation
 
 	// Buffers reused by every call; Result slices alias them.
 	res      Result
-	vals     []Value  // one per tuple column of the current Insert
-	headers  []Header // one per Mapping.HeaderColumns
-	columns  []Column // one per Mapping.Columns
-	bytea    []byte   // decoded bytea values of the current Insert
+	vals     []Value // one per tuple column of the current Insert
+	bytea    []byte  // decoded bytea values of the current Insert
 	truncIDs []uint32
 
 	// strs interns the few distinct strings that recur in Message, Origin and
@@ -87,22 +85,43 @@ type Decoder struct {
 	strs map[string]string
 }
 
+// table is one outbox table's mapping and the buffers its Events alias.
+type table struct {
+	m       Mapping
+	headers []Header // one per Mapping.HeaderColumns
+	columns []Column // one per Mapping.Columns
+}
+
 // NewDecoder returns a Decoder that builds Events from Inserts into the table
 // m names. m is copied.
-func NewDecoder(m Mapping) *Decoder {
-	m.HeaderColumns = append([]string(nil), m.HeaderColumns...)
-	m.Columns = append([]string(nil), m.Columns...)
-	d := &Decoder{
-		m:       m,
-		rels:    make(map[uint32]*relation),
-		headers: make([]Header, len(m.HeaderColumns)),
-		columns: make([]Column, len(m.Columns)),
-		strs:    make(map[string]string),
-	}
-	for i, h := range m.HeaderColumns {
-		d.headers[i].Name = h
+func NewDecoder(m Mapping) *Decoder { return NewTablesDecoder([]Mapping{m}) }
+
+// NewTablesDecoder returns a Decoder that builds Events from Inserts into
+// any of the tables ms name, each with its own mapping; an Event's Table is
+// the index of its table's mapping in ms. The mappings are copied.
+func NewTablesDecoder(ms []Mapping) *Decoder {
+	d := &Decoder{rels: make(map[uint32]*relation), strs: make(map[string]string)}
+	for _, m := range ms {
+		m.HeaderColumns = append([]string(nil), m.HeaderColumns...)
+		m.Columns = append([]string(nil), m.Columns...)
+		t := table{m: m, headers: make([]Header, len(m.HeaderColumns)), columns: make([]Column, len(m.Columns))}
+		for i, h := range m.HeaderColumns {
+			t.headers[i].Name = h
+		}
+		d.tables = append(d.tables, t)
 	}
 	return d
+}
+
+// match is the index of the outbox table a relation is, -1 for none.
+func (d *Decoder) match(id uint32, ns, name []byte) int {
+	for i := range d.tables {
+		m := &d.tables[i].m
+		if (m.RelationID != 0 && id == m.RelationID) || (string(ns) == m.Schema && string(name) == m.Table) {
+			return i
+		}
+	}
+	return -1
 }
 
 // Decode decodes one pgoutput message: the WAL data of one XLogData message,

@@ -70,7 +70,7 @@ func checkOutcome(t *testing.T, d *Decoder, in []byte, res *Result, err error) {
 	}
 	if res.Kind == KindEvent {
 		ev := res.Event
-		if len(ev.Headers) != len(d.m.HeaderColumns) {
+		if len(ev.Headers) != len(d.tables[ev.Table].m.HeaderColumns) {
 			t.Fatalf("%d headers", len(ev.Headers))
 		}
 		vals := []Value{ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType, ev.Payload}

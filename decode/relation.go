@@ -32,9 +32,10 @@ type relation struct {
 	namespace, name string
 	cols            []column
 
-	// The rest is set only for the outbox table, resolved once per Relation
+	// The rest is set only for an outbox table, resolved once per Relation
 	// message so that Inserts only index.
 	outbox bool
+	table  int // index of its mapping (Decoder.tables)
 	// idx holds, for each event field (fieldID...) and then each header
 	// column, its position in the tuple, or -1 when the table lacks it.
 	idx []int
@@ -83,11 +84,12 @@ func (d *Decoder) relation(r *reader, res *Result) error {
 		namespace: string(ns),
 		name:      string(name),
 		cols:      cols,
-		outbox:    (d.m.RelationID != 0 && id == d.m.RelationID) || (string(ns) == d.m.Schema && string(name) == d.m.Table),
+		table:     d.match(id, ns, name),
 	}
+	rel.outbox = rel.table >= 0
 	// Without a known OID a rename can only be noticed here; with one, the
 	// pipeline's publication check reports it and the rows stay outbox rows.
-	if old := d.rels[id]; old != nil && old.outbox && !rel.outbox {
+	if old := d.rels[id]; old != nil && old.outbox && (!rel.outbox || rel.table != old.table) {
 		return &RenameError{
 			RelationID: id,
 			OldSchema:  old.namespace,
@@ -107,6 +109,7 @@ func (d *Decoder) relation(r *reader, res *Result) error {
 		Namespace: rel.namespace,
 		Name:      rel.name,
 		Outbox:    rel.outbox,
+		Table:     max(rel.table, 0),
 		Invalid:   rel.invalid,
 	}
 	return nil
@@ -114,10 +117,11 @@ func (d *Decoder) relation(r *reader, res *Result) error {
 
 // resolve finds each mapped column in rel and precomputes the Invalid text.
 func (d *Decoder) resolve(rel *relation) {
-	names := make([]string, 0, numFields+len(d.m.HeaderColumns)+len(d.m.Columns))
-	names = append(names, d.m.ID, d.m.AggregateType, d.m.AggregateID, d.m.EventType, d.m.Payload)
-	names = append(names, d.m.HeaderColumns...)
-	names = append(names, d.m.Columns...)
+	m := &d.tables[rel.table].m
+	names := make([]string, 0, numFields+len(m.HeaderColumns)+len(m.Columns))
+	names = append(names, m.ID, m.AggregateType, m.AggregateID, m.EventType, m.Payload)
+	names = append(names, m.HeaderColumns...)
+	names = append(names, m.Columns...)
 
 	rel.idx = make([]int, len(names))
 	var missing []string

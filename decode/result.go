@@ -107,8 +107,10 @@ type Origin struct {
 type RelationInfo struct {
 	ID              uint32
 	Namespace, Name string
-	// Outbox reports whether this is the configured outbox table.
+	// Outbox reports whether this is a configured outbox table, and Table
+	// which one (the index of its Mapping, NewTablesDecoder).
 	Outbox bool
+	Table  int
 	// Invalid is non-empty when the outbox table lacks a mapped column; every
 	// Insert will carry the same text in Event.Invalid. Logging it here warns
 	// about the problem before the first row arrives.
@@ -184,4 +186,7 @@ type Event struct {
 	// NULL values are not Invalid: the router decides what they mean.
 	Invalid    string
 	RelationID uint32
+	// Table is the index of the outbox table's Mapping (NewTablesDecoder;
+	// 0 with one table, and for emitted messages).
+	Table int
 }

@@ -52,23 +52,25 @@ func (d *Decoder) insert(r *reader, res *Result) error {
 	ev.EventType = pick(vals, rel.idx[fieldEventType])
 	ev.Payload = pick(vals, rel.idx[fieldPayload])
 	ev.PayloadFormat = rel.payload
-	for i := range d.headers {
+	ev.Table = rel.table
+	t := &d.tables[rel.table]
+	for i := range t.headers {
 		// Name is rewritten too, in case a caller edited the aliased slice.
-		d.headers[i] = Header{Name: d.m.HeaderColumns[i], Value: pick(vals, rel.idx[numFields+i])}
+		t.headers[i] = Header{Name: t.m.HeaderColumns[i], Value: pick(vals, rel.idx[numFields+i])}
 	}
-	if len(d.headers) > 0 {
-		ev.Headers = d.headers
+	if len(t.headers) > 0 {
+		ev.Headers = t.headers
 	}
-	base := numFields + len(d.headers)
-	for i := range d.columns {
+	base := numFields + len(t.headers)
+	for i := range t.columns {
 		at := rel.idx[base+i]
-		d.columns[i] = Column{Name: d.m.Columns[i], Value: pick(vals, at)}
+		t.columns[i] = Column{Name: t.m.Columns[i], Value: pick(vals, at)}
 		if at >= 0 {
-			d.columns[i].Type = rel.cols[at].typ
+			t.columns[i].Type = rel.cols[at].typ
 		}
 	}
-	if len(d.columns) > 0 {
-		ev.Columns = d.columns
+	if len(t.columns) > 0 {
+		ev.Columns = t.columns
 	}
 	res.Kind = KindEvent
 	return nil
