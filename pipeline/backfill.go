@@ -38,7 +38,7 @@ func (b *backfill) delivered(xid uint32) bool { return b != nil && b.done && b.s
 // ending at end (the last position dispatched, so the watermark cannot pass
 // the stream), in the snapshot order.
 func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end lsn.LSN) error {
-	rows, g, err := p.cfg.Source.GapRows(ctx, b.Xmin, p.rowSpec())
+	rows, g, err := p.cfg.Source.GapRows(ctx, b.Xmin, p.rowSpecs())
 	if err != nil {
 		return err
 	}
@@ -57,11 +57,6 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end
 	p.log.Warn("published the rows written while the outbox was outside the publication",
 		"rows", n, "since", b.Since, "transactions", len(b.skip))
 	return nil
-}
-
-// rowSpec is what table reads (snapshot, backfill) return.
-func (p *Pipeline) rowSpec() replication.RowSpec {
-	return replication.RowSpec{Mapping: p.cfg.Mapping, Filter: p.cfg.SnapshotFilter, OrderBy: p.cfg.SnapshotOrderBy}
 }
 
 // publishRows publishes rows read from the table as events of txn, stamped

@@ -20,13 +20,13 @@ const (
 // gated confirms no position the guard has not vouched for.
 type gated struct {
 	replication.Positions
-	g *replication.Guard
+	g *guards
 }
 
 func (x gated) Acked() lsn.LSN { return min(x.Positions.Acked(), x.g.Verified()) }
 
 // guardLoop runs the guard until ctx ends or the outbox leaves the stream.
-func (p *Pipeline) guardLoop(ctx context.Context, g *replication.Guard) {
+func (p *Pipeline) guardLoop(ctx context.Context, g *guards) {
 	t := time.NewTicker(p.cfg.GuardInterval)
 	defer t.Stop()
 	last := time.Now()
@@ -41,9 +41,9 @@ func (p *Pipeline) guardLoop(ctx context.Context, g *replication.Guard) {
 			}
 			last = now
 		}
-		switch why, gap := g.Check(ctx); {
+		switch why, gap, src := g.Check(ctx); {
 		case gap:
-			_ = p.failGap(why, g.Verified(), g.Xmin()) // reaches Run through fail
+			_ = p.failGap(src, why, g.Verified(), g.Xmin()) // reaches Run through fail
 			return
 		case why != "":
 			p.fail(schemaError(why))
@@ -62,14 +62,14 @@ type gapInfo struct {
 }
 
 // failGap stops the connector because the outbox left the stream.
-func (p *Pipeline) failGap(why string, verified lsn.LSN, xmin uint64) error {
+func (p *Pipeline) failGap(src replication.Source, why string, verified lsn.LSN, xmin uint64) error {
 	g := &gapInfo{Since: verified, Xmin: xmin}
 	if old := p.gap.Load(); old != nil { // an earlier gap, not repaired yet
 		g = &gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin)}
 	}
 	p.gap.Store(g)
 	p.gapClear.Store(0)
-	err := replication.LeftStreamError(p.cfg.Source, why, verified, p.plan.checkpoints != nil)
+	err := replication.LeftStreamError(src, why, verified, p.plan.checkpoints != nil)
 	p.fail(err)
 	return err
 }
@@ -125,8 +125,8 @@ func (p *Pipeline) finalCheck(ctx context.Context) error {
 	defer cancel()
 	deadline := time.Now().Add(replication.GuardMargin + 200*time.Millisecond)
 	for g.Verified() < p.tracker.Acked() && time.Now().Before(deadline) {
-		if why, gap := g.Check(ctx); gap {
-			return p.failGap(why, g.Verified(), g.Xmin())
+		if why, gap, src := g.Check(ctx); gap {
+			return p.failGap(src, why, g.Verified(), g.Xmin())
 		}
 		time.Sleep(finalPause)
 	}

@@ -76,6 +76,10 @@ type Config struct {
 
 	// Tracer, when set (otel.endpoint), gives each event a span (trace.go).
 	Tracer Tracer
+
+	// More are the outbox tables after the first (outbox.tables, tables.go);
+	// Mapping and Routes are the first's, and route table-less events.
+	More []Table
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -99,7 +103,7 @@ type Pipeline struct {
 	log *slog.Logger
 	m   *metrics.Metrics
 
-	router  *router.Router
+	routers []*router.Router // one per outbox table (Event.Table)
 	plan    *plan // set before any goroutine starts, then read-only
 	tracker *offsets.Tracker
 	out     producer
@@ -121,8 +125,7 @@ type Pipeline struct {
 
 // New validates the routing rules; Run does the rest.
 func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
-	cfg.Routes.OnBadTrace = badTraceReporter(m, log)
-	r, err := router.New(cfg.Routes)
+	r, err := newRouters(cfg, badTraceReporter(m, log))
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +143,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	return &Pipeline{cfg: cfg, log: log, m: m, router: r, fatal: make(chan error, 1), ready: make(chan struct{})}, nil
+	return &Pipeline{cfg: cfg, log: log, m: m, routers: r, fatal: make(chan error, 1), ready: make(chan struct{})}, nil
 }
 
 // Ready is closed once the slot is set up and streaming has started.

@@ -303,7 +303,7 @@ func TestProcess(t *testing.T) {
 		},
 	}, {
 		name: "a relation lacking a mapped column after start is a schema problem",
-		plan: plan{schemaFrom: 0x100},
+		plan: plan{schemaFrom: []lsn.LSN{0x100}},
 		run: func(h *harness) {
 			h.data(pgwire.Begin(0x200, at, 1), outboxRelation("event_type"))
 			var f *replication.FatalError
@@ -313,7 +313,7 @@ func TestProcess(t *testing.T) {
 		},
 	}, {
 		name: "rows written while a column was missing, before start, are dead-lettered",
-		plan: plan{schemaFrom: 0x500},
+		plan: plan{schemaFrom: []lsn.LSN{0x500}},
 		run: func(h *harness) {
 			h.data(txn(0x200, 1, outboxRelation("event_type"),
 				pgwire.Insert(outboxID, pgwire.Txt("e1"), pgwire.Txt("order"), pgwire.Txt("o-1"), pgwire.Txt("{}")))...)

@@ -34,17 +34,18 @@ type plan struct {
 	checkpoints *offsets.Stamped
 	// guard keeps the outbox in the stream; nil in replay, where no side
 	// loop but the progress report runs.
-	guard *replication.Guard
-	// schemaFrom: a Relation message lacking a mapped column in a
-	// transaction committing at or after it is a schema problem (fatal);
+	guard *guards
+	// schemaFrom, per table: a Relation message lacking a mapped column in
+	// a transaction committing at or after it is a schema problem (fatal);
 	// before it, the table was checked at start and has the column now, so
-	// such rows are dead-lettered.
-	schemaFrom lsn.LSN
+	// such rows are dead-lettered. Nil in replay.
+	schemaFrom []lsn.LSN
 	// standby: the server is a hot standby (pg_is_in_recovery() at start);
 	// writes (heartbeats) go to Source.Primary, or nowhere without it.
 	standby bool
-	// relID is the outbox's OID at start (zero in replay: matched by name).
-	relID    uint32
+	// relIDs are the outbox tables' OIDs at start (none in replay: matched
+	// by name).
+	relIDs   []uint32
 	progress func(ReplayProgress)
 }
 
@@ -75,12 +76,12 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 		return nil, err
 	}
 	pl.stream.StartLSN = pl.start
-	g, err := replication.NewGuard(ctx, p.cfg.Source, pl.start)
+	g, err := newGuards(ctx, p.cfg.Source, pl.start)
 	if err != nil {
 		pl.close(ctx)
 		return nil, fmt.Errorf("setup: %w", err)
 	}
-	pl.guard, pl.schemaFrom, pl.relID = g, g.First(), g.RelID()
+	pl.guard, pl.schemaFrom, pl.relIDs = g, g.schemaFrom(), g.relIDs()
 	return pl, nil
 }
 
@@ -150,8 +151,10 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 			missing = true
 		}
 		if missing {
-			if err := src.CheckSnapshotOrder(ctx, p.cfg.SnapshotOrderBy); err != nil {
-				return err
+			for _, t := range src.Tables() {
+				if err := t.CheckSnapshotOrder(ctx, p.cfg.SnapshotOrderBy); err != nil {
+					return err
+				}
 			}
 			if haveCkpt {
 				p.log.Warn("ignoring the checkpoint: the slot is missing, so this run creates it and takes the snapshot",

@@ -36,9 +36,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 			return err
 		}
 	}
-	mapping := p.cfg.Mapping
-	mapping.RelationID = pl.relID
-	dec := decode.NewDecoder(mapping)
+	dec := decode.NewTablesDecoder(p.mappings(pl.relIDs))
 	var (
 		txn        *offsets.Txn
 		skip       bool // transaction delivered before (below the start, or backfilled)
@@ -120,7 +118,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 				// and blocks; one that lacked it only when this transaction was
 				// written (fixed since, as the start-up check found) leaves
 				// rows that can never be mapped: those are dead-lettered.
-				if txnFinal >= pl.schemaFrom {
+				if t := res.Relation.Table; t >= len(pl.schemaFrom) || txnFinal >= pl.schemaFrom[t] {
 					return schemaError(res.Relation.Invalid)
 				}
 				p.log.Error("rows written while the outbox table lacked a mapped column go to the dead-letter topic",
@@ -160,8 +158,9 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 // publish routes one event and hands it to the producer.
 func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, src router.Source, ev *decode.Event, msg []byte, rec *router.Record) error {
 	d := &delivery{p: p, txn: txn, commit: src.Commit}
-	if reason := p.router.RouteFrom(ev, src, rec); reason != "" {
-		p.router.DeadLetter(ev, src.Commit, reason, rec)
+	r := p.routers[ev.Table]
+	if reason := r.RouteFrom(ev, src, rec); reason != "" {
+		r.DeadLetter(ev, src.Commit, reason, rec)
 		d.reason, d.id = reason, string(ev.ID.Bytes)
 	}
 	rec.Topic = p.plan.topicPrefix + rec.Topic

@@ -15,7 +15,7 @@ import (
 // cut-over. It returns once every row is acknowledged, before streaming.
 func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.ExportedSnapshot) error {
 	defer snap.Close(context.WithoutCancel(ctx))
-	rows, err := p.cfg.Source.SnapshotRows(ctx, snap, p.rowSpec())
+	rows, err := p.cfg.Source.SnapshotRows(ctx, snap, p.rowSpecs())
 	if err != nil {
 		return err
 	}

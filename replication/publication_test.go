@@ -10,7 +10,7 @@ import (
 )
 
 func TestLeftStream(t *testing.T) {
-	src := Source{Publication: "pub", Schema: "public", Table: "outbox"}
+	src := Source{Publication: "pub", OutboxTable: OutboxTable{Schema: "public", Table: "outbox"}}
 	start := Membership{Publication: true, PubInsert: true, RelID: 100, PubRelID: 7, Member: true}
 	tests := []struct {
 		name string
@@ -43,7 +43,7 @@ func TestLeftStream(t *testing.T) {
 }
 
 func TestSchemaProblem(t *testing.T) {
-	src := Source{Schema: "public", Table: "outbox"}
+	src := Source{OutboxTable: OutboxTable{Schema: "public", Table: "outbox"}}
 	if got := (Membership{RelID: 1}).SchemaProblem(src); got != "" {
 		t.Errorf("no missing column: %q", got)
 	}

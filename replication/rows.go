@@ -24,6 +24,9 @@ type RowSpec struct {
 	// OrderBy is snapshot.order_by: the column the rows are ordered by
 	// before the primary key ("": created_at if the table has it).
 	OrderBy string
+	// Table is stamped on each Event (decode.Event.Table): the index of the
+	// table among Source.Tables.
+	Table int
 }
 
 // Rows is a read of outbox rows inside one repeatable-read transaction of
@@ -36,11 +39,30 @@ type Rows struct {
 	headers []string
 	format  decode.PayloadFormat
 	extra   []string // Mapping.Columns
+	table   int      // RowSpec.Table of the current query
 	ctx     context.Context
+	// pending are the queries of the further outbox tables, run in turn in
+	// the same transaction (one snapshot for every table); err is the
+	// error of the one that failed.
+	pending []func() error
+	err     error
 }
 
-// Next advances to the next row.
-func (r *Rows) Next() bool { return r.rows.Next() }
+// Next advances to the next row, of this table or of the next one.
+func (r *Rows) Next() bool {
+	for !r.rows.Next() {
+		if r.rows.Err() != nil || len(r.pending) == 0 {
+			return false
+		}
+		r.rows.Close()
+		next := r.pending[0]
+		r.pending = r.pending[1:]
+		if r.err = next(); r.err != nil {
+			return false
+		}
+	}
+	return true
+}
 
 // Event reads the current row.
 func (r *Rows) Event() (decode.Event, error) {
@@ -61,11 +83,15 @@ func (r *Rows) Event() (decode.Event, error) {
 		ev.Headers = append(ev.Headers, decode.Header{Name: h, Value: strValue(hdrs[i])})
 	}
 	ev.Columns = cols.columns()
+	ev.Table = r.table
 	return ev, nil
 }
 
 // Err is the error that ended the read, if any.
 func (r *Rows) Err() error {
+	if r.err != nil {
+		return r.err
+	}
 	if err := r.rows.Err(); err != nil {
 		return fmt.Errorf("%s: read rows: %w", r.what, err)
 	}
@@ -112,13 +138,28 @@ func (s Source) query(ctx context.Context, r *Rows, spec RowSpec, filter string,
 	if r.rows, err = r.tx.Query(ctx, q); err != nil {
 		return fmt.Errorf("%s: %s: %w", r.what, q, err)
 	}
-	r.headers, r.extra, r.format = spec.Mapping.HeaderColumns, spec.Mapping.Columns, format
+	r.headers, r.extra, r.format, r.table = spec.Mapping.HeaderColumns, spec.Mapping.Columns, format, spec.Table
 	return nil
 }
 
-// SnapshotRows reads the outbox in the snapshot the new slot exported:
-// exactly what was committed before the slot's first change.
-func (s Source) SnapshotRows(ctx context.Context, snap *ExportedSnapshot, spec RowSpec) (*Rows, error) {
+// queryEach runs query for each outbox table with its spec (specs[i] for
+// Tables()[i]) on r's transaction: the first now, the others when the rows
+// before them are read.
+func (s Source) queryEach(r *Rows, specs []RowSpec, query func(t Source, spec RowSpec) error) error {
+	ts := s.Tables()
+	if len(specs) != len(ts) {
+		return fmt.Errorf("%s: %d row specs for %d tables", r.what, len(specs), len(ts))
+	}
+	for i := range ts[1:] {
+		r.pending = append(r.pending, func() error { return query(ts[i+1], specs[i+1]) })
+	}
+	return query(ts[0], specs[0])
+}
+
+// SnapshotRows reads every outbox table in the snapshot the new slot
+// exported: exactly what was committed before the slot's first change.
+// specs[i] is the spec of Tables()[i].
+func (s Source) SnapshotRows(ctx context.Context, snap *ExportedSnapshot, specs []RowSpec) (*Rows, error) {
 	r, err := s.begin(ctx, "snapshot")
 	if err != nil {
 		return nil, err
@@ -127,10 +168,13 @@ func (s Source) SnapshotRows(ctx context.Context, snap *ExportedSnapshot, spec R
 		r.Close()
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	order, err := s.snapshotOrder(ctx, r.tx, spec.OrderBy)
-	if err == nil {
-		err = s.query(ctx, r, spec, spec.Filter, order)
-	}
+	err = s.queryEach(r, specs, func(t Source, spec RowSpec) error {
+		order, err := t.snapshotOrder(ctx, r.tx, spec.OrderBy)
+		if err != nil {
+			return err
+		}
+		return t.query(ctx, r, spec, spec.Filter, order)
+	})
 	if err != nil {
 		r.Close()
 		return nil, err
@@ -149,14 +193,15 @@ type Gap struct {
 }
 
 // GapRows reads the rows written by transactions at or after xmin (a full
-// 64-bit transaction id), in transaction order: the rows of a gap the stream
+// 64-bit transaction id), in transaction order, from every outbox table in
+// one snapshot (specs[i] for Tables()[i]): the rows of a gap the stream
 // could not decode.
-func (s Source) GapRows(ctx context.Context, xmin uint64, spec RowSpec) (*Rows, Gap, error) {
+func (s Source) GapRows(ctx context.Context, xmin uint64, specs []RowSpec) (*Rows, Gap, error) {
 	r, err := s.begin(ctx, "backfill")
 	if err != nil {
 		return nil, Gap{}, err
 	}
-	g, err := s.gap(ctx, r, xmin, spec)
+	g, err := s.gap(ctx, r, xmin, specs)
 	if err != nil {
 		r.Close()
 		return nil, Gap{}, err
@@ -164,7 +209,7 @@ func (s Source) GapRows(ctx context.Context, xmin uint64, spec RowSpec) (*Rows, 
 	return r, g, nil
 }
 
-func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, spec RowSpec) (Gap, error) {
+func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, specs []RowSpec) (Gap, error) {
 	// The first statement fixes the snapshot; the WAL position read in it
 	// is past every commit the snapshot sees.
 	var ref uint64
@@ -174,22 +219,26 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, spec RowSpec) (Ga
 		return Gap{}, fmt.Errorf("backfill: %w", err)
 	}
 	filter := xidFilter(ref, xmin)
-	xids, err := r.tx.Query(ctx, "SELECT DISTINCT xmin::text::bigint FROM "+s.qualified()+" WHERE "+filter)
-	if err != nil {
-		return Gap{}, fmt.Errorf("backfill: %w", err)
-	}
-	ids, err := pgx.CollectRows(xids, pgx.RowTo[int64])
-	if err != nil {
-		return Gap{}, fmt.Errorf("backfill: %w", err)
-	}
-	g.Xids = make(map[uint32]bool, len(ids))
-	for _, x := range ids {
-		g.Xids[uint32(x)] = true
+	g.Xids = map[uint32]bool{}
+	for _, t := range s.Tables() {
+		xids, err := r.tx.Query(ctx, "SELECT DISTINCT xmin::text::bigint FROM "+t.qualified()+" WHERE "+filter)
+		if err != nil {
+			return Gap{}, fmt.Errorf("backfill: %w", err)
+		}
+		ids, err := pgx.CollectRows(xids, pgx.RowTo[int64])
+		if err != nil {
+			return Gap{}, fmt.Errorf("backfill: %w", err)
+		}
+		for _, x := range ids {
+			g.Xids[uint32(x)] = true
+		}
 	}
 	// Per aggregate, a writer's transactions get increasing ids; the stream
 	// delivers in commit order, which for one aggregate's serialized writes
 	// is the same. Within a transaction, ctid is insertion order.
-	return g, s.query(ctx, r, spec, filter, []string{xid8(ref), "ctid"})
+	return g, s.queryEach(r, specs, func(t Source, spec RowSpec) error {
+		return t.query(ctx, r, spec, filter, []string{xid8(ref), "ctid"})
+	})
 }
 
 // xid8 is the full (64-bit) id of the transaction that wrote a row, from its

@@ -20,10 +20,10 @@ type Source struct {
 	DB          *DB
 	Slot        string
 	Publication string
-	Schema      string
-	Table       string
-	// Columns are the mapped column names that must exist in the table.
-	Columns []string
+	// OutboxTable is the outbox table (the first of outbox.tables); Others
+	// are the rest. Every one of them is checked, published and guarded.
+	OutboxTable
+	Others []OutboxTable
 	// Messages: events also come as logical decoding messages (the
 	// table-less outbox), which pgoutput sends from PostgreSQL 14 on.
 	Messages bool
@@ -38,8 +38,29 @@ type Source struct {
 	CheckpointTable bool
 }
 
-func (s Source) qualified() string {
-	return pgx.Identifier{s.Schema, s.Table}.Sanitize()
+// OutboxTable names one outbox table.
+type OutboxTable struct {
+	Schema string
+	Table  string
+	// Columns are the mapped column names that must exist in the table.
+	Columns []string
+}
+
+func (t OutboxTable) qualified() string {
+	return pgx.Identifier{t.Schema, t.Table}.Sanitize()
+}
+
+// Tables returns one Source per outbox table, the first one first: each
+// is s with that table as its OutboxTable and no Others.
+func (s Source) Tables() []Source {
+	out := []Source{s}
+	out[0].Others = nil
+	for _, t := range s.Others {
+		o := out[0]
+		o.OutboxTable = t
+		out = append(out, o)
+	}
+	return out
 }
 
 // PrerequisiteError is a server setting or privilege that must change before
@@ -101,14 +122,25 @@ func check(ctx context.Context, conn *pgx.Conn, src Source) error {
 		add(fmt.Sprintf("role %q has no REPLICATION privilege", role),
 			fmt.Sprintf("run ALTER ROLE %s WITH REPLICATION as a superuser", pgx.Identifier{role}.Sanitize()))
 	}
+	for _, t := range src.Tables() {
+		if err := checkTable(ctx, conn, t, role, add); err != nil {
+			return err
+		}
+	}
+	return errors.Join(problems...)
+}
+
+// checkTable checks src's outbox table: it exists, the role can read it,
+// and it has the mapped columns.
+func checkTable(ctx context.Context, conn *pgx.Conn, src Source, role string, add func(problem, fix string)) error {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", src.qualified()).Scan(&exists); err != nil {
 		return fmt.Errorf("look up table: %w", err)
 	}
 	if !exists {
 		add(fmt.Sprintf("outbox table %s does not exist", src.qualified()),
-			"create it (see sql/outbox.sql) or set outbox.table to the right schema.table")
-		return errors.Join(problems...)
+			"create it (see sql/outbox.sql) or set outbox.table (or the entry's table in outbox.tables) to the right schema.table")
+		return nil
 	}
 	var canSelect bool
 	if err := conn.QueryRow(ctx, "SELECT has_table_privilege($1, 'SELECT')", src.qualified()).Scan(&canSelect); err != nil {
@@ -119,7 +151,7 @@ func check(ctx context.Context, conn *pgx.Conn, src Source) error {
 			fmt.Sprintf("run GRANT SELECT ON %s TO %s", src.qualified(), pgx.Identifier{role}.Sanitize()))
 	}
 	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, src.qualified())
+	WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, src.qualified())
 	if err != nil {
 		return fmt.Errorf("read columns: %w", err)
 	}
@@ -137,7 +169,7 @@ func check(ctx context.Context, conn *pgx.Conn, src Source) error {
 				"map the right column under outbox.columns or outbox.header_columns")
 		}
 	}
-	return errors.Join(problems...)
+	return nil
 }
 
 // Setup is the state of the slot after setup.
@@ -317,12 +349,19 @@ func publishOnPrimary(ctx context.Context, conn *pgx.Conn, src Source) error {
 }
 
 // createPublication returns the statement that creates the publication for
-// the outbox, and whether the outbox is partitioned.
-func createPublication(ctx context.Context, conn *pgx.Conn, src Source) (sql string, partitioned bool, err error) {
-	var relkind string
-	if err := conn.QueryRow(ctx, "SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), '')",
-		src.qualified()).Scan(&relkind); err != nil {
-		return "", false, fmt.Errorf("read table kind: %w", err)
+// every outbox table, and which of them are partitioned.
+func createPublication(ctx context.Context, conn *pgx.Conn, src Source) (sql string, partitioned []bool, err error) {
+	var names []string
+	anyPartitioned := false
+	for _, t := range src.Tables() {
+		var relkind string
+		if err := conn.QueryRow(ctx, "SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), '')",
+			t.qualified()).Scan(&relkind); err != nil {
+			return "", nil, fmt.Errorf("read table kind: %w", err)
+		}
+		names = append(names, t.qualified())
+		partitioned = append(partitioned, relkind == "p")
+		anyPartitioned = anyPartitioned || relkind == "p"
 	}
 	// A partitioned outbox is published under its root's name only with
 	// publish_via_partition_root (PG docs, CREATE PUBLICATION); otherwise
@@ -330,13 +369,12 @@ func createPublication(ctx context.Context, conn *pgx.Conn, src Source) (sql str
 	// configured table. With it, partitions attached later are covered too.
 	// publish = 'insert': UPDATEs and DELETEs of outbox rows (cleanup jobs)
 	// are never even decoded into the stream.
-	partitioned = relkind == "p"
 	with := "publish = 'insert'"
-	if partitioned {
+	if anyPartitioned {
 		with += ", publish_via_partition_root = true"
 	}
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (%s)",
-		pgx.Identifier{src.Publication}.Sanitize(), src.qualified(), with), partitioned, nil
+		pgx.Identifier{src.Publication}.Sanitize(), strings.Join(names, ", "), with), partitioned, nil
 }
 
 func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
@@ -369,22 +407,24 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
 			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s SET (publish = 'insert')", pub),
 		}
 	}
-	if partitioned && !viaRoot {
-		return &PrerequisiteError{
-			Problem: fmt.Sprintf("publication %s publishes the partitions of %s under their own names (publish_via_partition_root is off), "+
-				"so their rows would not be recognised as outbox rows", src.Publication, src.qualified()),
-			Fix: fmt.Sprintf("run ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pub),
+	for i, t := range src.Tables() {
+		if partitioned[i] && !viaRoot {
+			return &PrerequisiteError{
+				Problem: fmt.Sprintf("publication %s publishes the partitions of %s under their own names (publish_via_partition_root is off), "+
+					"so their rows would not be recognised as outbox rows", src.Publication, t.qualified()),
+				Fix: fmt.Sprintf("run ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pub),
+			}
 		}
-	}
-	var member bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables
-		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, src.Publication, src.Schema, src.Table).Scan(&member); err != nil {
-		return fmt.Errorf("read publication tables: %w", err)
-	}
-	if !member {
-		return &PrerequisiteError{
-			Problem: fmt.Sprintf("publication %s does not include %s", src.Publication, src.qualified()),
-			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s", pub, src.qualified()),
+		var member bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables
+			WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, src.Publication, t.Schema, t.Table).Scan(&member); err != nil {
+			return fmt.Errorf("read publication tables: %w", err)
+		}
+		if !member {
+			return &PrerequisiteError{
+				Problem: fmt.Sprintf("publication %s does not include %s", src.Publication, t.qualified()),
+				Fix:     fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s", pub, t.qualified()),
+			}
 		}
 	}
 	return nil

@@ -206,26 +206,24 @@ func check(ctx context.Context, pc pipeline.Config, stdout, stderr io.Writer) in
 
 // PipelineConfig translates a validated file configuration into the pipeline's.
 func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
-	schema, table := cfg.Outbox.SchemaTable()
-	c := cfg.Outbox.Columns
-	routes := cfg.Routes()
-	mapping := decode.Mapping{
-		Schema: schema, Table: table,
-		ID: c.ID, AggregateType: c.AggregateType, AggregateID: c.AggregateID, EventType: c.EventType, Payload: c.Payload,
-		HeaderColumns: headerColumns(cfg.Outbox), Columns: routes.Columns(),
-	}
-	if err := mapping.Validate(); err != nil {
-		return pipeline.Config{}, err
-	}
-	cols := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}, headerColumns(cfg.Outbox)...)
-	cols = append(cols, mapping.Columns...)
-	retainFor, retainBytes, err := config.RetainWindow(cfg.Postgres.Retain)
-	if err != nil { // validated already
-		return pipeline.Config{}, fmt.Errorf("postgres.retain: %w", err)
-	}
 	db, err := postgresDB(cfg.Postgres)
 	if err != nil {
 		return pipeline.Config{}, err
+	}
+	var (
+		tables []pipeline.Table
+		srcs   []replication.OutboxTable
+	)
+	for _, tc := range cfg.PerTable() {
+		t, src, err := outboxTable(&tc, db)
+		if err != nil {
+			return pipeline.Config{}, err
+		}
+		tables, srcs = append(tables, t), append(srcs, src)
+	}
+	retainFor, retainBytes, err := config.RetainWindow(cfg.Postgres.Retain)
+	if err != nil { // validated already
+		return pipeline.Config{}, fmt.Errorf("postgres.retain: %w", err)
 	}
 	primary, err := primaryDB(cfg.Postgres)
 	if err != nil {
@@ -241,13 +239,14 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	}
 	src := replication.Source{
 		DB: db, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
-		Schema: schema, Table: table, Columns: cols, Failover: cfg.Postgres.FailoverSlot,
+		OutboxTable: srcs[0], Others: srcs[1:], Failover: cfg.Postgres.FailoverSlot,
 		Primary: primary, CheckpointTable: cfg.Checkpoint.Store == "table",
 	}
 	pc := pipeline.Config{
 		Source:  src,
-		Mapping: mapping,
-		Routes:  routes,
+		Mapping: tables[0].Mapping,
+		Routes:  tables[0].Routes,
+		More:    tables[1:],
 		Sink: sink.Config{
 			Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, DLQTopic: cfg.Kafka.DLQTopic,
 			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,
@@ -272,8 +271,28 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		SnapshotFilter:  cfg.Snapshot.Filter,
 		SnapshotOrderBy: cfg.Snapshot.OrderBy,
 	}
-	pc.Routes.Format, pc.Routes.CloudEvents = cloudEvents(cfg.Kafka, db, schema, table)
 	return pc, nil
+}
+
+// outboxTable translates one outbox table's configuration (config.PerTable)
+// into its mapping, routes and mapped columns.
+func outboxTable(tc *config.Config, db *replication.DB) (pipeline.Table, replication.OutboxTable, error) {
+	schema, table := tc.Outbox.SchemaTable()
+	c := tc.Outbox.Columns
+	routes := tc.Routes()
+	mapping := decode.Mapping{
+		Schema: schema, Table: table,
+		ID: c.ID, AggregateType: c.AggregateType, AggregateID: c.AggregateID, EventType: c.EventType, Payload: c.Payload,
+		HeaderColumns: headerColumns(tc.Outbox), Columns: routes.Columns(),
+	}
+	if err := mapping.Validate(); err != nil {
+		return pipeline.Table{}, replication.OutboxTable{}, err
+	}
+	cols := append([]string{c.ID, c.AggregateType, c.AggregateID, c.EventType, c.Payload}, headerColumns(tc.Outbox)...)
+	cols = append(cols, mapping.Columns...)
+	routes.Format, routes.CloudEvents = cloudEvents(tc.Kafka, db, schema, table)
+	return pipeline.Table{Mapping: mapping, Routes: routes},
+		replication.OutboxTable{Schema: schema, Table: table, Columns: cols}, nil
 }
 
 // kafkaSecurity translates kafka.tls and kafka.sasl for the sink. The
