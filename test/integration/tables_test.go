@@ -1,0 +1,307 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/config"
+)
+
+// Two outbox tables in one connector (outbox.tables): public.outbox in the
+// default shape, and billing.events with other column names, a header column
+// of its own, its own topic and the CloudEvents binary format.
+
+// billingTopic is the topic of billing.events rows of aggType.
+func billingTopic(aggType string) string { return "billing." + aggType + "." + runID }
+
+func createBillingOutbox(t *testing.T, dsn string) {
+	t.Helper()
+	exec1(t, dsn, `CREATE SCHEMA billing`)
+	exec1(t, dsn, `CREATE TABLE billing.events (
+		event_id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+		kind text NOT NULL,
+		invoice_id text,
+		name text NOT NULL,
+		body text,
+		region text,
+		created_at timestamptz NOT NULL DEFAULT now())`)
+}
+
+// tablesYAML is the outbox section of both tables.
+func tablesYAML() string {
+	return fmt.Sprintf(`outbox:
+  tables:
+    - table: public.outbox
+      header_columns: [tenant]
+    - table: billing.events
+      columns: {id: event_id, aggregate_type: kind, aggregate_id: invoice_id, event_type: name, payload: body}
+      header_columns: [region]
+      topic: %q
+      format: cloudevents-binary
+`, "billing.{aggregate_type}."+runID)
+}
+
+// tablesConfig is testConfig with both tables.
+func tablesConfig(t *testing.T, dsn, slot string) *config.Config {
+	cfg := testConfig(t, dsn, "", slot)
+	cfg.Outbox.Tables = []config.OutboxTable{
+		{Table: "public.outbox", HeaderColumns: []string{"tenant"}},
+		{Table: "billing.events", Columns: config.Columns{ID: "event_id", AggregateType: "kind", AggregateID: "invoice_id",
+			EventType: "name", Payload: "body"}, HeaderColumns: []string{"region"}, Topic: "billing.{aggregate_type}." + runID,
+			Format: "cloudevents-binary"},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return cfg
+}
+
+// writeBoth writes seq of aggregate key to both tables in one transaction,
+// the billing row first when billingFirst.
+func writeBoth(ctx context.Context, conn *pgx.Conn, aggType, key string, seq int, billingFirst bool) error {
+	order := []string{
+		`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, tenant)
+			VALUES ($1, $2, 'E', jsonb_build_object('seq', $3::int), 'acme')`,
+		`INSERT INTO billing.events (kind, invoice_id, name, body, region)
+			VALUES ($1, $2, 'Billed', json_build_object('seq', $3::int)::text, 'eu')`,
+	}
+	if billingFirst {
+		order[0], order[1] = order[1], order[0]
+	}
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, q := range order {
+			if _, err := tx.Exec(ctx, q, aggType, key, seq); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// checkTableRecords checks one table's records: every seq 1..last[key] of
+// every key is there, and per key the sequence only goes back where a
+// replayed tail starts (at-least-once after a kill).
+func checkTableRecords(t *testing.T, name string, recs []*kgo.Record, last map[string]int) {
+	t.Helper()
+	type ev struct {
+		key string
+		seq int
+	}
+	seen := map[ev]bool{}
+	for _, r := range recs {
+		seen[ev{string(r.Key), seqOf(t, r)}] = true
+	}
+	for key, n := range last {
+		for i := 1; i <= n; i++ {
+			if !seen[ev{key, i}] {
+				t.Errorf("%s: event %s/%d lost", name, key, i)
+			}
+		}
+	}
+	for _, rs := range byPartition(recs) {
+		prev := map[string]int{}
+		for _, r := range rs {
+			k, s := string(r.Key), seqOf(t, r)
+			if p, ok := prev[k]; ok && s != p+1 && s > p {
+				t.Errorf("%s: key %s: seq %d after %d (gap or reorder)", name, k, s, p)
+			}
+			prev[k] = s
+		}
+	}
+}
+
+// checkShapes checks each table's records carry that table's headers and
+// format, and nothing of the other table's.
+func checkShapes(t *testing.T, orders, billing []*kgo.Record) {
+	t.Helper()
+	for _, r := range orders {
+		if v, _ := header(r, "tenant"); v != "acme" {
+			t.Fatalf("outbox record on %s: tenant header %q, want acme", r.Topic, v)
+		}
+		if _, ok := header(r, "region"); ok {
+			t.Fatalf("outbox record on %s has the billing table's region header", r.Topic)
+		}
+		if _, ok := header(r, "ce_id"); ok {
+			t.Fatalf("outbox record on %s is a CloudEvent; its table's format is plain", r.Topic)
+		}
+	}
+	for _, r := range billing {
+		if v, _ := header(r, "region"); v != "eu" {
+			t.Fatalf("billing record on %s: region header %q, want eu", r.Topic, v)
+		}
+		if _, ok := header(r, "tenant"); ok {
+			t.Fatalf("billing record on %s has the outbox table's tenant header", r.Topic)
+		}
+		if v, _ := header(r, "ce_type"); v != "Billed" {
+			t.Fatalf("billing record on %s: ce_type %q, want Billed (cloudevents-binary from the name column)", r.Topic, v)
+		}
+		if v, _ := header(r, "ce_source"); !strings.HasSuffix(v, "/billing.events") {
+			t.Fatalf("billing record on %s: ce_source %q, want the billing table's", r.Topic, v)
+		}
+	}
+}
+
+// TestTablesKill9 runs the real binary on two outbox tables while writers
+// commit transactions that write both, interleaved, and kills it with
+// SIGKILL twice: every event is on its own table's topic, in order per
+// aggregate per table, nothing lost.
+func TestTablesKill9(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	createBillingOutbox(t, dsn)
+	addr := freeAddr(t)
+	dropSlotAtEnd(t, dsn, "tables_kill9")
+	cfgPath := writeConfig(t, fmt.Sprintf(`postgres: {dsn: %q, slot: tables_kill9, publication: tables_kill9, status_interval: 100ms, reconnect_backoff_max: 1s}
+kafka: {brokers: [%s], dlq_topic: %s, topic: %q}
+http: {listen: %q}
+%s`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("tables_kill9"), topicTemplate, addr, tablesYAML()))
+	p := startProcess(t, cfgPath, addr)
+
+	const writers, perWriter = 3, 150
+	var (
+		wg        sync.WaitGroup
+		written   atomic.Int64
+		last      [writers]int
+		killsDone = make(chan struct{})
+	)
+	errs := make(chan error, writers)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for w := range writers {
+		wg.Go(func() {
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(context.Background())
+			for i := 1; ; i++ {
+				if i > perWriter {
+					select {
+					case <-killsDone:
+						return
+					default:
+					}
+				}
+				if err := writeBoth(ctx, conn, "tbl", fmt.Sprintf("w%d", w), i, (i+w)%2 == 0); err != nil {
+					errs <- err
+					return
+				}
+				last[w] = i
+				written.Add(1)
+				time.Sleep(2 * time.Millisecond) // pacing: a steady stream of small transactions
+			}
+		})
+	}
+	writersDone := make(chan struct{})
+	go func() { wg.Wait(); close(writersDone) }()
+	for k := 1; k <= 2; k++ {
+		at := int64(k * writers * perWriter / 3)
+		waitFor(t, 2*time.Minute, fmt.Sprintf("%d transactions written before kill %d", at, k), func() bool {
+			select {
+			case <-writersDone:
+				return true
+			default:
+			}
+			return written.Load() >= at
+		})
+		p.kill()
+		p = startProcess(t, cfgPath, addr)
+	}
+	close(killsDone)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("writer: %v", err)
+	}
+
+	n := int(written.Load())
+	orders := consumeN(t, []string{topicFor("tbl")}, n, 2*time.Minute, 2*time.Second)
+	billing := consumeN(t, []string{billingTopic("tbl")}, n, 2*time.Minute, time.Second)
+	lastBy := map[string]int{}
+	for w := range writers {
+		lastBy[fmt.Sprintf("w%d", w)] = last[w]
+	}
+	checkTableRecords(t, "public.outbox", orders, lastBy)
+	checkTableRecords(t, "billing.events", billing, lastBy)
+	checkShapes(t, orders, billing)
+	t.Logf("%d transactions over two tables; %d and %d records after 2 kills", n, len(orders), len(billing))
+	stopClean(t, p)
+}
+
+// TestTablesSnapshotAndReplay: rows already in both tables when the slot is
+// created are published by the snapshot, each on its table's topic; a
+// replay of a range republishes the events of both tables.
+func TestTablesSnapshotAndReplay(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	createBillingOutbox(t, dsn)
+	conn := pgConnect(t, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for i := 1; i <= 20; i++ {
+		if err := writeBoth(ctx, conn, "snap", "k", i, i%2 == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := tablesConfig(t, dsn, "tables_snap")
+	cfg.Snapshot.Mode = "pending"
+	cfg.Postgres.Retain = "1GB"
+	startConnector(t, cfg)
+	for i := 21; i <= 30; i++ { // streamed after the snapshot
+		if err := writeBoth(ctx, conn, "snap", "k", i, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orders := consumeN(t, []string{topicFor("snap")}, 30, time.Minute, 2*time.Second)
+	billing := consumeN(t, []string{billingTopic("snap")}, 30, time.Minute, time.Second)
+	if len(orders) != 30 || len(billing) != 30 {
+		t.Fatalf("%d and %d records, want exactly 30 of each (snapshot then stream, no duplicate)", len(orders), len(billing))
+	}
+	checkTableRecords(t, "public.outbox", orders, map[string]int{"k": 30})
+	checkTableRecords(t, "billing.events", billing, map[string]int{"k": 30})
+	checkShapes(t, orders, billing)
+
+	// Replay a range written while the connector runs.
+	from := currentLSN(t, conn)
+	for i := 31; i <= 40; i++ {
+		if err := writeBoth(ctx, conn, "snap", "k", i, i%2 == 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	to := currentLSN(t, conn)
+	consumeN(t, []string{topicFor("snap")}, 40, time.Minute, 0)
+	cfgPath := writeConfig(t, fmt.Sprintf(`postgres: {dsn: %q, slot: tables_snap, publication: tables_snap}
+kafka: {brokers: [%s], dlq_topic: %s, topic: %q}
+http: {listen: ''}
+%s`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("tables_snap"), topicTemplate, tablesYAML()))
+	code, out := runBinary(t, 2*time.Minute, nil, "replay", "--config", cfgPath,
+		"--from-lsn", from.String(), "--to-lsn", to.String(), "--topic-prefix", "again.")
+	if code != 0 || !strings.Contains(out, "replay done: 20 events") {
+		t.Fatalf("replay: exit %d, want 0 and 20 events (10 per table):\n%s", code, out)
+	}
+	ro := consumeN(t, []string{"again." + topicFor("snap")}, 10, time.Minute, 2*time.Second)
+	rb := consumeN(t, []string{"again." + billingTopic("snap")}, 10, time.Minute, time.Second)
+	if len(ro) != 10 || len(rb) != 10 {
+		t.Fatalf("replayed %d and %d records, want exactly 10 of each", len(ro), len(rb))
+	}
+	for i, r := range ro {
+		if s := seqOf(t, r); s != 31+i {
+			t.Errorf("replayed outbox record %d: seq %d, want %d", i, s, 31+i)
+		}
+	}
+	for i, r := range rb {
+		if s := seqOf(t, r); s != 31+i {
+			t.Errorf("replayed billing record %d: seq %d, want %d", i, s, 31+i)
+		}
+	}
+	checkShapes(t, ro, rb)
+}
