@@ -107,25 +107,35 @@ func (p *verifyProgress) print(w io.Writer) {
 
 func verifyCmd(ctx context.Context, pc pipeline.Config, o verifyOpts, log *slog.Logger, stdout, stderr io.Writer) int {
 	start := time.Now()
-	rt, err := router.New(pc.Routes)
-	if err != nil {
-		fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
-		return ExitUsage
+	tables := []pipeline.Table{{Mapping: pc.Mapping, Routes: pc.Routes}}
+	tables = append(tables, pc.More...)
+	var vts []verifyTable
+	defer func() {
+		for _, vt := range vts {
+			vt.rr.Close()
+		}
+	}()
+	for i, src := range pc.Source.Tables() {
+		rt, err := router.New(tables[i].Routes)
+		if err != nil {
+			fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
+			return ExitUsage
+		}
+		spec := replication.RowSpec{Mapping: tables[i].Mapping, OrderBy: pc.SnapshotOrderBy, Table: i}
+		rr, err := src.ReadRange(ctx, spec, o.since.Time, o.until.Time)
+		var pre *replication.PrerequisiteError
+		switch {
+		case errors.As(err, &pre):
+			// The table cannot be read by time: fix the configuration or the
+			// table; exit 1 stays "rows are missing".
+			fmt.Fprintf(stderr, "outbox-cdc verify: %s\n  fix: %s\n", pre.Problem, pre.Fix)
+			return ExitUsage
+		case err != nil:
+			fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
+			return ExitFailure
+		}
+		vts = append(vts, verifyTable{rt: rt, rr: rr})
 	}
-	spec := replication.RowSpec{Mapping: pc.Mapping, OrderBy: pc.SnapshotOrderBy}
-	rr, err := pc.Source.ReadRange(ctx, spec, o.since.Time, o.until.Time)
-	var pre *replication.PrerequisiteError
-	switch {
-	case errors.As(err, &pre):
-		// The table cannot be read by time: fix the configuration or the
-		// table; exit 1 stays "rows are missing".
-		fmt.Fprintf(stderr, "outbox-cdc verify: %s\n  fix: %s\n", pre.Problem, pre.Fix)
-		return ExitUsage
-	case err != nil:
-		fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
-		return ExitFailure
-	}
-	defer rr.Close()
 
 	var pr verifyProgress
 	pr.phase.Store("reading rows")
@@ -145,7 +155,7 @@ func verifyCmd(ctx context.Context, pc pipeline.Config, o verifyOpts, log *slog.
 			}
 		}
 	}()
-	rep, err := runVerify(ctx, pc, o, rt, rr, &pr, log)
+	rep, err := runVerify(ctx, pc, o, vts, &pr, log)
 	close(stop)
 	wg.Wait()
 	if err != nil {
@@ -172,34 +182,61 @@ func verifyCmd(ctx context.Context, pc pipeline.Config, o verifyOpts, log *slog.
 	return ExitOK
 }
 
+// verifyTable is one outbox table's rows and the router of its records.
+type verifyTable struct {
+	rt *router.Router
+	rr *replication.RangeRead
+}
+
+// eachRow calls f for every row of every table, table after table, in
+// each table's order.
+func eachRow(ctx context.Context, vts []verifyTable, f func(vt verifyTable, ev *decode.Event, at time.Time)) error {
+	for _, vt := range vts {
+		if err := vt.rr.Start(ctx); err != nil {
+			return err
+		}
+		for vt.rr.Next() {
+			ev, at, err := vt.rr.Row()
+			if err != nil {
+				return err
+			}
+			f(vt, &ev, at)
+		}
+		if err := vt.rr.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // runVerify reads the rows (pass 1), the records, and the rows again (pass
-// 3), republishing the missing ones with --repair.
-func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, rt *router.Router, rr *replication.RangeRead,
+// 3), republishing the missing ones with --repair. With several outbox
+// tables the rows are each table's in turn, each routed by its own table.
+func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []verifyTable,
 	pr *verifyProgress, log *slog.Logger) (*VerifyReport, error) {
-	rep := &VerifyReport{Since: o.since.Time, Column: rr.Column}
+	var cols []string
+	for _, vt := range vts {
+		if !slices.Contains(cols, vt.rr.Column) {
+			cols = append(cols, vt.rr.Column)
+		}
+	}
+	rep := &VerifyReport{Since: o.since.Time, Column: strings.Join(cols, ",")}
 	if !o.until.IsZero() {
 		rep.Until = &o.until.Time
 	}
 	c := verify.New()
 	var rec router.Record
-	route := func(ev *decode.Event, at time.Time) {
+	route := func(rt *router.Router, ev *decode.Event, at time.Time) {
 		if reason := rt.Route(ev, at, &rec); reason != "" {
 			rt.DeadLetter(ev, at, reason, &rec)
 		}
 	}
-	if err := rr.Start(ctx); err != nil {
-		return nil, err
-	}
-	for rr.Next() {
-		ev, at, err := rr.Row()
-		if err != nil {
-			return nil, err
-		}
-		route(&ev, at)
+	err := eachRow(ctx, vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
+		route(vt.rt, ev, at)
 		c.AddRow(verify.Row{ID: ev.ID.Bytes, Topic: rec.Topic})
 		pr.rows.Add(1)
-	}
-	if err := rr.Err(); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
 	c.Seal()
@@ -239,27 +276,28 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, rt *router
 		rp = &repairer{s: s, pr: pr}
 		defer s.Close()
 	}
-	if err := rr.Start(ctx); err != nil {
-		return nil, err
-	}
-	for rr.Next() {
-		ev, at, err := rr.Row()
-		if err != nil {
-			return nil, err
+	var differs error
+	err = eachRow(ctx, vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
+		if differs != nil {
+			return
 		}
 		missing, ok := c.Check(verify.Row{ID: ev.ID.Bytes})
 		if !ok {
-			return nil, fmt.Errorf("the second read of the rows differs from the first at row %d", c.Checked()+1)
+			differs = fmt.Errorf("the second read of the rows differs from the first at row %d", c.Checked()+1)
+			return
 		}
 		pr.checked.Add(1)
 		if missing && rp != nil {
 			// The row's time column stands in for the commit time, which
 			// is gone.
-			route(&ev, at)
+			route(vt.rt, ev, at)
 			rp.produce(ctx, &rec)
 		}
+	})
+	if err == nil {
+		err = differs
 	}
-	if err := rr.Err(); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	if c.Checked() != c.Result().Rows {

@@ -305,3 +305,54 @@ http: {listen: ''}
 	}
 	checkShapes(t, ro, rb)
 }
+
+// TestTablesVerify: rows of both tables written while the slot is gone are
+// never streamed; verify reads every table, reports them missing, and
+// --repair republishes each by its own table's routing.
+func TestTablesVerify(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	createBillingOutbox(t, dsn)
+	conn := pgConnect(t, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var since time.Time
+	if err := conn.QueryRow(ctx, "SELECT now()").Scan(&since); err != nil {
+		t.Fatal(err)
+	}
+	cfg := tablesConfig(t, dsn, "tables_verify")
+	c := startConnector(t, cfg)
+	for i := 1; i <= 10; i++ {
+		if err := writeBoth(ctx, conn, "ver", "k", i, i%2 == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	consumeN(t, []string{topicFor("ver")}, 10, time.Minute, 0)
+	consumeN(t, []string{billingTopic("ver")}, 10, time.Minute, 0)
+	c.stop(t)
+	exec1(t, dsn, "SELECT pg_drop_replication_slot('tables_verify')")
+	for i := 11; i <= 13; i++ { // never decoded: no slot
+		if err := writeBoth(ctx, conn, "ver", "k", i, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	cfgPath := writeConfig(t, fmt.Sprintf(`postgres: {dsn: %q, slot: tables_verify, publication: tables_verify}
+kafka: {brokers: [%s], dlq_topic: %s, topic: %q}
+http: {listen: ''}
+%s`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("tables_verify"), topicTemplate, tablesYAML()))
+	sinceArg := since.Add(-time.Second).UTC().Format(time.RFC3339Nano)
+	code, v, out := runVerifyJSON(t, 2*time.Minute, "--config", cfgPath, "--since", sinceArg)
+	if code != 1 || v.Rows != 26 || v.Missing.Count != 6 || v.Found != 20 || len(v.Topics) != 2 {
+		t.Fatalf("verify --json: exit %d, %+v; want exit 1, 26 rows of two tables on two topics, 6 missing, 20 found:\n%s", code, v, out)
+	}
+	code, v, out = runVerifyJSON(t, 2*time.Minute, "--config", cfgPath, "--since", sinceArg, "--repair")
+	if code != 0 || v.Repair == nil || v.Repair.Published != 6 || v.Repair.Failed != 0 {
+		t.Fatalf("verify --repair: exit %d, %+v (repair %+v); want exit 0 and 6 republished:\n%s", code, v, v.Repair, out)
+	}
+	orders := consumeN(t, []string{topicFor("ver")}, 13, time.Minute, 2*time.Second)
+	billing := consumeN(t, []string{billingTopic("ver")}, 13, time.Minute, time.Second)
+	checkTableRecords(t, "public.outbox", orders, map[string]int{"k": 13})
+	checkTableRecords(t, "billing.events", billing, map[string]int{"k": 13})
+	checkShapes(t, orders, billing)
+}
