@@ -185,7 +185,7 @@ var errNotPublished = errors.New("outbox table left the stream")
 // being decoded.
 func LeftStreamError(src Source, why string, verified lsn.LSN, backfill bool) error {
 	fix := fmt.Sprintf("restore it (CREATE or RENAME the table back to %s, then ALTER PUBLICATION %s ADD TABLE %s "+
-		"if it is missing), or point outbox.table at the new table, and restart",
+		"if it is missing), or point outbox.table (or its outbox.tables entry) at the new table, and restart",
 		src.qualified(), pgx.Identifier{src.Publication}.Sanitize(), src.qualified())
 	tail := fmt.Sprintf("nothing after %v was confirmed; ", verified)
 	if backfill {

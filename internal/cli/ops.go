@@ -58,6 +58,8 @@ type Status struct {
 	Covers           *bool    `json:"replay_window_covers,omitempty"`
 	// Failover is nil when the slot or the reading is missing.
 	Failover *FailoverStatus `json:"failover,omitempty"`
+	// Tables are the outbox tables (outbox.table or outbox.tables, tables.go).
+	Tables []TableStatus `json:"tables"`
 }
 
 // FailoverStatus is whether a standby can take the slot over
@@ -106,6 +108,7 @@ func status(ctx context.Context, cfg *config.Config, pc pipeline.Config, o statu
 			fmt.Fprintf(stderr, "outbox-cdc status: %v\n", err)
 		}
 	}
+	st.Tables = tablesStatus(ctx, pc.Source)
 	if o.lsn.LSN != 0 {
 		covers := st.Exists && st.WALStatus != "lost" && o.lsn.LSN >= st.OldestReplayable
 		st.Covers = &covers
@@ -141,6 +144,7 @@ func printStatus(w io.Writer, st Status, want lsn.LSN) {
 		fmt.Fprintln(w, "checkpoint      none")
 	}
 	fmt.Fprintf(w, "replayable from %v\n", st.OldestReplayable)
+	printTables(w, st.Tables)
 	if f := st.Failover; f != nil {
 		standby := "none"
 		if len(f.StandbySlots) > 0 {

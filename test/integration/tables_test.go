@@ -356,3 +356,104 @@ http: {listen: ''}
 	checkTableRecords(t, "billing.events", billing, map[string]int{"k": 13})
 	checkShapes(t, orders, billing)
 }
+
+// bothWriter writes transactions to both tables (writeBoth) until stopped.
+type bothWriter struct {
+	n    atomic.Int64 // last seq committed
+	stop chan struct{}
+	done chan error
+}
+
+func startBothWriter(t *testing.T, dsn, aggType string) *bothWriter {
+	t.Helper()
+	w := &bothWriter{stop: make(chan struct{}), done: make(chan error, 1)}
+	conn := pgConnect(t, dsn)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		for i := 1; ; i++ {
+			select {
+			case <-w.stop:
+				w.done <- nil
+				return
+			default:
+			}
+			if err := writeBoth(ctx, conn, aggType, "k", i, i%3 == 0); err != nil {
+				w.done <- err
+				return
+			}
+			w.n.Store(int64(i))
+			time.Sleep(5 * time.Millisecond) // pacing: a steady stream of small transactions
+		}
+	}()
+	t.Cleanup(func() { w.finish(t) })
+	return w
+}
+
+// advance waits until n more transactions are committed.
+func (w *bothWriter) advance(t *testing.T, n int64, what string) {
+	t.Helper()
+	at := w.n.Load() + n
+	waitFor(t, time.Minute, fmt.Sprintf("%d transactions %s", n, what), func() bool { return w.n.Load() >= at })
+}
+
+// finish stops the writer and returns the last seq it committed.
+func (w *bothWriter) finish(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+		if err := <-w.done; err != nil {
+			t.Fatalf("writer: %v", err)
+		}
+	}
+	return int(w.n.Load())
+}
+
+// TestTablesSecondLeavesStream: the second outbox table is removed from the
+// publication while a writer writes both. The guard of that table stops the
+// connector (exit 1, naming it), status reports it, and after the fix a
+// restart publishes every event of both tables, the second table's gap read
+// back from the table.
+func TestTablesSecondLeavesStream(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	createBillingOutbox(t, dsn)
+	dropSlotAtEnd(t, dsn, "tables_leave")
+	cfgPath := writeConfig(t, fmt.Sprintf(`postgres: {dsn: %q, slot: tables_leave, publication: tables_leave}
+kafka: {brokers: [%s], dlq_topic: %s, topic: %q}
+http: {listen: ''}
+%s`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("tables_leave"), topicTemplate, tablesYAML()))
+	var w *bothWriter
+	code, out := runUntilExit(t, cfgPath, time.Minute, func(*process) {
+		w = startBothWriter(t, dsn, "leave")
+		w.advance(t, 20, "before billing.events leaves the stream")
+		exec1(t, dsn, "ALTER PUBLICATION tables_leave DROP TABLE billing.events")
+	})
+	// The log quotes the error: the table's quoted name is escaped there.
+	if want := `outbox table \"billing\".\"events\" was removed from publication tables_leave`; code != 1 || !strings.Contains(out, want) {
+		t.Fatalf("exit %d, want 1 saying %q:\n%s", code, want, out)
+	}
+	w.advance(t, 10, "in the gap")
+	code, st := runBinary(t, time.Minute, nil, "status", "--config", cfgPath)
+	if code != 0 || !strings.Contains(st, "outbox table    public.outbox, streamed") ||
+		!strings.Contains(st, "outbox table    billing.events, NOT streamed: outbox table \"billing\".\"events\" was removed from publication") {
+		t.Fatalf("status: exit %d, want 0 with public.outbox streamed and billing.events not:\n%s", code, st)
+	}
+	exec1(t, dsn, "ALTER PUBLICATION tables_leave ADD TABLE billing.events")
+	w.advance(t, 10, "after the fix")
+	addr := freeAddr(t)
+	p := startProc(t, cfgPath, addr, true, "OUTBOX_CDC_HTTP_LISTEN="+addr)
+	w.advance(t, 10, "while the connector runs again")
+	last := w.finish(t)
+	orders := consumeN(t, []string{topicFor("leave")}, last, time.Minute, 2*time.Second)
+	billing := consumeN(t, []string{billingTopic("leave")}, last, time.Minute, time.Second)
+	checkTableRecords(t, "public.outbox", orders, map[string]int{"k": last})
+	checkTableRecords(t, "billing.events", billing, map[string]int{"k": last})
+	checkShapes(t, orders, billing)
+	stopClean(t, p)
+	if t.Failed() {
+		t.Logf("first run:\n%s\nafter the fix:\n%s", out, p.output())
+	}
+}
