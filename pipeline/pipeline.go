@@ -104,6 +104,8 @@ type Pipeline struct {
 	m   *metrics.Metrics
 
 	routers []*router.Router // one per outbox table (Event.Table)
+	// tableMetrics are the per-event metrics of each outbox table.
+	tableMetrics []metrics.TableEvents
 	plan    *plan // set before any goroutine starts, then read-only
 	tracker *offsets.Tracker
 	out     producer
@@ -143,7 +145,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	return &Pipeline{cfg: cfg, log: log, m: m, routers: r, fatal: make(chan error, 1), ready: make(chan struct{})}, nil
+	return &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), fatal: make(chan error, 1), ready: make(chan struct{})}, nil
 }
 
 // Ready is closed once the slot is set up and streaming has started.

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -157,7 +158,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 
 // publish routes one event and hands it to the producer.
 func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, src router.Source, ev *decode.Event, msg []byte, rec *router.Record) error {
-	d := &delivery{p: p, txn: txn, commit: src.Commit}
+	d := &delivery{p: p, txn: txn, commit: src.Commit, m: p.tableMetrics[ev.Table]}
 	r := p.routers[ev.Table]
 	if reason := r.RouteFrom(ev, src, rec); reason != "" {
 		r.DeadLetter(ev, src.Commit, reason, rec)
@@ -196,7 +197,8 @@ type delivery struct {
 	p      *Pipeline
 	txn    *offsets.Txn
 	commit time.Time
-	reason string // set when the router dead-lettered it
+	m      metrics.TableEvents // of the event's outbox table
+	reason string              // set when the router dead-lettered it
 	id     string
 	// endSpan ends the event's span (Config.Tracer); nil without one.
 	endSpan func(sink.Outcome)
@@ -221,15 +223,15 @@ func (d *delivery) Delivered(o sink.Outcome) {
 	}
 	switch {
 	case o.DeadLettered:
-		p.m.DeadLettered.Inc()
+		d.m.DeadLettered.Inc()
 		if d.reason != "" {
 			p.log.Warn("event dead-lettered", "id", d.id, "reason", d.reason, "topic", p.cfg.Routes.DLQTopic)
 		}
 	case o.Parked:
-		p.m.Parked.Inc()
+		d.m.Parked.Inc()
 	default:
-		p.m.Published.Inc()
-		p.m.CommitToAck.Observe(now.Sub(d.commit).Seconds())
+		d.m.Published.Inc()
+		d.m.CommitToAck.Observe(now.Sub(d.commit).Seconds())
 	}
 	p.m.EventAcked(now)
 	p.replayed.Add(1)

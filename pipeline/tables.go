@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/router"
@@ -40,6 +41,16 @@ func (p *Pipeline) rowSpecs() []replication.RowSpec {
 		specs = append(specs, replication.RowSpec{Mapping: m, Filter: p.cfg.SnapshotFilter, OrderBy: p.cfg.SnapshotOrderBy, Table: i})
 	}
 	return specs
+}
+
+// tableMetrics resolves each table's per-event metrics, labelled
+// schema.table.
+func tableMetrics(cfg Config, m *metrics.Metrics) []metrics.TableEvents {
+	var out []metrics.TableEvents
+	for _, t := range append([]Table{{Mapping: cfg.Mapping}}, cfg.More...) {
+		out = append(out, m.Table(t.Mapping.Schema+"."+t.Mapping.Table))
+	}
+	return out
 }
 
 // newRouters builds one router per table; every table's events share the

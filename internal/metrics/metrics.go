@@ -18,15 +18,17 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Published    prometheus.Counter
-	DeadLettered prometheus.Counter
-	Parked       prometheus.Counter // dlq.mode quarantine
+	// Published, DeadLettered, Parked and CommitToAck count events by the
+	// outbox table they came from (label table, tables.go).
+	Published    *prometheus.CounterVec
+	DeadLettered *prometheus.CounterVec
+	Parked       *prometheus.CounterVec // dlq.mode quarantine
 	Quarantined  prometheus.Gauge
 	ConfirmedLSN prometheus.Gauge
 	ReceivedLSN  prometheus.Gauge
 	LagBytes     prometheus.Gauge // written by the slot monitor only (replication.SlotInfo.LagBytes)
 	InFlight     prometheus.Gauge
-	CommitToAck  prometheus.Histogram
+	CommitToAck  *prometheus.HistogramVec
 	Connected    prometheus.Gauge
 	Reconnects   prometheus.Counter
 	Transactions prometheus.Counter
@@ -71,12 +73,12 @@ func New() *Metrics {
 	ns := "outbox_cdc"
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
-		Published: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_published_total",
-			Help: "Outbox events acknowledged by the broker on their destination topic."}),
-		DeadLettered: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_dead_lettered_total",
-			Help: "Outbox events that could never be published and were acknowledged on the dead-letter topic."}),
-		Parked: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "events_parked_total",
-			Help: "Outbox events of quarantined aggregates acknowledged on the parking topic."}),
+		Published: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_published_total",
+			Help: "Outbox events acknowledged by the broker on their destination topic, by outbox table."}, []string{TableLabel}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_dead_lettered_total",
+			Help: "Outbox events that could never be published and were acknowledged on the dead-letter topic, by outbox table."}, []string{TableLabel}),
+		Parked: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_parked_total",
+			Help: "Outbox events of quarantined aggregates acknowledged on the parking topic, by outbox table."}, []string{TableLabel}),
 		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "quarantined_aggregates",
 			Help: "Aggregates quarantined after a dead letter: their later events are parked."}),
 		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "confirmed_lsn",
@@ -90,9 +92,9 @@ func New() *Metrics {
 				"with postgres.retain it includes the replay window."}),
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_events",
 			Help: "Events produced and not yet acknowledged."}),
-		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "commit_to_ack_seconds",
-			Help:    "Time from the transaction's commit in PostgreSQL to the broker's acknowledgement.",
-			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}),
+		CommitToAck: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "commit_to_ack_seconds",
+			Help:    "Time from the transaction's commit in PostgreSQL to the broker's acknowledgement, by outbox table.",
+			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .015, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{TableLabel}),
 		Connected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "connected",
 			Help: "1 while the replication stream is established, else 0."}),
 		Reconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "reconnects_total",

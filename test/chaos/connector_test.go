@@ -172,13 +172,23 @@ func (c *connector) metric(name string) (float64, error) {
 		return 0, err
 	}
 	defer resp.Body.Close()
+	// A labelled metric (the per-table event counters) is the sum of its series.
 	sc := bufio.NewScanner(resp.Body)
+	sum, found := 0.0, false
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			return strconv.ParseFloat(v, 64)
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, name); ok && rest != "" && (rest[0] == ' ' || rest[0] == '{') {
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			if err != nil {
+				return 0, err
+			}
+			sum, found = sum+v, true
 		}
 	}
-	return 0, fmt.Errorf("metric %s not found", name)
+	if !found {
+		return 0, fmt.Errorf("metric %s not found", name)
+	}
+	return sum, nil
 }
 
 // kill sends SIGKILL to the running process and waits for it to be gone.

@@ -219,17 +219,25 @@ func metricValue(addr, name string) (float64, error) {
 		return 0, fmt.Errorf("metrics: %w", err)
 	}
 	defer resp.Body.Close()
+	// A labelled metric (the per-table event counters) is the sum of its series.
 	sc := bufio.NewScanner(resp.Body)
+	sum, found := 0.0, false
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return 0, fmt.Errorf("metric %s: %w", name, err)
-			}
-			return f, nil
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || rest[0] != ' ' && rest[0] != '{' {
+			continue
 		}
+		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metric %s: %w", name, err)
+		}
+		sum, found = sum+f, true
 	}
-	return 0, fmt.Errorf("metric %s not found", name)
+	if !found {
+		return 0, fmt.Errorf("metric %s not found", name)
+	}
+	return sum, nil
 }
 
 // peakRSS is the process's resident set high-water mark (VmHWM).

@@ -272,7 +272,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		body = string(b)
-		return strings.Contains(body, "outbox_cdc_events_published_total 1")
+		return strings.Contains(body, `outbox_cdc_events_published_total{table="public.outbox"} 1`)
 	})
 	for _, name := range []string{"outbox_cdc_events_published_total", "outbox_cdc_events_dead_lettered_total",
 		"outbox_cdc_confirmed_lsn", "outbox_cdc_replication_lag_bytes", "outbox_cdc_inflight_events",

@@ -234,6 +234,14 @@ http: {listen: %q}
 	checkTableRecords(t, "billing.events", billing, lastBy)
 	checkShapes(t, orders, billing)
 	t.Logf("%d transactions over two tables; %d and %d records after 2 kills", n, len(orders), len(billing))
+	// The last incarnation published events of both tables, each counted
+	// under its own table label.
+	for _, table := range []string{"public.outbox", "billing.events"} {
+		name := fmt.Sprintf(`outbox_cdc_events_published_total{table=%q}`, table)
+		if v, err := metricValue(addr, name); err != nil || v < 1 {
+			t.Errorf("%s = %v (%v), want at least 1", name, v, err)
+		}
+	}
 	stopClean(t, p)
 }
 

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/outbox-cdc/outbox-cdc/internal/cli"
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
@@ -119,11 +117,17 @@ func waitCounter(ctx context.Context, m *metrics.Metrics, n int64, done <-chan e
 }
 
 func counterValue(m *metrics.Metrics) int64 {
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		return 0
+	}
 	var total float64
-	for _, c := range []interface{ Write(*dto.Metric) error }{m.Published, m.DeadLettered} {
-		var d dto.Metric
-		if err := c.Write(&d); err == nil {
-			total += d.GetCounter().GetValue()
+	for _, mf := range mfs {
+		// Both counters are labelled by outbox table: every series counts.
+		if n := mf.GetName(); n == metricPublished || n == metricDeadLettered {
+			for _, c := range mf.GetMetric() {
+				total += c.GetCounter().GetValue()
+			}
 		}
 	}
 	return int64(total)

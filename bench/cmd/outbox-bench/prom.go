@@ -68,6 +68,8 @@ func parseProm(b []byte) promSamples {
 			s.ack.count = v
 		case metricCommitToAck + "_sum":
 			s.ack.sum = v
+		case metricPublished, metricDeadLettered: // labelled by outbox table: the sum
+			s.values[name] += v
 		default:
 			if labels == "" {
 				s.values[name] = v
