@@ -129,11 +129,25 @@ func fromDebezium(p map[string]string) (yaml string, notes []string, err error) 
 	}
 
 	b.WriteString("outbox:\n")
-	tables := strings.Split(p["table.include.list"], ",")
-	if len(tables) != 1 || strings.TrimSpace(tables[0]) == "" {
-		return "", nil, fmt.Errorf("table.include.list must name the one outbox table, it is %q", p["table.include.list"])
+	var tables []string
+	for _, t := range strings.Split(p["table.include.list"], ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			tables = append(tables, t)
+		}
 	}
-	fmt.Fprintf(&b, "  table: %s\n", q(strings.TrimSpace(tables[0])))
+	switch len(tables) {
+	case 0:
+		return "", nil, fmt.Errorf("table.include.list must name the outbox tables, it is %q", p["table.include.list"])
+	case 1:
+		fmt.Fprintf(&b, "  table: %s\n", q(tables[0]))
+	default:
+		// One EventRouter for every table: they share the mapping and the
+		// routing below, which each entry of outbox.tables inherits.
+		b.WriteString("  tables:\n")
+		for _, t := range tables {
+			fmt.Fprintf(&b, "    - table: %s\n", q(t))
+		}
+	}
 	fmt.Fprintf(&b, "  columns:\n    id: %s\n    aggregate_id: %s\n    aggregate_type: %s\n    event_type: %s\n    payload: %s\n",
 		q(opt("table.field.event.id", "id")), q(opt("table.field.event.key", "aggregateid")),
 		q(opt("route.by.field", "aggregatetype")), q(opt("table.field.event.type", "type")),

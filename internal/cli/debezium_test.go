@@ -104,7 +104,9 @@ func TestFromDebezium(t *testing.T) {
 			wantNotes: []string{"table.expand.json.payload=true", "table.field.event.schema.version=v",
 				"additional.missing=ignore", "quotes the payload"}},
 		{name: "no event router", props: "transforms=x\ntransforms.x.type=Other\ntable.include.list=t\n", wantErr: "no transform"},
-		{name: "two tables", props: base + "table.include.list=a,b\n", wantErr: "table.include.list"},
+		{name: "two tables", props: base + "table.include.list=public.a, billing.b\n",
+			wantYAML: []string{"  tables:\n    - table: \"public.a\"\n    - table: \"billing.b\"\n", "    aggregate_id: \"aggregateid\""}},
+		{name: "no table", props: base + "table.include.list= ,\n", wantErr: "table.include.list"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
