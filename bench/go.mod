@@ -18,7 +18,6 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/outbox-cdc/outbox-cdc v0.0.0-00010101000000-000000000000
 	github.com/outbox-cdc/outbox-cdc/outbox v0.0.0-00010101000000-000000000000
-	github.com/prometheus/client_model v0.6.3
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	gonum.org/v1/plot v0.17.0
@@ -55,6 +54,7 @@ require (
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect

@@ -103,12 +103,14 @@ type Pipeline struct {
 	log *slog.Logger
 	m   *metrics.Metrics
 
-	routers []*router.Router // one per outbox table (Event.Table)
-	// tableMetrics are the per-event metrics of each outbox table.
-	tableMetrics []metrics.TableEvents
+	// routers has one router per outbox table (Event.Table).
+	routers []*router.Router
 	plan    *plan // set before any goroutine starts, then read-only
 	tracker *offsets.Tracker
 	out     producer
+
+	// tableMetrics are the per-event metrics of each outbox table.
+	tableMetrics []metrics.TableEvents
 
 	snapDone atomic.Bool
 	replayed atomic.Int64 // events acknowledged, in every mode

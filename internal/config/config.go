@@ -230,8 +230,9 @@ func Default() Config {
 				ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id",
 				EventType: "event_type", Payload: "payload",
 			},
-			HeaderColumns: []string{}, Tables: []OutboxTable{},
+			HeaderColumns: []string{},
 			Fields:        []string{}, StandardHeaders: []string{"id", "event_type", "aggregate_type"}, SourceHeaders: []string{},
+			Tables: []OutboxTable{},
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq", ParkingTopic: "outbox.parking",
