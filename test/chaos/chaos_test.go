@@ -269,6 +269,7 @@ func TestChaos(t *testing.T) {
 			}
 		})
 	}
+	r.startSecondWriters(ctx, stopWriters, &wWG, m, seed)
 	r.burst = newWriter(m.Writers, r.dsn, []*aggregate{{id: "burst", typ: "order", next: 1}}, 0, seed, r.ledger, r.wstats)
 	r.burst.bucket = &r.bucket
 	defer r.burst.closeConn()
@@ -355,6 +356,7 @@ func (r *run) setup(ctx context.Context) {
 	r.topics = []string{r.prefix + ".order", r.prefix + ".payment"}
 	r.dlq = r.prefix + "-dlq"
 	r.bigTopic = r.prefix + ".big"
+	r.topics = append(r.topics, secondTopic(r.prefix)) // tables_test.go
 	slot := "chaos_" + id
 	r.pub = slot
 
@@ -368,7 +370,7 @@ func (r *run) setup(ctx context.Context) {
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	ddl := outboxDDL(r.partitioned)
+	ddl := outboxDDL(r.partitioned) + ";\n" + secondTableDDL
 	r.bucket.Store(1)
 	r.scratch = 1
 	_, err = conn.Exec(ctx, ddl)
@@ -431,9 +433,7 @@ func (r *run) setup(ctx context.Context) {
   publication: %s
   status_interval: 100ms
   reconnect_backoff_max: 1s
-outbox:
-  table: public.outbox
-kafka:
+%skafka:
   brokers: [%q]
   topic: %q
   dlq_topic: %q
@@ -445,7 +445,7 @@ http:
   listen: "127.0.0.1:%d"
 log:
   level: info
-`, proxiedDSN, slot, slot, env.brokerProxy.Addr(), r.prefix+".{aggregate_type}", r.dlq, httpPort)
+`, proxiedDSN, slot, slot, outboxSection(r.prefix), env.brokerProxy.Addr(), r.prefix+".{aggregate_type}", r.dlq, httpPort)
 	cfgPath := filepath.Join(dir, "outbox-cdc.yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)

@@ -403,7 +403,7 @@ func readTable(ctx context.Context, dsn string) (map[string]tableRow, error) {
 		return nil, err
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT id::text, aggregate_id, (payload->>'seq')::int FROM outbox`)
+	rows, err := conn.Query(ctx, `SELECT id::text, aggregate_id, (payload->>'seq')::int FROM outbox`+secondTableRows)
 	if err != nil {
 		return nil, err
 	}

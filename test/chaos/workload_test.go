@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -100,6 +101,10 @@ type writer struct {
 	// adds that many bytes to each payload and marks the events Oversize.
 	bucket *atomic.Int64
 	pad    int
+	// ins and lookup, when set, write and look up another outbox table's
+	// rows (tables_test.go).
+	ins    func(ctx context.Context, q execer, e event) error
+	lookup string
 }
 
 type aggregate struct {
@@ -251,6 +256,9 @@ type execer interface {
 }
 
 func (w *writer) insert(ctx context.Context, q execer, e event) error {
+	if w.ins != nil {
+		return w.ins(ctx, q, e)
+	}
 	if w.pad > 0 {
 		_, err := q.Exec(ctx, insertPadSQL, e.ID, e.Type, e.Agg, e.Seq, e.Writer, e.Txn, e.Bucket, w.pad)
 		return err
@@ -323,7 +331,7 @@ func (w *writer) resolve(ctx context.Context, id string) (outcome, error) {
 		if err := w.connect(ctx); err == nil {
 			octx, cancel := context.WithTimeout(ctx, opTimeout)
 			var n int
-			err = w.conn.QueryRow(octx, "SELECT count(*) FROM outbox WHERE id = $1::uuid", id).Scan(&n)
+			err = w.conn.QueryRow(octx, cmp.Or(w.lookup, "SELECT count(*) FROM outbox WHERE id = $1::uuid"), id).Scan(&n)
 			cancel()
 			if err == nil {
 				if n > 0 {
