@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,6 +61,22 @@ func tablesConfig(t *testing.T, dsn, slot string) *config.Config {
 		t.Fatalf("config: %v", err)
 	}
 	return cfg
+}
+
+// tablesDB is a new database with both outbox tables, and a connection to it.
+func tablesDB(t *testing.T) (string, *pgx.Conn) {
+	t.Helper()
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	createBillingOutbox(t, dsn)
+	return dsn, pgConnect(t, dsn)
+}
+
+// tablesConfigFile writes the binary's configuration for both tables with
+// slot (and publication) slot.
+func tablesConfigFile(t *testing.T, dsn, slot string) string {
+	t.Helper()
+	return writeConfig(t, yamlFor(t, dsn, slot, tablesYAML()))
 }
 
 // writeBoth writes seq of aggregate key to both tables in one transaction,
@@ -154,82 +169,36 @@ func checkShapes(t *testing.T, orders, billing []*kgo.Record) {
 // SIGKILL twice: every event is on its own table's topic, in order per
 // aggregate per table, nothing lost.
 func TestTablesKill9(t *testing.T) {
-	dsn := newDatabase(t)
-	createOutbox(t, dsn, "outbox", "jsonb")
-	createBillingOutbox(t, dsn)
+	dsn, _ := tablesDB(t)
 	addr := freeAddr(t)
-	dropSlotAtEnd(t, dsn, "tables_kill9")
-	cfgPath := writeConfig(t, fmt.Sprintf(`postgres: {dsn: %q, slot: tables_kill9, publication: tables_kill9, status_interval: 100ms, reconnect_backoff_max: 1s}
-kafka: {brokers: [%s], dlq_topic: %s, topic: %q}
-http: {listen: %q}
-%s`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("tables_kill9"), topicTemplate, addr, tablesYAML()))
-	p := startProcess(t, cfgPath, addr)
+	cfgPath := tablesConfigFile(t, dsn, "tables_kill9")
+	env := []string{"OUTBOX_CDC_HTTP_LISTEN=" + addr, "OUTBOX_CDC_POSTGRES_STATUS_INTERVAL=100ms", "OUTBOX_CDC_POSTGRES_RECONNECT_BACKOFF_MAX=1s"}
+	p := startProc(t, cfgPath, addr, true, env...)
 
-	const writers, perWriter = 3, 150
-	var (
-		wg        sync.WaitGroup
-		written   atomic.Int64
-		last      [writers]int
-		killsDone = make(chan struct{})
-	)
-	errs := make(chan error, writers)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	for w := range writers {
-		wg.Go(func() {
-			conn, err := pgx.Connect(ctx, dsn)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer conn.Close(context.Background())
-			for i := 1; ; i++ {
-				if i > perWriter {
-					select {
-					case <-killsDone:
-						return
-					default:
-					}
-				}
-				if err := writeBoth(ctx, conn, "tbl", fmt.Sprintf("w%d", w), i, (i+w)%2 == 0); err != nil {
-					errs <- err
-					return
-				}
-				last[w] = i
-				written.Add(1)
-				time.Sleep(2 * time.Millisecond) // pacing: a steady stream of small transactions
-			}
-		})
+	// Three writers, each of its own aggregate, commit transactions that
+	// write both tables (in either order); the connector is killed twice
+	// while they run.
+	ws := make([]*bothWriter, 3)
+	for i := range ws {
+		ws[i] = startBothWriter(t, dsn, "tbl", fmt.Sprintf("w%d", i))
 	}
-	writersDone := make(chan struct{})
-	go func() { wg.Wait(); close(writersDone) }()
 	for k := 1; k <= 2; k++ {
-		at := int64(k * writers * perWriter / 3)
-		waitFor(t, 2*time.Minute, fmt.Sprintf("%d transactions written before kill %d", at, k), func() bool {
-			select {
-			case <-writersDone:
-				return true
-			default:
-			}
-			return written.Load() >= at
-		})
+		for _, w := range ws {
+			w.advance(t, 50, fmt.Sprintf("before kill %d", k))
+		}
 		p.kill()
-		p = startProcess(t, cfgPath, addr)
+		p = startProc(t, cfgPath, addr, true, env...)
 	}
-	close(killsDone)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("writer: %v", err)
+	for _, w := range ws {
+		w.advance(t, 20, "after the last restart")
 	}
-
-	n := int(written.Load())
+	lastBy, n := map[string]int{}, 0
+	for i, w := range ws {
+		lastBy[fmt.Sprintf("w%d", i)] = w.finish(t)
+		n += lastBy[fmt.Sprintf("w%d", i)]
+	}
 	orders := consumeN(t, []string{topicFor("tbl")}, n, 2*time.Minute, 2*time.Second)
 	billing := consumeN(t, []string{billingTopic("tbl")}, n, 2*time.Minute, time.Second)
-	lastBy := map[string]int{}
-	for w := range writers {
-		lastBy[fmt.Sprintf("w%d", w)] = last[w]
-	}
 	checkTableRecords(t, "public.outbox", orders, lastBy)
 	checkTableRecords(t, "billing.events", billing, lastBy)
 	checkShapes(t, orders, billing)
@@ -249,10 +218,7 @@ http: {listen: %q}
 // created are published by the snapshot, each on its table's topic; a
 // replay of a range republishes the events of both tables.
 func TestTablesSnapshotAndReplay(t *testing.T) {
-	dsn := newDatabase(t)
-	createOutbox(t, dsn, "outbox", "jsonb")
-	createBillingOutbox(t, dsn)
-	conn := pgConnect(t, dsn)
+	dsn, conn := tablesDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	for i := 1; i <= 20; i++ {
@@ -287,10 +253,7 @@ func TestTablesSnapshotAndReplay(t *testing.T) {
 	}
 	to := currentLSN(t, conn)
 	consumeN(t, []string{topicFor("snap")}, 40, time.Minute, 0)
-	cfgPath := writeConfig(t, fmt.Sprintf(`postgres: {dsn: %q, slot: tables_snap, publication: tables_snap}
-kafka: {brokers: [%s], dlq_topic: %s, topic: %q}
-http: {listen: ''}
-%s`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("tables_snap"), topicTemplate, tablesYAML()))
+	cfgPath := tablesConfigFile(t, dsn, "tables_snap")
 	code, out := runBinary(t, 2*time.Minute, nil, "replay", "--config", cfgPath,
 		"--from-lsn", from.String(), "--to-lsn", to.String(), "--topic-prefix", "again.")
 	if code != 0 || !strings.Contains(out, "replay done: 20 events") {
@@ -318,10 +281,7 @@ http: {listen: ''}
 // never streamed; verify reads every table, reports them missing, and
 // --repair republishes each by its own table's routing.
 func TestTablesVerify(t *testing.T) {
-	dsn := newDatabase(t)
-	createOutbox(t, dsn, "outbox", "jsonb")
-	createBillingOutbox(t, dsn)
-	conn := pgConnect(t, dsn)
+	dsn, conn := tablesDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var since time.Time
@@ -345,10 +305,7 @@ func TestTablesVerify(t *testing.T) {
 		}
 	}
 
-	cfgPath := writeConfig(t, fmt.Sprintf(`postgres: {dsn: %q, slot: tables_verify, publication: tables_verify}
-kafka: {brokers: [%s], dlq_topic: %s, topic: %q}
-http: {listen: ''}
-%s`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("tables_verify"), topicTemplate, tablesYAML()))
+	cfgPath := tablesConfigFile(t, dsn, "tables_verify")
 	sinceArg := since.Add(-time.Second).UTC().Format(time.RFC3339Nano)
 	code, v, out := runVerifyJSON(t, 2*time.Minute, "--config", cfgPath, "--since", sinceArg)
 	if code != 1 || v.Rows != 26 || v.Missing.Count != 6 || v.Found != 20 || len(v.Topics) != 2 {
@@ -372,7 +329,7 @@ type bothWriter struct {
 	done chan error
 }
 
-func startBothWriter(t *testing.T, dsn, aggType string) *bothWriter {
+func startBothWriter(t *testing.T, dsn, aggType, key string) *bothWriter {
 	t.Helper()
 	w := &bothWriter{stop: make(chan struct{}), done: make(chan error, 1)}
 	conn := pgConnect(t, dsn)
@@ -386,7 +343,7 @@ func startBothWriter(t *testing.T, dsn, aggType string) *bothWriter {
 				return
 			default:
 			}
-			if err := writeBoth(ctx, conn, aggType, "k", i, i%3 == 0); err != nil {
+			if err := writeBoth(ctx, conn, aggType, key, i, i%3 == 0); err != nil {
 				w.done <- err
 				return
 			}
@@ -425,17 +382,11 @@ func (w *bothWriter) finish(t *testing.T) int {
 // restart publishes every event of both tables, the second table's gap read
 // back from the table.
 func TestTablesSecondLeavesStream(t *testing.T) {
-	dsn := newDatabase(t)
-	createOutbox(t, dsn, "outbox", "jsonb")
-	createBillingOutbox(t, dsn)
-	dropSlotAtEnd(t, dsn, "tables_leave")
-	cfgPath := writeConfig(t, fmt.Sprintf(`postgres: {dsn: %q, slot: tables_leave, publication: tables_leave}
-kafka: {brokers: [%s], dlq_topic: %s, topic: %q}
-http: {listen: ''}
-%s`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("tables_leave"), topicTemplate, tablesYAML()))
+	dsn, _ := tablesDB(t)
+	cfgPath := tablesConfigFile(t, dsn, "tables_leave")
 	var w *bothWriter
 	code, out := runUntilExit(t, cfgPath, time.Minute, func(*process) {
-		w = startBothWriter(t, dsn, "leave")
+		w = startBothWriter(t, dsn, "leave", "k")
 		w.advance(t, 20, "before billing.events leaves the stream")
 		exec1(t, dsn, "ALTER PUBLICATION tables_leave DROP TABLE billing.events")
 	})
