@@ -4,6 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -44,7 +47,7 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end
 	}
 	defer rows.Close()
 	txn := p.tracker.Begin()
-	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), nil)
+	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Backfilled })
 	if err != nil {
 		return err
 	}
@@ -53,16 +56,16 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end
 	// Once the watermark passes every backfilled row's commit, the gap is
 	// repaired.
 	p.gapClear.Store(uint64(g.ClearAt))
-	p.m.BackfilledEvents.Add(float64(n))
 	p.log.Warn("published the rows written while the outbox was outside the publication",
 		"rows", n, "since", b.Since, "transactions", len(b.skip))
 	return nil
 }
 
-// publishRows publishes rows read from the table as events of txn, stamped
-// at: their commit times are gone. count, if set, counts each row.
+// publishRows publishes rows read from the tables as events of txn, stamped
+// at: their commit times are gone. count picks the counter of each row's
+// table.
 func (p *Pipeline) publishRows(ctx context.Context, rows *replication.Rows, txn *offsets.Txn, at time.Time,
-	count interface{ Inc() }) (int, error) {
+	count func(metrics.TableEvents) prometheus.Counter) (int, error) {
 	var rec router.Record
 	n := 0
 	for rows.Next() {
@@ -73,9 +76,7 @@ func (p *Pipeline) publishRows(ctx context.Context, rows *replication.Rows, txn 
 		if err := p.publish(ctx, txn, router.Source{Commit: at}, &ev, nil, &rec); err != nil {
 			return n, err
 		}
-		if count != nil {
-			count.Inc()
-		}
+		count(p.tableMetrics[ev.Table]).Inc()
 		n++
 	}
 	return n, rows.Err()

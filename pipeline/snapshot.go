@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
@@ -22,7 +25,7 @@ func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.E
 	defer rows.Close()
 
 	txn := p.tracker.Begin()
-	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), p.m.SnapshotEvents)
+	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Snapshot })
 	if err != nil {
 		return err
 	}

@@ -40,8 +40,8 @@ type Metrics struct {
 	SlotFailoverReady prometheus.Gauge
 	CheckpointLSN     prometheus.Gauge
 	CheckpointErrors  prometheus.Counter
-	SnapshotEvents    prometheus.Counter
-	BackfilledEvents  prometheus.Counter
+	SnapshotEvents    *prometheus.CounterVec // by outbox table (tables.go)
+	BackfilledEvents  *prometheus.CounterVec // by outbox table (tables.go)
 	FatalErrors       *prometheus.CounterVec
 	// TraceContextInvalid and TraceSpansDropped: trace.go.
 	TraceContextInvalid prometheus.Counter
@@ -112,10 +112,10 @@ func New() *Metrics {
 		Help: "Last acknowledged position saved to the checkpoint store, as a number."})
 	m.CheckpointErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "checkpoint_errors_total",
 		Help: "Failed checkpoint saves (each means more duplicates after a PostgreSQL crash, never loss)."})
-	m.SnapshotEvents = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "snapshot_events_total",
-		Help: "Rows published from the initial snapshot (snapshot.mode pending)."})
-	m.BackfilledEvents = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "backfilled_events_total",
-		Help: "Rows read back from the outbox table after it had been outside the publication (gap repair)."})
+	m.SnapshotEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "snapshot_events_total",
+		Help: "Rows published from the initial snapshot (snapshot.mode pending), by outbox table."}, []string{TableLabel})
+	m.BackfilledEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "backfilled_events_total",
+		Help: "Rows read back from the outbox table after it had been outside the publication (gap repair), by outbox table."}, []string{TableLabel})
 	m.FatalErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fatal_errors_total",
 		Help: "Errors that stopped the connector, by reason (slot_missing, slot_or_publication_missing, slot_invalidated, timeline_fork, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
 	m.start = time.Now()

@@ -11,6 +11,9 @@ const TableLabel = "table"
 type TableEvents struct {
 	Published, DeadLettered, Parked prometheus.Counter
 	CommitToAck                     prometheus.Observer
+	// Snapshot and Backfilled count rows read from the table (snapshot,
+	// gap repair) as they are produced.
+	Snapshot, Backfilled prometheus.Counter
 }
 
 // Table returns the per-event metrics of the outbox table named table
@@ -22,5 +25,7 @@ func (m *Metrics) Table(table string) TableEvents {
 		DeadLettered: m.DeadLettered.WithLabelValues(table),
 		Parked:       m.Parked.WithLabelValues(table),
 		CommitToAck:  m.CommitToAck.WithLabelValues(table),
+		Snapshot:     m.SnapshotEvents.WithLabelValues(table),
+		Backfilled:   m.BackfilledEvents.WithLabelValues(table),
 	}
 }

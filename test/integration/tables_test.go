@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
@@ -229,7 +230,7 @@ func TestTablesSnapshotAndReplay(t *testing.T) {
 	cfg := tablesConfig(t, dsn, "tables_snap")
 	cfg.Snapshot.Mode = "pending"
 	cfg.Postgres.Retain = "1GB"
-	startConnector(t, cfg)
+	c := startConnector(t, cfg)
 	for i := 21; i <= 30; i++ { // streamed after the snapshot
 		if err := writeBoth(ctx, conn, "snap", "k", i, false); err != nil {
 			t.Fatal(err)
@@ -243,6 +244,11 @@ func TestTablesSnapshotAndReplay(t *testing.T) {
 	checkTableRecords(t, "public.outbox", orders, map[string]int{"k": 30})
 	checkTableRecords(t, "billing.events", billing, map[string]int{"k": 30})
 	checkShapes(t, orders, billing)
+	for _, table := range []string{"public.outbox", "billing.events"} {
+		if n := testutil.ToFloat64(c.m.SnapshotEvents.WithLabelValues(table)); n != 20 {
+			t.Errorf("snapshot_events_total{table=%q} = %v, want 20", table, n)
+		}
+	}
 
 	// Replay a range written while the connector runs.
 	from := currentLSN(t, conn)
@@ -411,6 +417,13 @@ func TestTablesSecondLeavesStream(t *testing.T) {
 	checkTableRecords(t, "public.outbox", orders, map[string]int{"k": last})
 	checkTableRecords(t, "billing.events", billing, map[string]int{"k": last})
 	checkShapes(t, orders, billing)
+	// The gap's transactions wrote both tables: both were read back.
+	for _, table := range []string{"public.outbox", "billing.events"} {
+		name := fmt.Sprintf(`outbox_cdc_backfilled_events_total{table=%q}`, table)
+		if v, err := metricValue(addr, name); err != nil || v < 10 {
+			t.Errorf("%s = %v (%v), want at least the 10 rows written in the gap", name, v, err)
+		}
+	}
 	stopClean(t, p)
 	if t.Failed() {
 		t.Logf("first run:\n%s\nafter the fix:\n%s", out, p.output())
