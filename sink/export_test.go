@@ -23,7 +23,7 @@ func (s *Sink) Quarantined() []Quarantine {
 	defer s.mu.Unlock()
 	out := make([]Quarantine, 0, len(s.quarantined))
 	for _, q := range s.quarantined {
-		out = append(out, *q)
+		out = append(out, q.Quarantine)
 	}
 	return out
 }
