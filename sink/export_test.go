@@ -27,3 +27,12 @@ func (s *Sink) Quarantined() []Quarantine {
 	}
 	return out
 }
+
+// Holding reports whether key's new records wait: its quarantine is being
+// saved or redriven.
+func (s *Sink) Holding(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.quarantined[key]
+	return q != nil && q.holding
+}

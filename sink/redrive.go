@@ -31,8 +31,8 @@ const (
 func (s *Sink) redriveLoop() {
 	st := s.state
 	defer st.cons.Close()
-	for _, key := range st.pending {
-		s.redrive(key)
+	for _, req := range st.pending {
+		s.redrive(req)
 	}
 	prefix := st.source + "/"
 	for {
@@ -49,11 +49,12 @@ func (s *Sink) redriveLoop() {
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			key, ok := strings.CutPrefix(string(r.Key), prefix)
-			var rec QuarantineRecord
-			if !ok || r.Value == nil || json.Unmarshal(r.Value, &rec) != nil || !rec.Request() {
+			var req QuarantineRecord
+			if !ok || r.Value == nil || json.Unmarshal(r.Value, &req) != nil || !req.Request() {
 				return
 			}
-			s.redrive(key)
+			req.Key = key
+			s.redrive(&req)
 		})
 	}
 }
@@ -64,10 +65,11 @@ func (s *Sink) redriveLoop() {
 // their order to their topics, writes the tombstone and releases the held
 // records to their topics. A failure leaves the quarantine in place, with a
 // failure record. A stop in between leaves the request for the next start.
-func (s *Sink) redrive(key string) {
+func (s *Sink) redrive(req *QuarantineRecord) {
+	key := req.Key
 	s.mu.Lock()
 	q := s.quarantined[key]
-	if q == nil || q.state == nil || !q.state.Request() {
+	if q == nil || q.state == nil {
 		s.mu.Unlock()
 		if q == nil { // lifted already (a repeated request): say so again
 			if err := s.writeState(s.ctx, key, nil); err != nil && s.ctx.Err() == nil {
@@ -77,9 +79,9 @@ func (s *Sink) redrive(key string) {
 		return
 	}
 	q.holding = true
-	rec := *q.state
+	rec := *q.state // where the quarantine's records are, as this connector saved it
 	s.mu.Unlock()
-	skip := rec.State == StateSkip
+	skip := req.State == StateSkip
 	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", rec.FirstID, "skip_dead_letter", skip)
 	for q.inflight.Load() > 0 { // parked records before the hold must be on the parking topic
 		if !s.sleep(10 * time.Millisecond) {

@@ -63,8 +63,8 @@ func (e *NotCompactedError) Error() string {
 // stateTopic is the sink's side of the state topic.
 type stateTopic struct {
 	name, source string
-	cons         *kgo.Client // follows the topic for requests (redriveLoop)
-	pending      []string    // keys with a request at start
+	cons         *kgo.Client         // follows the topic for requests (redriveLoop)
+	pending      []*QuarantineRecord // requests found at start
 	onRedrive    func(result string, quarantined int)
 }
 
@@ -108,7 +108,7 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 		q.Parked = 0
 		s.quarantined[rec.Key] = q
 		if rec.Request() {
-			st.pending = append(st.pending, rec.Key)
+			st.pending = append(st.pending, rec)
 		}
 	}
 	n := len(s.quarantined)
