@@ -156,8 +156,21 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 		seen[id] = true
 		out = append(out, r)
 	}
+	// A client of its own: the sink's caps each partition's batches at the
+	// limit it knew when it first produced there, which the operator may
+	// have raised since to make the redrive possible.
+	biggest := int32(defaultBatchMax)
+	for _, r := range out {
+		biggest = max(biggest, int32(min(batchSize(r)+4, 1<<30)))
+	}
+	cl, err := kgo.NewClient(s.consumerOpts(kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.ProducerBatchMaxBytes(biggest), kgo.ProducerBatchCompression(s.codec), kgo.RequiredAcks(kgo.AllISRAcks()))...)
+	if err != nil {
+		return 0, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
 	for i, r := range out {
-		if err := s.cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			return i, fmt.Errorf("republish event %s to %s: %w", headerValue(r, wire.HeaderID), r.Topic, err)
 		}
 	}

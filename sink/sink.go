@@ -146,7 +146,8 @@ type Sink struct {
 	quarantined    map[string]*quarantined // by key
 	state          *stateTopic             // nil: quarantines are not saved (state.go)
 
-	connOpts []kgo.Opt // cluster and security, for the sink's consumers
+	connOpts []kgo.Opt            // cluster and security, for the sink's consumers
+	codec    kgo.CompressionCodec // kafka.compression, for the redrive's producer
 
 	outstanding atomic.Int64 // records accepted whose Done has not run
 	once        sync.Once
@@ -171,6 +172,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		s.state = &stateTopic{name: cfg.QuarantineTopic, source: cfg.QuarantineSource, onRedrive: cfg.Redrives}
 	}
 	s.connOpts = append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID)}, cfg.Opts...)
+	s.codec = codec
 	if s.partitions == 0 {
 		s.partitions = -1
 	}

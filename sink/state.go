@@ -302,6 +302,13 @@ func (s *Sink) release(q *quarantined, pass int, lift bool) {
 		s.mu.Unlock()
 		for _, r := range held {
 			r.pass = pass
+			if pass == passPark {
+				// Parked now: its own topic may be under repair, with later
+				// records of the key in its retry list.
+				s.mu.Lock()
+				s.divert(r)
+				s.mu.Unlock()
+			}
 			_ = s.submit(r, false)
 		}
 	}
