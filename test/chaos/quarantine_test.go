@@ -14,9 +14,10 @@ import (
 // parking topic, in order, until a redrive. ops-oversize writes an
 // oversize event of aggregate "big" followed by a few that fit.
 
-// parkingTopic and quarantineTopic are the run's own.
-func (r *run) parkingTopic() string    { return r.prefix + ".parking" }
-func (r *run) quarantineTopic() string { return r.prefix + ".quarantine" }
+// parkingTopic and quarantineTopic are the run's own, out of reach of
+// the topic template (prefix.{aggregate_type}).
+func (r *run) parkingTopic() string    { return r.prefix + "-parking" }
+func (r *run) quarantineTopic() string { return r.prefix + "-quarantine" }
 
 // afterOversize is how many events that fit ops-oversize writes after its
 // oversize one, of the same aggregate.
