@@ -14,12 +14,20 @@ import (
 // is produced: replayed events of a quarantined aggregate are parked again.
 func (p *Pipeline) openSink(ctx context.Context) (*sink.Sink, error) {
 	cfg := p.cfg.Sink
+	if p.cfg.Replay != nil {
+		// A replay must not take requests meant for the running connector:
+		// its quarantines stay in memory.
+		cfg.QuarantineTopic = ""
+	}
 	if cfg.QuarantineTopic != "" && cfg.ParkingTopic != "" {
 		srv, err := p.cfg.Source.DB.Identify(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("setup: %w", err)
 		}
 		cfg.QuarantineSource = sink.QuarantineSource(srv.SystemID, srv.Database, p.cfg.Source.Slot)
+		// Requests are carried out only while this process streams from the
+		// slot: a standby waiting for it must not lift what the active one parks.
+		cfg.Owner = p.Streaming
 		cfg.Redrives = func(result string, quarantined int) {
 			if result != "" {
 				p.m.Redrives.WithLabelValues(result).Inc()

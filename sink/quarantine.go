@@ -34,6 +34,7 @@ type quarantined struct {
 	holding bool
 	held    []*record
 	state   *QuarantineRecord // as saved on the state topic; nil until saved
+	stateAt int64             // state's offset: an older tombstone is not this quarantine's
 	// inflight counts the key's parked records without an outcome.
 	inflight atomic.Int64
 }

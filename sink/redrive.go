@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,36 +28,86 @@ const (
 	RedriveFailed  = "failed"
 )
 
-// redriveLoop carries out the requests found at start, then those that
-// arrive, one at a time, until Close.
+// redriveLoop follows the state topic until Close: it carries out the
+// requests (pending ones first) while this process owns the slot, and
+// follows what another process of the slot (an active-standby peer) saves
+// and lifts.
 func (s *Sink) redriveLoop() {
 	st := s.state
 	defer st.cons.Close()
-	for _, req := range st.pending {
-		s.redrive(req)
-	}
 	prefix := st.source + "/"
 	for {
-		fs := st.cons.PollFetches(s.ctx)
+		if st.owns() {
+			keys := slices.Sorted(maps.Keys(st.pending))
+			for _, k := range keys {
+				if !st.owns() {
+					break
+				}
+				req := st.pending[k]
+				delete(st.pending, k)
+				s.redrive(req)
+			}
+		}
+		// A bound on the poll, to look at ownership again.
+		pctx, cancel := context.WithTimeout(s.ctx, time.Second)
+		fs := st.cons.PollFetches(pctx)
+		cancel()
 		if s.ctx.Err() != nil {
 			return
 		}
-		if err := fetchErr(fs); err != nil {
-			s.log.Error("reading the quarantine topic for redrive requests", "topic", st.name, "err", err)
+		if err := fetchErr(fs); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			s.log.Error("reading the quarantine topic", "topic", st.name, "err", err)
 			if !s.sleep(time.Second) {
 				return
 			}
 			continue
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			key, ok := strings.CutPrefix(string(r.Key), prefix)
-			var req QuarantineRecord
-			if !ok || r.Value == nil || json.Unmarshal(r.Value, &req) != nil || !req.Request() {
-				return
+			if key, ok := strings.CutPrefix(string(r.Key), prefix); ok {
+				s.follow(key, r)
 			}
-			req.Key = key
-			s.redrive(&req)
 		})
+	}
+}
+
+// follow takes in a state record of this source: a request to carry out,
+// or a quarantine another process of the slot saved or lifted.
+func (s *Sink) follow(key string, r *kgo.Record) {
+	st := s.state
+	if r.Value == nil {
+		delete(st.pending, key)
+		s.mu.Lock()
+		q := s.quarantined[key]
+		lifted := q != nil && q.state != nil && !q.holding && r.Offset > q.stateAt
+		if lifted {
+			delete(s.quarantined, key)
+		}
+		n := len(s.quarantined)
+		s.mu.Unlock()
+		if lifted && st.onRedrive != nil {
+			st.onRedrive("", n)
+		}
+		return
+	}
+	var rec QuarantineRecord
+	if json.Unmarshal(r.Value, &rec) != nil {
+		return
+	}
+	rec.Key = key
+	s.mu.Lock()
+	added := s.quarantined[key] == nil
+	if added {
+		s.quarantined[key] = &quarantined{Quarantine: rec.Quarantine, state: &rec, stateAt: r.Offset}
+	}
+	n := len(s.quarantined)
+	s.mu.Unlock()
+	if added && st.onRedrive != nil {
+		st.onRedrive("", n)
+	}
+	if rec.Request() {
+		st.pending[key] = &rec
+	} else {
+		delete(st.pending, key)
 	}
 }
 
@@ -72,7 +124,7 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 	if q == nil || q.state == nil {
 		s.mu.Unlock()
 		if q == nil { // lifted already (a repeated request): say so again
-			if err := s.writeState(s.ctx, key, nil); err != nil && s.ctx.Err() == nil {
+			if _, err := s.writeState(s.ctx, key, nil); err != nil && s.ctx.Err() == nil {
 				s.log.Error("redrive: answering a request for an aggregate that is not quarantined", "aggregate", key, "err", err)
 			}
 		}
@@ -95,18 +147,24 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 	if err != nil {
 		s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", key, "err", err)
 		rec.State, rec.Failure = StateFailed, err.Error()
-		if werr := s.writeState(s.ctx, key, &rec); werr != nil {
+		if at, werr := s.writeState(s.ctx, key, &rec); werr != nil {
 			s.log.Error("redrive: saving the failure", "aggregate", key, "err", werr)
 		} else {
 			s.mu.Lock()
-			q.state = &rec
+			q.state, q.stateAt = &rec, at
 			s.mu.Unlock()
 		}
 		s.release(q, passPark, false)
 		s.countRedrive(RedriveFailed)
 		return
 	}
-	if err := s.writeState(s.ctx, key, nil); err != nil {
+	if !s.state.owns() { // another process may be parking the key's events now
+		s.log.Warn("redrive: the connector lost the slot; the request stays for the one streaming", "aggregate", key)
+		s.state.pending[key] = req
+		s.release(q, passPark, false)
+		return
+	}
+	if _, err := s.writeState(s.ctx, key, nil); err != nil {
 		if s.ctx.Err() == nil {
 			s.log.Error("redrive: lifting the quarantine; the request stays for the next start", "aggregate", key, "err", err)
 			s.release(q, passPark, false)
@@ -311,7 +369,15 @@ func (c *StateClient) List(ctx context.Context) (map[string]*QuarantineRecord, e
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
 	defer cons.Close()
-	return readState(ctx, c.adm, cons, c.topic, c.source)
+	latest, err := readState(ctx, c.adm, cons, c.topic, c.source)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]*QuarantineRecord, len(latest))
+	for k, l := range latest {
+		out[k] = l.rec
+	}
+	return out, nil
 }
 
 func (c *StateClient) opts(extra ...kgo.Opt) []kgo.Opt {

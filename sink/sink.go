@@ -72,8 +72,12 @@ type Config struct {
 	QuarantineTopic  string
 	QuarantineSource string
 	// Redrives, when set, is told each redrive's result (RedriveDone, …;
-	// "" after the restore) and how many keys are quarantined then.
+	// "" when the set changed otherwise) and how many keys are quarantined.
 	Redrives func(result string, quarantined int)
+	// Owner, when set, says whether this process may carry out redrive
+	// requests now: only the one streaming from the slot writes the keys'
+	// events (an active-standby pair shares the state topic's keys).
+	Owner func() bool
 	// Opts are extra client options (TLS, SASL, test hooks).
 	Opts []kgo.Opt
 }
@@ -169,7 +173,8 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		s.maxQuarantined = defaultMaxQuarantined
 	}
 	if cfg.QuarantineTopic != "" && s.parking != "" {
-		s.state = &stateTopic{name: cfg.QuarantineTopic, source: cfg.QuarantineSource, onRedrive: cfg.Redrives}
+		s.state = &stateTopic{name: cfg.QuarantineTopic, source: cfg.QuarantineSource, onRedrive: cfg.Redrives,
+			owner: cfg.Owner, pending: map[string]*QuarantineRecord{}}
 	}
 	s.connOpts = append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID)}, cfg.Opts...)
 	s.codec = codec

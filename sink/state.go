@@ -63,10 +63,14 @@ func (e *NotCompactedError) Error() string {
 // stateTopic is the sink's side of the state topic.
 type stateTopic struct {
 	name, source string
-	cons         *kgo.Client         // follows the topic for requests (redriveLoop)
-	pending      []*QuarantineRecord // requests found at start
+	cons         *kgo.Client                  // follows the topic (redriveLoop)
+	pending      map[string]*QuarantineRecord // requests not carried out yet, by key; the loop's
+	owner        func() bool                  // nil: always
 	onRedrive    func(result string, quarantined int)
 }
+
+// owns reports whether this process may carry out requests now.
+func (st *stateTopic) owns() bool { return st.owner == nil || st.owner() }
 
 func (st *stateTopic) key(agg string) string { return st.source + "/" + agg }
 
@@ -103,12 +107,11 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 	}
 	st.cons = cons
 	s.mu.Lock()
-	for _, rec := range latest {
-		q := &quarantined{Quarantine: rec.Quarantine, state: rec}
-		q.Parked = 0
-		s.quarantined[rec.Key] = q
+	for _, l := range latest {
+		rec := l.rec
+		s.quarantined[rec.Key] = &quarantined{Quarantine: rec.Quarantine, state: rec, stateAt: l.offset}
 		if rec.Request() {
-			st.pending = append(st.pending, rec)
+			st.pending[rec.Key] = rec
 		}
 	}
 	n := len(s.quarantined)
@@ -157,9 +160,15 @@ func (s *Sink) ensureStateTopic(ctx context.Context) error {
 	return nil
 }
 
+// stateAt is a state record and its offset.
+type stateAt struct {
+	rec    *QuarantineRecord
+	offset int64
+}
+
 // readState reads topic to its current end and returns the last record
 // of each of source's keys, tombstoned keys left out.
-func readState(ctx context.Context, adm *kadm.Client, cl *kgo.Client, topic, source string) (map[string]*QuarantineRecord, error) {
+func readState(ctx context.Context, adm *kadm.Client, cl *kgo.Client, topic, source string) (map[string]stateAt, error) {
 	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("quarantine topic %s: end offsets: %w", topic, err)
@@ -174,7 +183,7 @@ func readState(ctx context.Context, adm *kadm.Client, cl *kgo.Client, topic, sou
 			left[o.Partition] = o.Offset
 		}
 	})
-	out := map[string]*QuarantineRecord{}
+	out := map[string]stateAt{}
 	prefix := source + "/"
 	for len(left) > 0 {
 		fs := cl.PollFetches(ctx)
@@ -201,7 +210,7 @@ func readState(ctx context.Context, adm *kadm.Client, cl *kgo.Client, topic, sou
 				return // not ours to judge: another version's record
 			}
 			q.Key = key
-			out[key] = &q
+			out[key] = stateAt{&q, r.Offset}
 		})
 	}
 	return out, nil
@@ -230,16 +239,17 @@ func (s *Sink) saveQuarantine(r *record, o Outcome) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		var at int64
 		err := s.parkingStart(s.ctx, rec)
 		if err == nil {
-			err = s.writeState(s.ctx, rec.Key, rec)
+			at, err = s.writeState(s.ctx, rec.Key, rec)
 		}
 		if err != nil {
 			r.finish(Outcome{Err: fmt.Errorf("save the quarantine of aggregate %q on %s: %w", rec.Key, s.state.name, err)})
 			return
 		}
 		s.mu.Lock()
-		q.state = rec
+		q.state, q.stateAt = rec, at
 		s.mu.Unlock()
 		r.finish(o)
 		s.release(q, passPark, false)
@@ -262,25 +272,29 @@ func (s *Sink) parkingStart(ctx context.Context, rec *QuarantineRecord) error {
 	return nil // a parking topic not created yet starts at 0
 }
 
-// writeState produces rec (nil: a tombstone) for agg and waits for its
-// acknowledgement.
-func (s *Sink) writeState(ctx context.Context, agg string, rec *QuarantineRecord) error {
-	return writeState(ctx, s.cl, s.state.name, s.state.key(agg), rec)
+// writeState produces rec (nil: a tombstone) for agg, waits for its
+// acknowledgement and returns its offset.
+func (s *Sink) writeState(ctx context.Context, agg string, rec *QuarantineRecord) (int64, error) {
+	r, err := writeState(ctx, s.cl, s.state.name, s.state.key(agg), rec)
+	if err != nil {
+		return 0, err
+	}
+	return r.Offset, nil
 }
 
-func writeState(ctx context.Context, cl *kgo.Client, topic, key string, rec *QuarantineRecord) error {
+func writeState(ctx context.Context, cl *kgo.Client, topic, key string, rec *QuarantineRecord) (*kgo.Record, error) {
 	r := &kgo.Record{Topic: topic, Key: []byte(key), Partition: -1}
 	if rec != nil {
 		v, err := json.Marshal(rec)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		r.Value = v
 	}
 	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-		return fmt.Errorf("produce to %s: %w", topic, err)
+		return nil, fmt.Errorf("produce to %s: %w", topic, err)
 	}
-	return nil
+	return r, nil
 }
 
 // release hands q's held records on, in order, each passing divert as

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -305,4 +306,63 @@ func TestRedriveRefusedAgain(t *testing.T) {
 		t.Errorf("state records %+v, want quarantined, request, failed", st)
 	}
 	waitUntil(ctx, t, "the failure counted", func() bool { return results.String() == "[0 failed1]" })
+}
+
+// TestRedriveOnlyByTheOwner: a standby sharing the slot (and so the state
+// topic's keys) follows the active one's quarantines and lifts, and
+// carries out no request until it owns the slot; then it carries out the
+// request the active one left.
+func TestRedriveOnlyByTheOwner(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, kfake.SeedTopics(3, parking))
+	var owns atomic.Bool
+	standby := startSaved(ctx, t, c, func(cfg *sink.Config) { cfg.Owner = owns.Load })
+	active, closeActive := newSinkTuned(t, c, nil, savedMode)
+	if err := active.StartQuarantines(ctx); err != nil {
+		t.Fatal(err)
+	}
+	names := topicNames(ctx, t, active, topic, dlq, parking, stateTopic)
+	var refusing atomic.Bool
+	refusing.Store(true)
+	refuse(c, names, nil, func(tp string, b []byte) int16 {
+		if tp == topic && refusing.Load() && bytes.Contains(b, []byte("poison")) {
+			return kerr.PolicyViolation.Code
+		}
+		return 0
+	})
+	quarantine := func(key string) {
+		t.Helper()
+		res := newResults(2)
+		produce(ctx, t, active, keyedRecord(topic, key, 0, "-poison"), res.slot(0))
+		produce(ctx, t, active, keyedRecord(topic, key, 1, ""), res.slot(1))
+		if out := res.all(ctx, t, 2); !out[0].DeadLettered || !out[1].Parked {
+			t.Fatalf("%s: outcomes %+v, want dead-lettered, parked", key, out)
+		}
+		waitUntil(ctx, t, "the standby follows the quarantine of "+key, func() bool { return standby.Holding(key) || len(standby.Quarantined()) > 0 })
+	}
+	quarantine("k")
+	refusing.Store(false)
+	sc := stateClient(t, c)
+	if err := sc.Redrive(ctx, "k", false); err != nil {
+		t.Fatalf("redrive k: %v", err)
+	}
+	waitUntil(ctx, t, "the standby follows the lift", func() bool { return len(standby.Quarantined()) == 0 })
+
+	refusing.Store(true)
+	quarantine("j")
+	refusing.Store(false)
+	closeActive()
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if err := sc.Redrive(short, "j", false); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("redrive j with no owner: %v, want it pending", err)
+	}
+	if q := standby.Quarantined(); len(q) != 1 || q[0].Key != "j" {
+		t.Fatalf("the standby carried out a request without the slot: quarantined %+v", q)
+	}
+	owns.Store(true)
+	waitUntil(ctx, t, "the new owner carries out the request", func() bool { return len(standby.Quarantined()) == 0 })
+	if got := byKey(consume(ctx, t, c, topic, 4)); fmt.Sprint(got) != "map[j:[0000-poison 0001] k:[0000-poison 0001]]" {
+		t.Fatalf("topic holds %v", got)
+	}
 }
