@@ -230,6 +230,13 @@ func TestQuarantineSurvivesRestartAndRedrives(t *testing.T) {
 	if code, out := q.redrive(t, "--aggregate", "agg-1"); code != 1 || !strings.Contains(out, "MESSAGE_TOO_LARGE") {
 		t.Fatalf("redrive agg-1 before the fix: exit %d, want 1 naming the refusal:\n%s", code, out)
 	}
+	view := func(when string) { // the consumer's view, for the closing note
+		byKey := func(topic string) map[string][]int {
+			return seqsByKey(t, consumeN(t, []string{topic}, 0, 0, 2*time.Second))
+		}
+		t.Logf("%s: topic %s %v; DLQ %v; parking %v", when, q.topic, byKey(q.topic), byKey(dlqFor(q.slot)), byKey(q.parking))
+	}
+	view("before the redrive")
 	lowerLimit(t, q.topic, 1<<20) // the operator's fix
 	if code, out := q.redrive(t, "--aggregate", "agg-1"); code != 0 || !strings.Contains(out, "quarantine lifted") {
 		t.Fatalf("redrive agg-1: exit %d:\n%s", code, out)
@@ -243,6 +250,7 @@ func TestQuarantineSurvivesRestartAndRedrives(t *testing.T) {
 	if ls := q.list(t); len(ls) != 0 {
 		t.Fatalf("still quarantined: %+v", ls)
 	}
+	view("after the redrive")
 	p.waitMetric(t, 10*time.Second, "outbox_cdc_events_published_total", 1)
 	stopClean(t, p)
 }
