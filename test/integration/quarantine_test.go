@@ -121,6 +121,22 @@ http: {listen: %q}
 	return q
 }
 
+// lowered is the limit the topic gets once the connector knows it as 1 MiB:
+// the broker refuses what the connector lets through.
+const lowered = 64 << 10
+
+// start starts the connector binary, lets it learn the topic's 1 MiB limit
+// and lowers the limit.
+func (q *quarantineSetup) start(t *testing.T) (*process, *pgx.Conn) {
+	t.Helper()
+	p := startProcess(t, q.cfgPath, q.addr)
+	conn := pgConnect(t, q.dsn)
+	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "limited", "agg-0", "Sized", `{"seq": 0}`) })
+	consumeN(t, []string{q.topic}, 1, time.Minute, 0)
+	lowerLimit(t, q.topic, lowered)
+	return p, conn
+}
+
 // redrive runs outbox-cdc redrive with args and returns its exit code and output.
 func (q *quarantineSetup) redrive(t *testing.T, args ...string) (int, string) {
 	t.Helper()
@@ -169,14 +185,8 @@ func seqRange(from, to int) []int {
 // once the limit is raised, redrive of agg-1 puts all its events on the
 // topic in order, and its next event follows them there.
 func TestQuarantineSurvivesRestartAndRedrives(t *testing.T) {
-	const lowered = 64 << 10
 	q := newQuarantineSetup(t, "qredrive")
-	p := startProcess(t, q.cfgPath, q.addr)
-	conn := pgConnect(t, q.dsn)
-	// The connector learns the topic and its 1 MiB limit.
-	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "limited", "agg-0", "Sized", `{"seq": 0}`) })
-	consumeN(t, []string{q.topic}, 1, time.Minute, 0)
-	lowerLimit(t, q.topic, lowered)
+	p, conn := q.start(t)
 
 	payload := func(i int, big bool) string {
 		if big {
@@ -261,16 +271,9 @@ func TestQuarantineSurvivesRestartAndRedrives(t *testing.T) {
 // the start: every event of the aggregate reaches the topic, the first
 // occurrences in order.
 func TestRedriveSurvivesConnectorKill(t *testing.T) {
-	const (
-		lowered = 64 << 10
-		events  = 4000
-	)
+	const events = 4000
 	q := newQuarantineSetup(t, "qkill")
-	p := startProcess(t, q.cfgPath, q.addr)
-	conn := pgConnect(t, q.dsn)
-	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "limited", "agg-0", "Sized", `{"seq": 0}`) })
-	consumeN(t, []string{q.topic}, 1, time.Minute, 0)
-	lowerLimit(t, q.topic, lowered)
+	p, conn := q.start(t)
 	if _, err := conn.Exec(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'limited', 'agg-1', 'Sized', CASE WHEN i = 1 THEN jsonb_build_object('seq', i, 'blob', repeat('x', $1::int))
 			ELSE jsonb_build_object('seq', i) END
