@@ -151,8 +151,12 @@ func (s *Sink) ensureStateTopic(ctx context.Context) error {
 	if !errors.Is(err, kerr.UnknownTopicOrPartition) {
 		return fmt.Errorf("describe quarantine topic %s: %w", name, err)
 	}
-	policy := "compact"
-	_, err = s.adm.CreateTopic(ctx, s.partitions, s.replication, map[string]*string{"cleanup.policy": &policy}, name)
+	// Tombstones kept for ever: a start reads the topic up to the last
+	// offset listed, which would never come if a tombstone there were
+	// cleaned away. One record per key ever quarantined is small.
+	policy, keep := "compact", "9223372036854775807"
+	_, err = s.adm.CreateTopic(ctx, s.partitions, s.replication,
+		map[string]*string{"cleanup.policy": &policy, "delete.retention.ms": &keep}, name)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("create quarantine topic %s: %w", name, err)
 	}

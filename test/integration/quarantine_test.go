@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
@@ -307,4 +308,20 @@ func TestRedriveSurvivesConnectorKill(t *testing.T) {
 	}
 	t.Logf("%d records republished before the kill, %d on the topic in all", during, len(onTopic)-1)
 	stopClean(t, p)
+}
+
+// TestQuarantineTopicMustBeCompacted: an existing quarantine topic that is
+// not compacted would lose quarantines: the connector refuses to start and
+// says how to fix it.
+func TestQuarantineTopicMustBeCompacted(t *testing.T) {
+	q := newQuarantineSetup(t, "qnotcompact")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := newAdmin(t).CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": kadm.StringPtr("delete")}, q.state); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runBinary(t, time.Minute, nil, "run", "--config", q.cfgPath)
+	if code != 1 || !strings.Contains(out, "cleanup.policy delete") || !strings.Contains(out, "cleanup.policy=compact") {
+		t.Fatalf("exit %d, want 1 naming the policy and the fix:\n%s", code, out)
+	}
 }
