@@ -350,7 +350,10 @@ type StateClient struct {
 // NewStateClient connects to cfg's cluster for cfg.QuarantineTopic and the
 // keys of cfg.QuarantineSource.
 func NewStateClient(cfg Config) (*StateClient, error) {
+	// The sink's partitioner: a request lands in its key's partition, where
+	// the connector's answer follows it.
 	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID),
+		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
 		kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil))}, cfg.Opts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

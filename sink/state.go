@@ -155,7 +155,8 @@ func (s *Sink) ensureStateTopic(ctx context.Context) error {
 	// offset listed, which would never come if a tombstone there were
 	// cleaned away. One record per key ever quarantined is small.
 	policy, keep := "compact", "9223372036854775807"
-	_, err = s.adm.CreateTopic(ctx, s.partitions, s.replication,
+	// One partition: a handful of records, each key's in one order.
+	_, err = s.adm.CreateTopic(ctx, 1, s.replication,
 		map[string]*string{"cleanup.policy": &policy, "delete.retention.ms": &keep}, name)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("create quarantine topic %s: %w", name, err)
