@@ -169,7 +169,7 @@ func (p *Pipeline) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s, err := sink.New(p.cfg.Sink, p.log)
+	s, err := p.openSink(ctx)
 	if err != nil {
 		pl.close(ctx)
 		return err

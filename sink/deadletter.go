@@ -106,8 +106,11 @@ func (s *Sink) missingDeadLetter(t *topicState, r *record) {
 	s.mu.Lock()
 	diverted := s.divert(r) // an earlier record of its key was dead-lettered
 	s.mu.Unlock()
-	if diverted {
+	switch diverted {
+	case divertParked:
 		_ = s.submit(r, false)
+		return
+	case divertHeld:
 		return
 	}
 	s.deadLetter(r, fmt.Sprintf("topic %s did not exist for %v (kafka.unknown_topic_timeout): %v",

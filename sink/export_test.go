@@ -23,7 +23,16 @@ func (s *Sink) Quarantined() []Quarantine {
 	defer s.mu.Unlock()
 	out := make([]Quarantine, 0, len(s.quarantined))
 	for _, q := range s.quarantined {
-		out = append(out, *q)
+		out = append(out, q.Quarantine)
 	}
 	return out
+}
+
+// Holding reports whether key's new records wait: its quarantine is being
+// saved or redriven.
+func (s *Sink) Holding(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.quarantined[key]
+	return q != nil && q.holding
 }

@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -50,10 +51,23 @@ func byKey(recs []*kgo.Record) map[string][]string {
 // goes to the parking topic in order, and the other aggregates reach their
 // topic complete and in order.
 func TestQuarantineParksLaterEventsInOrder(t *testing.T) {
+	t.Run("in memory", func(t *testing.T) {
+		ctx := testCtx(t)
+		c := newCluster(t, kfake.SeedTopics(3, parking))
+		s, _ := newSinkTuned(t, c, nil, quarantineMode)
+		parksLaterEventsInOrder(ctx, t, c, s)
+	})
+	// The key's records wait while the quarantine is saved, some of them
+	// in the topic's repair: they are parked in order all the same.
+	t.Run("saved", func(t *testing.T) {
+		ctx := testCtx(t)
+		c := newCluster(t, kfake.SeedTopics(3, parking))
+		parksLaterEventsInOrder(ctx, t, c, startSaved(ctx, t, c, nil))
+	})
+}
+
+func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster, s *sink.Sink) {
 	const n, poison, keys = 400, 201, 4 // poison is k1's 51st record
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
-	s, _ := newSinkTuned(t, c, nil, quarantineMode)
 	names := topicNames(ctx, t, s, topic, dlq, parking)
 	release, _, most := refusePoison(ctx, c, names)
 	res := newResults(n)

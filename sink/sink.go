@@ -66,6 +66,18 @@ type Config struct {
 	ParkingTopic string
 	// MaxQuarantined bounds the quarantined keys; 0 means 10000.
 	MaxQuarantined int
+	// QuarantineTopic, with ParkingTopic, saves quarantines on this
+	// compacted topic under QuarantineSource's keys and carries out
+	// redrive requests (state.go, redrive.go); "" keeps them in memory.
+	QuarantineTopic  string
+	QuarantineSource string
+	// Redrives, when set, is told each redrive's result (RedriveDone, …;
+	// "" when the set changed otherwise) and how many keys are quarantined.
+	Redrives func(result string, quarantined int)
+	// Owner, when set, says whether this process may carry out redrive
+	// requests now: only the one streaming from the slot writes the keys'
+	// events (an active-standby pair shares the state topic's keys).
+	Owner func() bool
 	// Opts are extra client options (TLS, SASL, test hooks).
 	Opts []kgo.Opt
 }
@@ -135,7 +147,11 @@ type Sink struct {
 
 	parking        string // "" in dlq.mode skip
 	maxQuarantined int
-	quarantined    map[string]*Quarantine // by key
+	quarantined    map[string]*quarantined // by key
+	state          *stateTopic             // nil: quarantines are not saved (state.go)
+
+	connOpts []kgo.Opt            // cluster and security, for the sink's consumers
+	codec    kgo.CompressionCodec // kafka.compression, for the redrive's producer
 
 	outstanding atomic.Int64 // records accepted whose Done has not run
 	once        sync.Once
@@ -152,10 +168,16 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor,
 		unknownTimeout: cfg.UnknownTopicTimeout, maxHeld: cfg.MaxBufferedRecords, maxHeldBytes: cfg.MaxBufferedBytes,
 		topics: make(map[string]*topicState), space: make(chan struct{}),
-		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*Quarantine)}
+		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*quarantined)}
 	if s.maxQuarantined <= 0 {
 		s.maxQuarantined = defaultMaxQuarantined
 	}
+	if cfg.QuarantineTopic != "" && s.parking != "" {
+		s.state = &stateTopic{name: cfg.QuarantineTopic, source: cfg.QuarantineSource, onRedrive: cfg.Redrives,
+			owner: cfg.Owner, pending: map[string]*QuarantineRecord{}}
+	}
+	s.connOpts = append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID)}, cfg.Opts...)
+	s.codec = codec
 	if s.partitions == 0 {
 		s.partitions = -1
 	}
@@ -285,6 +307,10 @@ type record struct {
 	orig   string // topic it was meant for ("" for the router's dead letters)
 	level  int    // dead-letter copy: 0 whole, 1 without payload, 2 minimal
 
+	starts *quarantined // the quarantine this dead letter started: its outcome waits until it is saved
+	pq     *quarantined // the quarantine it is parked for
+	pass   int          // passNormal, or how divert lets a released record pass
+
 	finished atomic.Bool
 }
 
@@ -340,6 +366,9 @@ func (r *record) finish(o Outcome) {
 		r.sink.log.Error("sink: a record's outcome was reported twice; ignoring the second", "topic", r.Topic, "outcome", fmt.Sprint(o))
 		return
 	}
+	if r.pq != nil {
+		r.pq.inflight.Add(-1)
+	}
 	r.done.Delivered(o)
 	r.sink.outstanding.Add(-1) // after Delivered: Flush returns only once outcomes are in
 }
@@ -363,8 +392,12 @@ func (s *Sink) submit(r *record, fromProduce bool) error {
 		if t.ready {
 			// Only a ready topic: one being repaired may still hold records
 			// of the key ahead of r; handOver diverts r after them.
-			if s.divert(r) {
+			switch s.divert(r) {
+			case divertParked:
 				continue
+			case divertHeld:
+				s.mu.Unlock()
+				return nil
 			}
 			if t.overLimit(r) {
 				s.mu.Unlock()
@@ -419,9 +452,13 @@ func (s *Sink) handOver(t *topicState, r *record, how int) {
 		s.mu.Unlock()
 		return
 	}
-	if s.divert(r) { // nothing of its key is left ahead of it in t
+	switch s.divert(r) { // nothing of its key is left ahead of it in t
+	case divertParked:
 		s.mu.Unlock()
 		_ = s.submit(r, false)
+		return
+	case divertHeld:
+		s.mu.Unlock()
 		return
 	}
 	if t.overLimit(r) {
@@ -485,7 +522,10 @@ func (s *Sink) settle(r *record, err error) {
 		s.log.Error("kafka: a record was written before records refused ahead of it were sent again: their order in this partition is broken",
 			"topic", tp, "partition", part, "offset", offset)
 	}
-	if o != nil {
+	switch {
+	case o != nil && o.Err == nil && r.starts != nil:
+		s.saveQuarantine(r, *o) // the outcome waits until the quarantine is saved
+	case o != nil:
 		r.finish(*o)
 	}
 }
@@ -538,6 +578,10 @@ func (s *Sink) Close() {
 		for _, t := range s.topics {
 			left = append(append(left, t.held...), t.retry...)
 			t.held, t.retry = nil, nil
+		}
+		for _, q := range s.quarantined {
+			left = append(left, q.held...)
+			q.held = nil
 		}
 		s.mu.Unlock()
 		for _, r := range left {

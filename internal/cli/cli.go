@@ -40,6 +40,10 @@ commands:
   verify   --config FILE --since TIME [--until TIME] [--margin D] [--repair] [--json]
                            compare the outbox rows of a time range with Kafka; with
                            --repair, republish the missing ones
+  redrive  --config FILE --list [--json] | --aggregate KEY [--skip] [--wait D]
+                           list the quarantined aggregates (dlq.mode quarantine), or have the
+                           running connector republish an aggregate's dead letter (not with
+                           --skip) and parked events to their topics, in order, and lift it
   from-debezium FILE.properties
                            print the outbox-cdc YAML for a Debezium outbox connector config
   version                  print the version
@@ -65,7 +69,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	case "version", "--version":
 		fmt.Fprintf(stdout, "outbox-cdc %s\n", Version)
 		return ExitOK
-	case "run", "check", "status", "replay", "verify":
+	case "run", "check", "status", "replay", "verify", "redrive":
 	case "from-debezium":
 		return runFromDebezium(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
@@ -82,6 +86,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	var ro replayOpts
 	var so statusOpts
 	var vo verifyOpts
+	var rdo redriveOpts
 	switch args[0] {
 	case "replay":
 		fs.Var(&ro.from, "from-lsn", "first LSN to replay (required)")
@@ -92,6 +97,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		fs.Var(&so.lsn, "lsn", "report whether the replay window covers this LSN")
 	case "verify":
 		vo.register(fs)
+	case "redrive":
+		rdo.register(fs)
 	}
 	if err := fs.Parse(args[1:]); err != nil {
 		return ExitUsage
@@ -103,6 +110,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 	if args[0] == "verify" {
 		if p := vo.problem(); p != "" {
 			fmt.Fprintf(stderr, "outbox-cdc verify: %s\n", p)
+			return ExitUsage
+		}
+	}
+	if args[0] == "redrive" {
+		if p := rdo.problem(); p != "" {
+			fmt.Fprintf(stderr, "outbox-cdc redrive: %s\n", p)
 			return ExitUsage
 		}
 	}
@@ -138,6 +151,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		return replay(ctx, pc, ro, log, stdout, stderr)
 	case "verify":
 		return verifyCmd(ctx, pc, vo, log, stdout, stderr)
+	case "redrive":
+		return redrive(ctx, cfg, pc, rdo, stdout, stderr)
 	}
 	return run(ctx, cfg, pc, log, stderr)
 }
@@ -253,7 +268,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 			Linger: cfg.Kafka.ProducerLinger, RequestTimeout: cfg.Kafka.RequestTimeout, Compression: cfg.Kafka.Compression,
 			AutoCreateTopics: cfg.Kafka.AutoCreateTopics, TopicPartitions: int32(cfg.Kafka.TopicPartitions),
 			TopicReplicationFactor: int16(cfg.Kafka.TopicReplicationFactor), UnknownTopicTimeout: cfg.Kafka.UnknownTopicTimeout,
-			ParkingTopic: cfg.ParkingTopic(), MaxQuarantined: cfg.DLQ.MaxQuarantined,
+			ParkingTopic: cfg.ParkingTopic(), MaxQuarantined: cfg.DLQ.MaxQuarantined, QuarantineTopic: cfg.QuarantineTopic(),
 			Opts: kafkaOpts,
 		},
 		DrainTimeout:    cfg.Kafka.DrainTimeout,

@@ -241,18 +241,25 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []veri
 	}
 	c.Seal()
 
-	// The dead-letter topic always: rows the sink dead-lettered (a topic
-	// that refused them) were handled, not lost.
+	// The dead-letter topic always, and the parking topic in dlq.mode
+	// quarantine: rows the sink dead-lettered (a topic that refused them)
+	// or parked (their aggregate is quarantined) were handled, not lost;
+	// republishing a parked row would overtake its dead letter.
 	rep.Topics = c.Topics()
-	dlq := pc.Routes.DLQTopic
-	topics := rep.Topics
-	if !slices.Contains(topics, dlq) {
-		topics = append(append([]string{}, topics...), dlq)
+	side := []string{pc.Routes.DLQTopic}
+	if p := pc.Sink.ParkingTopic; p != "" {
+		side = append(side, p)
+	}
+	topics := slices.Clone(rep.Topics)
+	for _, t := range side {
+		if !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
 	}
 	pr.phase.Store("reading records")
 	st, err := sink.ReadRange(ctx, pc.Sink, topics, o.since.Add(-o.margin), func(r sink.ReadRecord) error {
 		c.AddRecord(verify.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
-			ID: r.ID, HasID: r.HasID, DeadLetter: r.Topic == dlq})
+			ID: r.ID, HasID: r.HasID, DeadLetter: slices.Contains(side, r.Topic)})
 		pr.records.Add(1)
 		return nil
 	})
@@ -260,7 +267,7 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []veri
 		return nil, fmt.Errorf("read kafka: %w", err)
 	}
 	for _, t := range st.MissingTopics {
-		if t != dlq {
+		if !slices.Contains(side, t) {
 			rep.MissingTopics = append(rep.MissingTopics, t)
 		}
 	}
@@ -368,7 +375,7 @@ func printVerify(w io.Writer, r *VerifyReport) {
 		fmt.Fprintf(w, "missing topics  %s\n", strings.Join(r.MissingTopics, ", "))
 	}
 	fmt.Fprintf(w, "records read    %d (%d outside the range, %d without id)\n", r.RecordsRead, r.Outside, r.WithoutID)
-	fmt.Fprintf(w, "found           %d (%d in the dead-letter topic)\n", r.Found, r.DeadLettered)
+	fmt.Fprintf(w, "found           %d (%d in the dead-letter or parking topic)\n", r.Found, r.DeadLettered)
 	for _, f := range []struct {
 		name string
 		f    verify.Finding

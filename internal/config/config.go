@@ -149,6 +149,9 @@ type Kafka struct {
 	// cloudevents-* ones.
 	Format      string           `koanf:"format"`
 	CloudEvents KafkaCloudEvents `koanf:"cloudevents"`
+
+	// QuarantineTopic is compacted: the quarantined set (dlq.mode quarantine).
+	QuarantineTopic string `koanf:"quarantine_topic"`
 }
 
 // KafkaCloudEvents configures the CloudEvents record formats (router.CloudEvents).
@@ -241,12 +244,13 @@ func Default() Config {
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
 			UnknownTopicTimeout: 2 * time.Minute, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
 			Format: router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
+			QuarantineTopic: "outbox.quarantine",
 		},
 		HTTP:       HTTP{Listen: "127.0.0.1:9187"},
 		Log:        Log{Level: "info", Format: "text"},
 		Checkpoint: Checkpoint{Store: "table", Table: "outbox_cdc.checkpoints"},
 		Snapshot:   Snapshot{Mode: "none"},
-		DLQ:        DLQ{Mode: DLQSkip, MaxQuarantined: 10000},
+		DLQ:        DLQ{Mode: DLQQuarantine, MaxQuarantined: 10000},
 	}
 }
 
@@ -293,10 +297,6 @@ func (c *Config) Warnings() []FieldError {
 	if s.Mechanism == sink.MechanismOAuthBearer && !t.Enabled {
 		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
 			Problem: "OAUTHBEARER without TLS sends the bearer token in clear text; set kafka.tls.enabled: true"})
-	}
-	if c.DLQ.Mode == DLQQuarantine {
-		out = append(out, FieldError{Key: "dlq.mode",
-			Problem: "quarantine is not yet saved with the checkpoint: after a restart or failover the quarantined aggregates flow again and there is no redrive (docs/architecture.md, \"Ordering in the failure path\")"})
 	}
 	return out
 }

@@ -147,6 +147,8 @@ func TestDefaults(t *testing.T) {
 		{"kafka.topic_partitions", cfg.Kafka.TopicPartitions, -1},
 		{"kafka.topic_replication_factor", cfg.Kafka.TopicReplicationFactor, -1},
 		{"kafka.unknown_topic_timeout", cfg.Kafka.UnknownTopicTimeout, 2 * time.Minute},
+		{"kafka.quarantine_topic", cfg.Kafka.QuarantineTopic, "outbox.quarantine"},
+		{"dlq.mode", cfg.DLQ.Mode, "quarantine"},
 		{"http.listen", cfg.HTTP.Listen, "127.0.0.1:9187"},
 		{"log.level", cfg.Log.Level, "info"},
 		{"log.format", cfg.Log.Format, "text"},
@@ -533,6 +535,10 @@ func TestValidate(t *testing.T) {
 			c.Kafka.Topics = map[string]string{"order": "outbox.parking"}
 		}, "kafka.parking_topic", `same as kafka.topics["order"]`},
 		{"parking produced by template", func(c *Config) { c.DLQ.Mode = DLQQuarantine; c.Kafka.ParkingTopic = "outbox.event.parked" }, "kafka.parking_topic", `aggregate_type "parked"`},
+		{"quarantine topic is the dlq", func(c *Config) { c.Kafka.QuarantineTopic = "outbox.dlq" }, "kafka.quarantine_topic", "same as kafka.dlq_topic"},
+		{"quarantine topic is parking", func(c *Config) { c.Kafka.QuarantineTopic = "outbox.parking" }, "kafka.quarantine_topic", "same as kafka.parking_topic"},
+		{"quarantine topic illegal", func(c *Config) { c.Kafka.QuarantineTopic = "q!" }, "kafka.quarantine_topic", "letters, digits"},
+		{"quarantine topic produced by template", func(c *Config) { c.Kafka.QuarantineTopic = "outbox.event.q" }, "kafka.quarantine_topic", `aggregate_type "q"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -564,7 +570,8 @@ func TestValidate(t *testing.T) {
 			func(c *Config) { c.HTTP.Listen = ":0" },
 			func(c *Config) { c.HTTP.Listen = "[::]:9187" },
 			func(c *Config) { c.DLQ.Mode = DLQQuarantine },
-			func(c *Config) { c.Kafka.ParkingTopic = "outbox.dlq" }, // unused in skip mode
+			func(c *Config) { c.DLQ.Mode = DLQSkip; c.Kafka.ParkingTopic = "outbox.dlq" }, // unused in skip mode
+			func(c *Config) { c.DLQ.Mode = DLQSkip; c.Kafka.QuarantineTopic = "outbox.parking" },
 		} {
 			c := withRequired()
 			mutate(&c)

@@ -35,6 +35,14 @@ func (c *Config) ParkingTopic() string {
 	return c.Kafka.ParkingTopic
 }
 
+// QuarantineTopic is kafka.quarantine_topic in quarantine mode, "" in skip mode.
+func (c *Config) QuarantineTopic() string {
+	if c.DLQ.Mode != DLQQuarantine {
+		return ""
+	}
+	return c.Kafka.QuarantineTopic
+}
+
 func (v *validator) dlq(d DLQ, k Kafka) {
 	v.oneOf("dlq.mode", d.Mode, []string{DLQSkip, DLQQuarantine})
 	if d.MaxQuarantined < 1 || d.MaxQuarantined > maxQuarantinedLimit {
@@ -44,16 +52,26 @@ func (v *validator) dlq(d DLQ, k Kafka) {
 	if d.Mode != DLQQuarantine {
 		return
 	}
-	// The parking topic must be as unreachable for events as the
-	// dead-letter topic: router.Config.Check says so for its DLQTopic.
-	if k.ParkingTopic == k.DLQTopic {
-		v.add("kafka.parking_topic", k.ParkingTopic, "same as kafka.dlq_topic", "choose a parking topic of its own, such as outbox.parking")
+	v.sideTopic(k, "kafka.parking_topic", k.ParkingTopic, "outbox.parking")
+	if k.QuarantineTopic == k.ParkingTopic {
+		v.add("kafka.quarantine_topic", k.QuarantineTopic, "same as kafka.parking_topic", "choose a quarantine topic of its own, such as outbox.quarantine")
 		return
 	}
-	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: k.ParkingTopic,
+	v.sideTopic(k, "kafka.quarantine_topic", k.QuarantineTopic, "outbox.quarantine")
+}
+
+// sideTopic checks that topic, the value of key, is as unreachable for
+// events as the dead-letter topic: router.Config.Check says so for its
+// DLQTopic.
+func (v *validator) sideTopic(k Kafka, key, topic, example string) {
+	if topic == k.DLQTopic {
+		v.add(key, topic, "same as kafka.dlq_topic", "choose a topic of its own, such as "+example)
+		return
+	}
+	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: topic,
 		TopicRegex: k.TopicRegex, TopicReplacement: k.TopicReplacement}).Check() {
 		if p.Key == "kafka.dlq_topic" {
-			v.add("kafka.parking_topic", p.Value, p.Reason, "choose a parking topic no event can be published to")
+			v.add(key, p.Value, p.Reason, "choose a topic no event can be published to")
 		}
 	}
 }

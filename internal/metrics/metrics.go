@@ -24,6 +24,7 @@ type Metrics struct {
 	DeadLettered *prometheus.CounterVec
 	Parked       *prometheus.CounterVec // dlq.mode quarantine
 	Quarantined  prometheus.Gauge
+	Redrives     *prometheus.CounterVec // by result: redriven, skipped, failed
 	ConfirmedLSN prometheus.Gauge
 	ReceivedLSN  prometheus.Gauge
 	LagBytes     prometheus.Gauge // written by the slot monitor only (replication.SlotInfo.LagBytes)
@@ -81,6 +82,8 @@ func New() *Metrics {
 			Help: "Outbox events of quarantined aggregates acknowledged on the parking topic, by outbox table."}, []string{TableLabel}),
 		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "quarantined_aggregates",
 			Help: "Aggregates quarantined after a dead letter: their later events are parked."}),
+		Redrives: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "redrives_total",
+			Help: "Quarantines the connector lifted (redriven, skipped) or failed to lift (failed) on an outbox-cdc redrive request."}, []string{"result"}),
 		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "confirmed_lsn",
 			Help: "Last LSN confirmed (flushed) to PostgreSQL, as a number."}),
 		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "received_lsn",
@@ -128,7 +131,7 @@ func New() *Metrics {
 		}
 		return time.Since(last).Seconds()
 	})
-	m.Registry.MustRegister(m.Parked, m.Quarantined)
+	m.Registry.MustRegister(m.Parked, m.Quarantined, m.Redrives)
 	m.Registry.MustRegister(m.Published, m.DeadLettered, m.ConfirmedLSN, m.ReceivedLSN, m.LagBytes, m.InFlight,
 		m.CommitToAck, m.Connected, m.Reconnects, m.Transactions,
 		m.RetainedWAL, m.SlotWALStatus, m.SlotFailoverReady, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.BackfilledEvents, m.FatalErrors, sinceLast,

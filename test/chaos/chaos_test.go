@@ -242,9 +242,9 @@ func TestChaos(t *testing.T) {
 	var obsWG sync.WaitGroup
 	defer func() { stopObs(); obsWG.Wait() }()
 	ready := make(chan error, 1)
-	// The live consumer reads the dead-letter topic too: the events
-	// ops-oversize writes end there.
-	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.dlq), ready) })
+	// The live consumer reads the dead-letter and parking topics too: the
+	// events ops-oversize writes end there.
+	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.dlq, r.parkingTopic()), ready) })
 	if err := <-ready; err != nil {
 		t.Fatalf("live consumer: %v", err)
 	}
@@ -393,7 +393,7 @@ func (r *run) setup(ctx context.Context) {
 		topics []string
 		parts  int32
 		cfg    map[string]*string
-	}{{r.topics, 3, cfg}, {[]string{r.dlq}, 1, cfg}, {[]string{r.bigTopic}, 1, map[string]*string{
+	}{{r.topics, 3, cfg}, {[]string{r.dlq}, 1, cfg}, {[]string{r.parkingTopic()}, 1, cfg}, {[]string{r.bigTopic}, 1, map[string]*string{
 		"message.timestamp.type": kadm.StringPtr("LogAppendTime"),
 		"max.message.bytes":      kadm.StringPtr(strconv.Itoa(bigTopicMaxBytes)),
 	}}} {
@@ -437,6 +437,8 @@ func (r *run) setup(ctx context.Context) {
   brokers: [%q]
   topic: %q
   dlq_topic: %q
+  parking_topic: %q
+  quarantine_topic: %q
   request_timeout: 5s
   # Small enough that a Kafka outage of a few seconds fills the producer
   # buffer and exercises backpressure (the stream stops reading WAL).
@@ -445,7 +447,7 @@ http:
   listen: "127.0.0.1:%d"
 log:
   level: info
-`, proxiedDSN, slot, slot, outboxSection(r.prefix), env.brokerProxy.Addr(), r.prefix+".{aggregate_type}", r.dlq, httpPort)
+`, proxiedDSN, slot, slot, outboxSection(r.prefix), env.brokerProxy.Addr(), r.prefix+".{aggregate_type}", r.dlq, r.parkingTopic(), r.quarantineTopic(), httpPort)
 	cfgPath := filepath.Join(dir, "outbox-cdc.yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)

@@ -137,6 +137,11 @@ type Report struct {
 
 	Faults       []faultJSON `json:"faults"`
 	Incarnations []incJSON   `json:"connector_processes"`
+
+	// Parked copies (dlq.mode quarantine) and violations of the per-key
+	// order across the topic, the dead-letter and the parking topics.
+	Parked               int `json:"parked"`
+	QuarantineViolations int `json:"quarantine_order_violations"`
 }
 
 type recovery struct {
@@ -297,6 +302,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	if rep.UnexpectedRecords > 5 {
 		fail("%d unexpected records in all", rep.UnexpectedRecords)
 	}
+	r.checkParking(rctx, rep, recs, dlq, byID, copies, fail)
 	checkLoss(rep, events, copies, fail)
 
 	r.noteBackfills(rep)

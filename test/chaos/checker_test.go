@@ -376,3 +376,56 @@ func TestExpectExit(t *testing.T) {
 		}
 	})
 }
+
+// TestQuarantineViolations: the per-key order across the event, dead-letter
+// and parking topics in dlq.mode quarantine.
+func TestQuarantineViolations(t *testing.T) {
+	c := func(topic, key string, seq int) copyRec { return copyRec{Topic: topic, Key: key, Seq: seq} }
+	on := func(seqs ...int) []copyRec {
+		var out []copyRec
+		for _, s := range seqs {
+			out = append(out, c("p.big", "big", s))
+		}
+		return out
+	}
+	parked := func(seqs ...int) []copyRec {
+		var out []copyRec
+		for _, s := range seqs {
+			out = append(out, c("p.parking", "big", s))
+		}
+		return out
+	}
+	dead := func(seqs ...int) []copyRec {
+		var out []copyRec
+		for _, s := range seqs {
+			out = append(out, c("p.dlq", "big", s))
+		}
+		return out
+	}
+	tests := []struct {
+		name              string
+		recs, dlq, parked []copyRec
+		want              string // in the one violation; "" for none
+	}{
+		{"quarantined in order", on(1, 2), dead(3), parked(4, 5, 6), ""},
+		{"replays allowed", on(1, 2, 1), dead(3, 3), parked(3, 4, 5, 4, 6), ""},
+		{"other keys untouched", append(on(1), c("p.order", "a", 7)), dead(2), parked(3), ""},
+		{"nothing dead-lettered, nothing parked", on(1, 2, 3), nil, nil, ""},
+		{"overtook on the topic", on(1, 4), dead(3), parked(5), "big seq 4 on p.big/0@0 overtook its dead-lettered seq 3"},
+		{"later one dead-lettered", on(1), dead(2, 4), parked(3), "big seq 4 dead-lettered after its quarantine began at seq 2"},
+		{"parked out of order", on(1), dead(2), parked(3, 5, 4), "big seq 4 parked (p.parking/0@0) after seq 5"},
+		{"parked before the dead letter", nil, dead(2), parked(1, 3), "big seq 1 parked (p.parking/0@0), before its dead-lettered seq 2"},
+		{"parked without a dead letter", on(1), nil, parked(2), "big seq 2 parked (p.parking/0@0) but nothing of the key was dead-lettered"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := quarantineViolations(tt.recs, tt.dlq, tt.parked)
+			switch {
+			case tt.want == "" && len(got) != 0:
+				t.Errorf("violations %q, want none", got)
+			case tt.want != "" && (len(got) != 1 || !strings.Contains(got[0], tt.want)):
+				t.Errorf("violations %q, want one with %q", got, tt.want)
+			}
+		})
+	}
+}

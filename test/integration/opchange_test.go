@@ -270,7 +270,7 @@ func TestPartitionedOutbox(t *testing.T) {
 func TestSchemaProblemsBlock(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
-	cfgPath := writeConfig(t, yamlFor(t, dsn, "schemablock", "outbox: {header_columns: [tenant]}\n"))
+	cfgPath := writeConfig(t, yamlFor(t, dsn, "schemablock", "outbox: {header_columns: [tenant]}\ndlq: {mode: skip}\n"))
 	conn := pgConnect(t, dsn)
 	ins := func(seq int, withTenant bool) {
 		cols, vals := "aggregate_type, aggregate_id, event_type, payload", fmt.Sprintf(`'sb', 'k', 'E', '{"seq": %d}'`, seq)

@@ -1,0 +1,454 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+)
+
+// A redrive is carried out by the connector, the only writer of the key's
+// events, so that lifting a quarantine races with nothing: outbox-cdc
+// redrive writes a request on the state topic, redriveLoop carries it out
+// and answers with a tombstone or a failure record.
+
+// Redrive results, as outbox_cdc_redrives_total counts them.
+const (
+	RedriveDone    = "redriven"
+	RedriveSkipped = "skipped"
+	RedriveFailed  = "failed"
+)
+
+// redriveLoop follows the state topic until Close: it carries out the
+// requests (pending ones first) while this process owns the slot, and
+// follows what another process of the slot (an active-standby peer) saves
+// and lifts.
+func (s *Sink) redriveLoop() {
+	st := s.state
+	defer st.cons.Close()
+	prefix := st.source + "/"
+	for {
+		if st.owns() {
+			keys := slices.Sorted(maps.Keys(st.pending))
+			for _, k := range keys {
+				if !st.owns() {
+					break
+				}
+				req := st.pending[k]
+				delete(st.pending, k)
+				s.redrive(req)
+			}
+		}
+		// A bound on the poll, to look at ownership again.
+		pctx, cancel := context.WithTimeout(s.ctx, time.Second)
+		fs := st.cons.PollFetches(pctx)
+		cancel()
+		if s.ctx.Err() != nil {
+			return
+		}
+		if err := fetchErr(fs); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			s.log.Error("reading the quarantine topic", "topic", st.name, "err", err)
+			if !s.sleep(time.Second) {
+				return
+			}
+			continue
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if key, ok := strings.CutPrefix(string(r.Key), prefix); ok {
+				s.follow(key, r)
+			}
+		})
+	}
+}
+
+// follow takes in a state record of this source: a request to carry out,
+// or a quarantine another process of the slot saved or lifted.
+func (s *Sink) follow(key string, r *kgo.Record) {
+	st := s.state
+	if r.Value == nil {
+		delete(st.pending, key)
+		s.mu.Lock()
+		q := s.quarantined[key]
+		lifted := q != nil && q.state != nil && !q.holding && r.Offset > q.stateAt
+		if lifted {
+			delete(s.quarantined, key)
+		}
+		n := len(s.quarantined)
+		s.mu.Unlock()
+		if lifted && st.onRedrive != nil {
+			st.onRedrive("", n)
+		}
+		return
+	}
+	var rec QuarantineRecord
+	if json.Unmarshal(r.Value, &rec) != nil {
+		return
+	}
+	rec.Key = key
+	s.mu.Lock()
+	added := s.quarantined[key] == nil
+	if added {
+		s.quarantined[key] = &quarantined{Quarantine: rec.Quarantine, state: &rec, stateAt: r.Offset}
+	}
+	n := len(s.quarantined)
+	s.mu.Unlock()
+	if added && st.onRedrive != nil {
+		st.onRedrive("", n)
+	}
+	if rec.Request() {
+		st.pending[key] = &rec
+	} else {
+		delete(st.pending, key)
+	}
+}
+
+// redrive lifts the quarantine of key as its last state record asks: it
+// holds the key's new records, waits for its parked records in flight,
+// republishes the dead letter (unless skipped) and the parked records in
+// their order to their topics, writes the tombstone and releases the held
+// records to their topics. A failure leaves the quarantine in place, with a
+// failure record. A stop in between leaves the request for the next start.
+func (s *Sink) redrive(req *QuarantineRecord) {
+	key := req.Key
+	s.mu.Lock()
+	q := s.quarantined[key]
+	if q == nil || q.state == nil {
+		s.mu.Unlock()
+		if q == nil { // lifted already (a repeated request): say so again
+			if _, err := s.writeState(s.ctx, key, nil); err != nil && s.ctx.Err() == nil {
+				s.log.Error("redrive: answering a request for an aggregate that is not quarantined", "aggregate", key, "err", err)
+			}
+		}
+		return
+	}
+	q.holding = true
+	rec := *q.state // where the quarantine's records are, as this connector saved it
+	s.mu.Unlock()
+	skip := req.State == StateSkip
+	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", rec.FirstID, "skip_dead_letter", skip)
+	for q.inflight.Load() > 0 { // parked records before the hold must be on the parking topic
+		if !s.sleep(10 * time.Millisecond) {
+			return
+		}
+	}
+	n, err := s.republish(s.ctx, &rec, skip)
+	if s.ctx.Err() != nil {
+		return // the request stays: the next start carries it out again
+	}
+	if err != nil {
+		s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", key, "err", err)
+		rec.State, rec.Failure = StateFailed, err.Error()
+		if at, werr := s.writeState(s.ctx, key, &rec); werr != nil {
+			s.log.Error("redrive: saving the failure", "aggregate", key, "err", werr)
+		} else {
+			s.mu.Lock()
+			q.state, q.stateAt = &rec, at
+			s.mu.Unlock()
+		}
+		s.release(q, passPark, false)
+		s.countRedrive(RedriveFailed)
+		return
+	}
+	if !s.state.owns() { // another process may be parking the key's events now
+		s.log.Warn("redrive: the connector lost the slot; the request stays for the one streaming", "aggregate", key)
+		s.state.pending[key] = req
+		s.release(q, passPark, false)
+		return
+	}
+	if _, err := s.writeState(s.ctx, key, nil); err != nil {
+		if s.ctx.Err() == nil {
+			s.log.Error("redrive: lifting the quarantine; the request stays for the next start", "aggregate", key, "err", err)
+			s.release(q, passPark, false)
+		}
+		return
+	}
+	s.release(q, passRelease, true)
+	s.log.Info("redrive: quarantine lifted", "aggregate", key, "republished", n)
+	if skip {
+		s.countRedrive(RedriveSkipped)
+	} else {
+		s.countRedrive(RedriveDone)
+	}
+}
+
+func (s *Sink) countRedrive(result string) {
+	if f := s.state.onRedrive; f != nil {
+		s.mu.Lock()
+		n := len(s.quarantined)
+		s.mu.Unlock()
+		f(result, n)
+	}
+}
+
+// republish sends the dead letter (unless skip) and the quarantine's
+// parked records, first occurrence of each event id, to their topics, one
+// at a time: a refused one stops the redrive before anything overtakes it.
+func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) (int, error) {
+	seen := map[string]bool{rec.FirstID: true} // parked again after a restart: a duplicate
+	var out []*kgo.Record
+	if !skip {
+		dl, err := s.readDeadLetter(ctx, rec)
+		if err != nil {
+			return 0, err
+		}
+		out = append(out, dl)
+	}
+	parked, err := s.readParked(ctx, rec)
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range parked {
+		id := headerValue(r, wire.HeaderID)
+		if id != "" && seen[id] {
+			continue
+		}
+		seen[id] = true
+		out = append(out, r)
+	}
+	// A client of its own: the sink's caps each partition's batches at the
+	// limit it knew when it first produced there, which the operator may
+	// have raised since to make the redrive possible.
+	biggest := int32(defaultBatchMax)
+	for _, r := range out {
+		biggest = max(biggest, int32(min(batchSize(r)+4, 1<<30)))
+	}
+	cl, err := kgo.NewClient(s.consumerOpts(kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.ProducerBatchMaxBytes(biggest), kgo.ProducerBatchCompression(s.codec), kgo.RequiredAcks(kgo.AllISRAcks()))...)
+	if err != nil {
+		return 0, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	for i, r := range out {
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			return i, fmt.Errorf("republish event %s to %s: %w", headerValue(r, wire.HeaderID), r.Topic, err)
+		}
+	}
+	return len(out), nil
+}
+
+// readDeadLetter reads the quarantine's dead letter and restores the
+// event: its own topic, its headers without error and topic.
+func (s *Sink) readDeadLetter(ctx context.Context, rec *QuarantineRecord) (*kgo.Record, error) {
+	var dl *kgo.Record
+	err := readRange(ctx, s.consumerOpts, s.dlq, map[int32]int64{rec.DLQPartition: rec.DLQOffset},
+		map[int32]int64{rec.DLQPartition: rec.DLQOffset + 1}, func(r *kgo.Record) {
+			if r.Offset == rec.DLQOffset {
+				dl = r
+			}
+		})
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("read the dead letter at %s/%d@%d: %w", s.dlq, rec.DLQPartition, rec.DLQOffset, err)
+	case dl == nil || string(dl.Key) != rec.Key:
+		return nil, fmt.Errorf("the dead letter at %s/%d@%d is gone (retention?); redrive with --skip", s.dlq, rec.DLQPartition, rec.DLQOffset)
+	case headerValue(dl, wire.HeaderPayloadOmitted) != "":
+		return nil, fmt.Errorf("the dead letter at %s/%d@%d lost its payload (%s): publish event %s yourself, then redrive with --skip",
+			s.dlq, rec.DLQPartition, rec.DLQOffset, headerValue(dl, wire.HeaderPayloadOmitted), rec.FirstID)
+	}
+	topic := headerValue(dl, wire.HeaderTopic)
+	if topic == "" {
+		return nil, fmt.Errorf("event %s was dead-lettered by the router (%s), it has no topic to go to: fix the row's event and publish it yourself, then redrive with --skip",
+			rec.FirstID, rec.Reason)
+	}
+	return restored(dl, topic, wire.HeaderError), nil
+}
+
+// readParked reads the quarantine's parked records, from where the parking
+// partitions ended when it began to where they end now.
+func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord) ([]*kgo.Record, error) {
+	ends, err := s.adm.ListEndOffsets(ctx, s.parking)
+	if err != nil {
+		return nil, fmt.Errorf("end offsets of %s: %w", s.parking, err)
+	}
+	to := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			to[o.Partition] = o.Offset
+		}
+	})
+	var out []*kgo.Record
+	err = readRange(ctx, s.consumerOpts, s.parking, rec.ParkingStart, to, func(r *kgo.Record) {
+		if string(r.Key) == rec.Key && headerValue(r, HeaderQuarantine) == rec.FirstID {
+			out = append(out, restored(r, headerValue(r, wire.HeaderTopic), HeaderQuarantine))
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the parked records on %s: %w", s.parking, err)
+	}
+	return out, nil
+}
+
+// restored is the event r carries with first and topic (the headers the
+// sink put in front of it) removed, bound for topic.
+func restored(r *kgo.Record, topic, first string) *kgo.Record {
+	h := r.Headers
+	if len(h) >= 2 && h[0].Key == first && h[1].Key == wire.HeaderTopic {
+		h = h[2:]
+	}
+	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: h, Timestamp: r.Timestamp, Partition: -1}
+}
+
+// readRange reads topic's partitions from from[p] (0 when missing) up to
+// to[p], exclusive, calling fn in offset order for each partition.
+func readRange(ctx context.Context, opts func(...kgo.Opt) []kgo.Opt, topic string, from, to map[int32]int64, fn func(*kgo.Record)) error {
+	parts := map[int32]kgo.Offset{}
+	left := map[int32]int64{}
+	for p, end := range to {
+		if start := from[p]; start < end {
+			parts[p] = kgo.NewOffset().At(start)
+			left[p] = end
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	cl, err := kgo.NewClient(opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for len(left) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := fetchErr(fs); err != nil {
+			return err
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			end, ok := left[r.Partition]
+			if !ok || r.Offset >= end {
+				return
+			}
+			fn(r)
+			if r.Offset+1 >= end {
+				delete(left, r.Partition)
+			}
+		})
+	}
+	return nil
+}
+
+// StateClient reads and writes the quarantine state topic for the
+// command line (outbox-cdc redrive).
+type StateClient struct {
+	cl     *kgo.Client
+	adm    *kadm.Client
+	topic  string
+	source string
+}
+
+// NewStateClient connects to cfg's cluster for cfg.QuarantineTopic and the
+// keys of cfg.QuarantineSource.
+func NewStateClient(cfg Config) (*StateClient, error) {
+	// The sink's partitioner: a request lands in its key's partition, where
+	// the connector's answer follows it.
+	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID),
+		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil))}, cfg.Opts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return &StateClient{cl: cl, adm: kadm.NewClient(cl), topic: cfg.QuarantineTopic, source: cfg.QuarantineSource}, nil
+}
+
+// Close closes the client.
+func (c *StateClient) Close() { c.cl.Close() }
+
+// List returns this connector's quarantines as the state topic holds them.
+func (c *StateClient) List(ctx context.Context) (map[string]*QuarantineRecord, error) {
+	cons, err := kgo.NewClient(c.opts(kgo.ConsumeTopics(c.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cons.Close()
+	latest, err := readState(ctx, c.adm, cons, c.topic, c.source)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]*QuarantineRecord, len(latest))
+	for k, l := range latest {
+		out[k] = l.rec
+	}
+	return out, nil
+}
+
+func (c *StateClient) opts(extra ...kgo.Opt) []kgo.Opt {
+	return append(c.cl.Opts(), extra...)
+}
+
+// ErrNotQuarantined is a redrive of an aggregate that is not quarantined.
+var ErrNotQuarantined = errors.New("the aggregate is not quarantined")
+
+// Redrive asks the connector to lift agg's quarantine (skip: without
+// republishing the dead letter) and waits, until ctx ends, for its answer:
+// nil once lifted, the failure record's reason, or ctx's error while the
+// request is pending (it stays, for the connector to carry out).
+func (c *StateClient) Redrive(ctx context.Context, agg string, skip bool) error {
+	all, err := c.List(ctx)
+	if err != nil {
+		return err
+	}
+	rec, ok := all[agg]
+	if !ok {
+		return ErrNotQuarantined
+	}
+	now := time.Now().UTC()
+	rec.State, rec.Requested, rec.Failure = StateRedrive, &now, ""
+	if skip {
+		rec.State = StateSkip
+	}
+	key := c.source + "/" + agg
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	res := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Key: []byte(key), Value: v, Partition: -1})
+	req, err := res.First()
+	if err != nil {
+		return fmt.Errorf("write the request to %s: %w", c.topic, err)
+	}
+	cons, err := kgo.NewClient(c.opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
+		c.topic: {req.Partition: kgo.NewOffset().At(req.Offset + 1)}}))...)
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	defer cons.Close()
+	for {
+		fs := cons.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("no answer yet; the request stays pending: %w", err)
+		}
+		if err := fetchErr(fs); err != nil {
+			return fmt.Errorf("read %s: %w", c.topic, err)
+		}
+		var answer error
+		done := false
+		fs.EachRecord(func(r *kgo.Record) {
+			if done || string(r.Key) != key {
+				return
+			}
+			if r.Value == nil {
+				done = true
+				return
+			}
+			var got QuarantineRecord
+			if json.Unmarshal(r.Value, &got) == nil && got.State == StateFailed {
+				done, answer = true, errors.New(got.Failure)
+			}
+		})
+		if done {
+			return answer
+		}
+	}
+}

@@ -1,0 +1,334 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// The quarantine state topic (kafka.quarantine_topic) is compacted, keyed
+// by QuarantineSource + "/" + aggregate key. Its last record for a key is
+// the quarantine as saved (StateQuarantined), an operator's request, or a
+// failed redrive; a tombstone lifts it. The dead letter that starts a
+// quarantine gets its outcome only once the record is acknowledged, so
+// neither the slot nor the checkpoint passes an event whose quarantine
+// could be lost (docs/architecture.md, "Ordering in the failure path").
+
+// Quarantine states on the state topic.
+const (
+	StateQuarantined = "quarantined"
+	StateRedrive     = "redrive_requested"
+	StateSkip        = "skip_requested"
+	StateFailed      = "failed" // a redrive failed; the quarantine stays
+)
+
+// QuarantineRecord is a state topic record's value.
+type QuarantineRecord struct {
+	State string `json:"state"`
+	Quarantine
+	// Where the dead letter sits, and where each parking partition ended
+	// when the quarantine began: a redrive reads from there, never a whole
+	// topic.
+	DLQPartition int32           `json:"dlq_partition"`
+	DLQOffset    int64           `json:"dlq_offset"`
+	ParkingStart map[int32]int64 `json:"parking_start"`
+	Requested    *time.Time      `json:"requested,omitempty"`
+	Failure      string          `json:"failure,omitempty"`
+}
+
+// Request reports whether r asks for a redrive (or a skip).
+func (r *QuarantineRecord) Request() bool { return r.State == StateRedrive || r.State == StateSkip }
+
+// QuarantineSource is the state topic's key prefix of one connector: the
+// cluster, database and slot, as offsets.Identity names them (several
+// connectors may share the topic).
+func QuarantineSource(systemID, database, slot string) string {
+	return systemID + "/" + database + "/" + slot
+}
+
+// NotCompactedError is a state topic that would delete quarantines.
+type NotCompactedError struct{ Topic, Policy string }
+
+func (e *NotCompactedError) Error() string {
+	return fmt.Sprintf("quarantine topic %s has cleanup.policy %q, not compact", e.Topic, e.Policy)
+}
+
+// stateTopic is the sink's side of the state topic.
+type stateTopic struct {
+	name, source string
+	cons         *kgo.Client                  // follows the topic (redriveLoop)
+	pending      map[string]*QuarantineRecord // requests not carried out yet, by key; the loop's
+	owner        func() bool                  // nil: always
+	onRedrive    func(result string, quarantined int)
+}
+
+// owns reports whether this process may carry out requests now.
+func (st *stateTopic) owns() bool { return st.owner == nil || st.owner() }
+
+func (st *stateTopic) key(agg string) string { return st.source + "/" + agg }
+
+// consumerOpts are the options of the sink's consumers: the producer's
+// cluster and security, nothing about producing.
+func (s *Sink) consumerOpts(extra ...kgo.Opt) []kgo.Opt {
+	return append(append(append([]kgo.Opt{}, s.connOpts...), kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil))), extra...)
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// StartQuarantines creates or checks the state topic, restores this
+// connector's quarantines from it and starts following it for redrive
+// requests (until Close). Call it before the first Produce; without a
+// state topic (dlq.mode skip) it does nothing.
+func (s *Sink) StartQuarantines(ctx context.Context) error {
+	st := s.state
+	if st == nil {
+		return nil
+	}
+	if err := s.ensureStateTopic(ctx); err != nil {
+		return err
+	}
+	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
+	if err != nil {
+		return fmt.Errorf("quarantine topic consumer: %w", err)
+	}
+	latest, err := readState(ctx, s.adm, cons, st.name, st.source)
+	if err != nil {
+		cons.Close()
+		return err
+	}
+	st.cons = cons
+	s.mu.Lock()
+	for _, l := range latest {
+		rec := l.rec
+		s.quarantined[rec.Key] = &quarantined{Quarantine: rec.Quarantine, state: rec, stateAt: l.offset}
+		if rec.Request() {
+			st.pending[rec.Key] = rec
+		}
+	}
+	n := len(s.quarantined)
+	s.mu.Unlock()
+	if n > 0 {
+		s.log.Info("restored quarantined aggregates; their events are parked", "topic", st.name, "quarantined", n, "redrives_pending", len(st.pending))
+	}
+	if st.onRedrive != nil {
+		st.onRedrive("", n)
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.redriveLoop()
+	}()
+	return nil
+}
+
+// ensureStateTopic creates the state topic compacted, or checks it is.
+func (s *Sink) ensureStateTopic(ctx context.Context) error {
+	name := s.state.name
+	rc, err := s.adm.DescribeTopicConfigs(ctx, name)
+	if err == nil {
+		var r kadm.ResourceConfig
+		if r, err = rc.On(name, nil); err == nil {
+			err = r.Err
+		}
+		if err == nil {
+			for _, c := range r.Configs {
+				if c.Key == "cleanup.policy" && !strings.Contains(c.MaybeValue(), "compact") {
+					return &NotCompactedError{Topic: name, Policy: c.MaybeValue()}
+				}
+			}
+			return nil
+		}
+	}
+	if !errors.Is(err, kerr.UnknownTopicOrPartition) {
+		return fmt.Errorf("describe quarantine topic %s: %w", name, err)
+	}
+	// Tombstones kept for ever: a start reads the topic up to the last
+	// offset listed, which would never come if a tombstone there were
+	// cleaned away. One record per key ever quarantined is small.
+	policy, keep := "compact", "9223372036854775807"
+	// One partition: a handful of records, each key's in one order.
+	_, err = s.adm.CreateTopic(ctx, 1, s.replication,
+		map[string]*string{"cleanup.policy": &policy, "delete.retention.ms": &keep}, name)
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("create quarantine topic %s: %w", name, err)
+	}
+	s.log.Info("kafka: created the quarantine topic", "topic", name, "cleanup.policy", policy)
+	return nil
+}
+
+// stateAt is a state record and its offset.
+type stateAt struct {
+	rec    *QuarantineRecord
+	offset int64
+}
+
+// readState reads topic to its current end and returns the last record
+// of each of source's keys, tombstoned keys left out.
+func readState(ctx context.Context, adm *kadm.Client, cl *kgo.Client, topic, source string) (map[string]stateAt, error) {
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("quarantine topic %s: end offsets: %w", topic, err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("quarantine topic %s: start offsets: %w", topic, err)
+	}
+	left := map[int32]int64{} // partition → end offset still to reach
+	ends.Each(func(o kadm.ListedOffset) {
+		if st, ok := starts.Lookup(topic, o.Partition); o.Err == nil && o.Offset > 0 && (!ok || st.Offset < o.Offset) {
+			left[o.Partition] = o.Offset
+		}
+	})
+	out := map[string]stateAt{}
+	prefix := source + "/"
+	for len(left) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("read quarantine topic %s: %w", topic, err)
+		}
+		if err := fetchErr(fs); err != nil {
+			return nil, fmt.Errorf("read quarantine topic %s: %w", topic, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if end, ok := left[r.Partition]; ok && r.Offset+1 >= end {
+				delete(left, r.Partition)
+			}
+			key, ok := strings.CutPrefix(string(r.Key), prefix)
+			if !ok {
+				return
+			}
+			if r.Value == nil {
+				delete(out, key)
+				return
+			}
+			var q QuarantineRecord
+			if json.Unmarshal(r.Value, &q) != nil {
+				return // not ours to judge: another version's record
+			}
+			q.Key = key
+			out[key] = stateAt{&q, r.Offset}
+		})
+	}
+	return out, nil
+}
+
+// fetchErr is a poll's first error that is not a retriable broker error.
+func fetchErr(fs kgo.Fetches) error {
+	var err error
+	fs.EachError(func(_ string, _ int32, e error) {
+		if err == nil && !kerr.IsRetriable(e) {
+			err = e
+		}
+	})
+	return err
+}
+
+// saveQuarantine saves the quarantine dead letter r started, then reports
+// o, r's outcome, and lets the records of its key held meanwhile go to the
+// parking topic. Runs on a goroutine of its own: settle must not block.
+func (s *Sink) saveQuarantine(r *record, o Outcome) {
+	q := r.starts
+	s.mu.Lock()
+	rec := &QuarantineRecord{State: StateQuarantined, Quarantine: q.Quarantine, DLQPartition: r.Partition, DLQOffset: r.Offset}
+	s.mu.Unlock()
+	rec.Parked = 0
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		var at int64
+		err := s.parkingStart(s.ctx, rec)
+		if err == nil {
+			at, err = s.writeState(s.ctx, rec.Key, rec)
+		}
+		if err != nil {
+			r.finish(Outcome{Err: fmt.Errorf("save the quarantine of aggregate %q on %s: %w", rec.Key, s.state.name, err)})
+			return
+		}
+		s.mu.Lock()
+		q.state, q.stateAt = rec, at
+		s.mu.Unlock()
+		r.finish(o)
+		s.release(q, passPark, false)
+	}()
+}
+
+// parkingStart records where each parking partition ends now: nothing of
+// the quarantine is parked yet, its records are held.
+func (s *Sink) parkingStart(ctx context.Context, rec *QuarantineRecord) error {
+	ends, err := s.adm.ListEndOffsets(ctx, s.parking)
+	if err != nil {
+		return fmt.Errorf("end offsets of %s: %w", s.parking, err)
+	}
+	rec.ParkingStart = map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			rec.ParkingStart[o.Partition] = o.Offset
+		}
+	})
+	return nil // a parking topic not created yet starts at 0
+}
+
+// writeState produces rec (nil: a tombstone) for agg, waits for its
+// acknowledgement and returns its offset.
+func (s *Sink) writeState(ctx context.Context, agg string, rec *QuarantineRecord) (int64, error) {
+	r, err := writeState(ctx, s.cl, s.state.name, s.state.key(agg), rec)
+	if err != nil {
+		return 0, err
+	}
+	return r.Offset, nil
+}
+
+func writeState(ctx context.Context, cl *kgo.Client, topic, key string, rec *QuarantineRecord) (*kgo.Record, error) {
+	r := &kgo.Record{Topic: topic, Key: []byte(key), Partition: -1}
+	if rec != nil {
+		v, err := json.Marshal(rec)
+		if err != nil {
+			return nil, err
+		}
+		r.Value = v
+	}
+	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		return nil, fmt.Errorf("produce to %s: %w", topic, err)
+	}
+	return r, nil
+}
+
+// release hands q's held records on, in order, each passing divert as
+// pass says; lift then removes q from the set. Records arriving meanwhile
+// are held and handed on too: none overtakes another.
+func (s *Sink) release(q *quarantined, pass int, lift bool) {
+	for {
+		s.mu.Lock()
+		held := q.held
+		q.held = nil
+		if len(held) == 0 {
+			q.holding = false
+			if lift {
+				delete(s.quarantined, q.Key)
+			}
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		for _, r := range held {
+			r.pass = pass
+			if pass == passPark {
+				// Parked now: its own topic may be under repair, with later
+				// records of the key in its retry list.
+				s.mu.Lock()
+				s.divert(r)
+				s.mu.Unlock()
+			}
+			_ = s.submit(r, false)
+		}
+	}
+}

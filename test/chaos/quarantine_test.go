@@ -1,0 +1,111 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+// The connector runs with dlq.mode quarantine (the default): once an event
+// of a key is dead-lettered, the key's later events are parked on the
+// parking topic, in order, until a redrive. ops-oversize writes an
+// oversize event of aggregate "big" followed by a few that fit.
+
+// parkingTopic and quarantineTopic are the run's own, out of reach of
+// the topic template (prefix.{aggregate_type}).
+func (r *run) parkingTopic() string    { return r.prefix + "-parking" }
+func (r *run) quarantineTopic() string { return r.prefix + "-quarantine" }
+
+// afterOversize is how many events that fit ops-oversize writes after its
+// oversize one, of the same aggregate.
+const afterOversize = 3
+
+// commitAfterOversize commits the events of "big" that follow an oversize
+// one: they are parked, not dead-lettered.
+func (r *run) commitAfterOversize(ctx context.Context) error {
+	pad := r.big.pad
+	r.big.pad = 0
+	defer func() { r.big.pad = pad }()
+	for range afterOversize {
+		if _, err := r.big.commitNext(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkParking reads the parking topic, counts its records as deliveries
+// of the committed events they are copies of, and requires per key what
+// quarantineViolations says.
+func (r *run) checkParking(ctx context.Context, rep *Report, recs, dlq []copyRec, byID map[string]*event,
+	copies map[string][]copyRec, fail func(string, ...any)) {
+	_, parked, err := readAll(ctx, nil, r.parkingTopic())
+	if err != nil && !errors.Is(err, kerr.UnknownTopicOrPartition) {
+		fail("read the parking topic: %v", err)
+		return
+	}
+	rep.Parked = len(parked)
+	for _, c := range parked {
+		e := byID[c.ID]
+		if e == nil || c.Key != e.Agg || c.Seq != e.Seq {
+			rep.QuarantineViolations++
+			fail("parked record %s/%d@%d id %q (key %s seq %d) is no committed event", c.Topic, c.Partition, c.Offset, c.ID, c.Key, c.Seq)
+			continue
+		}
+		copies[c.ID] = append(copies[c.ID], c)
+	}
+	for _, v := range quarantineViolations(recs, dlq, parked) {
+		rep.QuarantineViolations++
+		fail("dlq.mode quarantine: %s", v)
+	}
+}
+
+// quarantineViolations checks the order across the event topics (recs),
+// the dead-letter topic and the parking topic, each in partition order. A
+// key's quarantine starts at its first dead-lettered seq: after it nothing
+// of the key is on its topic, the dead-letter topic holds that event only
+// (again after a replay), and the parking topic holds the later events,
+// their first occurrences in seq order. A key without a dead letter has
+// nothing parked. Loss is checkLoss's, across the three.
+func quarantineViolations(recs, dlq, parked []copyRec) []string {
+	var out []string
+	first := map[string]int{} // key → first dead-lettered seq
+	for _, c := range dlq {
+		if s, ok := first[c.Key]; !ok || c.Seq < s {
+			first[c.Key] = c.Seq
+		}
+	}
+	for _, c := range dlq {
+		if c.Seq != first[c.Key] {
+			out = append(out, fmt.Sprintf("%s seq %d dead-lettered after its quarantine began at seq %d (%s/%d@%d): it should be parked",
+				c.Key, c.Seq, first[c.Key], c.Topic, c.Partition, c.Offset))
+		}
+	}
+	for _, c := range recs {
+		if s, ok := first[c.Key]; ok && c.Seq > s {
+			out = append(out, fmt.Sprintf("%s seq %d on %s/%d@%d overtook its dead-lettered seq %d", c.Key, c.Seq, c.Topic, c.Partition, c.Offset, s))
+		}
+	}
+	seen := map[string][]int{} // key → first occurrences parked, in order
+	for _, c := range parked {
+		s, ok := first[c.Key]
+		switch {
+		case !ok:
+			out = append(out, fmt.Sprintf("%s seq %d parked (%s/%d@%d) but nothing of the key was dead-lettered", c.Key, c.Seq, c.Topic, c.Partition, c.Offset))
+			continue
+		case c.Seq < s:
+			out = append(out, fmt.Sprintf("%s seq %d parked (%s/%d@%d), before its dead-lettered seq %d", c.Key, c.Seq, c.Topic, c.Partition, c.Offset, s))
+			continue
+		case c.Seq == s || slices.Contains(seen[c.Key], c.Seq): // a replay
+			continue
+		}
+		if prev := seen[c.Key]; len(prev) > 0 && c.Seq < prev[len(prev)-1] {
+			out = append(out, fmt.Sprintf("%s seq %d parked (%s/%d@%d) after seq %d", c.Key, c.Seq, c.Topic, c.Partition, c.Offset, prev[len(prev)-1]))
+		}
+		seen[c.Key] = append(seen[c.Key], c.Seq)
+	}
+	return out
+}
