@@ -146,6 +146,14 @@ type Kafka struct {
 	// cloudevents-* ones.
 	Format      string           `koanf:"format"`
 	CloudEvents KafkaCloudEvents `koanf:"cloudevents"`
+	// Delivery is at_least_once or exactly_once (delivery.go).
+	Delivery string `koanf:"delivery"`
+	// TransactionInterval bounds how long committed PostgreSQL transactions
+	// wait to be committed in a Kafka transaction (exactly_once).
+	TransactionInterval time.Duration `koanf:"transaction_interval"`
+	// PositionsTopic is the compacted topic the position is committed to
+	// inside each Kafka transaction (exactly_once).
+	PositionsTopic string `koanf:"positions_topic"`
 }
 
 // KafkaCloudEvents configures the CloudEvents record formats (router.CloudEvents).
@@ -237,6 +245,7 @@ func Default() Config {
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
 			UnknownTopicTimeout: 2 * time.Minute, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
 			Format: router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
+			Delivery: DeliveryAtLeastOnce, TransactionInterval: 5 * time.Millisecond, PositionsTopic: "outbox-cdc.positions",
 		},
 		HTTP:       HTTP{Listen: "127.0.0.1:9187"},
 		Log:        Log{Level: "info", Format: "text"},
