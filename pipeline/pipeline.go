@@ -76,6 +76,10 @@ type Config struct {
 
 	// Tracer, when set (otel.endpoint), gives each event a span (trace.go).
 	Tracer Tracer
+
+	// ExactlyOnce, when set (kafka.delivery exactly_once), publishes through
+	// Kafka transactions (exactly_once.go); nil: at least once.
+	ExactlyOnce *ExactlyOnce
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -102,7 +106,7 @@ type Pipeline struct {
 	router  *router.Router
 	plan    *plan // set before any goroutine starts, then read-only
 	tracker *offsets.Tracker
-	out     producer
+	out     producer // sink.Sink, or sink.Txn in exactly_once mode
 
 	snapDone atomic.Bool
 	replayed atomic.Int64 // events acknowledged, in every mode
@@ -162,7 +166,7 @@ func (p *Pipeline) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s, err := sink.New(p.cfg.Sink, p.log)
+	s, err := p.newSink(ctx, pl)
 	if err != nil {
 		pl.close(ctx)
 		return err

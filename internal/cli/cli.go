@@ -273,6 +273,9 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		SnapshotOrderBy: cfg.Snapshot.OrderBy,
 	}
 	pc.Routes.Format, pc.Routes.CloudEvents = cloudEvents(cfg.Kafka, db, schema, table)
+	if cfg.Kafka.ExactlyOnce() {
+		pc.ExactlyOnce = &pipeline.ExactlyOnce{Interval: cfg.Kafka.TransactionInterval, PositionsTopic: cfg.Kafka.PositionsTopic}
+	}
 	return pc, nil
 }
 
