@@ -290,8 +290,8 @@ func (t *Txn) commit(ctx context.Context) error {
 	if len(b) == 0 {
 		return nil
 	}
-	err := t.fatal
-	for attempt := 1; err == nil; attempt++ {
+	var err error
+	for attempt := 1; t.fatal == nil; attempt++ {
 		err = t.attempt(ctx, b, end)
 		switch {
 		case err == nil:
@@ -309,7 +309,6 @@ func (t *Txn) commit(ctx context.Context) error {
 			return ctx.Err()
 		case isFatalTxn(err) || errors.Is(err, errBegin):
 			t.fatal = fatalTxnError(t.txnID, err)
-			err = t.fatal
 		case errors.Is(err, errRefused):
 			// The records to dead-letter or send alone are marked: at once.
 		default:
@@ -322,6 +321,7 @@ func (t *Txn) commit(ctx context.Context) error {
 			}
 		}
 	}
+	err = t.fatal
 	for _, e := range b {
 		e.done.Delivered(Outcome{Err: err})
 	}
