@@ -144,7 +144,7 @@ func checkTransactions(t *testing.T, recs []*kgo.Record) map[int]map[int]bool {
 // eosWriters writes multi-row transactions (n rows, one aggregate each,
 // spread over the partitions) until stop is closed, at least min each; it
 // returns the last transaction each writer committed.
-func eosWriters(ctx context.Context, t *testing.T, dsn string, writers, min, n int, stop <-chan struct{}, written *atomic.Int64) func() []int {
+func eosWriters(ctx context.Context, t *testing.T, dsn, aggType string, writers, min, n int, stop <-chan struct{}, written *atomic.Int64) func() []int {
 	var wg sync.WaitGroup
 	last := make([]int, writers)
 	errs := make(chan error, writers)
@@ -167,8 +167,8 @@ func eosWriters(ctx context.Context, t *testing.T, dsn string, writers, min, n i
 				b := &pgx.Batch{}
 				for i := range n {
 					v, _ := json.Marshal(eosEvent{W: w, Txn: txn, I: i, N: n})
-					b.Queue(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('eos', $1, 'E', $2)`,
-						fmt.Sprintf("w%d-%d", w, i), string(v))
+					b.Queue(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', $3)`,
+						aggType, fmt.Sprintf("w%d-%d", w, i), string(v))
 				}
 				tx, err := conn.Begin(ctx)
 				if err == nil {
@@ -227,14 +227,16 @@ kafka:
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	const writers, min, rows = 3, 60, 4
+	const writers, min, rows = 3, 150, 4
 	var written atomic.Int64
 	stop := make(chan struct{})
-	wait := eosWriters(ctx, t, dsn, writers, min, rows, stop, &written)
-	topic := topicFor("eos")
+	wait := eosWriters(ctx, t, dsn, "eoskill", writers, min, rows, stop, &written)
+	topic := topicFor("eoskill")
 	for k := 1; k <= 3; k++ {
 		at := int64(k * writers * min / 4)
 		waitFor(t, 2*time.Minute, fmt.Sprintf("%d transactions written before kill %d", at, k), func() bool { return written.Load() >= at })
+		// Killed after it committed some: the next one starts from there.
+		p.waitMetric(t, 2*time.Minute, "outbox_cdc_events_published_total", 40)
 		p.kill()
 		// Down: what is committed is whole transactions.
 		checkTransactions(t, readIsolated(t, true, topic))
@@ -266,6 +268,10 @@ kafka:
 		t.Errorf("read_committed sees %d records, want exactly %d", len(recs), total*rows)
 	}
 	stopClean(t, p)
+	// The log is complete once the process exited.
+	if out := p.output(); !strings.Contains(out, "last committed position") {
+		t.Errorf("the last restart did not read the committed position (%s, %d bytes, err %v):\n%s", p.log, len(out), p.err, out)
+	}
 }
 
 // TestExactlyOnceFencing: a second instance with the same source fences the
@@ -301,7 +307,7 @@ kafka:
 	const writers, min, rows = 2, 80, 3
 	var written atomic.Int64
 	stop := make(chan struct{})
-	wait := eosWriters(ctx, t, dsn, writers, min, rows, stop, &written)
+	wait := eosWriters(ctx, t, dsn, "eosfence", writers, min, rows, stop, &written)
 	waitFor(t, time.Minute, "transactions written before the takeover", func() bool { return written.Load() >= 40 })
 
 	b := startProc(t, conf(addrB), addrB, false)
@@ -314,13 +320,18 @@ kafka:
 	if !errors.As(a.err, &ee) || ee.ExitCode() != 1 || !strings.Contains(a.output(), "fenced") {
 		t.Fatalf("first instance: %v, want exit 1 with the fencing message:\n%s", a.err, a.output())
 	}
+	for _, line := range strings.Split(a.output(), "\n") {
+		if strings.Contains(line, "fenced") {
+			t.Logf("first instance: %s", line)
+		}
+	}
 	close(stop)
 	last := wait()
 	total := 0
 	for _, n := range last {
 		total += n
 	}
-	topic := topicFor("eos")
+	topic := topicFor("eosfence")
 	waitFor(t, 2*time.Minute, "every transaction visible to read_committed", func() bool {
 		return len(readIsolated(t, true, topic)) >= total*rows
 	})
