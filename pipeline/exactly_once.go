@@ -40,12 +40,17 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	if eo == nil || p.cfg.Replay != nil {
 		return sink.New(p.cfg.Sink, p.log)
 	}
+	if pl.snapshot == nil { // else this run just created the slot
+		if err := p.waitSlotFree(ctx); err != nil {
+			return nil, fmt.Errorf("exactly_once: %w", err)
+		}
+	}
 	srv, err := p.cfg.Source.DB.Identify(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
 	t, err := sink.NewTxn(sink.TxnConfig{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
-		Source: sink.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot)}, p.log)
+		Source: sink.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot), Fail: p.fail}, p.log)
 	if err != nil {
 		return nil, err
 	}
@@ -62,6 +67,32 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 		pl.start, pl.stream.StartLSN = committed, committed
 	}
 	return t, nil
+}
+
+// waitSlotFree waits while another connector streams from the slot: taking
+// the transactional id over fences that one, so a standby does it only
+// once the slot is free (the active one died, or lost its connection).
+func (p *Pipeline) waitSlotFree(ctx context.Context) error {
+	slot, logged := p.cfg.Source.Slot, false
+	for {
+		info, err := p.cfg.Source.DB.Slot(ctx, slot)
+		if err != nil {
+			return err
+		}
+		if !info.Active {
+			return nil
+		}
+		if !logged {
+			p.log.Info("another connector streams from the slot; waiting for it to stop before taking the transactional id over",
+				"slot", slot, "active_pid", info.ActivePID)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // endTxn tells a transactional sink that the PostgreSQL transaction handed

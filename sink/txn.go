@@ -36,6 +36,13 @@ type TxnConfig struct {
 	// TransactionTimeout is the broker's bound on an open transaction;
 	// 0 means one minute.
 	TransactionTimeout time.Duration
+	// FenceCheck: after this long without a commit the position is
+	// committed again, alone, so that a fenced instance learns it (and
+	// stops) even when it has nothing to publish; 0 means 2s.
+	FenceCheck time.Duration
+	// Fail receives the fatal error once (fenced, not authorized), also
+	// when no event is waiting to carry it.
+	Fail func(error)
 }
 
 // PositionKey is the source identity the position is kept under: the
@@ -85,6 +92,7 @@ type Txn struct {
 	topics    map[string]*txnTopic
 	fatal     error
 	committed atomic.Uint64 // last position committed
+	lastTry   time.Time     // last transaction attempted
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -123,6 +131,9 @@ func NewTxn(cfg TxnConfig, log *slog.Logger) (*Txn, error) {
 	}
 	if cfg.TransactionTimeout <= 0 {
 		cfg.TransactionTimeout = time.Minute
+	}
+	if cfg.FenceCheck <= 0 {
+		cfg.FenceCheck = 2 * time.Second
 	}
 	t := &Txn{log: log, cfg: cfg, txnID: "outbox-cdc-" + cfg.Source, topics: make(map[string]*txnTopic),
 		kick: make(chan struct{}, 1)}
@@ -252,13 +263,19 @@ func (t *Txn) Close() {
 	}
 }
 
-// loop commits what waits once it has waited Interval.
+// loop commits what waits once it has waited Interval, and checks for
+// fencing when idle.
 func (t *Txn) loop() {
 	defer t.wg.Done()
+	check := time.NewTicker(t.cfg.FenceCheck)
+	defer check.Stop()
 	for {
 		select {
 		case <-t.ctx.Done():
 			return
+		case <-check.C:
+			t.probe()
+			continue
 		case <-t.kick:
 		}
 		t.mu.Lock()
@@ -278,6 +295,35 @@ func (t *Txn) loop() {
 	}
 }
 
+// probe commits the last position again, alone, when nothing was tried for
+// FenceCheck: a fenced instance finds out and stops without waiting for an
+// event. The position cannot go back: only the owner of the id commits.
+func (t *Txn) probe() {
+	t.commitMu.Lock()
+	defer t.commitMu.Unlock()
+	pos := lsn.LSN(t.committed.Load())
+	if t.fatal != nil || pos == 0 || time.Since(t.lastTry) < t.cfg.FenceCheck {
+		return
+	}
+	t.lastTry = time.Now()
+	if err := t.attempt(t.ctx, nil, pos); err != nil && (isFatalTxn(err) || errors.Is(err, errBegin)) {
+		t.setFatal(err)
+	}
+}
+
+// setFatal records the first fatal error and reports it. Called with
+// commitMu held.
+func (t *Txn) setFatal(err error) {
+	if t.fatal != nil {
+		return
+	}
+	t.fatal = fatalTxnError(t.txnID, err)
+	t.log.Error("kafka: the transactional producer cannot commit again", "transactional_id", t.txnID, "err", err)
+	if t.cfg.Fail != nil {
+		t.cfg.Fail(t.fatal)
+	}
+}
+
 // commit publishes what waits in one Kafka transaction, retrying until it
 // commits, a fatal error, or ctx ends; the outcomes go to the events' Done.
 func (t *Txn) commit(ctx context.Context) error {
@@ -292,6 +338,7 @@ func (t *Txn) commit(ctx context.Context) error {
 	}
 	var err error
 	for attempt := 1; t.fatal == nil; attempt++ {
+		t.lastTry = time.Now()
 		err = t.attempt(ctx, b, end)
 		switch {
 		case err == nil:
@@ -308,7 +355,7 @@ func (t *Txn) commit(ctx context.Context) error {
 			t.mu.Unlock()
 			return ctx.Err()
 		case isFatalTxn(err) || errors.Is(err, errBegin):
-			t.fatal = fatalTxnError(t.txnID, err)
+			t.setFatal(err)
 		case errors.Is(err, errRefused):
 			// The records to dead-letter or send alone are marked: at once.
 		default:

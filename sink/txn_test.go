@@ -24,14 +24,19 @@ const positions = "outbox-cdc.positions"
 
 // newTxn starts a transactional sink for source on c; it is closed before
 // the cluster.
-func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, interval time.Duration) (*sink.Txn, lsn.LSN, func()) {
+func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, interval time.Duration, tune ...func(*sink.TxnConfig)) (*sink.Txn, lsn.LSN, func()) {
 	t.Helper()
-	tx, err := sink.NewTxn(sink.TxnConfig{
+	cfg := sink.TxnConfig{
 		Sink: sink.Config{Brokers: c.ListenAddrs(), ClientID: "txn-test", DLQTopic: dlq,
 			Opts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
 				kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}},
 		Positions: positions, Source: source, Interval: interval,
-	}, slog.New(slog.DiscardHandler))
+		FenceCheck: time.Hour, // tests that want the idle check set it
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	tx, err := sink.NewTxn(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatalf("NewTxn: %v", err)
 	}
@@ -211,6 +216,46 @@ func TestTxnFencing(t *testing.T) {
 	}
 	if a, b := lastPosition(ctx, t, c, "sys/db/slot"), lastPosition(ctx, t, c, "sys/db/other"); a != 200 || b != 500 {
 		t.Fatalf("positions %v and %v, want 200 and 500", a, b)
+	}
+}
+
+// TestTxnFencedIdleStops: a fenced instance with nothing to publish learns
+// it from its idle check and reports the fatal error once.
+func TestTxnFencedIdleStops(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	fatal := make(chan error, 4) // more than one report overflows into a failure below
+	first, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond, func(cfg *sink.TxnConfig) {
+		cfg.FenceCheck = 50 * time.Millisecond
+		cfg.Fail = func(err error) { fatal <- err }
+	})
+	done := newOutcomes()
+	produceTxn(ctx, t, first, done, 100, topic, "x1")
+	if o := done.wait(ctx, t); o.Err != nil {
+		t.Fatalf("commit: %+v", o)
+	}
+	select {
+	case err := <-fatal:
+		t.Fatalf("fatal error %v before any other instance started", err)
+	case <-time.After(200 * time.Millisecond): // several idle checks pass unfenced
+	}
+	newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
+	var fenced *sink.FencedError
+	select {
+	case err := <-fatal:
+		if !errors.As(err, &fenced) {
+			t.Fatalf("fatal error %v, want a FencedError", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the fenced idle instance never reported it")
+	}
+	select {
+	case err := <-fatal:
+		t.Fatalf("second report %v", err)
+	case <-time.After(200 * time.Millisecond): // further idle checks report nothing more
+	}
+	if pos := lastPosition(ctx, t, c, "sys/db/slot"); pos != 100 {
+		t.Fatalf("committed position %v, want 100", pos)
 	}
 }
 

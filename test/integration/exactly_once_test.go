@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -274,9 +275,12 @@ kafka:
 	}
 }
 
-// TestExactlyOnceFencing: a second instance with the same source fences the
-// first, which exits 1 with the fencing message and commits nothing more;
-// the second delivers everything once.
+// TestExactlyOnceFencing: standby takeover under load. A second instance
+// waits while the first streams; the first freezes (a zombie: SIGSTOP) and
+// loses its replication connection, the second takes the slot and the
+// transactional id over, which fences the first: once it runs again it
+// exits 1 with the fencing message and commits nothing more. Every
+// transaction is delivered once, whole, as read_committed sees it.
 func TestExactlyOnceFencing(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
@@ -301,27 +305,41 @@ kafka:
 	}
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	a := startProcess(t, conf(addrA), addrA)
+	b := startProc(t, conf(addrB), addrB, false)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	const writers, min, rows = 2, 80, 3
+	const writers, min, rows = 2, 300, 3
 	var written atomic.Int64
 	stop := make(chan struct{})
 	wait := eosWriters(ctx, t, dsn, "eosfence", writers, min, rows, stop, &written)
-	waitFor(t, time.Minute, "transactions written before the takeover", func() bool { return written.Load() >= 40 })
+	a.waitMetric(t, time.Minute, "outbox_cdc_events_published_total", 60)
 
-	b := startProc(t, conf(addrB), addrB, false)
+	// The standby waits, without fencing the active instance.
 	select {
 	case <-a.done:
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("the first instance did not stop after being fenced:\n%s", a.output())
+		t.Fatalf("the active instance stopped while the standby waited: %v\n%s", a.err, a.output())
+	case <-time.After(3 * time.Second): // several of the standby's slot checks pass
+	}
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	exec1(t, dsn, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'eosfence' AND active")
+	b.waitMetric(t, time.Minute, "outbox_cdc_events_published_total", 30)
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("the fenced instance did not stop:\n%s", a.output())
 	}
 	var ee interface{ ExitCode() int }
-	if !errors.As(a.err, &ee) || ee.ExitCode() != 1 || !strings.Contains(a.output(), "fenced") {
+	if !errors.As(a.err, &ee) || ee.ExitCode() != 1 || !strings.Contains(a.output(), "fenced: another outbox-cdc instance") {
 		t.Fatalf("first instance: %v, want exit 1 with the fencing message:\n%s", a.err, a.output())
 	}
 	for _, line := range strings.Split(a.output(), "\n") {
-		if strings.Contains(line, "fenced") {
+		if strings.Contains(line, "connector failed") {
 			t.Logf("first instance: %s", line)
 		}
 	}
@@ -347,6 +365,8 @@ kafka:
 	if len(recs) != total*rows {
 		t.Errorf("read_committed sees %d records, want exactly %d", len(recs), total*rows)
 	}
+	t.Logf("%d transactions over the takeover; read_committed %d records, read_uncommitted %d",
+		total, len(recs), len(readIsolated(t, false, topic)))
 	stopClean(t, b)
 }
 
