@@ -39,6 +39,7 @@ type copyRec struct {
 	ID        string
 	Seq       int
 	Producer  int64
+	Epoch     int16     // producer epoch: one per Kafka transaction under KIP-890
 	Append    time.Time // LogAppendTime
 	LogAppend bool      // the timestamp is the broker's append time
 	Err       string    // the error header (dead-letter records)
@@ -137,6 +138,9 @@ type Report struct {
 
 	Faults       []faultJSON `json:"faults"`
 	Incarnations []incJSON   `json:"connector_processes"`
+
+	// ExactlyOnce holds the exactly_once run's checks (eos_test.go).
+	ExactlyOnce *eosReport `json:"exactly_once,omitempty"`
 }
 
 type recovery struct {
@@ -302,6 +306,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	r.noteBackfills(rep)
 	r.checkOrder(rep, recs, fail)
 	r.checkDuplicates(rep, copies, byID, fail)
+	r.checkExactlyOnce(rep, recs, copies, byID, fail)
 	r.checkWatermark(rep, events, copies, fail)
 	r.recoveries(rep, events)
 
@@ -450,7 +455,7 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 	if len(parts) == 0 {
 		return nil, nil, nil
 	}
-	cl, err = newKafkaClient(kgo.ConsumePartitions(parts), kgo.FetchMaxBytes(64<<20))
+	cl, err = newKafkaClient(append([]kgo.Opt{kgo.ConsumePartitions(parts), kgo.FetchMaxBytes(64 << 20)}, isolation()...)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -465,8 +470,15 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 			return nil, nil, fmt.Errorf("read topics: %d partitions not read to the end: %w", left, err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
+			if r.Attrs.IsControl() { // a transaction marker (exactly_once run): it only counts toward the end
+				if end, ok := remaining[r.Topic][r.Partition]; ok && r.Offset >= end-1 {
+					delete(remaining[r.Topic], r.Partition)
+					left--
+				}
+				return
+			}
 			c := copyRec{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key),
-				Producer: r.ProducerID, Append: r.Timestamp}
+				Producer: r.ProducerID, Epoch: r.ProducerEpoch, Append: r.Timestamp}
 			c.ID, _ = header(r, "id")
 			c.Err, c.HasErr = header(r, "error")
 			c.LogAppend = r.Attrs.TimestampType() == 1
@@ -997,6 +1009,9 @@ func (r *run) report(rep *Report) {
 			rep.LongestFirstDelivery.Millis, rep.LongestFirstDelivery.Fault, rep.LongestFirstDelivery.At,
 			rep.LongestCaughtUp.Millis, rep.LongestCaughtUp.Fault, rep.LongestCaughtUp.At, rep.UnmeasuredRecoveries),
 		fmt.Sprintf("connector processes %d, unexpected exits %d, hangs %d", len(rep.Incarnations), len(rep.UnexpectedExits), len(rep.Hangs)),
+	}
+	if er := rep.ExactlyOnce; er != nil {
+		lines = append(lines, er.String())
 	}
 	for _, l := range lines {
 		t.Logf("chaos report: %s", l)
