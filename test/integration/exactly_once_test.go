@@ -198,6 +198,33 @@ func eosWriters(ctx context.Context, t *testing.T, dsn, aggType string, writers,
 	}
 }
 
+// checkAllOnce waits until read_committed sees as many records as the
+// writers committed events (last: each writer's last transaction, of rows
+// events each), then checks every transaction is there once and whole. It
+// returns the transactions written and the records seen.
+func checkAllOnce(t *testing.T, topic string, last []int, rows int) (total, seen int) {
+	t.Helper()
+	for _, n := range last {
+		total += n
+	}
+	waitFor(t, 2*time.Minute, "every transaction visible to read_committed", func() bool {
+		return len(readIsolated(t, true, topic)) >= total*rows
+	})
+	recs := readIsolated(t, true, topic)
+	txns := checkTransactions(t, recs)
+	for w, n := range last {
+		for txn := 1; txn <= n; txn++ {
+			if !txns[w][txn] {
+				t.Errorf("writer %d transaction %d lost", w, txn)
+			}
+		}
+	}
+	if len(recs) != total*rows {
+		t.Errorf("read_committed sees %d records, want exactly %d", len(recs), total*rows)
+	}
+	return total, len(recs)
+}
+
 // TestExactlyOnceKill9 kills the connector with SIGKILL three times while
 // writers commit multi-row transactions. While it is down, read_committed
 // sees whole transactions only; at the end it sees every transaction once,
@@ -244,30 +271,9 @@ kafka:
 		p = startProcess(t, cfgPath, addr)
 	}
 	close(stop)
-	last := wait()
-
-	total := 0
-	for _, n := range last {
-		total += n
-	}
-	waitFor(t, 2*time.Minute, "every transaction visible to read_committed", func() bool {
-		return len(readIsolated(t, true, topic)) >= total*rows
-	})
-	recs := readIsolated(t, true, topic)
-	seen := checkTransactions(t, recs)
-	for w, n := range last {
-		for txn := 1; txn <= n; txn++ {
-			if !seen[w][txn] {
-				t.Errorf("writer %d transaction %d lost", w, txn)
-			}
-		}
-	}
-	all := readIsolated(t, false, topic)
+	total, committed := checkAllOnce(t, topic, wait(), rows)
 	t.Logf("%d transactions (%d events) written; read_committed sees %d records, read_uncommitted %d, over 3 kills",
-		total, total*rows, len(recs), len(all))
-	if len(recs) != total*rows {
-		t.Errorf("read_committed sees %d records, want exactly %d", len(recs), total*rows)
-	}
+		total, total*rows, committed, len(readIsolated(t, false, topic)))
 	stopClean(t, p)
 	// The log is complete once the process exited.
 	if out := p.output(); !strings.Contains(out, "last committed position") {
@@ -344,29 +350,9 @@ kafka:
 		}
 	}
 	close(stop)
-	last := wait()
-	total := 0
-	for _, n := range last {
-		total += n
-	}
-	topic := topicFor("eosfence")
-	waitFor(t, 2*time.Minute, "every transaction visible to read_committed", func() bool {
-		return len(readIsolated(t, true, topic)) >= total*rows
-	})
-	recs := readIsolated(t, true, topic)
-	seen := checkTransactions(t, recs)
-	for w, n := range last {
-		for txn := 1; txn <= n; txn++ {
-			if !seen[w][txn] {
-				t.Errorf("writer %d transaction %d lost", w, txn)
-			}
-		}
-	}
-	if len(recs) != total*rows {
-		t.Errorf("read_committed sees %d records, want exactly %d", len(recs), total*rows)
-	}
+	total, committed := checkAllOnce(t, topicFor("eosfence"), wait(), rows)
 	t.Logf("%d transactions over the takeover; read_committed %d records, read_uncommitted %d",
-		total, len(recs), len(readIsolated(t, false, topic)))
+		total, committed, len(readIsolated(t, false, topicFor("eosfence"))))
 	stopClean(t, b)
 }
 
