@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
@@ -50,7 +51,8 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
 	t, err := sink.NewTxn(sink.TxnConfig{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
-		Source: sink.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot), Fail: p.fail}, p.log)
+		Source: sink.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot), Fail: p.fail,
+		Prerequisite: func(problem, fix string) error { return &replication.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
 	if err != nil {
 		return nil, err
 	}

@@ -43,6 +43,10 @@ type TxnConfig struct {
 	// Fail receives the fatal error once (fenced, not authorized), also
 	// when no event is waiting to carry it.
 	Fail func(error)
+	// Prerequisite makes the error for a broker setting to change
+	// (replication.PrerequisiteError in the connector; the sink does not
+	// import the replication package).
+	Prerequisite func(problem, fix string) error
 }
 
 // PositionKey is the source identity the position is kept under: the

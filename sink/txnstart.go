@@ -13,7 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // Start checks what transactions need (brokers that support them, the
@@ -41,6 +40,15 @@ func (t *Txn) Start(ctx context.Context) (lsn.LSN, error) {
 	return pos, nil
 }
 
+// prerequisite is a broker setting that must change before the connector
+// can run (TxnConfig.Prerequisite).
+func (t *Txn) prerequisite(problem, fix string) error {
+	if t.cfg.Prerequisite != nil {
+		return t.cfg.Prerequisite(problem, fix)
+	}
+	return errors.New(problem + "; " + fix)
+}
+
 // checkTransactions refuses brokers without the transaction APIs.
 func (t *Txn) checkTransactions(ctx context.Context) error {
 	vs, err := t.s.adm.ApiVersions(ctx)
@@ -55,10 +63,9 @@ func (t *Txn) checkTransactions(ctx context.Context) error {
 		}
 		for _, k := range []kmsg.Key{kmsg.InitProducerID, kmsg.AddPartitionsToTxn, kmsg.EndTxn} {
 			if _, ok := v.KeyMaxVersion(int16(k)); !ok {
-				problem = &replication.PrerequisiteError{
-					Problem: fmt.Sprintf("kafka broker %d does not support transactions (no %s API), which kafka.delivery exactly_once needs", v.NodeID, k.Name()),
-					Fix:     "use Kafka 0.11 or later with transactions enabled, or set kafka.delivery: at_least_once",
-				}
+				problem = t.prerequisite(
+					fmt.Sprintf("kafka broker %d does not support transactions (no %s API), which kafka.delivery exactly_once needs", v.NodeID, k.Name()),
+					"use Kafka 0.11 or later with transactions enabled, or set kafka.delivery: at_least_once")
 			}
 		}
 	})
@@ -84,10 +91,9 @@ func (t *Txn) ensurePositions(ctx context.Context) error {
 		compact := "compact"
 		_, err := t.s.adm.CreateTopic(ctx, 1, t.s.replication, map[string]*string{"cleanup.policy": &compact}, name)
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-			return &replication.PrerequisiteError{
-				Problem: fmt.Sprintf("cannot create the positions topic %s: %v", name, err),
-				Fix:     fmt.Sprintf("create it with cleanup.policy=compact and 1 partition (kafka-topics.sh --create --topic %s --partitions 1 --config cleanup.policy=compact)", name),
-			}
+			return t.prerequisite(
+				fmt.Sprintf("cannot create the positions topic %s: %v", name, err),
+				fmt.Sprintf("create it with cleanup.policy=compact and 1 partition (kafka-topics.sh --create --topic %s --partitions 1 --config cleanup.policy=compact)", name))
 		}
 		t.log.Info("kafka: created the positions topic", "topic", name, "cleanup.policy", compact)
 		return nil
@@ -96,11 +102,10 @@ func (t *Txn) ensurePositions(ctx context.Context) error {
 	}
 	for _, c := range rc.Configs {
 		if c.Key == "cleanup.policy" && c.MaybeValue() != "compact" {
-			return &replication.PrerequisiteError{
-				Problem: fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, c.MaybeValue()),
-				Fix: fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
-					"or set kafka.positions_topic to a compacted topic", name),
-			}
+			return t.prerequisite(
+				fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, c.MaybeValue()),
+				fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
+					"or set kafka.positions_topic to a compacted topic", name))
 		}
 	}
 	return nil
@@ -127,17 +132,15 @@ func (t *Txn) fence(parent context.Context) error {
 				"transactional_id", t.txnID, "producer_id", resp.ProducerID, "epoch", resp.ProducerEpoch)
 			return nil
 		case errors.Is(err, kerr.TransactionalIDAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
-			return &replication.PrerequisiteError{
-				Problem: fmt.Sprintf("not authorized to use transactional id %s: %v", t.txnID, err),
-				Fix:     fmt.Sprintf("grant WRITE and DESCRIBE on TransactionalId %s (kafka-acls.sh --transactional-id %s)", t.txnID, t.txnID),
-			}
+			return t.prerequisite(
+				fmt.Sprintf("not authorized to use transactional id %s: %v", t.txnID, err),
+				fmt.Sprintf("grant WRITE and DESCRIBE on TransactionalId %s (kafka-acls.sh --transactional-id %s)", t.txnID, t.txnID))
 		case parent.Err() != nil:
 			return parent.Err()
 		case ctx.Err() != nil:
-			return &replication.PrerequisiteError{
-				Problem: fmt.Sprintf("the Kafka transaction coordinator did not answer for a minute (%v); its __transaction_state topic may not be creatable", err),
-				Fix:     "on a cluster of fewer than 3 brokers set transaction.state.log.replication.factor and transaction.state.log.min.isr to at most the broker count",
-			}
+			return t.prerequisite(
+				fmt.Sprintf("the Kafka transaction coordinator did not answer for a minute (%v); its __transaction_state topic may not be creatable", err),
+				"on a cluster of fewer than 3 brokers set transaction.state.log.replication.factor and transaction.state.log.min.isr to at most the broker count")
 		case isRetriable(err):
 		default:
 			return fmt.Errorf("init transactional id %s: %w", t.txnID, err)
