@@ -102,10 +102,11 @@ type eosEvent struct {
 	W, Txn, I, N int
 }
 
-// checkTransactions checks what a read_committed consumer saw: every
-// PostgreSQL transaction whole or absent, no event twice, per key in order.
-// It returns the transactions seen, by writer.
-func checkTransactions(t *testing.T, recs []*kgo.Record) map[int]map[int]bool {
+// checkTransactions checks what a read_committed consumer saw: no event
+// twice, per key in order, and with whole every PostgreSQL transaction whole
+// or absent. It returns the transactions seen, by writer, and how many were
+// seen in part.
+func checkTransactions(t *testing.T, recs []*kgo.Record, whole bool) (map[int]map[int]bool, int) {
 	t.Helper()
 	count := map[[2]int]int{}
 	size := map[[2]int]int{}
@@ -130,16 +131,20 @@ func checkTransactions(t *testing.T, recs []*kgo.Record) map[int]map[int]bool {
 		lastByKey[key] = e.Txn
 	}
 	txns := map[int]map[int]bool{}
+	partial := 0
 	for k, n := range count {
 		if n != size[k] {
-			t.Errorf("writer %d transaction %d: %d of its %d events visible to read_committed", k[0], k[1], n, size[k])
+			partial++
+			if whole {
+				t.Errorf("writer %d transaction %d: %d of its %d events visible to read_committed", k[0], k[1], n, size[k])
+			}
 		}
 		if txns[k[0]] == nil {
 			txns[k[0]] = map[int]bool{}
 		}
 		txns[k[0]][k[1]] = true
 	}
-	return txns
+	return txns, partial
 }
 
 // eosWriters writes multi-row transactions (n rows, one aggregate each,
@@ -211,7 +216,7 @@ func checkAllOnce(t *testing.T, topic string, last []int, rows int) (total, seen
 		return len(readIsolated(t, true, topic)) >= total*rows
 	})
 	recs := readIsolated(t, true, topic)
-	txns := checkTransactions(t, recs)
+	txns, _ := checkTransactions(t, recs, true)
 	for w, n := range last {
 		for txn := 1; txn <= n; txn++ {
 			if !txns[w][txn] {
@@ -258,16 +263,23 @@ kafka:
 	const writers, min, rows = 3, 150, 4
 	var written atomic.Int64
 	stop := make(chan struct{})
-	wait := eosWriters(ctx, t, dsn, "eoskill", writers, min, rows, stop, &written)
-	topic := topicFor("eoskill")
+	// An aggregate type (a topic) of its own: -count=N runs share runID.
+	agg := fmt.Sprintf("eoskill%d", dbCounter.Add(1))
+	wait := eosWriters(ctx, t, dsn, agg, writers, min, rows, stop, &written)
+	topic := topicFor(agg)
 	for k := 1; k <= 3; k++ {
 		at := int64(k * writers * min / 4)
 		waitFor(t, 2*time.Minute, fmt.Sprintf("%d transactions written before kill %d", at, k), func() bool { return written.Load() >= at })
 		// Killed after it committed some: the next one starts from there.
 		p.waitMetric(t, 2*time.Minute, "outbox_cdc_events_published_total", 40)
 		p.kill()
-		// Down: what is committed is whole transactions.
-		checkTransactions(t, readIsolated(t, true, topic))
+		// Down: what read_committed sees is never seen twice. Each
+		// partition shows a transaction once its commit marker is written
+		// there, so across partitions a transaction may show in part for a
+		// moment (the final check requires every one whole).
+		if _, partial := checkTransactions(t, readIsolated(t, true, topic), false); partial > 0 {
+			t.Logf("kill %d: %d transactions visible in part across partitions while the connector is down", k, partial)
+		}
 		p = startProcess(t, cfgPath, addr)
 	}
 	close(stop)
@@ -318,7 +330,8 @@ kafka:
 	const writers, min, rows = 2, 300, 3
 	var written atomic.Int64
 	stop := make(chan struct{})
-	wait := eosWriters(ctx, t, dsn, "eosfence", writers, min, rows, stop, &written)
+	agg := fmt.Sprintf("eosfence%d", dbCounter.Add(1))
+	wait := eosWriters(ctx, t, dsn, agg, writers, min, rows, stop, &written)
 	a.waitMetric(t, time.Minute, "outbox_cdc_events_published_total", 60)
 
 	// The standby waits, without fencing the active instance.
@@ -350,9 +363,9 @@ kafka:
 		}
 	}
 	close(stop)
-	total, committed := checkAllOnce(t, topicFor("eosfence"), wait(), rows)
+	total, committed := checkAllOnce(t, topicFor(agg), wait(), rows)
 	t.Logf("%d transactions over the takeover; read_committed %d records, read_uncommitted %d",
-		total, committed, len(readIsolated(t, false, topicFor("eosfence"))))
+		total, committed, len(readIsolated(t, false, topicFor(agg))))
 	stopClean(t, b)
 }
 
