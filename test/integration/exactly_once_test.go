@@ -29,9 +29,29 @@ import (
 
 func positionsFor(slot string) string { return "positions." + slot + "." + runID }
 
-// eosYAML is the kafka section additions of an exactly_once connector.
-func eosYAML(slot string) string {
-	return fmt.Sprintf("  delivery: exactly_once\n  transaction_interval: 5ms\n  positions_topic: %s\n", positionsFor(slot))
+// eosConfig writes the configuration of an exactly_once connector on slot
+// that serves HTTP on addr.
+func eosConfig(t *testing.T, dsn, slot, addr string) string {
+	return writeConfig(t, fmt.Sprintf(`
+postgres:
+  dsn: %s
+  slot: %s
+  publication: %s
+  status_interval: 100ms
+  reconnect_backoff_max: 1s
+outbox:
+  table: public.outbox
+kafka:
+  brokers: [%s]
+  dlq_topic: %s
+  topic: %q
+  topic_partitions: 3
+  delivery: exactly_once
+  transaction_interval: 5ms
+  positions_topic: %s
+http:
+  listen: %s
+`, dsn, slot, slot, strings.Join(kafkaServer.Brokers(), ", "), dlqFor(slot), topicTemplate, positionsFor(slot), addr))
 }
 
 // readIsolated reads topics from the start up to their end offsets at the
@@ -230,32 +250,17 @@ func checkAllOnce(t *testing.T, topic string, last []int, rows int) (total, seen
 	return total, len(recs)
 }
 
-// TestExactlyOnceKill9 kills the connector with SIGKILL three times while
-// writers commit multi-row transactions. While it is down, read_committed
-// sees whole transactions only; at the end it sees every transaction once,
-// per key in order.
+// TestExactlyOnceKill9 kills the connector with SIGKILL three times, each
+// time after it committed some events, while writers commit multi-row
+// transactions. While it is down, read_committed sees no event twice; at the
+// end it sees every transaction once, whole, per key in order, and the last
+// process started from the position committed to Kafka.
 func TestExactlyOnceKill9(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
 	addr := freeAddr(t)
 	dropSlotAtEnd(t, dsn, "eoskill")
-	cfgPath := writeConfig(t, fmt.Sprintf(`
-postgres:
-  dsn: %s
-  slot: eoskill
-  publication: eoskill
-  status_interval: 100ms
-  reconnect_backoff_max: 1s
-outbox:
-  table: public.outbox
-kafka:
-  brokers: [%s]
-  dlq_topic: %s
-  topic: %q
-  topic_partitions: 3
-%shttp:
-  listen: %s
-`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("eoskill"), topicTemplate, eosYAML("eoskill"), addr))
+	cfgPath := eosConfig(t, dsn, "eoskill", addr)
 	p := startProcess(t, cfgPath, addr)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -303,24 +308,7 @@ func TestExactlyOnceFencing(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
 	dropSlotAtEnd(t, dsn, "eosfence")
-	conf := func(addr string) string {
-		return writeConfig(t, fmt.Sprintf(`
-postgres:
-  dsn: %s
-  slot: eosfence
-  publication: eosfence
-  status_interval: 100ms
-  reconnect_backoff_max: 1s
-outbox:
-  table: public.outbox
-kafka:
-  brokers: [%s]
-  dlq_topic: %s
-  topic: %q
-%shttp:
-  listen: %s
-`, dsn, strings.Join(kafkaServer.Brokers(), ", "), dlqFor("eosfence"), topicTemplate, eosYAML("eosfence"), addr))
-	}
+	conf := func(addr string) string { return eosConfig(t, dsn, "eosfence", addr) }
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	a := startProcess(t, conf(addrA), addrA)
 	b := startProc(t, conf(addrB), addrB, false)
