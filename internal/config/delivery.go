@@ -20,7 +20,7 @@ const (
 // ExactlyOnce reports kafka.delivery exactly_once.
 func (k Kafka) ExactlyOnce() bool { return k.Delivery == DeliveryExactlyOnce }
 
-func (v *validator) delivery(k Kafka, d DLQ) {
+func (v *validator) delivery(k Kafka, d DLQ, s Snapshot) {
 	v.oneOf("kafka.delivery", k.Delivery, []string{DeliveryAtLeastOnce, DeliveryExactlyOnce})
 	if !k.ExactlyOnce() {
 		return
@@ -39,6 +39,12 @@ func (v *validator) delivery(k Kafka, d DLQ) {
 		if p.Key == "kafka.dlq_topic" {
 			v.add("kafka.positions_topic", p.Value, p.Reason, "choose a positions topic no event can be published to")
 		}
+	}
+	// The snapshot is one pseudo-transaction: one Kafka transaction, held in
+	// memory and bounded by the transaction timeout, whatever the table's size.
+	if s.Mode == "pending" {
+		v.add("snapshot.mode", s.Mode, "pending is not supported with kafka.delivery exactly_once",
+			"take the initial snapshot with kafka.delivery: at_least_once, then switch, or set snapshot.mode: none")
 	}
 	// The quarantined set lives in the at-least-once sink; the
 	// transactional one does not divert keys.

@@ -27,6 +27,7 @@ func TestDelivery(t *testing.T) {
 		{"positions routable", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.event.positions" }, "kafka.positions_topic", `aggregate_type "positions"`},
 		{"positions illegal", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "pos!" }, "kafka.positions_topic", "letters, digits"},
 		{"quarantine refused", func(c *Config) { eos(c); c.DLQ.Mode = DLQQuarantine }, "dlq.mode", "not supported with kafka.delivery exactly_once"},
+		{"snapshot refused", func(c *Config) { eos(c); c.Snapshot.Mode = "pending" }, "snapshot.mode", "not supported with kafka.delivery exactly_once"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -107,7 +107,7 @@ func (c *Config) problems() []FieldError {
 	v.tracing(c.Outbox, c.OTel)
 	v.kafka(c.Kafka)
 	v.dlq(c.DLQ, c.Kafka)
-	v.delivery(c.Kafka, c.DLQ)
+	v.delivery(c.Kafka, c.DLQ, c.Snapshot)
 	v.eventRouter(c)
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
 		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
