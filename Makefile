@@ -95,6 +95,7 @@ test: lint unit integration smoke
 
 chaos: kafka-jars build
 	OUTBOX_CDC_CHAOS=long OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 30m -v -run TestChaos ./test/chaos/
+	OUTBOX_CDC_CHAOS=long OUTBOX_CDC_CHAOS_DELIVERY=exactly_once OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 30m -v -run TestChaos ./test/chaos/
 
 # bench is its own module; its binary runs from the repository root, where
 # internal/testenv finds sql/, scripts/ and .cache/. BENCH_OUT elsewhere keeps

@@ -32,6 +32,12 @@
 // during a rebalance) are serialised by the primary key: the second INSERT
 // waits for the first transaction and then inserts nothing.
 //
+// The Consumer reads with isolation level read_committed: records of a Kafka
+// transaction appear once it commits, and never if it aborts. With the
+// connector's kafka.delivery exactly_once that is what makes a PostgreSQL
+// transaction's events appear together, and what hides the copies an
+// aborted attempt left in the log; with at_least_once it changes nothing.
+//
 // Inbox rows must be kept longer than any event can be delivered again
 // (Cleanup; docs/guide.md gives the rule).
 package inbox
@@ -206,6 +212,10 @@ func New(cfg Config) (*Consumer, error) {
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topics...),
 		kgo.DisableAutoCommit(),
+		// Records of aborted Kafka transactions (the connector's
+		// kafka.delivery exactly_once) are never handed over; without
+		// transactions this changes nothing.
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// Offsets are committed before a rebalance may run, so a commit never
 		// lands on a partition this member no longer owns.
 		kgo.BlockRebalanceOnPoll(),

@@ -52,6 +52,7 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end
 		return err
 	}
 	p.tracker.Commit(txn, end)
+	p.endTxn(end)
 	b.done, b.skip = true, g.Xids
 	// Once the watermark passes every backfilled row's commit, the gap is
 	// repaired.

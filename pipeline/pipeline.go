@@ -80,6 +80,9 @@ type Config struct {
 	// More are the outbox tables after the first (outbox.tables, tables.go);
 	// Mapping and Routes are the first's, and route table-less events.
 	More []Table
+	// ExactlyOnce, when set (kafka.delivery exactly_once), publishes through
+	// Kafka transactions (exactly_once.go); nil: at least once.
+	ExactlyOnce *ExactlyOnce
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -107,7 +110,7 @@ type Pipeline struct {
 	routers []*router.Router
 	plan    *plan // set before any goroutine starts, then read-only
 	tracker *offsets.Tracker
-	out     producer
+	out     producer // sink.Sink, or sink.Txn in exactly_once mode
 
 	// tableMetrics are the per-event metrics of each outbox table.
 	tableMetrics []metrics.TableEvents
@@ -169,7 +172,7 @@ func (p *Pipeline) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s, err := p.openSink(ctx)
+	s, err := p.newSink(ctx, pl)
 	if err != nil {
 		pl.close(ctx)
 		return err

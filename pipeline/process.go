@@ -60,6 +60,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 		case replication.Reset:
 			if txn != nil {
 				p.tracker.Abort(txn)
+				p.abortTxn()
 				txn = nil
 			}
 			m.Resume(dispatched)
@@ -109,6 +110,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 				return fmt.Errorf("commit at %v without begin", m.WALStart)
 			}
 			p.tracker.Commit(txn, res.Commit.EndLSN)
+			p.endTxn(res.Commit.EndLSN)
 			p.commits.Add(res.Commit.EndLSN, commitTime)
 			dispatched = max(dispatched, res.Commit.EndLSN)
 			p.replayAt.Store(uint64(res.Commit.EndLSN))

@@ -40,18 +40,8 @@ func (s *Sink) deadLetter(r *record, reason string, cause error) {
 		r.Headers = r.Headers[2:] // quarantine and topic, added by divert
 	}
 	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
-	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
-	h = append(h, kgo.RecordHeader{Key: wire.HeaderError, Value: []byte(reason)},
-		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.Topic)})
-	r.Headers = append(h, r.Headers...)
-	r.orig, r.Topic = r.Topic, s.dlq
-	r.Partition = -1 // the key chooses, whatever partition the original had
-	r.dead, r.reason, r.level = true, reason, 0
+	r.toDeadLetter(s.dlq, reason, cause)
 	r.err, r.alone, r.resent, r.seq = nil, false, false, 0
-	if errors.Is(cause, kerr.InvalidTimestamp) {
-		r.Timestamp = time.Now() // the dead-letter topic would refuse it too
-	}
-	r.size = batchSize(&r.Record)
 	s.mu.Lock()
 	err := s.quarantine(r, reason)
 	s.mu.Unlock()
@@ -62,11 +52,40 @@ func (s *Sink) deadLetter(r *record, reason string, cause error) {
 	_ = s.submit(r, false)
 }
 
+// toDeadLetter turns r into its dead-letter copy for dlq: headers error
+// (the reason) and topic first, then its own; key, value and timestamp as
+// they were. cause is the refusal that led here, if any. Both sinks use it.
+func (r *record) toDeadLetter(dlq, reason string, cause error) {
+	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
+	h = append(h, kgo.RecordHeader{Key: wire.HeaderError, Value: []byte(reason)},
+		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.Topic)})
+	r.Headers = append(h, r.Headers...)
+	r.orig, r.Topic = r.Topic, dlq
+	r.Partition = -1 // the key chooses, whatever partition the original had
+	r.dead, r.reason, r.level = true, reason, 0
+	if errors.Is(cause, kerr.InvalidTimestamp) {
+		r.Timestamp = time.Now() // the dead-letter topic would refuse it too
+	}
+	r.size = batchSize(&r.Record)
+}
+
+// tooLargeReason is the dead letter's reason for a record over its topic's
+// limit, checked before it is sent.
+func tooLargeReason(size int, limit int32, topic string) string {
+	return fmt.Sprintf("record of %d bytes exceeds max.message.bytes %d of topic %s (%s)",
+		size, limit, topic, kerr.MessageTooLarge.Message)
+}
+
+// refusedReason is the dead letter's reason for a record the broker refused
+// on its own.
+func refusedReason(topic string, err error) string {
+	return fmt.Sprintf("Kafka refused the record for topic %s: %v", topic, err)
+}
+
 // tooLarge handles r over t's limit before it is sent: a record is
 // dead-lettered, a dead letter made smaller.
 func (s *Sink) tooLarge(t *topicState, r *record) {
-	why := fmt.Sprintf("record of %d bytes exceeds max.message.bytes %d of topic %s (%s)",
-		r.size, t.limit.Load(), t.name, kerr.MessageTooLarge.Message)
+	why := tooLargeReason(r.size, t.limit.Load(), t.name)
 	if !r.dead {
 		s.deadLetter(r, why, nil)
 		return
@@ -80,7 +99,7 @@ func (s *Sink) tooLarge(t *topicState, r *record) {
 // and its refusal once minimal is fatal, never a silent drop.
 func (s *Sink) refusedAlone(t *topicState, r *record) {
 	if !r.dead {
-		s.deadLetter(r, fmt.Sprintf("Kafka refused the record for topic %s: %v", r.Topic, r.err), r.err)
+		s.deadLetter(r, refusedReason(r.Topic, r.err), r.err)
 		return
 	}
 	if r.level >= 2 || topicWide(r.err) {

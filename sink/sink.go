@@ -320,24 +320,8 @@ type record struct {
 // buffered (with a shutdown outcome), so pass a context that outlives the
 // drain. done is called exactly once, also when Produce returns ctx's error.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error {
-	r := &record{done: done, sink: s, ctx: ctx}
-	r.Topic = rec.Topic
-	r.Key = rec.Key
-	r.Value = rec.Value
-	r.Timestamp = rec.Timestamp
-	r.Partition = -1
-	if rec.HasPartition {
-		r.Partition = rec.Partition
-	}
-	h := r.hdr[:0]
-	for _, x := range rec.Headers {
-		h = append(h, kgo.RecordHeader{Key: x.Key, Value: x.Value})
-	}
-	r.Headers = h
-	if r.Topic == s.dlq { // the router's dead letter, with its error header
-		r.dead, r.reason = true, headerValue(&r.Record, wire.HeaderError)
-	}
-	r.size = batchSize(&r.Record)
+	r := newRecord(rec, s.dlq)
+	r.done, r.sink, r.ctx = done, s, ctx
 	s.outstanding.Add(1)
 	if err := ctx.Err(); err != nil {
 		r.finish(Outcome{Err: err})

@@ -532,6 +532,11 @@ func (s *Sink) batchMax(topic string) int32 {
 		}
 		s.mu.Unlock()
 	}
+	return batchCap(limit)
+}
+
+// batchCap is the batch cap for a topic limit (0: unknown).
+func batchCap(limit int32) int32 {
 	if limit <= 0 {
 		return defaultBatchMax
 	}

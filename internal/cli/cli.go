@@ -286,6 +286,9 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		SnapshotFilter:  cfg.Snapshot.Filter,
 		SnapshotOrderBy: cfg.Snapshot.OrderBy,
 	}
+	if cfg.Kafka.ExactlyOnce() {
+		pc.ExactlyOnce = &pipeline.ExactlyOnce{Interval: cfg.Kafka.TransactionInterval, PositionsTopic: cfg.Kafka.PositionsTopic}
+	}
 	return pc, nil
 }
 

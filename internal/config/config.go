@@ -152,6 +152,14 @@ type Kafka struct {
 
 	// QuarantineTopic is compacted: the quarantined set (dlq.mode quarantine).
 	QuarantineTopic string `koanf:"quarantine_topic"`
+	// Delivery is at_least_once or exactly_once (delivery.go).
+	Delivery string `koanf:"delivery"`
+	// TransactionInterval bounds how long committed PostgreSQL transactions
+	// wait to be committed in a Kafka transaction (exactly_once).
+	TransactionInterval time.Duration `koanf:"transaction_interval"`
+	// PositionsTopic is the compacted topic the position is committed to
+	// inside each Kafka transaction (exactly_once).
+	PositionsTopic string `koanf:"positions_topic"`
 }
 
 // KafkaCloudEvents configures the CloudEvents record formats (router.CloudEvents).
@@ -245,6 +253,7 @@ func Default() Config {
 			UnknownTopicTimeout: 2 * time.Minute, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
 			Format: router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
 			QuarantineTopic: "outbox.quarantine",
+			Delivery:        DeliveryAtLeastOnce, TransactionInterval: 5 * time.Millisecond, PositionsTopic: "outbox-cdc.positions",
 		},
 		HTTP:       HTTP{Listen: "127.0.0.1:9187"},
 		Log:        Log{Level: "info", Format: "text"},

@@ -76,6 +76,11 @@ func Load(path string, environ []string) (*Config, error) {
 	if _, set := lookup(raw, "outbox.table"); !set && len(cfg.Outbox.Tables) > 0 {
 		cfg.Outbox.Table = "" // the default names no table of the list
 	}
+	if _, set := lookup(raw, "dlq.mode"); !set && cfg.Kafka.ExactlyOnce() {
+		// The transactional sink does not divert keys: unset, dlq.mode is
+		// skip there; set to quarantine, validation refuses it with the fix.
+		cfg.DLQ.Mode = DLQSkip
+	}
 	loaded := len(problems) // validation does not report these keys again
 	for _, p := range cfg.problems() {
 		parent, _, _ := strings.Cut(p.Key, "[") // kafka.brokers[1] → kafka.brokers

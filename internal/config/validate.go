@@ -107,6 +107,7 @@ func (c *Config) problems() []FieldError {
 	v.tracing(c.Outbox, c.OTel)
 	v.kafka(c.Kafka)
 	v.dlq(c.DLQ, c.Kafka)
+	v.delivery(c.Kafka, c.DLQ, c.Snapshot)
 	v.eventRouter(c)
 	v.tables(c)
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {

@@ -234,6 +234,7 @@ func TestChaos(t *testing.T) {
 	r := &run{t: t, m: m, seed: seed, rng: mrand.New(mrand.NewPCG(seed, 0x6368616f73)),
 		ledger: &ledger{}, wstats: &writerStats{}, live: newLiveConsumer(), workers: make(chan error, 64)}
 	r.skip = skippedKinds(t)
+	eosSkip(t, r.skip)
 	r.partitioned = !r.skip[fOpsPartition]
 	r.setup(ctx)
 
@@ -339,7 +340,7 @@ func TestChaos(t *testing.T) {
 	obsWG.Wait()
 
 	rep := r.analyze(ctx)
-	rep.Mode, rep.Seed = m.Name, seed
+	rep.Mode, rep.Seed = modeName(m), seed
 	rep.ChaosSeconds = chaosEnd.Sub(chaosStart).Seconds()
 	rep.WallSeconds = time.Since(began).Seconds()
 	r.report(rep)
@@ -448,6 +449,7 @@ http:
 log:
   level: info
 `, proxiedDSN, slot, slot, outboxSection(r.prefix), env.brokerProxy.Addr(), r.prefix+".{aggregate_type}", r.dlq, r.parkingTopic(), r.quarantineTopic(), httpPort)
+	yaml = withDelivery(yaml, r.prefix)
 	cfgPath := filepath.Join(dir, "outbox-cdc.yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)

@@ -39,6 +39,7 @@ type copyRec struct {
 	ID        string
 	Seq       int
 	Producer  int64
+	Epoch     int16     // producer epoch: one per Kafka transaction under KIP-890
 	Append    time.Time // LogAppendTime
 	LogAppend bool      // the timestamp is the broker's append time
 	Err       string    // the error header (dead-letter records)
@@ -142,6 +143,8 @@ type Report struct {
 	// order across the topic, the dead-letter and the parking topics.
 	Parked               int `json:"parked"`
 	QuarantineViolations int `json:"quarantine_order_violations"`
+	// ExactlyOnce holds the exactly_once run's checks (eos_test.go).
+	ExactlyOnce *eosReport `json:"exactly_once,omitempty"`
 }
 
 type recovery struct {
@@ -308,6 +311,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	r.noteBackfills(rep)
 	r.checkOrder(rep, recs, fail)
 	r.checkDuplicates(rep, copies, byID, fail)
+	r.checkExactlyOnce(rep, recs, copies, byID, fail)
 	r.checkWatermark(rep, events, copies, fail)
 	r.recoveries(rep, events)
 
@@ -456,7 +460,7 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 	if len(parts) == 0 {
 		return nil, nil, nil
 	}
-	cl, err = newKafkaClient(kgo.ConsumePartitions(parts), kgo.FetchMaxBytes(64<<20))
+	cl, err = newKafkaClient(append([]kgo.Opt{kgo.ConsumePartitions(parts), kgo.FetchMaxBytes(64 << 20)}, isolation()...)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -471,8 +475,15 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 			return nil, nil, fmt.Errorf("read topics: %d partitions not read to the end: %w", left, err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
+			if r.Attrs.IsControl() { // a transaction marker (exactly_once run): it only counts toward the end
+				if end, ok := remaining[r.Topic][r.Partition]; ok && r.Offset >= end-1 {
+					delete(remaining[r.Topic], r.Partition)
+					left--
+				}
+				return
+			}
 			c := copyRec{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key),
-				Producer: r.ProducerID, Append: r.Timestamp}
+				Producer: r.ProducerID, Epoch: r.ProducerEpoch, Append: r.Timestamp}
 			c.ID, _ = header(r, "id")
 			c.Err, c.HasErr = header(r, "error")
 			c.LogAppend = r.Attrs.TimestampType() == 1
@@ -1003,6 +1014,9 @@ func (r *run) report(rep *Report) {
 			rep.LongestFirstDelivery.Millis, rep.LongestFirstDelivery.Fault, rep.LongestFirstDelivery.At,
 			rep.LongestCaughtUp.Millis, rep.LongestCaughtUp.Fault, rep.LongestCaughtUp.At, rep.UnmeasuredRecoveries),
 		fmt.Sprintf("connector processes %d, unexpected exits %d, hangs %d", len(rep.Incarnations), len(rep.UnexpectedExits), len(rep.Hangs)),
+	}
+	if er := rep.ExactlyOnce; er != nil {
+		lines = append(lines, er.String())
 	}
 	for _, l := range lines {
 		t.Logf("chaos report: %s", l)

@@ -42,12 +42,12 @@ func newLiveConsumer() *liveConsumer {
 
 // run consumes topics from the start until ctx ends.
 func (lc *liveConsumer) run(ctx context.Context, topics []string, ready chan<- error) {
-	cl, err := newKafkaClient(
+	cl, err := newKafkaClient(append([]kgo.Opt{
 		kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(200*time.Millisecond),
-		kgo.FetchMaxBytes(32<<20),
-	)
+		kgo.FetchMaxWait(200 * time.Millisecond),
+		kgo.FetchMaxBytes(32 << 20),
+	}, isolation()...)...)
 	ready <- err
 	if err != nil {
 		return

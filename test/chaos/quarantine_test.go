@@ -42,6 +42,9 @@ func (r *run) commitAfterOversize(ctx context.Context) error {
 // quarantineViolations says.
 func (r *run) checkParking(ctx context.Context, rep *Report, recs, dlq []copyRec, byID map[string]*event,
 	copies map[string][]copyRec, fail func(string, ...any)) {
+	if exactlyOnce() { // dlq.mode is skip there (the transactional sink does not divert keys)
+		return
+	}
 	_, parked, err := readAll(ctx, nil, r.parkingTopic())
 	if err != nil && !errors.Is(err, kerr.UnknownTopicOrPartition) {
 		fail("read the parking topic: %v", err)

@@ -1,0 +1,55 @@
+package config
+
+import (
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+// kafka.delivery values.
+const (
+	// DeliveryAtLeastOnce is the idempotent producer: a crash can publish
+	// the transactions after the confirmed position again.
+	DeliveryAtLeastOnce = "at_least_once"
+	// DeliveryExactlyOnce is the transactional producer (sink/txn.go): whole
+	// PostgreSQL transactions per Kafka transaction, the position committed
+	// in it.
+	DeliveryExactlyOnce = "exactly_once"
+)
+
+// ExactlyOnce reports kafka.delivery exactly_once.
+func (k Kafka) ExactlyOnce() bool { return k.Delivery == DeliveryExactlyOnce }
+
+func (v *validator) delivery(k Kafka, d DLQ, s Snapshot) {
+	v.oneOf("kafka.delivery", k.Delivery, []string{DeliveryAtLeastOnce, DeliveryExactlyOnce})
+	if !k.ExactlyOnce() {
+		return
+	}
+	// Below 1ms every transaction is its own Kafka transaction for nothing;
+	// above a minute the broker's transaction timeout would abort it.
+	v.durationRange("kafka.transaction_interval", k.TransactionInterval, time.Millisecond, time.Minute,
+		"how long PostgreSQL transactions are grouped into one Kafka transaction")
+	if k.PositionsTopic == k.DLQTopic || k.PositionsTopic == k.ParkingTopic && d.Mode == DLQQuarantine {
+		v.add("kafka.positions_topic", k.PositionsTopic, "same as the dead-letter or parking topic",
+			"choose a topic of its own, such as outbox-cdc.positions")
+		return
+	}
+	for _, p := range (router.Config{TopicTemplate: k.Topic, Topics: k.Topics, DLQTopic: k.PositionsTopic,
+		TopicRegex: k.TopicRegex, TopicReplacement: k.TopicReplacement}).Check() {
+		if p.Key == "kafka.dlq_topic" {
+			v.add("kafka.positions_topic", p.Value, p.Reason, "choose a positions topic no event can be published to")
+		}
+	}
+	// The snapshot is one pseudo-transaction: one Kafka transaction, held in
+	// memory and bounded by the transaction timeout, whatever the table's size.
+	if s.Mode == "pending" {
+		v.add("snapshot.mode", s.Mode, "pending is not supported with kafka.delivery exactly_once",
+			"take the initial snapshot with kafka.delivery: at_least_once, then switch, or set snapshot.mode: none")
+	}
+	// The quarantined set lives in the at-least-once sink; the
+	// transactional one does not divert keys.
+	if d.Mode == DLQQuarantine {
+		v.add("dlq.mode", d.Mode, "quarantine is not supported with kafka.delivery exactly_once",
+			"set dlq.mode: skip, or kafka.delivery: at_least_once")
+	}
+}

@@ -1,0 +1,79 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDelivery(t *testing.T) {
+	t.Parallel()
+	if d := Default(); d.Kafka.Delivery != DeliveryAtLeastOnce || d.Kafka.ExactlyOnce() {
+		t.Fatalf("default delivery %q", d.Kafka.Delivery)
+	}
+	// As Load leaves it with dlq.mode unset (TestDeliveryEnv).
+	eos := func(c *Config) { c.Kafka.Delivery, c.DLQ.Mode = DeliveryExactlyOnce, DLQSkip }
+	for _, tt := range []struct {
+		name   string
+		edit   func(*Config)
+		key    string // "" : valid
+		phrase string
+	}{
+		{"exactly once", eos, "", ""},
+		{"unknown mode", func(c *Config) { c.Kafka.Delivery = "at_most_once" }, "kafka.delivery", "at_least_once, exactly_once"},
+		{"interval too short", func(c *Config) { eos(c); c.Kafka.TransactionInterval = 0 }, "kafka.transaction_interval", "between 1ms and 1m0s"},
+		{"interval too long", func(c *Config) { eos(c); c.Kafka.TransactionInterval = time.Hour }, "kafka.transaction_interval", "between 1ms and 1m0s"},
+		{"interval ignored at least once", func(c *Config) { c.Kafka.TransactionInterval = 0 }, "", ""},
+		{"positions is the dlq", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.dlq" }, "kafka.positions_topic", "same as the dead-letter"},
+		{"positions routable", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.event.positions" }, "kafka.positions_topic", `aggregate_type "positions"`},
+		{"positions illegal", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "pos!" }, "kafka.positions_topic", "letters, digits"},
+		{"quarantine refused", func(c *Config) { eos(c); c.DLQ.Mode = DLQQuarantine }, "dlq.mode", "not supported with kafka.delivery exactly_once"},
+		{"snapshot refused", func(c *Config) { eos(c); c.Snapshot.Mode = "pending" }, "snapshot.mode", "not supported with kafka.delivery exactly_once"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := withRequired()
+			tt.edit(&c)
+			var got *FieldError
+			for _, p := range c.problems() {
+				if p.Key == tt.key || tt.key == "" {
+					got = &p
+					break
+				}
+			}
+			switch {
+			case tt.key == "" && got != nil:
+				t.Fatalf("unexpected problem: %v", got)
+			case tt.key != "" && got == nil:
+				t.Fatalf("no problem for %s; problems: %v", tt.key, c.problems())
+			case tt.key != "" && !strings.Contains(got.Error(), tt.phrase):
+				t.Fatalf("problem %q lacks %q", got.Error(), tt.phrase)
+			}
+		})
+	}
+}
+
+func TestDeliveryEnv(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load("", append(requiredEnv[:len(requiredEnv):len(requiredEnv)],
+		"OUTBOX_CDC_KAFKA_DELIVERY=exactly_once", "OUTBOX_CDC_KAFKA_TRANSACTION_INTERVAL=20ms"))
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if !cfg.Kafka.ExactlyOnce() || cfg.Kafka.TransactionInterval != 20*time.Millisecond || cfg.Kafka.PositionsTopic != "outbox-cdc.positions" {
+		t.Fatalf("kafka %q %v %q", cfg.Kafka.Delivery, cfg.Kafka.TransactionInterval, cfg.Kafka.PositionsTopic)
+	}
+	// dlq.mode unset is skip with exactly_once (quarantine otherwise);
+	// set to quarantine, it is refused with the fix.
+	if cfg.DLQ.Mode != DLQSkip {
+		t.Fatalf("dlq.mode %q with exactly_once and no dlq.mode set, want skip", cfg.DLQ.Mode)
+	}
+	_, err = Load("", append(requiredEnv[:len(requiredEnv):len(requiredEnv)],
+		"OUTBOX_CDC_KAFKA_DELIVERY=exactly_once", "OUTBOX_CDC_DLQ_MODE=quarantine"))
+	if err == nil || !strings.Contains(err.Error(), "dlq.mode") || !strings.Contains(err.Error(), "set dlq.mode: skip") {
+		t.Fatalf("explicit quarantine with exactly_once: %v", err)
+	}
+	if cfg, err := Load("", requiredEnv); err != nil || cfg.DLQ.Mode != DLQQuarantine {
+		t.Fatalf("default dlq.mode: %v, %v", cfg, err)
+	}
+}

@@ -1,0 +1,117 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+// ExactlyOnce configures kafka.delivery exactly_once: the transactional
+// sink (sink.Txn), which commits whole PostgreSQL transactions and their
+// end position in one Kafka transaction.
+type ExactlyOnce struct {
+	Interval       time.Duration // kafka.transaction_interval
+	PositionsTopic string        // kafka.positions_topic
+}
+
+// out is the sink as a run owns it.
+type out interface {
+	producer
+	Close()
+}
+
+// txnBoundary is the transactional sink's side of the processor: it is
+// told where each PostgreSQL transaction ends, or that it was cut short.
+type txnBoundary interface {
+	EndTxn(end lsn.LSN)
+	AbortTxn()
+}
+
+// newSink returns the at-least-once sink, or in exactly_once mode the
+// transactional one, started: any other instance of the source is fenced,
+// and the run starts after the last position committed to Kafka when that
+// is later than the slot's and the checkpoint's. A replay publishes at
+// least once: its range is not the source's position.
+func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
+	eo := p.cfg.ExactlyOnce
+	if eo == nil || p.cfg.Replay != nil {
+		s, err := p.openSink(ctx)
+		if err != nil {
+			return nil, err // not a typed nil in the interface
+		}
+		return s, nil
+	}
+	if pl.snapshot == nil { // else this run just created the slot
+		if err := p.waitSlotFree(ctx); err != nil {
+			return nil, fmt.Errorf("exactly_once: %w", err)
+		}
+	}
+	srv, err := p.cfg.Source.DB.Identify(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("exactly_once: %w", err)
+	}
+	t, err := sink.NewTxn(sink.TxnConfig{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
+		Source: sink.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot), Fail: p.fail,
+		Prerequisite: func(problem, fix string) error { return &replication.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
+	if err != nil {
+		return nil, err
+	}
+	committed, err := t.Start(ctx)
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("exactly_once: %w", err)
+	}
+	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
+		"positions_topic", eo.PositionsTopic, "committed", committed)
+	if committed > pl.start {
+		// Everything up to it is in Kafka, committed: skip it.
+		p.log.Info("resuming after the position committed to Kafka", "committed", committed, "slot_or_checkpoint", pl.start)
+		pl.start, pl.stream.StartLSN = committed, committed
+	}
+	return t, nil
+}
+
+// waitSlotFree waits while another connector streams from the slot: taking
+// the transactional id over fences that one, so a standby does it only
+// once the slot is free (the active one died, or lost its connection).
+func (p *Pipeline) waitSlotFree(ctx context.Context) error {
+	slot, logged := p.cfg.Source.Slot, false
+	for {
+		info, err := p.cfg.Source.DB.Slot(ctx, slot)
+		if err != nil {
+			return err
+		}
+		if !info.Active {
+			return nil
+		}
+		if !logged {
+			p.log.Info("another connector streams from the slot; waiting for it to stop before taking the transactional id over",
+				"slot", slot, "active_pid", info.ActivePID)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// endTxn tells a transactional sink that the PostgreSQL transaction handed
+// over since the last call ends at end.
+func (p *Pipeline) endTxn(end lsn.LSN) {
+	if b, ok := p.out.(txnBoundary); ok {
+		b.EndTxn(end)
+	}
+}
+
+// abortTxn tells a transactional sink to forget the transaction cut short.
+func (p *Pipeline) abortTxn() {
+	if b, ok := p.out.(txnBoundary); ok {
+		b.AbortTxn()
+	}
+}

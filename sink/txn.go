@@ -1,0 +1,615 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+// TxnConfig configures the exactly-once sink (kafka.delivery exactly_once).
+type TxnConfig struct {
+	Sink Config
+	// Positions is the compacted topic the position is committed to.
+	Positions string
+	// Source names the stream: the position record's key and the base of
+	// the transactional id, so that a second connector on the same source
+	// fences the first (PositionKey).
+	Source string
+	// Interval bounds how long committed PostgreSQL transactions wait for
+	// their Kafka transaction; 0 means 5ms.
+	Interval time.Duration
+	// MaxRecords commits at once when this many events wait; 0 means
+	// Sink.MaxBufferedRecords, or 10000.
+	MaxRecords int
+	// TransactionTimeout is the broker's bound on an open transaction;
+	// 0 means one minute.
+	TransactionTimeout time.Duration
+	// FenceCheck: after this long without a commit the position is
+	// committed again, alone, so that a fenced instance learns it (and
+	// stops) even when it has nothing to publish; 0 means 2s.
+	FenceCheck time.Duration
+	// Fail receives the fatal error once (fenced, not authorized), also
+	// when no event is waiting to carry it.
+	Fail func(error)
+	// Prerequisite makes the error for a broker setting to change
+	// (replication.PrerequisiteError in the connector; the sink does not
+	// import the replication package).
+	Prerequisite func(problem, fix string) error
+}
+
+// PositionKey is the source identity the position is kept under: the
+// cluster's system identifier, the database and the slot. The timeline is
+// left out: positions stay comparable across a promotion.
+func PositionKey(systemID, database, slot string) string {
+	return systemID + "/" + database + "/" + slot
+}
+
+// Position is the value of a position record.
+type Position struct {
+	LSN       lsn.LSN   `json:"lsn"` // end of the last PostgreSQL transaction committed
+	Source    string    `json:"source"`
+	Committed time.Time `json:"committed_at"`
+}
+
+// Txn is the exactly-once sink. The pipeline hands it each PostgreSQL
+// transaction whole (Produce for every event, then EndTxn with its end LSN);
+// it keeps them in memory and, at most every Interval (sooner once
+// MaxRecords wait), produces them together with the position record in one
+// Kafka transaction. Every outcome is reported after the commit, so the
+// tracker never acknowledges, and the slot never confirms, past a committed
+// position. A transaction that fails is aborted and its PostgreSQL
+// transactions produced again in a new one; a record the broker refuses
+// cannot be part of a committed transaction, so it is found (the records
+// refused with others are sent alone the next time) and dead-lettered
+// instead, in the same transaction as the rest.
+type Txn struct {
+	s     *Sink // its client is transactional; its topic helpers are shared, its Produce path unused
+	log   *slog.Logger
+	cfg   TxnConfig
+	txnID string
+
+	limits sync.Map // topic → int32 max.message.bytes, read by franz-go (batchMax)
+
+	mu     sync.Mutex
+	open   []*entry // the PostgreSQL transaction being handed over
+	batch  []*entry // whole PostgreSQL transactions waiting for a Kafka transaction
+	end    lsn.LSN  // end of the last of them
+	since  time.Time
+	closed bool
+	kick   chan struct{} // wakes the commit loop
+
+	// commitMu makes one Kafka transaction at a time; it guards topics and
+	// fatal.
+	commitMu  sync.Mutex
+	topics    map[string]*txnTopic
+	fatal     error
+	committed atomic.Uint64 // last position committed
+	lastTry   time.Time     // last transaction attempted
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// entry is one event in the sink's hands until its transaction commits.
+type entry struct {
+	rec     *record // its own topic, or its dead-letter copy
+	done    Done
+	suspect bool  // refused together with others: sent alone next time
+	alone   bool  // sent alone in this attempt
+	err     error // this attempt's outcome
+}
+
+type txnTopic struct {
+	known        bool
+	stale        bool // re-read the limit: a refusal may mean it was lowered
+	limit        int32
+	missing      bool
+	missingSince time.Time
+}
+
+const defaultTxnInterval = 5 * time.Millisecond
+
+// NewTxn creates the transactional producer. Call Start before Produce.
+func NewTxn(cfg TxnConfig, log *slog.Logger) (*Txn, error) {
+	if cfg.Interval <= 0 {
+		cfg.Interval = defaultTxnInterval
+	}
+	if cfg.MaxRecords <= 0 {
+		cfg.MaxRecords = cfg.Sink.MaxBufferedRecords
+	}
+	if cfg.MaxRecords <= 0 {
+		cfg.MaxRecords = defaultMaxHeld
+	}
+	if cfg.TransactionTimeout <= 0 {
+		cfg.TransactionTimeout = time.Minute
+	}
+	if cfg.FenceCheck <= 0 {
+		cfg.FenceCheck = 2 * time.Second
+	}
+	t := &Txn{log: log, cfg: cfg, txnID: "outbox-cdc-" + cfg.Source, topics: make(map[string]*txnTopic),
+		kick: make(chan struct{}, 1)}
+	sc := cfg.Sink
+	sc.ParkingTopic = "" // quarantine is refused with exactly_once (config)
+	sc.Opts = append(append([]kgo.Opt(nil), sc.Opts...),
+		kgo.TransactionalID(t.txnID),
+		kgo.TransactionTimeout(cfg.TransactionTimeout),
+		// Batches are capped at the limits this sink reads (prepare).
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+			v, _ := t.limits.Load(topic)
+			n, _ := v.(int32)
+			return batchCap(n)
+		}),
+	)
+	s, err := New(sc, log)
+	if err != nil {
+		return nil, err
+	}
+	t.s = s
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	return t, nil
+}
+
+// TransactionalID is the id this sink commits under.
+func (t *Txn) TransactionalID() string { return t.txnID }
+
+// Client exposes the client to tests in this module.
+func (t *Txn) Client() *kgo.Client { return t.s.cl }
+
+// Produce keeps rec (which may be reused when Produce returns) in the
+// PostgreSQL transaction being handed over. It does not block.
+func (t *Txn) Produce(ctx context.Context, rec *router.Record, done Done) error {
+	if err := ctx.Err(); err != nil {
+		done.Delivered(Outcome{Err: err})
+		return err
+	}
+	e := &entry{rec: newRecord(rec, t.s.dlq), done: done}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		done.Delivered(Outcome{Err: kgo.ErrClientClosed})
+		return nil
+	}
+	t.open = append(t.open, e)
+	t.mu.Unlock()
+	return nil
+}
+
+// EndTxn marks the end of the PostgreSQL transaction handed over since the
+// last EndTxn or AbortTxn; end is its end LSN. It commits at once (blocking:
+// backpressure) when MaxRecords events wait, else within Interval.
+func (t *Txn) EndTxn(end lsn.LSN) {
+	t.mu.Lock()
+	if len(t.open) == 0 && len(t.batch) == 0 {
+		// Nothing of it to publish: the tracker moves past it alone.
+		t.mu.Unlock()
+		return
+	}
+	if len(t.batch) == 0 {
+		t.since = time.Now()
+	}
+	t.batch = append(t.batch, t.open...)
+	t.open = nil
+	t.end = max(t.end, end)
+	full := len(t.batch) >= t.cfg.MaxRecords
+	t.mu.Unlock()
+	if full {
+		_ = t.commit(t.ctx)
+		return
+	}
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+}
+
+// AbortTxn forgets the PostgreSQL transaction being handed over (the
+// stream reconnects; it comes again).
+func (t *Txn) AbortTxn() {
+	t.mu.Lock()
+	open := t.open
+	t.open = nil
+	t.mu.Unlock()
+	for _, e := range open {
+		e.done.Delivered(Outcome{Err: kgo.ErrAborting})
+	}
+}
+
+// Committed is the last position committed to Kafka by this sink.
+func (t *Txn) Committed() lsn.LSN { return lsn.LSN(t.committed.Load()) }
+
+// Flush commits the whole PostgreSQL transactions handed over, or gives up
+// when ctx ends (they are not acknowledged then).
+func (t *Txn) Flush(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.ctx, cancel)()
+	if err := t.commit(ctx); err != nil {
+		return fmt.Errorf("flush: %w", err)
+	}
+	return nil
+}
+
+// Close stops the commit loop and closes the client; events not committed
+// get a shutdown outcome. An open Kafka transaction is aborted by the
+// broker (timeout) or by the next instance's start, whichever is first.
+func (t *Txn) Close() {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.closed = true
+	t.mu.Unlock()
+	t.cancel()
+	t.wg.Wait()
+	t.commitMu.Lock() // a commit in progress ends with the context
+	t.s.Close()
+	t.commitMu.Unlock()
+	t.mu.Lock()
+	left := append(t.open, t.batch...)
+	t.open, t.batch = nil, nil
+	t.mu.Unlock()
+	for _, e := range left {
+		e.done.Delivered(Outcome{Err: kgo.ErrClientClosed})
+	}
+}
+
+// loop commits what waits once it has waited Interval, and checks for
+// fencing when idle.
+func (t *Txn) loop() {
+	defer t.wg.Done()
+	check := time.NewTicker(t.cfg.FenceCheck)
+	defer check.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-check.C:
+			t.probe()
+			continue
+		case <-t.kick:
+		}
+		t.mu.Lock()
+		pending, due := len(t.batch) > 0, t.since.Add(t.cfg.Interval)
+		t.mu.Unlock()
+		if !pending {
+			continue
+		}
+		if wait := time.Until(due); wait > 0 {
+			select {
+			case <-t.ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		_ = t.commit(t.ctx) // outcomes went to the events' Done
+	}
+}
+
+// probe commits the last position again, alone, when nothing was tried for
+// FenceCheck: a fenced instance finds out and stops without waiting for an
+// event. The position cannot go back: only the owner of the id commits.
+func (t *Txn) probe() {
+	t.commitMu.Lock()
+	defer t.commitMu.Unlock()
+	pos := lsn.LSN(t.committed.Load())
+	if t.fatal != nil || pos == 0 || time.Since(t.lastTry) < t.cfg.FenceCheck {
+		return
+	}
+	t.lastTry = time.Now()
+	if err := t.attempt(t.ctx, nil, pos); err != nil && (isFatalTxn(err) || errors.Is(err, errBegin)) {
+		t.setFatal(err)
+	}
+}
+
+// setFatal records the first fatal error and reports it. Called with
+// commitMu held.
+func (t *Txn) setFatal(err error) {
+	if t.fatal != nil {
+		return
+	}
+	t.fatal = fatalTxnError(t.txnID, err)
+	t.log.Error("kafka: the transactional producer cannot commit again", "transactional_id", t.txnID, "err", err)
+	if t.cfg.Fail != nil {
+		t.cfg.Fail(t.fatal)
+	}
+}
+
+// commit publishes what waits in one Kafka transaction, retrying until it
+// commits, a fatal error, or ctx ends; the outcomes go to the events' Done.
+func (t *Txn) commit(ctx context.Context) error {
+	t.commitMu.Lock()
+	defer t.commitMu.Unlock()
+	t.mu.Lock()
+	b, end := t.batch, t.end
+	t.batch = nil
+	t.mu.Unlock()
+	if len(b) == 0 {
+		return nil
+	}
+	var err error
+	for attempt := 1; t.fatal == nil; attempt++ {
+		t.lastTry = time.Now()
+		err = t.attempt(ctx, b, end)
+		switch {
+		case err == nil:
+			t.committed.Store(uint64(end))
+			for _, e := range b {
+				e.done.Delivered(Outcome{DeadLettered: e.rec.dead, Reason: e.rec.reason})
+			}
+			return nil
+		case ctx.Err() != nil:
+			// Not committed: given back, so that a later Flush (or Close)
+			// settles them.
+			t.mu.Lock()
+			t.batch = append(b, t.batch...)
+			t.mu.Unlock()
+			return ctx.Err()
+		case isFatalTxn(err) || errors.Is(err, errBegin):
+			t.setFatal(err)
+		case errors.Is(err, errRefused):
+			// The records to dead-letter or send alone are marked: at once.
+		default:
+			d := min(100*time.Millisecond<<min(attempt, 6), 5*time.Second)
+			t.log.Warn("kafka transaction aborted; producing its PostgreSQL transactions again in a new one",
+				"attempt", attempt, "events", len(b), "end_lsn", end, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(d/2 + rand.N(d/2+1)):
+			}
+		}
+	}
+	err = t.fatal
+	for _, e := range b {
+		e.done.Delivered(Outcome{Err: err})
+	}
+	return err
+}
+
+// errBegin: the client cannot begin a transaction (its producer id failed
+// for good); only a new client, after a restart, can.
+var errBegin = errors.New("begin transaction")
+
+// errRefused: the broker refused a record; the transaction is aborted and
+// done again with it sent alone or dead-lettered.
+var errRefused = errors.New("kafka refused a record of the transaction")
+
+// attempt is one Kafka transaction: the events of b, then the position end.
+func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
+	for _, e := range b {
+		if err := t.prepare(ctx, e); err != nil {
+			return err
+		}
+	}
+	cl := t.s.cl
+	if err := cl.BeginTransaction(); err != nil {
+		return fmt.Errorf("%w: %w", errBegin, err)
+	}
+	for _, e := range b {
+		e.err, e.alone = nil, e.suspect
+	}
+	for _, e := range b {
+		rec := new(kgo.Record)
+		*rec = e.rec.Record // a copy per attempt: the client writes into it
+		if !e.alone {
+			cl.Produce(ctx, rec, e.promise)
+			continue
+		}
+		// Alone in its batch: a refusal is its own.
+		if err := cl.Flush(ctx); err != nil {
+			return t.abort(ctx, err)
+		}
+		if e.err = cl.ProduceSync(ctx, rec).FirstErr(); e.err != nil {
+			if err := cl.Flush(ctx); err != nil {
+				return t.abort(ctx, err)
+			}
+			return t.abort(ctx, t.refusals(b))
+		}
+	}
+	pos, err := t.positionRecord(end)
+	if err != nil {
+		return t.abort(ctx, err)
+	}
+	var posErr error
+	cl.Produce(ctx, pos, func(_ *kgo.Record, err error) { posErr = err })
+	if err := cl.Flush(ctx); err != nil {
+		return t.abort(ctx, err)
+	}
+	if err := t.refusals(b); err != nil {
+		return t.abort(ctx, err)
+	}
+	if posErr != nil {
+		return t.abort(ctx, fmt.Errorf("produce position to %s: %w", t.cfg.Positions, posErr))
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		return t.abort(ctx, fmt.Errorf("commit transaction: %w", err))
+	}
+	return nil
+}
+
+func (e *entry) promise(_ *kgo.Record, err error) { e.err = err }
+
+// abort ends the transaction without committing it and returns cause (or
+// the abort's own error when that one is fatal).
+func (t *Txn) abort(ctx context.Context, cause error) error {
+	cl := t.s.cl
+	// Records not sent yet must not join the next transaction.
+	if err := cl.AbortBufferedRecords(ctx); err != nil {
+		return errors.Join(cause, err)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil && isFatalTxn(err) {
+		return err
+	}
+	return cause
+}
+
+// refusals looks at the events' outcomes: a record refused alone is
+// dead-lettered (a dead letter made smaller), one refused with others is
+// sent alone next time. A fatal or unexplained error is returned as is.
+func (t *Txn) refusals(b []*entry) error {
+	var refused bool
+	for _, e := range b {
+		err := e.err
+		switch {
+		case err == nil:
+			continue
+		case isFatalTxn(err) || Classify(err) != ClassUnpublishable:
+			return fmt.Errorf("produce to %s: %w", e.rec.Topic, err)
+		}
+		refused = true
+		if tp := t.topics[e.rec.Topic]; tp != nil && (errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)) {
+			tp.stale = true
+		}
+		if unknownTopic(err) {
+			if tp := t.topics[e.rec.Topic]; tp != nil {
+				tp.known = false // look it up again, and wait for it
+			}
+			continue
+		}
+		if !e.alone && !topicWide(err) {
+			e.suspect = true
+			continue
+		}
+		e.suspect = false
+		switch {
+		case !e.rec.dead:
+			t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "err", err)
+			e.rec.toDeadLetter(t.s.dlq, refusedReason(e.rec.Topic, err), err)
+		case e.rec.level >= 2 || topicWide(err):
+			return fmt.Errorf("dead-letter topic %s refused the record: %w", t.s.dlq, err)
+		default:
+			shrink(e.rec, err.Error(), err)
+		}
+	}
+	if refused {
+		return errRefused
+	}
+	return nil
+}
+
+// prepare checks e against its topic before the transaction begins: a
+// missing topic is created or waited for (then dead-lettered), a record
+// over the limit is dead-lettered, a dead letter over it made smaller.
+func (t *Txn) prepare(ctx context.Context, e *entry) error {
+	for {
+		tp, err := t.lookup(ctx, e.rec.Topic)
+		if err != nil {
+			return err
+		}
+		if tp.missing {
+			since := time.Since(tp.missingSince)
+			switch {
+			case e.rec.dead:
+				return fmt.Errorf("dead-letter topic %s does not exist: %w", e.rec.Topic, kerr.UnknownTopicOrPartition)
+			case since >= t.s.unknownTimeout:
+				reason := fmt.Sprintf("topic %s did not exist for %v (kafka.unknown_topic_timeout): %v",
+					e.rec.Topic, t.s.unknownTimeout, kerr.UnknownTopicOrPartition)
+				t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "reason", reason)
+				e.rec.toDeadLetter(t.s.dlq, reason, nil)
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(t.s.poll):
+			}
+			tp.known = false
+			continue
+		}
+		if tp.limit <= 0 || e.rec.size <= int(tp.limit) || e.rec.dead && e.rec.level >= 2 {
+			return nil
+		}
+		why := tooLargeReason(e.rec.size, tp.limit, e.rec.Topic)
+		if e.rec.dead {
+			shrink(e.rec, why, nil)
+			return nil
+		}
+		t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "reason", why)
+		e.rec.toDeadLetter(t.s.dlq, why, nil)
+	}
+}
+
+// lookup reads topic's state once (again when stale or missing): whether
+// it exists (creating it when allowed) and its max.message.bytes.
+func (t *Txn) lookup(ctx context.Context, topic string) (*txnTopic, error) {
+	tp := t.topics[topic]
+	if tp == nil {
+		tp = &txnTopic{}
+		t.topics[topic] = tp
+	}
+	if tp.known && !tp.stale {
+		return tp, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ok, err := t.s.exists(topic)
+	if err != nil {
+		return nil, err
+	}
+	if !ok && t.s.mayCreate() {
+		if ok, err = t.s.create(topic); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case !ok && !tp.missing:
+		tp.missing, tp.missingSince = true, time.Now()
+		t.log.Warn("kafka: topic does not exist; its transaction waits for it", "topic", topic, "timeout", t.s.unknownTimeout)
+	case ok:
+		tp.missing = false
+		tp.limit = t.s.maxMessageBytes(topic)
+		t.limits.Store(topic, tp.limit)
+	}
+	tp.known, tp.stale = true, false
+	return tp, nil
+}
+
+// positionRecord is the record that commits end with the transaction.
+func (t *Txn) positionRecord(end lsn.LSN) (*kgo.Record, error) {
+	v, err := json.Marshal(Position{LSN: end, Source: t.cfg.Source, Committed: time.Now().UTC()})
+	if err != nil {
+		return nil, fmt.Errorf("position record: %w", err)
+	}
+	return &kgo.Record{Topic: t.cfg.Positions, Key: []byte(t.cfg.Source), Value: v, Partition: -1}, nil
+}
+
+// isFatalTxn: the transactional id was taken over (or is not ours to use);
+// nothing this instance does can commit again.
+func isFatalTxn(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// FencedError is a transactional producer another instance took over.
+type FencedError struct {
+	TransactionalID string
+	Err             error
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("fenced: another outbox-cdc instance with transactional id %s took over this source "+
+		"(a standby took over, or a second connector runs on the same slot); this instance stops and commits nothing more: %v",
+		e.TransactionalID, e.Err)
+}
+func (e *FencedError) Unwrap() error { return e.Err }
+
+func fatalTxnError(id string, err error) error {
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		return &FencedError{TransactionalID: id, Err: err}
+	}
+	return fmt.Errorf("transactional id %s: %w", id, err)
+}

@@ -1,0 +1,224 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// Start checks what transactions need (brokers that support them, the
+// positions topic, compacted), fences any other instance of this source,
+// reads the last committed position and starts the commit loop. The
+// position is read after the fencing, so no older instance can commit
+// after it was read. Zero means none was committed yet.
+func (t *Txn) Start(ctx context.Context) (lsn.LSN, error) {
+	if err := t.checkTransactions(ctx); err != nil {
+		return 0, err
+	}
+	if err := t.ensurePositions(ctx); err != nil {
+		return 0, err
+	}
+	if err := t.fence(ctx); err != nil {
+		return 0, err
+	}
+	pos, err := t.readPosition(ctx)
+	if err != nil {
+		return 0, err
+	}
+	t.committed.Store(uint64(pos))
+	t.wg.Add(1)
+	go t.loop()
+	return pos, nil
+}
+
+// prerequisite is a broker setting that must change before the connector
+// can run (TxnConfig.Prerequisite).
+func (t *Txn) prerequisite(problem, fix string) error {
+	if t.cfg.Prerequisite != nil {
+		return t.cfg.Prerequisite(problem, fix)
+	}
+	return errors.New(problem + "; " + fix)
+}
+
+// checkTransactions refuses brokers without the transaction APIs.
+func (t *Txn) checkTransactions(ctx context.Context) error {
+	vs, err := t.s.adm.ApiVersions(ctx)
+	if err != nil {
+		return fmt.Errorf("kafka api versions: %w", err)
+	}
+	var problem error
+	vs.Each(func(v kadm.BrokerApiVersions) {
+		if v.Err != nil {
+			problem = fmt.Errorf("kafka api versions of broker %d: %w", v.NodeID, v.Err)
+			return
+		}
+		for _, k := range []kmsg.Key{kmsg.InitProducerID, kmsg.AddPartitionsToTxn, kmsg.EndTxn} {
+			if _, ok := v.KeyMaxVersion(int16(k)); !ok {
+				problem = t.prerequisite(
+					fmt.Sprintf("kafka broker %d does not support transactions (no %s API), which kafka.delivery exactly_once needs", v.NodeID, k.Name()),
+					"use Kafka 0.11 or later with transactions enabled, or set kafka.delivery: at_least_once")
+			}
+		}
+	})
+	return problem
+}
+
+// ensurePositions creates the positions topic, compacted with one
+// partition, or checks that the existing one is compacted: a deleted
+// position would send the connector back to the slot's position, and
+// republish what was committed since.
+func (t *Txn) ensurePositions(ctx context.Context) error {
+	name := t.cfg.Positions
+	rcs, err := t.s.adm.DescribeTopicConfigs(ctx, name)
+	if err != nil {
+		return fmt.Errorf("describe %s: %w", name, err)
+	}
+	rc, err := rcs.On(name, nil)
+	if err == nil {
+		err = rc.Err
+	}
+	switch {
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		compact := "compact"
+		_, err := t.s.adm.CreateTopic(ctx, 1, t.s.replication, map[string]*string{"cleanup.policy": &compact}, name)
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return t.prerequisite(
+				fmt.Sprintf("cannot create the positions topic %s: %v", name, err),
+				fmt.Sprintf("create it with cleanup.policy=compact and 1 partition (kafka-topics.sh --create --topic %s --partitions 1 --config cleanup.policy=compact)", name))
+		}
+		t.log.Info("kafka: created the positions topic", "topic", name, "cleanup.policy", compact)
+		return nil
+	case err != nil:
+		return fmt.Errorf("describe %s: %w", name, err)
+	}
+	for _, c := range rc.Configs {
+		if c.Key == "cleanup.policy" && c.MaybeValue() != "compact" {
+			return t.prerequisite(
+				fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, c.MaybeValue()),
+				fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
+					"or set kafka.positions_topic to a compacted topic", name))
+		}
+	}
+	return nil
+}
+
+// fence initializes the transactional id once, before the position is
+// read: the coordinator bumps its epoch, which fences every other producer
+// with it, and aborts the transaction one of them left open.
+func (t *Txn) fence(parent context.Context) error {
+	ctx, cancel := context.WithTimeout(parent, time.Minute)
+	defer cancel()
+	for {
+		req := kmsg.NewPtrInitProducerIDRequest()
+		req.TransactionalID = &t.txnID
+		req.TransactionTimeoutMillis = int32(t.cfg.TransactionTimeout.Milliseconds())
+		req.ProducerID, req.ProducerEpoch = -1, -1
+		resp, err := req.RequestWith(ctx, t.s.cl)
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		switch {
+		case err == nil:
+			t.log.Info("kafka: transactional id initialized; any other instance with it is fenced",
+				"transactional_id", t.txnID, "producer_id", resp.ProducerID, "epoch", resp.ProducerEpoch)
+			return nil
+		case errors.Is(err, kerr.TransactionalIDAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
+			return t.prerequisite(
+				fmt.Sprintf("not authorized to use transactional id %s: %v", t.txnID, err),
+				fmt.Sprintf("grant WRITE and DESCRIBE on TransactionalId %s (kafka-acls.sh --transactional-id %s)", t.txnID, t.txnID))
+		case parent.Err() != nil:
+			return parent.Err()
+		case ctx.Err() != nil:
+			return t.prerequisite(
+				fmt.Sprintf("the Kafka transaction coordinator did not answer for a minute (%v); its __transaction_state topic may not be creatable", err),
+				"on a cluster of fewer than 3 brokers set transaction.state.log.replication.factor and transaction.state.log.min.isr to at most the broker count")
+		case isRetriable(err):
+		default:
+			return fmt.Errorf("init transactional id %s: %w", t.txnID, err)
+		}
+		select {
+		case <-ctx.Done():
+			// The next round reports it.
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func isRetriable(err error) bool {
+	var ke *kerr.Error
+	return errors.As(err, &ke) && ke.Retriable || errors.Is(err, kerr.ConcurrentTransactions)
+}
+
+// readPosition reads the positions topic to its last stable offset, with
+// read_committed, and returns the last position of this source.
+func (t *Txn) readPosition(ctx context.Context) (lsn.LSN, error) {
+	name := t.cfg.Positions
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	ends, err := t.s.adm.ListCommittedOffsets(ctx, name) // the last stable offsets
+	if err != nil {
+		return 0, fmt.Errorf("read positions: %w", err)
+	}
+	if err := ends.Error(); err != nil {
+		return 0, fmt.Errorf("read positions: %w", err)
+	}
+	want := make(map[int32]int64) // partition → last offset to reach
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset - 1
+		}
+	})
+	if len(want) == 0 {
+		return 0, nil
+	}
+	opts := append([]kgo.Opt(nil), t.cfg.Sink.Opts...)
+	opts = append(opts, kgo.SeedBrokers(t.cfg.Sink.Brokers...), kgo.ConsumeTopics(name),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Transaction markers count toward the end: an aborted
+		// transaction's last offset is its marker.
+		kgo.KeepControlRecords())
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return 0, fmt.Errorf("read positions: %w", err)
+	}
+	defer cl.Close()
+	var pos Position
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return 0, fmt.Errorf("read positions from %s: %w", name, err)
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
+		if ferr != nil {
+			return 0, fmt.Errorf("read positions from %s: %w", name, ferr)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if last, ok := want[r.Partition]; ok && r.Offset >= last {
+				delete(want, r.Partition)
+			}
+			if r.Attrs.IsControl() || string(r.Key) != t.cfg.Source {
+				return
+			}
+			var p Position
+			if err := json.Unmarshal(r.Value, &p); err != nil {
+				t.log.Warn("kafka: ignoring an unreadable position record", "topic", name, "offset", r.Offset, "err", err)
+				return
+			}
+			pos = p
+		})
+	}
+	if pos.LSN != 0 {
+		t.log.Info("kafka: last committed position", "topic", name, "lsn", pos.LSN, "committed_at", pos.Committed)
+	}
+	return pos.LSN, nil
+}
