@@ -323,6 +323,14 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 	s.log.Info("replication started", "slot", s.cfg.Slot, "from", start)
 
 	st := &status{conn: conn, timeout: s.cfg.ReceiveTimeout}
+	// Reads wait on the socket's deadline: ReceiveMessage with a context
+	// other than Background arms pgconn's context watcher, and a deadline
+	// context costs a timer, for every message (docs/performance.md).
+	// StopReading ends a read by moving the deadline to now.
+	nc := conn.Conn()
+	unhook := context.AfterFunc(s.readCtx, func() { _ = nc.SetReadDeadline(time.Now()) })
+	defer unhook()
+	var armed time.Time // the socket's read deadline
 	var received lsn.LSN
 	replyNow := false
 	// Liveness, as PostgreSQL's walreceiver does it (walreceiver.c,
@@ -382,9 +390,18 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 		if wake.Before(deadline) {
 			deadline = wake
 		}
-		rctx, cancel := context.WithDeadline(s.readCtx, deadline)
-		msg, err := conn.ReceiveMessage(rctx)
-		cancel()
+		// A deadline sooner than needed only wakes the loop early, so the
+		// socket's moves only when it must come sooner or has passed.
+		if armed.IsZero() || deadline.Before(armed) || !armed.After(now) {
+			if err := nc.SetReadDeadline(deadline); err != nil {
+				return fmt.Errorf("receive: %w", err)
+			}
+			armed = deadline
+		}
+		if s.readCtx.Err() != nil {
+			continue // stopped before the deadline above was set: it would not end the read
+		}
+		msg, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) || s.readCtx.Err() != nil {
 				continue

@@ -89,7 +89,7 @@ type update struct {
 	ping         bool
 }
 
-func newFakeWalsender(t *testing.T) *fakeWalsender {
+func newFakeWalsender(t testing.TB) *fakeWalsender {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -506,5 +506,44 @@ func TestStreamLeavesLagToTheMonitor(t *testing.T) {
 	}
 	if lag := testutil.ToFloat64(s.m.LagBytes); lag != 0 {
 		t.Fatalf("the stream wrote replication_lag_bytes = %v; only the slot monitor writes it", lag)
+	}
+}
+
+// TestStreamStopReadingEndsRead: StopReading ends a read blocked on an idle
+// connection at once (the socket's deadline moves to now), so WAL sent after
+// it is not handed over, while status updates go on.
+func TestStreamStopReadingEndsRead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := newFakeWalsender(t)
+	s := newTestStream(f, func(c *Config) {
+		// Nothing else would wake the read for a minute.
+		c.StatusInterval = time.Minute
+		c.ReceiveTimeout = 2 * time.Minute
+	})
+	out := make(chan Message, 16)
+	defer runStream(t, ctx, s, out)()
+	w := next(t, ctx, f, out)
+	if err := w.xlogData(10, []byte("B")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-out:
+		m.Release()
+	case <-ctx.Done():
+		t.Fatal("first message not handed over")
+	}
+	time.Sleep(50 * time.Millisecond) // the stream is back in a read
+	s.StopReading()
+	time.Sleep(50 * time.Millisecond)
+	if err := w.xlogData(20, []byte("C")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-out:
+		t.Fatalf("message at %v handed over after StopReading", m.WALStart)
+	case err := <-f.errs:
+		t.Fatalf("fake walsender: %v", err)
+	case <-time.After(300 * time.Millisecond):
 	}
 }

@@ -1,0 +1,77 @@
+package replication
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// BenchmarkStreamReceive is the stream's cost per WAL message: read, copy
+// and hand to the queue, with the receiver releasing each message. The
+// server writes pre-encoded XLogData in bursts of 64, as a walsender does
+// under load, so the allocations counted are the client's.
+func BenchmarkStreamReceive(b *testing.B) {
+	const burst = 64
+	f := newFakeWalsender(b)
+	s := newTestStream(f, func(*Config) {})
+	out := make(chan Message, 1024)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, out) }()
+	var w *walConn
+	select {
+	case w = <-f.conns:
+	case <-ctx.Done():
+		b.Fatal("no replication connection")
+	}
+	// One burst of CopyData('w') messages, each a 60-byte pgoutput payload.
+	var wire []byte
+	for i := range burst {
+		msg := []byte{pglogrepl.XLogDataByteID}
+		msg = binary.BigEndian.AppendUint64(msg, uint64(i+1))
+		msg = binary.BigEndian.AppendUint64(msg, uint64(i+1))
+		msg = binary.BigEndian.AppendUint64(msg, 0)
+		msg = append(msg, make([]byte, 60)...)
+		wire = append(wire, 'd')
+		wire = binary.BigEndian.AppendUint32(wire, uint32(4+len(msg)))
+		wire = append(wire, msg...)
+	}
+	writeErr := make(chan error, 1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	go func() {
+		for sent := 0; sent < b.N; sent += burst {
+			if _, err := w.c.Write(wire); err != nil {
+				writeErr <- err
+				return
+			}
+		}
+		writeErr <- nil
+	}()
+	for got := 0; got < b.N; {
+		select {
+		case m := <-out:
+			if m.Kind == Data {
+				got++
+			}
+			m.Release()
+		case err := <-f.errs:
+			b.Fatalf("fake walsender: %v", err)
+		case <-ctx.Done():
+			b.Fatalf("received %d of %d messages", got, b.N)
+		}
+	}
+	b.StopTimer()
+	cancel()
+	if err := <-done; err != nil {
+		b.Errorf("Run: %v", err)
+	}
+	// The writer may be blocked on a burst nobody reads any more: its error
+	// after the close says nothing.
+	w.c.Close()
+	<-writeErr
+}
