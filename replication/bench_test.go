@@ -11,10 +11,10 @@ import (
 
 // BenchmarkStreamReceive is the stream's cost per WAL message: read, copy
 // and hand to the queue, with the receiver releasing each message. The
-// server writes pre-encoded XLogData in bursts of 64, as a walsender does
+// server writes pre-encoded XLogData in bursts of 63, as a walsender does
 // under load, so the allocations counted are the client's.
 func BenchmarkStreamReceive(b *testing.B) {
-	const burst = 64
+	const burst = 63 // 21 transactions
 	f := newFakeWalsender(b)
 	s := newTestStream(f, func(*Config) {})
 	out := make(chan Message, 1024)
@@ -28,14 +28,17 @@ func BenchmarkStreamReceive(b *testing.B) {
 	case <-ctx.Done():
 		b.Fatal("no replication connection")
 	}
-	// One burst of CopyData('w') messages, each a 60-byte pgoutput payload.
+	// One burst of CopyData('w') messages: one-row transactions, pgoutput's
+	// Begin (21 bytes), Insert (here 60) and Commit (26).
 	var wire []byte
 	for i := range burst {
+		payload := [][]byte{make([]byte, 21), make([]byte, 60), make([]byte, 26)}[i%3]
+		payload[0] = "BIC"[i%3]
 		msg := []byte{pglogrepl.XLogDataByteID}
 		msg = binary.BigEndian.AppendUint64(msg, uint64(i+1))
 		msg = binary.BigEndian.AppendUint64(msg, uint64(i+1))
 		msg = binary.BigEndian.AppendUint64(msg, 0)
-		msg = append(msg, make([]byte, 60)...)
+		msg = append(msg, payload...)
 		wire = append(wire, 'd')
 		wire = binary.BigEndian.AppendUint32(wire, uint32(4+len(msg)))
 		wire = append(wire, msg...)

@@ -331,6 +331,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 	unhook := context.AfterFunc(s.readCtx, func() { _ = nc.SetReadDeadline(time.Now()) })
 	defer unhook()
 	var armed time.Time // the socket's read deadline
+	var wal walCopy
 	var received lsn.LSN
 	replyNow := false
 	// Liveness, as PostgreSQL's walreceiver does it (walreceiver.c,
@@ -436,7 +437,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 				}
 				// The connection reuses its read buffer: copy once, here.
 				m := Message{Kind: Data, WALStart: lsn.LSN(xld.WALStart), WALEnd: lsn.LSN(xld.ServerWALEnd),
-					Data: append([]byte(nil), xld.WALData...)}
+					Data: wal.copy(xld.WALData)}
 				received = max(received, m.WALStart)
 				s.observe(received)
 				if err := s.push(ctx, st, out, m, &received); err != nil {
@@ -449,6 +450,33 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 			return errors.New("server ended the replication stream")
 		}
 	}
+}
+
+// walCopy copies WAL data out of the connection's read buffer. Begin and
+// Commit messages (two of a one-row transaction's three) are decoded into
+// values and dropped, so they share slabs that only queued messages keep
+// alive. Any other message may live on in a record (its bytes are the
+// record's) and gets an allocation of its own: one slow record must not pin
+// a slab of unrelated WAL.
+type walCopy struct{ slab []byte }
+
+const (
+	walSlab = 16 << 10
+	// Begin is 21 bytes and Commit 26 (PG docs 55.9, "Logical Replication
+	// Message Formats"); anything longer is not one of them.
+	walSmall = 32
+)
+
+func (c *walCopy) copy(b []byte) []byte {
+	if len(b) == 0 || len(b) > walSmall || b[0] != 'B' && b[0] != 'C' {
+		return append([]byte(nil), b...)
+	}
+	if cap(c.slab)-len(c.slab) < len(b) {
+		c.slab = make([]byte, 0, walSlab)
+	}
+	n := len(c.slab)
+	c.slab = append(c.slab, b...)
+	return c.slab[n:len(c.slab):len(c.slab)] // capped: an append cannot reach the next message
 }
 
 // pluginArgs are the pgoutput options, PG docs 55.5 "Logical Streaming

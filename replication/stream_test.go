@@ -547,3 +547,42 @@ func TestStreamStopReadingEndsRead(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 }
+
+// TestWALCopy: Begin and Commit share a slab, capped so that appending to
+// one cannot overwrite the next; every other message is a copy of its own.
+func TestWALCopy(t *testing.T) {
+	var c walCopy
+	src := [][]byte{
+		append([]byte{'B'}, make([]byte, 20)...),
+		append([]byte{'I'}, make([]byte, 10)...),
+		append([]byte{'C'}, make([]byte, 25)...),
+		append([]byte{'B'}, make([]byte, 40)...), // too long for a Begin: not shared
+		{},
+	}
+	var got [][]byte
+	for _, b := range src {
+		got = append(got, c.copy(b))
+	}
+	for i, b := range src {
+		if string(got[i]) != string(b) {
+			t.Errorf("copy %d = %q, want %q", i, got[i], b)
+		}
+		if len(b) > 0 && &got[i][0] == &b[0] {
+			t.Errorf("copy %d shares the read buffer", i)
+		}
+		if shared := i == 0 || i == 2; shared && cap(got[i]) != len(got[i]) {
+			t.Errorf("copy %d: cap %d, len %d", i, cap(got[i]), len(got[i]))
+		}
+	}
+	if &got[0][0] != &c.slab[0] || &got[2][0] != &c.slab[len(got[0])] {
+		t.Error("Begin and Commit are not in one slab")
+	}
+	_ = append(got[0], 'x')
+	if got[2][0] != 'C' {
+		t.Error("an append to the Begin overwrote the Commit")
+	}
+	src[0][1] = 9
+	if got[0][1] != 0 {
+		t.Error("the copy changed with its source")
+	}
+}
