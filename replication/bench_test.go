@@ -14,10 +14,17 @@ import (
 // server writes pre-encoded XLogData in bursts of 63, as a walsender does
 // under load, so the allocations counted are the client's.
 func BenchmarkStreamReceive(b *testing.B) {
+	b.Run("queue=1024", func(b *testing.B) { benchStreamReceive(b, 1024) })
+	// The receiver is never waiting ahead: every message waits in push, as
+	// in a drain where Kafka is the slower stage.
+	b.Run("queue=0", func(b *testing.B) { benchStreamReceive(b, 0) })
+}
+
+func benchStreamReceive(b *testing.B, queue int) {
 	const burst = 63 // 21 transactions
 	f := newFakeWalsender(b)
 	s := newTestStream(f, func(*Config) {})
-	out := make(chan Message, 1024)
+	out := make(chan Message, queue)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan error, 1)

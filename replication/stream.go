@@ -504,7 +504,14 @@ func (s *Stream) push(ctx context.Context, st *status, out chan<- Message, m Mes
 		default:
 		}
 	}
-	t := time.NewTicker(s.cfg.StatusInterval)
+	// One ticker per session: in a drain the queue is full and every
+	// message waits here.
+	if st.tick == nil {
+		st.tick = time.NewTicker(s.cfg.StatusInterval)
+	} else {
+		st.tick.Reset(s.cfg.StatusInterval)
+	}
+	t := st.tick
 	defer t.Stop()
 	for {
 		var send chan<- Message // nil, so never ready, until the bytes are taken
@@ -556,6 +563,8 @@ type status struct {
 	flush   lsn.LSN
 	at      time.Time
 	buf     [1 + 8 + 8 + 8 + 8 + 1]byte
+	tick    *time.Ticker // push's, while the queue is full
+
 }
 
 // send reports write = what was received and flush = apply = acked. For a
