@@ -121,7 +121,7 @@ type Sink struct {
 	// ctx ends at Close; topic workers and their requests run under it.
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // topic workers
+	wg     sync.WaitGroup // topic workers and the gate's releaser
 
 	mu          sync.Mutex
 	topics      map[string]*topicState
@@ -138,6 +138,7 @@ type Sink struct {
 	quarantined    map[string]*Quarantine // by key
 
 	outstanding atomic.Int64 // records accepted whose Done has not run
+	gate        *gate        // how records enter the client (gate.go)
 	once        sync.Once
 }
 
@@ -151,7 +152,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	s := &Sink{dlq: cfg.DLQTopic, log: log, autoCreate: cfg.AutoCreateTopics,
 		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor,
 		unknownTimeout: cfg.UnknownTopicTimeout, maxHeld: cfg.MaxBufferedRecords, maxHeldBytes: cfg.MaxBufferedBytes,
-		topics: make(map[string]*topicState), space: make(chan struct{}),
+		topics: make(map[string]*topicState), space: make(chan struct{}), gate: newGate(),
 		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*Quarantine)}
 	if s.maxQuarantined <= 0 {
 		s.maxQuarantined = defaultMaxQuarantined
@@ -215,6 +216,8 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	}
 	s.cl, s.adm = cl, kadm.NewClient(cl)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.releaser()
 	return s, nil
 }
 
@@ -373,7 +376,7 @@ func (s *Sink) submit(r *record, fromProduce bool) error {
 			}
 			t.admit(r)
 			s.mu.Unlock()
-			s.cl.Produce(r.ctx, &r.Record, r.promise)
+			s.produce(r)
 			return nil
 		}
 		if !fromProduce || s.held < s.maxHeld && (s.maxHeldBytes <= 0 || s.heldBytes < s.maxHeldBytes) {
@@ -435,10 +438,8 @@ func (s *Sink) handOver(t *topicState, r *record, how int) {
 	}
 	t.admit(r)
 	s.mu.Unlock()
-	s.cl.Produce(r.ctx, &r.Record, r.promise)
+	s.produce(r)
 }
-
-func (r *record) promise(_ *kgo.Record, err error) { r.sink.settle(r, err) }
 
 // settle decides what a client outcome means. It runs on franz-go's promise
 // goroutine, so it never blocks: refused records go to their topic's worker.
@@ -540,6 +541,7 @@ func (s *Sink) Close() {
 			t.held, t.retry = nil, nil
 		}
 		s.mu.Unlock()
+		left = append(left, s.gate.drop()...)
 		for _, r := range left {
 			r.finish(Outcome{Err: kgo.ErrClientClosed})
 		}
