@@ -1,6 +1,7 @@
 package sink_test
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -113,9 +114,16 @@ func TestCloseFailsWaiting(t *testing.T) {
 	})
 	produce(ctx, t, s, baseRecord(topic, []byte("in the client")), done)
 	produce(ctx, t, s, baseRecord(topic, []byte("waiting")), done)
+	closeFailsAll(ctx, t, closeSink, done, 2)
+}
+
+// closeFailsAll closes the sink and checks that the n records without an
+// outcome get a shutdown outcome each, exactly once, and that Close returns.
+func closeFailsAll(ctx context.Context, t *testing.T, closeSink func(), done *outcomes, n int) {
+	t.Helper()
 	closed := make(chan struct{})
 	go func() { closeSink(); close(closed) }()
-	for range 2 {
+	for range n {
 		if o := done.wait(ctx, t); o.Err == nil || sink.Classify(o.Err) != sink.ClassShutdown {
 			t.Fatalf("outcome = %+v, want a shutdown error", o)
 		}
