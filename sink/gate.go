@@ -24,6 +24,9 @@ type gate struct {
 	waiting  []*record // in hand-over order
 	spare    []*record // the previous waiting slice, for reuse
 	bytes    int       // batch bytes of waiting
+	// maxRecords and maxBytes: this much waiting is a full request's worth
+	// and goes at once, so a backlog does not wait for the client to empty.
+	maxRecords, maxBytes int
 
 	// releasing serialises hand-overs, so records reach the client in the
 	// order they reached the gate.
@@ -31,14 +34,21 @@ type gate struct {
 	due       chan struct{} // the client is empty and records wait
 }
 
-// A backlog does not wait for the client to empty: this much waiting is a
-// full request's worth, and goes at once.
+// The most that waits, unless the buffer limits are lower: the gate's
+// records come on top of the client's buffer.
 const (
 	gateRecords = 512
 	gateBytes   = 1 << 20
 )
 
-func newGate() *gate { return &gate{due: make(chan struct{}, 1)} }
+// newGate bounds what waits by the sink's buffer limits (bytes 0: none).
+func newGate(maxRecords int, maxBytes int64) *gate {
+	g := &gate{due: make(chan struct{}, 1), maxRecords: min(gateRecords, maxRecords), maxBytes: gateBytes}
+	if maxBytes > 0 {
+		g.maxBytes = int(min(gateBytes, maxBytes))
+	}
+	return g
+}
 
 // produce hands r to the client now or after the records ahead of it.
 func (s *Sink) produce(r *record) {
@@ -52,7 +62,7 @@ func (s *Sink) produce(r *record) {
 	}
 	g.waiting = append(g.waiting, r)
 	g.bytes += r.size
-	full := len(g.waiting) >= gateRecords || g.bytes >= gateBytes
+	full := len(g.waiting) >= g.maxRecords || g.bytes >= g.maxBytes
 	g.mu.Unlock()
 	if full {
 		s.release()

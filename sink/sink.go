@@ -152,7 +152,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	s := &Sink{dlq: cfg.DLQTopic, log: log, autoCreate: cfg.AutoCreateTopics,
 		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor,
 		unknownTimeout: cfg.UnknownTopicTimeout, maxHeld: cfg.MaxBufferedRecords, maxHeldBytes: cfg.MaxBufferedBytes,
-		topics: make(map[string]*topicState), space: make(chan struct{}), gate: newGate(),
+		topics: make(map[string]*topicState), space: make(chan struct{}),
 		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*Quarantine)}
 	if s.maxQuarantined <= 0 {
 		s.maxQuarantined = defaultMaxQuarantined
@@ -170,6 +170,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if s.maxHeld <= 0 {
 		s.maxHeld = defaultMaxHeld
 	}
+	s.gate = newGate(s.maxHeld, s.maxHeldBytes)
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
