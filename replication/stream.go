@@ -564,7 +564,6 @@ type status struct {
 	at      time.Time
 	buf     [1 + 8 + 8 + 8 + 8 + 1]byte
 	tick    *time.Ticker // push's, while the queue is full
-
 }
 
 // send reports write = what was received and flush = apply = acked. For a
