@@ -323,6 +323,15 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 	s.log.Info("replication started", "slot", s.cfg.Slot, "from", start)
 
 	st := &status{conn: conn, timeout: s.cfg.ReceiveTimeout}
+	// Reads wait on the socket's deadline: ReceiveMessage with a context
+	// other than Background arms pgconn's context watcher, and a deadline
+	// context costs a timer, for every message (docs/performance.md).
+	// StopReading ends a read by moving the deadline to now.
+	nc := conn.Conn()
+	unhook := context.AfterFunc(s.readCtx, func() { _ = nc.SetReadDeadline(time.Now()) })
+	defer unhook()
+	var armed time.Time // the socket's read deadline
+	var wal walCopy
 	var received lsn.LSN
 	replyNow := false
 	// Liveness, as PostgreSQL's walreceiver does it (walreceiver.c,
@@ -382,9 +391,18 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 		if wake.Before(deadline) {
 			deadline = wake
 		}
-		rctx, cancel := context.WithDeadline(s.readCtx, deadline)
-		msg, err := conn.ReceiveMessage(rctx)
-		cancel()
+		// A deadline sooner than needed only wakes the loop early, so the
+		// socket's moves only when it must come sooner or has passed.
+		if armed.IsZero() || deadline.Before(armed) || !armed.After(now) {
+			if err := nc.SetReadDeadline(deadline); err != nil {
+				return fmt.Errorf("receive: %w", err)
+			}
+			armed = deadline
+		}
+		if s.readCtx.Err() != nil {
+			continue // stopped before the deadline above was set: it would not end the read
+		}
+		msg, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) || s.readCtx.Err() != nil {
 				continue
@@ -419,7 +437,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 				}
 				// The connection reuses its read buffer: copy once, here.
 				m := Message{Kind: Data, WALStart: lsn.LSN(xld.WALStart), WALEnd: lsn.LSN(xld.ServerWALEnd),
-					Data: append([]byte(nil), xld.WALData...)}
+					Data: wal.copy(xld.WALData)}
 				received = max(received, m.WALStart)
 				s.observe(received)
 				if err := s.push(ctx, st, out, m, &received); err != nil {
@@ -432,6 +450,33 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 			return errors.New("server ended the replication stream")
 		}
 	}
+}
+
+// walCopy copies WAL data out of the connection's read buffer. Begin and
+// Commit messages (two of a one-row transaction's three) are decoded into
+// values and dropped, so they share slabs that only queued messages keep
+// alive. Any other message may live on in a record (its bytes are the
+// record's) and gets an allocation of its own: one slow record must not pin
+// a slab of unrelated WAL.
+type walCopy struct{ slab []byte }
+
+const (
+	walSlab = 16 << 10
+	// Begin is 21 bytes and Commit 26 (PG docs 55.9, "Logical Replication
+	// Message Formats"); anything longer is not one of them.
+	walSmall = 32
+)
+
+func (c *walCopy) copy(b []byte) []byte {
+	if len(b) == 0 || len(b) > walSmall || b[0] != 'B' && b[0] != 'C' {
+		return append([]byte(nil), b...)
+	}
+	if cap(c.slab)-len(c.slab) < len(b) {
+		c.slab = make([]byte, 0, walSlab)
+	}
+	n := len(c.slab)
+	c.slab = append(c.slab, b...)
+	return c.slab[n:len(c.slab):len(c.slab)] // capped: an append cannot reach the next message
 }
 
 // pluginArgs are the pgoutput options, PG docs 55.5 "Logical Streaming
@@ -459,7 +504,14 @@ func (s *Stream) push(ctx context.Context, st *status, out chan<- Message, m Mes
 		default:
 		}
 	}
-	t := time.NewTicker(s.cfg.StatusInterval)
+	// One ticker per session: in a drain the queue is full and every
+	// message waits here.
+	if st.tick == nil {
+		st.tick = time.NewTicker(s.cfg.StatusInterval)
+	} else {
+		st.tick.Reset(s.cfg.StatusInterval)
+	}
+	t := st.tick
 	defer t.Stop()
 	for {
 		var send chan<- Message // nil, so never ready, until the bytes are taken
@@ -511,6 +563,7 @@ type status struct {
 	flush   lsn.LSN
 	at      time.Time
 	buf     [1 + 8 + 8 + 8 + 8 + 1]byte
+	tick    *time.Ticker // push's, while the queue is full
 }
 
 // send reports write = what was received and flush = apply = acked. For a

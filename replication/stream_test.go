@@ -89,7 +89,7 @@ type update struct {
 	ping         bool
 }
 
-func newFakeWalsender(t *testing.T) *fakeWalsender {
+func newFakeWalsender(t testing.TB) *fakeWalsender {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -506,5 +506,83 @@ func TestStreamLeavesLagToTheMonitor(t *testing.T) {
 	}
 	if lag := testutil.ToFloat64(s.m.LagBytes); lag != 0 {
 		t.Fatalf("the stream wrote replication_lag_bytes = %v; only the slot monitor writes it", lag)
+	}
+}
+
+// TestStreamStopReadingEndsRead: StopReading ends a read blocked on an idle
+// connection at once (the socket's deadline moves to now), so WAL sent after
+// it is not handed over, while status updates go on.
+func TestStreamStopReadingEndsRead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := newFakeWalsender(t)
+	s := newTestStream(f, func(c *Config) {
+		// Nothing else would wake the read for a minute.
+		c.StatusInterval = time.Minute
+		c.ReceiveTimeout = 2 * time.Minute
+	})
+	out := make(chan Message, 16)
+	defer runStream(t, ctx, s, out)()
+	w := next(t, ctx, f, out)
+	if err := w.xlogData(10, []byte("B")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-out:
+		m.Release()
+	case <-ctx.Done():
+		t.Fatal("first message not handed over")
+	}
+	time.Sleep(50 * time.Millisecond) // the stream is back in a read
+	s.StopReading()
+	time.Sleep(50 * time.Millisecond)
+	if err := w.xlogData(20, []byte("C")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-out:
+		t.Fatalf("message at %v handed over after StopReading", m.WALStart)
+	case err := <-f.errs:
+		t.Fatalf("fake walsender: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// TestWALCopy: Begin and Commit share a slab, capped so that appending to
+// one cannot overwrite the next; every other message is a copy of its own.
+func TestWALCopy(t *testing.T) {
+	var c walCopy
+	src := [][]byte{
+		append([]byte{'B'}, make([]byte, 20)...),
+		append([]byte{'I'}, make([]byte, 10)...),
+		append([]byte{'C'}, make([]byte, 25)...),
+		append([]byte{'B'}, make([]byte, 40)...), // too long for a Begin: not shared
+		{},
+	}
+	var got [][]byte
+	for _, b := range src {
+		got = append(got, c.copy(b))
+	}
+	for i, b := range src {
+		if string(got[i]) != string(b) {
+			t.Errorf("copy %d = %q, want %q", i, got[i], b)
+		}
+		if len(b) > 0 && &got[i][0] == &b[0] {
+			t.Errorf("copy %d shares the read buffer", i)
+		}
+		if shared := i == 0 || i == 2; shared && cap(got[i]) != len(got[i]) {
+			t.Errorf("copy %d: cap %d, len %d", i, cap(got[i]), len(got[i]))
+		}
+	}
+	if &got[0][0] != &c.slab[0] || &got[2][0] != &c.slab[len(got[0])] {
+		t.Error("Begin and Commit are not in one slab")
+	}
+	_ = append(got[0], 'x')
+	if got[2][0] != 'C' {
+		t.Error("an append to the Begin overwrote the Commit")
+	}
+	src[0][1] = 9
+	if got[0][1] != 0 {
+		t.Error("the copy changed with its source")
 	}
 }

@@ -154,24 +154,24 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 			q.state, q.stateAt = &rec, at
 			s.mu.Unlock()
 		}
-		s.release(q, passPark, false)
+		s.releaseHeld(q, passPark, false)
 		s.countRedrive(RedriveFailed)
 		return
 	}
 	if !s.state.owns() { // another process may be parking the key's events now
 		s.log.Warn("redrive: the connector lost the slot; the request stays for the one streaming", "aggregate", key)
 		s.state.pending[key] = req
-		s.release(q, passPark, false)
+		s.releaseHeld(q, passPark, false)
 		return
 	}
 	if _, err := s.writeState(s.ctx, key, nil); err != nil {
 		if s.ctx.Err() == nil {
 			s.log.Error("redrive: lifting the quarantine; the request stays for the next start", "aggregate", key, "err", err)
-			s.release(q, passPark, false)
+			s.releaseHeld(q, passPark, false)
 		}
 		return
 	}
-	s.release(q, passRelease, true)
+	s.releaseHeld(q, passRelease, true)
 	s.log.Info("redrive: quarantine lifted", "aggregate", key, "republished", n)
 	if skip {
 		s.countRedrive(RedriveSkipped)

@@ -133,7 +133,7 @@ type Sink struct {
 	// ctx ends at Close; topic workers and their requests run under it.
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // topic workers
+	wg     sync.WaitGroup // topic workers and the gate's releaser
 
 	mu          sync.Mutex
 	topics      map[string]*topicState
@@ -154,6 +154,7 @@ type Sink struct {
 	codec    kgo.CompressionCodec // kafka.compression, for the redrive's producer
 
 	outstanding atomic.Int64 // records accepted whose Done has not run
+	gate        *gate        // how records enter the client (gate.go)
 	once        sync.Once
 }
 
@@ -191,6 +192,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if s.maxHeld <= 0 {
 		s.maxHeld = defaultMaxHeld
 	}
+	s.gate = newGate(s.maxHeld, s.maxHeldBytes)
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cfg.ClientID),
@@ -237,6 +239,8 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	}
 	s.cl, s.adm = cl, kadm.NewClient(cl)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.releaser()
 	return s, nil
 }
 
@@ -390,7 +394,7 @@ func (s *Sink) submit(r *record, fromProduce bool) error {
 			}
 			t.admit(r)
 			s.mu.Unlock()
-			s.cl.Produce(r.ctx, &r.Record, r.promise)
+			s.produce(r)
 			return nil
 		}
 		if !fromProduce || s.held < s.maxHeld && (s.maxHeldBytes <= 0 || s.heldBytes < s.maxHeldBytes) {
@@ -456,10 +460,8 @@ func (s *Sink) handOver(t *topicState, r *record, how int) {
 	}
 	t.admit(r)
 	s.mu.Unlock()
-	s.cl.Produce(r.ctx, &r.Record, r.promise)
+	s.produce(r)
 }
-
-func (r *record) promise(_ *kgo.Record, err error) { r.sink.settle(r, err) }
 
 // settle decides what a client outcome means. It runs on franz-go's promise
 // goroutine, so it never blocks: refused records go to their topic's worker.
@@ -568,6 +570,7 @@ func (s *Sink) Close() {
 			q.held = nil
 		}
 		s.mu.Unlock()
+		left = append(left, s.gate.drop()...)
 		for _, r := range left {
 			r.finish(Outcome{Err: kgo.ErrClientClosed})
 		}

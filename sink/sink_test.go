@@ -523,18 +523,7 @@ func TestCloseFailsBuffered(t *testing.T) {
 	})
 	done := newOutcomes()
 	produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
-	closed := make(chan struct{})
-	go func() { closeSink(); close(closed) }()
-	o := done.wait(ctx, t)
-	if o.Err == nil || sink.Classify(o.Err) != sink.ClassShutdown {
-		t.Fatalf("outcome = %+v, want a shutdown error", o)
-	}
-	select {
-	case <-closed:
-	case <-ctx.Done():
-		t.Fatal("Close did not return")
-	}
-	done.none(t, 50*time.Millisecond)
+	closeFailsAll(ctx, t, closeSink, done, 1)
 }
 
 func TestNewRejectsCompression(t *testing.T) {

@@ -257,7 +257,7 @@ func (s *Sink) saveQuarantine(r *record, o Outcome) {
 		q.state, q.stateAt = rec, at
 		s.mu.Unlock()
 		r.finish(o)
-		s.release(q, passPark, false)
+		s.releaseHeld(q, passPark, false)
 	}()
 }
 
@@ -302,10 +302,10 @@ func writeState(ctx context.Context, cl *kgo.Client, topic, key string, rec *Qua
 	return r, nil
 }
 
-// release hands q's held records on, in order, each passing divert as
+// releaseHeld hands q's held records on, in order, each passing divert as
 // pass says; lift then removes q from the set. Records arriving meanwhile
 // are held and handed on too: none overtakes another.
-func (s *Sink) release(q *quarantined, pass int, lift bool) {
+func (s *Sink) releaseHeld(q *quarantined, pass int, lift bool) {
 	for {
 		s.mu.Lock()
 		held := q.held

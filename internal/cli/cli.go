@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -175,7 +176,7 @@ func run(ctx context.Context, cfg *config.Config, pc pipeline.Config, log *slog.
 		return ExitUsage
 	}
 	if cfg.HTTP.Listen != "" {
-		srv, err := serveHTTP(cfg.HTTP.Listen, m, p, log)
+		srv, err := serveHTTP(cfg.HTTP, m, p, log)
 		if err != nil {
 			log.Error("http listener", "listen", cfg.HTTP.Listen, "err", err)
 			return ExitFailure
@@ -376,9 +377,10 @@ func newLogger(c config.Log, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// serveHTTP starts /metrics, /healthz and /readyz on listen.
-func serveHTTP(listen string, m *metrics.Metrics, p *pipeline.Pipeline, log *slog.Logger) (*http.Server, error) {
-	ln, err := net.Listen("tcp", listen)
+// serveHTTP starts /metrics, /healthz and /readyz (and /debug/pprof/ with
+// http.pprof) on http.listen.
+func serveHTTP(hc config.HTTP, m *metrics.Metrics, p *pipeline.Pipeline, log *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", hc.Listen)
 	if err != nil {
 		return nil, err
 	}
@@ -394,7 +396,15 @@ func serveHTTP(listen string, m *metrics.Metrics, p *pipeline.Pipeline, log *slo
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	if hc.PProf {
+		// Index serves the named profiles too (heap, goroutine, allocs, ...).
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		// Serve ends with ErrServerClosed when Close is called.
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

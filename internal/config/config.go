@@ -202,6 +202,9 @@ type KafkaSASL struct {
 // HTTP is the metrics and health endpoint.
 type HTTP struct {
 	Listen string `koanf:"listen"` // host:port; "" disables
+	// PProf serves net/http/pprof under /debug/pprof/ on Listen, to profile a
+	// running connector (docs/performance.md).
+	PProf bool `koanf:"pprof"`
 }
 
 // Log configures the process log.

@@ -150,6 +150,7 @@ func TestDefaults(t *testing.T) {
 		{"kafka.quarantine_topic", cfg.Kafka.QuarantineTopic, "outbox.quarantine"},
 		{"dlq.mode", cfg.DLQ.Mode, "quarantine"},
 		{"http.listen", cfg.HTTP.Listen, "127.0.0.1:9187"},
+		{"http.pprof", cfg.HTTP.PProf, false},
 		{"log.level", cfg.Log.Level, "info"},
 		{"log.format", cfg.Log.Format, "text"},
 	}
@@ -523,6 +524,7 @@ func TestValidate(t *testing.T) {
 		{"unknown topic timeout zero", func(c *Config) { c.Kafka.UnknownTopicTimeout = 0 }, "kafka.unknown_topic_timeout", "must be positive"},
 		{"listen no port", func(c *Config) { c.HTTP.Listen = "localhost" }, "http.listen", "host:port"},
 		{"listen bad port", func(c *Config) { c.HTTP.Listen = "localhost:http" }, "http.listen", "0 to 65535"},
+		{"pprof without listen", func(c *Config) { c.HTTP.Listen, c.HTTP.PProf = "", true }, "http.pprof", "set http.listen"},
 		{"log level", func(c *Config) { c.Log.Level = "verbose" }, "log.level", "debug, info, warn, error"},
 		{"log format", func(c *Config) { c.Log.Format = "logfmt" }, "log.format", "text, json"},
 		{"dlq mode", func(c *Config) { c.DLQ.Mode = "park" }, "dlq.mode", "skip, quarantine"},
@@ -768,7 +770,7 @@ func TestSchema(t *testing.T) {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 84 {
+	if len(leaves) != 85 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }

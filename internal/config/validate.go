@@ -113,6 +113,9 @@ func (c *Config) problems() []FieldError {
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
 		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 	}
+	if c.HTTP.PProf && c.HTTP.Listen == "" {
+		v.add("http.pprof", "true", "needs http.listen", "set http.listen (e.g. 127.0.0.1:9187) or http.pprof false")
+	}
 
 	v.oneOf("checkpoint.store", c.Checkpoint.Store, []string{"table", "file", "none"})
 	switch s, t, ok := strings.Cut(c.Checkpoint.Table, "."); {

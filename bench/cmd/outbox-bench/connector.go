@@ -58,6 +58,7 @@ kafka:
   linger: %s
 http:
   listen: %s
+  pprof: true
 log:
   level: warn
 `, c.DSN, c.Slot, publication, outboxTable, strings.Join(c.Brokers, ", "), topic, dlqTopic, c.Linger, listen)

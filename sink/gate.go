@@ -1,0 +1,137 @@
+package sink
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// gate batches records by load instead of by a fixed linger: a record goes
+// to the client at once when nothing of the sink's is in it, and otherwise
+// waits until everything in the client is acknowledged, so the records that
+// come in while one round trip is outstanding leave together in the next
+// produce request. At a low rate nearly every record goes at once; at a high
+// one each request carries what one round trip gathered, which saves the
+// broker most of its per-request work (docs/performance.md).
+//
+// franz-go cannot do this itself: with idempotence it keeps up to five
+// requests in flight per broker, and with linger 0 each record that finds
+// no request being built starts one.
+type gate struct {
+	mu       sync.Mutex
+	inClient int       // records handed to the client, promise not run yet
+	waiting  []*record // in hand-over order
+	spare    []*record // the previous waiting slice, for reuse
+	bytes    int       // batch bytes of waiting
+	// maxRecords and maxBytes: this much waiting is a full request's worth
+	// and goes at once, so a backlog does not wait for the client to empty.
+	maxRecords, maxBytes int
+
+	// releasing serialises hand-overs, so records reach the client in the
+	// order they reached the gate.
+	releasing sync.Mutex
+	due       chan struct{} // the client is empty and records wait
+}
+
+// The most that waits, unless the buffer limits are lower: the gate's
+// records come on top of the client's buffer.
+const (
+	gateRecords = 512
+	gateBytes   = 1 << 20
+)
+
+// newGate bounds what waits by the sink's buffer limits (bytes 0: none).
+func newGate(maxRecords int, maxBytes int64) *gate {
+	g := &gate{due: make(chan struct{}, 1), maxRecords: min(gateRecords, maxRecords), maxBytes: gateBytes}
+	if maxBytes > 0 {
+		g.maxBytes = int(min(gateBytes, maxBytes))
+	}
+	return g
+}
+
+// produce hands r to the client now or after the records ahead of it.
+func (s *Sink) produce(r *record) {
+	g := s.gate
+	g.mu.Lock()
+	if g.inClient == 0 && len(g.waiting) == 0 {
+		g.inClient++
+		g.mu.Unlock()
+		s.cl.Produce(r.ctx, &r.Record, landed)
+		return
+	}
+	g.waiting = append(g.waiting, r)
+	g.bytes += r.size
+	full := len(g.waiting) >= g.maxRecords || g.bytes >= g.maxBytes
+	g.mu.Unlock()
+	if full {
+		s.release()
+	}
+}
+
+// release hands every waiting record to the client, in order. It may block
+// in kgo's Produce while the client's buffer is full: never call it from a
+// promise.
+func (s *Sink) release() {
+	g := s.gate
+	g.releasing.Lock()
+	defer g.releasing.Unlock()
+	g.mu.Lock()
+	batch := g.waiting
+	g.waiting, g.spare = g.spare[:0], nil
+	g.bytes = 0
+	g.inClient += len(batch)
+	g.mu.Unlock()
+	for i, r := range batch {
+		s.cl.Produce(r.ctx, &r.Record, landed)
+		batch[i] = nil
+	}
+	g.mu.Lock()
+	if g.spare == nil {
+		g.spare = batch[:0]
+	}
+	g.mu.Unlock()
+}
+
+// releaser hands waiting records over when the client has emptied; it ends
+// with the sink's context.
+func (s *Sink) releaser() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.gate.due:
+			s.release()
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// landed is the promise of every record produced through the gate. A
+// function rather than the method value r.promise, which would allocate
+// for each record: the *kgo.Record is the first field of its record.
+func landed(kr *kgo.Record, err error) {
+	r := (*record)(unsafe.Pointer(kr))
+	s := r.sink
+	g := s.gate
+	g.mu.Lock()
+	g.inClient--
+	due := g.inClient == 0 && len(g.waiting) > 0
+	g.mu.Unlock()
+	if due {
+		select {
+		case g.due <- struct{}{}:
+		default: // already signalled
+		}
+	}
+	s.settle(r, err)
+}
+
+// drop takes the records still waiting, for Close to fail them.
+func (g *gate) drop() []*record {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	left := g.waiting
+	g.waiting, g.bytes = nil, 0
+	return left
+}
