@@ -93,14 +93,11 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 	if st == nil {
 		return nil
 	}
-	if err := s.ensureStateTopic(ctx); err != nil {
-		return err
-	}
 	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
 	if err != nil {
 		return fmt.Errorf("quarantine topic consumer: %w", err)
 	}
-	latest, err := readState(ctx, s.adm, cons, st.name, st.source)
+	latest, err := s.restoreState(ctx, cons)
 	if err != nil {
 		cons.Close()
 		return err
@@ -128,6 +125,38 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 		s.redriveLoop()
 	}()
 	return nil
+}
+
+// restoreState creates or checks the state topic and reads it. Streaming
+// must wait for it (rule c), so a Kafka that cannot be reached yet is
+// waited for, as the producer would wait; a topic that is not compacted
+// and a refusal such as an authorization error end the start.
+func (s *Sink) restoreState(ctx context.Context, cons *kgo.Client) (map[string]stateAt, error) {
+	st := s.state
+	for wait, logged := time.Second, false; ; wait = min(2*wait, 10*time.Second) {
+		err := s.ensureStateTopic(ctx)
+		if err == nil {
+			var latest map[string]stateAt
+			if latest, err = readState(ctx, s.adm, cons, st.name, st.source); err == nil {
+				return latest, nil
+			}
+		}
+		var nc *NotCompactedError
+		var ke *kerr.Error
+		if ctx.Err() != nil || errors.As(err, &nc) || errors.As(err, &ke) && !ke.Retriable {
+			return nil, err
+		}
+		if !logged {
+			s.log.Warn("kafka: waiting for the quarantine topic; quarantined aggregates are restored before streaming",
+				"topic", st.name, "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("quarantine topic %s: %w (last error: %v)", st.name, ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
 }
 
 // ensureStateTopic creates the state topic compacted, or checks it is.

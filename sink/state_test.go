@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -364,5 +366,48 @@ func TestRedriveOnlyByTheOwner(t *testing.T) {
 	waitUntil(ctx, t, "the new owner carries out the request", func() bool { return len(standby.Quarantined()) == 0 })
 	if got := byKey(consume(ctx, t, c, topic, 4)); fmt.Sprint(got) != "map[j:[0000-poison 0001] k:[0000-poison 0001]]" {
 		t.Fatalf("topic holds %v", got)
+	}
+}
+
+// TestQuarantineRestoreWaitsForKafka: a Kafka that cannot be reached yet is
+// waited for at start (the set must be restored before streaming), not a
+// reason to stop; once it answers, the state topic is created and read.
+func TestQuarantineRestoreWaitsForKafka(t *testing.T) {
+	ctx := testCtx(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close() // nothing listens there until the cluster below starts
+	cfg := sink.Config{Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)}, ClientID: "sink-test", DLQTopic: dlq}
+	savedMode(&cfg)
+	s, err := sink.New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	started := make(chan error, 1)
+	go func() { started <- s.StartQuarantines(ctx) }()
+	select {
+	case err := <-started:
+		t.Fatalf("StartQuarantines returned %v while no broker was reachable; want it to wait", err)
+	case <-time.After(1500 * time.Millisecond): // an absence: it is still waiting
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(3, topic, dlq, parking))
+	if err != nil {
+		t.Fatalf("kfake on port %d: %v", port, err)
+	}
+	defer c.Close()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatalf("StartQuarantines once Kafka answered: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("StartQuarantines still waiting after Kafka came up")
+	}
+	if got := stateRecords(ctx, t, c, 0); len(got) != 0 {
+		t.Fatalf("state topic holds %v, want it created empty", got)
 	}
 }
