@@ -34,6 +34,9 @@ func (p *Pipeline) openSink(ctx context.Context) (*sink.Sink, error) {
 			}
 			p.m.Quarantined.Set(float64(quarantined))
 		}
+		// Kafka not usable at start: the restore goes on in the sink, and a
+		// topic found not compacted then stops the connector.
+		cfg.Fail = func(err error) { p.fail(notCompacted(err)) }
 	}
 	s, err := sink.New(cfg, p.log)
 	if err != nil {
@@ -41,14 +44,20 @@ func (p *Pipeline) openSink(ctx context.Context) (*sink.Sink, error) {
 	}
 	if err := s.StartQuarantines(ctx); err != nil {
 		s.Close()
-		var nc *sink.NotCompactedError
-		if errors.As(err, &nc) {
-			return nil, &replication.PrerequisiteError{
-				Problem: fmt.Sprintf("kafka.quarantine_topic %s has cleanup.policy %s: quarantines would be deleted with old segments", nc.Topic, nc.Policy),
-				Fix:     fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact (or name a new topic: it is created compacted)", nc.Topic),
-			}
-		}
-		return nil, fmt.Errorf("quarantine: %w", err)
+		return nil, notCompacted(err)
 	}
 	return s, nil
+}
+
+// notCompacted turns the sink's NotCompactedError into the prerequisite
+// error with the fix; other errors get context.
+func notCompacted(err error) error {
+	var nc *sink.NotCompactedError
+	if errors.As(err, &nc) {
+		return &replication.PrerequisiteError{
+			Problem: fmt.Sprintf("kafka.quarantine_topic %s has cleanup.policy %s: quarantines would be deleted with old segments", nc.Topic, nc.Policy),
+			Fix:     fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact (or name a new topic: it is created compacted)", nc.Topic),
+		}
+	}
+	return fmt.Errorf("quarantine: %w", err)
 }

@@ -34,7 +34,6 @@ const (
 // and lifts.
 func (s *Sink) redriveLoop() {
 	st := s.state
-	defer st.cons.Close()
 	prefix := st.source + "/"
 	for {
 		if st.owns() {

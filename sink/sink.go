@@ -78,6 +78,9 @@ type Config struct {
 	// requests now: only the one streaming from the slot writes the keys'
 	// events (an active-standby pair shares the state topic's keys).
 	Owner func() bool
+	// Fail, when set, is told of an error that stops the sink from working
+	// after New: the quarantine topic found not compacted once Kafka answered.
+	Fail func(error)
 	// Opts are extra client options (TLS, SASL, test hooks).
 	Opts []kgo.Opt
 }
@@ -149,6 +152,8 @@ type Sink struct {
 	maxQuarantined int
 	quarantined    map[string]*quarantined // by key
 	state          *stateTopic             // nil: quarantines are not saved (state.go)
+	restored       chan struct{}           // closed once the saved quarantines are in quarantined
+	fail           func(error)             // Config.Fail
 
 	connOpts []kgo.Opt            // cluster and security, for the sink's consumers
 	codec    kgo.CompressionCodec // kafka.compression, for the redrive's producer
@@ -173,9 +178,12 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if s.maxQuarantined <= 0 {
 		s.maxQuarantined = defaultMaxQuarantined
 	}
+	s.restored, s.fail = make(chan struct{}), cfg.Fail
 	if cfg.QuarantineTopic != "" && s.parking != "" {
 		s.state = &stateTopic{name: cfg.QuarantineTopic, source: cfg.QuarantineSource, onRedrive: cfg.Redrives,
 			owner: cfg.Owner, pending: map[string]*QuarantineRecord{}}
+	} else {
+		close(s.restored) // nothing to restore
 	}
 	s.connOpts = append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID)}, cfg.Opts...)
 	s.codec = codec
@@ -334,6 +342,11 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 	// The router's dead letter of a row with an aggregate_id (without one
 	// its key is the event id): later records of the key must not overtake it.
 	if r.dead && headerValue(&r.Record, wire.HeaderAggregateID) != "" {
+		// Its key may be quarantined already, in the set still being read.
+		if err := s.awaitRestore(ctx); err != nil {
+			r.finish(Outcome{Err: err})
+			return err
+		}
 		s.mu.Lock()
 		err := s.quarantine(r, r.reason)
 		s.mu.Unlock()
@@ -559,6 +572,9 @@ func (s *Sink) Close() {
 		// worker waiting in Produce for buffer room.
 		s.cl.Close()
 		s.wg.Wait()
+		if s.state != nil && s.state.cons != nil {
+			s.state.cons.Close() // after the restore and the redrive loop, which read it
+		}
 		s.mu.Lock()
 		var left []*record
 		for _, t := range s.topics {

@@ -88,6 +88,13 @@ func (discard) Write(p []byte) (int, error) { return len(p), nil }
 // connector's quarantines from it and starts following it for redrive
 // requests (until Close). Call it before the first Produce; without a
 // state topic (dlq.mode skip) it does nothing.
+//
+// No record reaches the client before the set is restored (rule c): the
+// topic workers wait for it (step). A Kafka that cannot be used yet (down,
+// credentials not valid yet) does not stop the start, as it does not stop
+// the producer: records wait, in order, while the restore is retried. A
+// topic that is not compacted is an error, at once when Kafka answers now,
+// else through Config.Fail.
 func (s *Sink) StartQuarantines(ctx context.Context) error {
 	st := s.state
 	if st == nil {
@@ -97,12 +104,70 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("quarantine topic consumer: %w", err)
 	}
-	latest, err := s.restoreState(ctx, cons)
-	if err != nil {
-		cons.Close()
-		return err
-	}
 	st.cons = cons
+	first, cancel := context.WithTimeout(ctx, 10*time.Second)
+	latest, err := s.readStateTopic(first)
+	cancel()
+	var nc *NotCompactedError
+	switch {
+	case err == nil:
+		s.restore(latest)
+		return nil
+	case errors.As(err, &nc) || ctx.Err() != nil:
+		return err // Close closes the consumer
+	}
+	s.log.Warn("kafka: cannot read the quarantine topic yet; records wait until the quarantined aggregates are restored",
+		"topic", st.name, "err", err)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.restoreLater()
+	}()
+	return nil
+}
+
+// readStateTopic creates or checks the state topic and reads it to its end.
+func (s *Sink) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
+	if err := s.ensureStateTopic(ctx); err != nil {
+		return nil, err
+	}
+	return readState(ctx, s.adm, s.state.cons, s.state.name, s.state.source)
+}
+
+// restoreLater retries the restore until it succeeds or the sink closes;
+// a topic that is not compacted is reported to Config.Fail and the records
+// keep waiting (the pipeline stops).
+func (s *Sink) restoreLater() {
+	for attempt, wait := 1, time.Second; ; attempt, wait = attempt+1, min(2*wait, 10*time.Second) {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		latest, err := s.readStateTopic(s.ctx)
+		var nc *NotCompactedError
+		switch {
+		case err == nil:
+			s.restore(latest)
+			return
+		case s.ctx.Err() != nil:
+			return
+		case errors.As(err, &nc):
+			s.log.Error("kafka: the quarantine topic is not compacted; records are held", "topic", s.state.name, "err", err)
+			if s.fail != nil {
+				s.fail(err)
+			}
+			return
+		case attempt%10 == 0:
+			s.log.Warn("kafka: still cannot read the quarantine topic; records wait", "topic", s.state.name, "attempts", attempt, "err", err)
+		}
+	}
+}
+
+// restore installs the quarantines read from the state topic, lets the
+// topic workers hand records over, and starts following the topic.
+func (s *Sink) restore(latest map[string]stateAt) {
+	st := s.state
 	s.mu.Lock()
 	for _, l := range latest {
 		rec := l.rec
@@ -113,6 +178,7 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 	}
 	n := len(s.quarantined)
 	s.mu.Unlock()
+	close(s.restored)
 	if n > 0 {
 		s.log.Info("restored quarantined aggregates; their events are parked", "topic", st.name, "quarantined", n, "redrives_pending", len(st.pending))
 	}
@@ -124,38 +190,23 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 		defer s.wg.Done()
 		s.redriveLoop()
 	}()
-	return nil
 }
 
-// restoreState creates or checks the state topic and reads it. Streaming
-// must wait for it (rule c), so a Kafka that cannot be reached yet is
-// waited for, as the producer would wait; a topic that is not compacted
-// and a refusal such as an authorization error end the start.
-func (s *Sink) restoreState(ctx context.Context, cons *kgo.Client) (map[string]stateAt, error) {
-	st := s.state
-	for wait, logged := time.Second, false; ; wait = min(2*wait, 10*time.Second) {
-		err := s.ensureStateTopic(ctx)
-		if err == nil {
-			var latest map[string]stateAt
-			if latest, err = readState(ctx, s.adm, cons, st.name, st.source); err == nil {
-				return latest, nil
-			}
-		}
-		var nc *NotCompactedError
-		var ke *kerr.Error
-		if ctx.Err() != nil || errors.As(err, &nc) || errors.As(err, &ke) && !ke.Retriable {
-			return nil, err
-		}
-		if !logged {
-			s.log.Warn("kafka: waiting for the quarantine topic; quarantined aggregates are restored before streaming",
-				"topic", st.name, "err", err)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("quarantine topic %s: %w (last error: %v)", st.name, ctx.Err(), err)
-		case <-time.After(wait):
-		}
+// awaitRestore waits until the quarantines are restored (at once without
+// a state topic), ctx ends or the sink closes.
+func (s *Sink) awaitRestore(ctx context.Context) error {
+	select {
+	case <-s.restored:
+		return nil
+	default:
+	}
+	select {
+	case <-s.restored:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.ctx.Done():
+		return kgo.ErrClientClosed
 	}
 }
 

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
@@ -369,45 +368,56 @@ func TestRedriveOnlyByTheOwner(t *testing.T) {
 	}
 }
 
-// TestQuarantineRestoreWaitsForKafka: a Kafka that cannot be reached yet is
-// waited for at start (the set must be restored before streaming), not a
-// reason to stop; once it answers, the state topic is created and read.
+// TestQuarantineRestoreWaitsForKafka: a Kafka that cannot be used at start
+// does not stop it (the producer would wait too), but no record reaches the
+// client before the saved set is restored: a record of a quarantined key
+// produced meanwhile is parked once Kafka answers, never delivered.
 func TestQuarantineRestoreWaitsForKafka(t *testing.T) {
 	ctx := testCtx(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	c := newCluster(t, kfake.SeedTopics(3, parking))
+	first, closeFirst := newSinkTuned(t, c, nil, savedMode)
+	if err := first.StartQuarantines(ctx); err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close() // nothing listens there until the cluster below starts
-	cfg := sink.Config{Brokers: []string{fmt.Sprintf("127.0.0.1:%d", port)}, ClientID: "sink-test", DLQTopic: dlq}
-	savedMode(&cfg)
-	s, err := sink.New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
+	res := newResults(1)
+	produce(ctx, t, first, routerDead("a", 0), res.slot(0))
+	if o := res.all(ctx, t, 1)[0]; !o.DeadLettered {
+		t.Fatalf("outcome %+v, want dead-lettered", o)
 	}
-	defer s.Close()
-	started := make(chan error, 1)
-	go func() { started <- s.StartQuarantines(ctx) }()
-	select {
-	case err := <-started:
-		t.Fatalf("StartQuarantines returned %v while no broker was reachable; want it to wait", err)
-	case <-time.After(1500 * time.Millisecond): // an absence: it is still waiting
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(port), kfake.SeedTopics(3, topic, dlq, parking))
-	if err != nil {
-		t.Fatalf("kfake on port %d: %v", port, err)
-	}
-	defer c.Close()
-	select {
-	case err := <-started:
-		if err != nil {
-			t.Fatalf("StartQuarantines once Kafka answered: %v", err)
+	closeFirst()
+
+	// The next start finds the state topic unreadable: its configs cannot
+	// be described until refusing is cleared.
+	var refusing atomic.Bool
+	refusing.Store(true)
+	c.ControlKey(int16(kmsg.DescribeConfigs), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !refusing.Load() {
+			return nil, nil, false
 		}
-	case <-ctx.Done():
-		t.Fatal("StartQuarantines still waiting after Kafka came up")
+		req := kreq.(*kmsg.DescribeConfigsRequest)
+		resp := req.ResponseKind().(*kmsg.DescribeConfigsResponse)
+		for _, rr := range req.Resources {
+			r := kmsg.NewDescribeConfigsResponseResource()
+			r.ResourceType, r.ResourceName = rr.ResourceType, rr.ResourceName
+			r.ErrorCode = kerr.TopicAuthorizationFailed.Code // not yet granted
+			resp.Resources = append(resp.Resources, r)
+		}
+		return resp, nil, true
+	})
+	s, _ := newSinkTuned(t, c, nil, savedMode)
+	if err := s.StartQuarantines(ctx); err != nil {
+		t.Fatalf("StartQuarantines with the state topic unreadable: %v; want the start to go on", err)
 	}
-	if got := stateRecords(ctx, t, c, 0); len(got) != 0 {
-		t.Fatalf("state topic holds %v, want it created empty", got)
+	res = newResults(2)
+	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(0)) // quarantined in the saved set
+	produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.slot(1))
+	noOutcome(t, res, "before the restore")
+	refusing.Store(false)
+	if out := res.all(ctx, t, 2); !out[0].Parked || out[1].Parked || out[1].Err != nil || out[1].DeadLettered {
+		t.Fatalf("outcomes %+v: want a parked and b delivered", out)
+	}
+	if q := s.Quarantined(); len(q) != 1 || q[0].Key != "a" || q[0].FirstID != "ev-0" {
+		t.Fatalf("restored %+v, want a from ev-0", q)
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
@@ -439,9 +438,6 @@ func TestSnapshotBookkeeping(t *testing.T) {
 		cfg := testConfig(t, dsn, "public.outbox", "snapold")
 		cfg.Snapshot.Mode = "pending"
 		cfg.Kafka.Brokers = []string{freeAddr(t)} // nothing is ever acknowledged: the snapshot stays in progress
-		// dlq.mode skip: in quarantine mode the start waits for Kafka to
-		// restore the quarantined set before streaming (docs/architecture.md).
-		cfg.DLQ.Mode = config.DLQSkip
 		c := startConnector(t, cfg, func(pc *pipeline.Config) { pc.DrainTimeout = time.Second })
 		waitFor(t, 30*time.Second, "the snapshot's 5 rows handed to the producer", func() bool {
 			return testutil.ToFloat64(c.m.SnapshotEvents) == 5
