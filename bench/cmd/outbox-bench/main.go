@@ -8,7 +8,8 @@
 // Scenarios, in order:
 //   - drain: N events preloaded, as one-row and as 1,000-row transactions,
 //     behind slots created before the preload; pg_recvlogical and the
-//     connector process drain their own slots in turn, twice each, and an
+//     connector process (in each -delivery mode) drain their own slots in
+//     turn, twice each, and an
 //     in-process connector drains one more under the CPU profiler.
 //   - steady: paced one-row writers at each offered rate, carried by the
 //     connector (default and with a linger) and by the polling relay (each
