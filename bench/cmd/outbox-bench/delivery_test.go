@@ -140,6 +140,12 @@ func TestReportHasExactlyOnce(t *testing.T) {
 	if err := writeChart(filepath.Join(t.TempDir(), "latency.png"), r); err != nil {
 		t.Fatal(err)
 	}
+	// Issue 12's targets stay at_least_once's.
+	for _, tg := range r.Targets {
+		if strings.Contains(tg.Measured, eosSystem) {
+			t.Errorf("target %q counts the exactly_once rows: %s", tg.Name, tg.Measured)
+		}
+	}
 	md := renderReport(r, "latency.png")
 	for _, want := range []string{
 		"### exactly_once drain",
