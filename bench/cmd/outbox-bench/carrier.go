@@ -34,12 +34,17 @@ func (e *env) startCarrier(ctx context.Context, sys system, aggType, topic strin
 		return e.startDebeziumCarrier(ctx, aggType)
 	}
 	slot := "cdc_" + aggType
-	k, err := e.startConnector(ctx, slot, connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Linger: sys.Linger})
+	cfg := connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Linger: sys.Linger, Delivery: sys.Delivery}
+	if sys.Delivery == exactlyOnce {
+		cfg.Positions = "bench-positions." + aggType
+	}
+	k, err := e.startConnector(ctx, slot, cfg)
 	if err != nil {
 		e.dropSlots(ctx, slot)
+		e.deletePositions(ctx, cfg.Positions)
 		return nil, err
 	}
-	return &cdcCarrier{e: e, k: k, slot: slot, walsender: e.slotPID(ctx, slot)}, nil
+	return &cdcCarrier{e: e, k: k, slot: slot, positions: cfg.Positions, walsender: e.slotPID(ctx, slot)}, nil
 }
 
 // cdcCarrier is the connector process on its own slot.
@@ -47,6 +52,7 @@ type cdcCarrier struct {
 	e         *env
 	k         *connector
 	slot      string
+	positions string // kafka.positions_topic with exactly_once, else ""
 	walsender int
 	before    promSamples
 	closed    bool
@@ -87,6 +93,15 @@ func (c *cdcCarrier) close() {
 	c.closed = true
 	c.k.kill()
 	c.e.dropSlots(context.Background(), c.slot)
+	c.e.deletePositions(context.Background(), c.positions)
+}
+
+// deletePositions deletes an exactly_once run's positions topic (the
+// connector created it); "" is none.
+func (e *env) deletePositions(ctx context.Context, topic string) {
+	if topic != "" {
+		e.deleteTopics(ctx, topic)
+	}
 }
 
 // relayCarrier is the polling relay running in this process.

@@ -32,6 +32,9 @@ type connectorConfig struct {
 	Brokers   []string
 	Linger    time.Duration // kafka.linger; 0 is the default
 	Topic     string        // kafka.topic; empty for the default template
+	// Delivery is kafka.delivery ("" for the default); with exactly_once,
+	// Positions is kafka.positions_topic (each run its own).
+	Delivery, Positions string
 }
 
 func (e *env) startConnector(ctx context.Context, name string, c connectorConfig) (*connector, error) {
@@ -56,12 +59,12 @@ kafka:
   topic: %s
   dlq_topic: %s
   linger: %s
-http:
+%shttp:
   listen: %s
   pprof: true
 log:
   level: warn
-`, c.DSN, c.Slot, publication, outboxTable, strings.Join(c.Brokers, ", "), topic, dlqTopic, c.Linger, listen)
+`, c.DSN, c.Slot, publication, outboxTable, strings.Join(c.Brokers, ", "), topic, dlqTopic, c.Linger, c.deliveryYAML(), listen)
 	cfgPath := filepath.Join(e.workDir, name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		return nil, err
@@ -78,6 +81,14 @@ log:
 		return nil, err
 	}
 	return k, nil
+}
+
+// deliveryYAML is the kafka block's delivery lines; none for the default.
+func (c connectorConfig) deliveryYAML() string {
+	if c.Delivery == "" || c.Delivery == atLeastOnce {
+		return ""
+	}
+	return fmt.Sprintf("  delivery: %s\n  positions_topic: %s\n", c.Delivery, c.Positions)
 }
 
 // withoutConnectorEnv drops OUTBOX_CDC_* variables, which would override the

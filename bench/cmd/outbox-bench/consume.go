@@ -71,18 +71,19 @@ type consumer struct {
 	err    error
 }
 
-func startConsumer(ctx context.Context, brokers []string, topic string, a *arrivals, log *slog.Logger) (*consumer, error) {
-	cl, err := kgo.NewClient(
+// extra options follow the defaults (isolation for an exactly_once topic).
+func startConsumer(ctx context.Context, brokers []string, topic string, a *arrivals, log *slog.Logger, extra ...kgo.Opt) (*consumer, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(brokers...),
 		kgo.ClientID("outbox-bench-consumer"),
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		// A fetch returns as soon as one byte is there (fetch.min.bytes=1);
 		// the wait only bounds an empty fetch.
-		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.FetchMaxBytes(64<<20),
-		kgo.FetchMaxPartitionBytes(16<<20),
-	)
+		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.FetchMaxBytes(64 << 20),
+		kgo.FetchMaxPartitionBytes(16 << 20),
+	}, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}

@@ -33,6 +33,12 @@ type DrainResult struct {
 	Debezium      *ConnectorRun `json:"debezium,omitempty"`
 	DebeziumRatio float64       `json:"debezium_ratio,omitempty"`
 
+	// ExactlyOnceRuns are the connector with kafka.delivery: exactly_once
+	// on slots of its own, one right after each at_least_once run;
+	// ExactlyOnce is the fastest (nil when -delivery leaves it out).
+	ExactlyOnceRuns []ConnectorRun `json:"exactly_once_runs,omitempty"`
+	ExactlyOnce     *ConnectorRun  `json:"exactly_once,omitempty"`
+
 	// Profiled is the in-process drain of one more identical slot under the
 	// CPU profiler (its rate is a cross-check, not the headline).
 	Profiled *ProfileResult `json:"profiled,omitempty"`
@@ -60,12 +66,13 @@ type Verified struct {
 // preload, so each holds the same WAL.
 type drainSlots struct {
 	recv, cdc []string
+	eos       []string // exactly_once connector runs; nil without them
 	prof      string
 	dbz       string // "" without Debezium
 }
 
 func (d drainSlots) all() []string {
-	out := append(append(append([]string(nil), d.recv...), d.cdc...), d.prof)
+	out := append(append(append(append([]string(nil), d.recv...), d.cdc...), d.eos...), d.prof)
 	if d.dbz != "" {
 		out = append(out, d.dbz)
 	}
@@ -85,6 +92,15 @@ func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.L
 		slots.cdc = append(slots.cdc, fmt.Sprintf("cdc%d_%s", i+1, aggType))
 		topics = append(topics, fmt.Sprintf("drain%d.%s", i+1, aggType))
 	}
+	// exactly_once topics come after the others: topics[i] stays run i's.
+	var positions []string
+	if opts.eos() {
+		for i := range opts.DrainRepeats {
+			slots.eos = append(slots.eos, fmt.Sprintf("eos%d_%s", i+1, aggType))
+			topics = append(topics, fmt.Sprintf("eos%d.%s", i+1, aggType))
+			positions = append(positions, fmt.Sprintf("bench-positions.eos%d.%s", i+1, aggType))
+		}
+	}
 	slots.prof = "prof_" + aggType
 	topics = append(topics, "prof."+aggType)
 	if e.debeziumLibs != "" {
@@ -96,7 +112,7 @@ func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.L
 
 	defer func() {
 		e.dropSlots(ctx, slots.all()...)
-		e.deleteTopics(ctx, topics...)
+		e.deleteTopics(ctx, append(topics, positions...)...)
 		if err := e.exec(context.WithoutCancel(ctx), "TRUNCATE "+outboxTable); err != nil {
 			log.Warn("truncate", "err", err)
 		}
@@ -128,18 +144,36 @@ func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.L
 
 		e.waitQuiet(ctx, "connector drain")
 		template := fmt.Sprintf("drain%d.{aggregate_type}", i+1)
-		cr, err := drainConnector(ctx, e, opts, slots.cdc[i], template, n, log)
+		cr, err := drainConnector(ctx, e, opts, connectorConfig{Slot: slots.cdc[i], Topic: template}, n, log)
 		if err != nil {
 			return res, err
 		}
 		log.Info("connector drained", "run", i+1, "seconds", round(cr.Seconds, 2), "events_per_sec", int(cr.EventsPerSec),
 			"peak_rss_mb", cr.PeakRSSBytes>>20)
-		err = verifyTopic(ctx, e, topics[i], n, &cr.Verified, log)
+		err = verifyTopic(ctx, e, topics[i], n, &cr.Verified, false, log)
 		res.ConnectorRuns = append(res.ConnectorRuns, cr)
 		if err != nil {
 			return res, err
 		}
 		res.summarize()
+
+		if opts.eos() {
+			e.waitQuiet(ctx, "exactly_once connector drain")
+			cfg := connectorConfig{Slot: slots.eos[i], Topic: fmt.Sprintf("eos%d.{aggregate_type}", i+1),
+				Delivery: exactlyOnce, Positions: positions[i]}
+			xr, err := drainConnector(ctx, e, opts, cfg, n, log)
+			if err != nil {
+				return res, fmt.Errorf("exactly_once: %w", err)
+			}
+			log.Info("exactly_once connector drained", "run", i+1, "seconds", round(xr.Seconds, 2),
+				"events_per_sec", int(xr.EventsPerSec), "peak_rss_mb", xr.PeakRSSBytes>>20)
+			err = verifyTopic(ctx, e, fmt.Sprintf("eos%d.%s", i+1, aggType), n, &xr.Verified, true, log)
+			res.ExactlyOnceRuns = append(res.ExactlyOnceRuns, xr)
+			if err != nil {
+				return res, fmt.Errorf("exactly_once: %w", err)
+			}
+			res.summarize()
+		}
 	}
 	log.Info("drain rates", "pg_recvlogical", int(res.RecvLogical.EventsPerSec), "connector", int(res.Connector.EventsPerSec),
 		"ratio", round(res.Ratio, 3))
@@ -185,6 +219,12 @@ func (d *DrainResult) summarize() {
 	if d.RecvLogical.EventsPerSec > 0 {
 		d.Ratio = d.Connector.EventsPerSec / d.RecvLogical.EventsPerSec
 	}
+	d.ExactlyOnce = nil // the slice may have moved
+	for i, r := range d.ExactlyOnceRuns {
+		if d.ExactlyOnce == nil || r.Seconds < d.ExactlyOnce.Seconds {
+			d.ExactlyOnce = &d.ExactlyOnceRuns[i]
+		}
+	}
 }
 
 // preloadDrain commits the drain's events and returns the WAL position after
@@ -221,15 +261,18 @@ func (e *env) preloadDrain(ctx context.Context, opts options, aggType string, re
 	return endpos, nil
 }
 
-// drainConnector runs the connector process on a preloaded slot and times
-// process start to the published counter reaching n.
-func drainConnector(ctx context.Context, e *env, opts options, slot, topicTemplate string, n int, log *slog.Logger) (ConnectorRun, error) {
+// drainConnector runs the connector process on a preloaded slot (c.Slot,
+// c.Topic and the delivery; the servers are e's) and times process start to
+// the published counter reaching n.
+func drainConnector(ctx context.Context, e *env, opts options, c connectorConfig, n int, log *slog.Logger) (ConnectorRun, error) {
 	var run ConnectorRun
 	ctx, cancel := context.WithTimeout(ctx, opts.DrainTimeout)
 	defer cancel()
 	probe := cpuProbe{pgPID: e.pgPID, kafkaPID: e.kafkaPID}
 	a := probe.snap()
-	k, err := e.startConnector(ctx, slot, connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Topic: topicTemplate})
+	slot := c.Slot
+	c.DSN, c.Brokers = e.dsn, e.brokers
+	k, err := e.startConnector(ctx, slot, c)
 	if err != nil {
 		return run, err
 	}
@@ -251,29 +294,37 @@ func drainConnector(ctx context.Context, e *env, opts options, slot, topicTempla
 
 // verifyTopic reads the drain's topic from the start and requires every one
 // of n events, each at least once; duplicates are counted (at-least-once
-// allows them, none are expected without failures).
-func verifyTopic(ctx context.Context, e *env, topic string, n int, v *Verified, log *slog.Logger) error {
+// allows them, none are expected without failures). An exactly_once topic
+// (committed) is read with read_committed and must hold no duplicate; its
+// end offsets count transaction markers too, so its records are what the
+// consumer received until nothing more came for a second.
+func verifyTopic(ctx context.Context, e *env, topic string, n int, v *Verified, committed bool, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	a := newArrivals(n)
-	c, err := startConsumer(ctx, e.brokers, topic, a, log)
+	c, err := startConsumer(ctx, e.brokers, topic, a, log, isolation(committed)...)
 	if err != nil {
 		return err
 	}
 	werr := a.waitDistinct(ctx, int64(n))
+	if committed && werr == nil {
+		werr = a.waitNoMore(ctx, time.Second)
+	}
 	if err := c.stop(); err != nil && werr == nil {
 		werr = err
 	}
 	v.Distinct = a.distinct.Load()
-	if v.Records, err = e.topicRecords(ctx, topic); err != nil {
+	if committed {
+		v.Records = a.records.Load()
+	} else if v.Records, err = e.topicRecords(ctx, topic); err != nil {
 		return fmt.Errorf("verify %s: %w", topic, err)
 	}
 	v.Duplicates = v.Records - v.Distinct
-	if werr != nil || v.DeadLettered != 0 || a.foreign.Load() != 0 {
-		return fmt.Errorf("%w: %s has %d of %d events (%d records, %d foreign, %d dead-lettered): %v",
-			errLost, topic, v.Distinct, n, v.Records, a.foreign.Load(), v.DeadLettered, werr)
+	if werr != nil || v.DeadLettered != 0 || a.foreign.Load() != 0 || (committed && v.Duplicates != 0) {
+		return fmt.Errorf("%w: %s has %d of %d events (%d records, %d foreign, %d dead-lettered, read_committed %v): %v",
+			errLost, topic, v.Distinct, n, v.Records, a.foreign.Load(), v.DeadLettered, committed, werr)
 	}
-	log.Info("verified", "topic", topic, "distinct", v.Distinct, "duplicates", v.Duplicates)
+	log.Info("verified", "topic", topic, "read_committed", committed, "distinct", v.Distinct, "duplicates", v.Duplicates)
 	return nil
 }
 

@@ -8,11 +8,13 @@
 // Scenarios, in order:
 //   - drain: N events preloaded, as one-row and as 1,000-row transactions,
 //     behind slots created before the preload; pg_recvlogical and the
-//     connector process drain their own slots in turn, twice each, and an
+//     connector process (in each -delivery mode) drain their own slots in
+//     turn, twice each, and an
 //     in-process connector drains one more under the CPU profiler.
 //   - steady: paced one-row writers at each offered rate, carried by the
 //     connector (default and with a linger) and by the polling relay (each
-//     poll interval) in turn: commit-to-consume per event, commit-to-ack from
+//     poll interval) in turn, and by the connector in exactly_once mode
+//     (-delivery): commit-to-consume per event, commit-to-ack from
 //     the connector's histogram, PostgreSQL CPU, connector memory.
 //
 // The program exits 1 if any scenario failed (an event lost, a process that
@@ -54,6 +56,7 @@ type options struct {
 	Debezium       bool
 	DebeziumRates  []int
 	Floors         bool
+	Deliveries     []string
 
 	Connector    string
 	Micro        string
@@ -91,6 +94,8 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.Debezium, "debezium", true, "also run Debezium (Kafka Connect standalone, scripts/fetch-debezium.sh) in the drain and steady runs")
 	dbzRates := fs.String("debezium-rates", "500,2000,10000", "steady: offered loads at which Debezium runs, comma list")
 	fs.BoolVar(&o.Floors, "floors", true, "steady: also measure the floors at each rate (pg_recvlogical, a bare franz-go producer)")
+	deliveries := fs.String("delivery", atLeastOnce+","+exactlyOnce,
+		"connector delivery modes, comma list: at_least_once always runs; exactly_once adds its own drain and steady rows")
 	fs.BoolVar(&o.Profile, "profile", true, "drain: also drain in process under the CPU profiler")
 	fs.StringVar(&o.Connector, "connector", "", "outbox-cdc binary (default: go build ./cmd/outbox-cdc into the work dir)")
 	fs.StringVar(&o.Micro, "micro", "", "output of go test -bench to include in the report")
@@ -117,6 +122,9 @@ func parseFlags(args []string) (options, error) {
 		return o, err
 	}
 	if o.DebeziumRates, err = parseInts("debezium-rates", *dbzRates); err != nil {
+		return o, err
+	}
+	if o.Deliveries, err = parseDeliveries(*deliveries); err != nil {
 		return o, err
 	}
 	for _, s := range splitList(*intervals) {

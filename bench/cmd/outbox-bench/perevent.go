@@ -146,7 +146,7 @@ func debeziumTargets(r *Results) []Target {
 		switch {
 		case s.System == "debezium":
 			theirs = max(theirs, s.PeakRSSBytes)
-		case strings.HasPrefix(s.System, "outbox-cdc"):
+		case strings.HasPrefix(s.System, "outbox-cdc") && s.System != eosSystem:
 			ours = max(ours, s.PeakRSSBytes)
 		}
 	}

@@ -37,8 +37,9 @@ func renderReport(r *Results, chart string) string {
 	w("| Kafka | %s, single KRaft node, %d partitions per topic, RF 1 |\n", e.Kafka, e.Partitions)
 	w("| background load | %.2f busy cores before the servers started (other users of the machine; the \"other\" CPU columns below show it per run) |\n", e.BackgroundBusyCores)
 	p := r.Params
-	w("| parameters | drain %s events per transaction size %v; steady %v events/s for %s each, %d writers; relay LIMIT %d, poll %v; floors %v; Debezium %v at %v events/s |\n\n",
-		thousands(p.Events), p.TxSizes, p.Rates, p.Duration, p.Writers, p.RelayBatch, p.RelayIntervals, p.Floors, p.Debezium, p.DebeziumRates)
+	w("| parameters | drain %s events per transaction size %v; steady %v events/s for %s each, %d writers; relay LIMIT %d, poll %v; floors %v; Debezium %v at %v events/s; connector delivery %v |\n\n",
+		thousands(p.Events), p.TxSizes, p.Rates, p.Duration, p.Writers, p.RelayBatch, p.RelayIntervals, p.Floors, p.Debezium, p.DebeziumRates,
+		p.Deliveries)
 
 	w("## Targets\n\n")
 	w("| target | goal | measured | status | what limits it |\n|---|---|---|---|---|\n")
@@ -52,8 +53,10 @@ func renderReport(r *Results, chart string) string {
 	w("\n")
 
 	renderDrains(w, r)
+	renderDrainEOS(w, r)
 	renderDebezium(w, r)
 	renderSteady(w, r, chart)
+	renderEOSCost(w, r)
 	renderPerEvent(w, r)
 	renderCPU(w, r)
 	renderMemory(w, r)
@@ -102,12 +105,15 @@ func renderDrains(w func(string, ...any), r *Results) {
 			w("| %s events | %s | %d | %.2f s | %.2f | %.2f s | %.2f s | %.2f s | %.2f s |\n",
 				thousands(d.TxSize), name, i+1, c.WallSeconds, c.MachineBusyCores, c.Client, c.Postgres, c.Kafka, c.Other)
 		}
-		for i := range max(len(d.RecvLogicalRuns), len(d.ConnectorRuns)) {
+		for i := range max(len(d.RecvLogicalRuns), len(d.ConnectorRuns), len(d.ExactlyOnceRuns)) {
 			if i < len(d.RecvLogicalRuns) {
 				row("pg_recvlogical", i, d.RecvLogicalRuns[i])
 			}
 			if i < len(d.ConnectorRuns) {
 				row("connector", i, d.ConnectorRuns[i].ReaderRun)
+			}
+			if i < len(d.ExactlyOnceRuns) {
+				row("connector, exactly_once", i, d.ExactlyOnceRuns[i].ReaderRun)
 			}
 		}
 	}
@@ -175,6 +181,10 @@ func renderMemory(w func(string, ...any), r *Results) {
 		w("| drain, %s-event transactions (highest of %d runs) | %.1f MB |\n", thousands(d.TxSize), len(d.ConnectorRuns), mb(d.PeakRSSBytes))
 		if d.Debezium != nil {
 			w("| drain, %s-event transactions, Debezium | %.1f MB |\n", thousands(d.TxSize), mb(d.Debezium.PeakRSSBytes))
+		}
+		if len(d.ExactlyOnceRuns) > 0 {
+			w("| drain, %s-event transactions, exactly_once (highest of %d runs) | %.1f MB |\n", thousands(d.TxSize),
+				len(d.ExactlyOnceRuns), mb(d.eosPeakRSS()))
 		}
 	}
 	for _, s := range r.Steady {

@@ -60,12 +60,13 @@ type Params struct {
 	Floors         bool     `json:"floors"`
 	Debezium       bool     `json:"debezium"`
 	DebeziumRates  []int    `json:"debezium_rates,omitempty"`
+	Deliveries     []string `json:"deliveries,omitempty"`
 }
 
 func paramsOf(o options) Params {
 	p := Params{Events: o.Events, TxSizes: o.TxSizes, Rates: o.Rates, Duration: o.Duration.String(),
 		Writers: o.Writers, Partitions: o.Partitions, RelayBatch: o.RelayBatch, Scenarios: o.Scenarios, Profile: o.Profile, DrainRepeats: o.DrainRepeats,
-		Floors: o.Floors, Debezium: o.Debezium, DebeziumRates: o.DebeziumRates}
+		Floors: o.Floors, Debezium: o.Debezium, DebeziumRates: o.DebeziumRates, Deliveries: o.Deliveries}
 	for _, d := range o.RelayIntervals {
 		p.RelayIntervals = append(p.RelayIntervals, d.String())
 	}

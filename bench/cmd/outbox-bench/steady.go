@@ -21,6 +21,7 @@ type system struct {
 	Linger   time.Duration // outbox-cdc's kafka.linger
 	Debezium bool          // Debezium on Kafka Connect
 	Floor    bool          // a floor: pg_recvlogical or the bare producer
+	Delivery string        // outbox-cdc's kafka.delivery; "" is at_least_once
 }
 
 func (s system) isRelay() bool { return s.Interval > 0 }
@@ -35,6 +36,9 @@ func steadySystems(opts options, rate int, debezium bool) []system {
 	out = append(out, system{Name: "outbox-cdc"})
 	for _, l := range opts.Lingers {
 		out = append(out, system{Name: "outbox-cdc-linger" + l.String(), Linger: l})
+	}
+	if opts.eos() {
+		out = append(out, system{Name: eosSystem, Delivery: exactlyOnce})
 	}
 	if debezium && slices.Contains(opts.DebeziumRates, rate) {
 		out = append(out, system{Name: "debezium", Debezium: true})
@@ -125,7 +129,7 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 		return nil, err
 	}
 	arr := newArrivals(n + warmup)
-	cons, err := startConsumer(ctx, e.brokers, topic, arr, log)
+	cons, err := startConsumer(ctx, e.brokers, topic, arr, log, isolation(sys.Delivery == exactlyOnce)...)
 	if err != nil {
 		return nil, err
 	}
