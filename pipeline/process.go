@@ -220,9 +220,6 @@ func (d *delivery) Delivered(o sink.Outcome) {
 		return
 	}
 	now := time.Now()
-	if o.Quarantined > 0 {
-		p.m.Quarantined.Set(float64(o.Quarantined))
-	}
 	switch {
 	case o.DeadLettered:
 		d.m.DeadLettered.Inc()

@@ -19,6 +19,13 @@ func (p *Pipeline) openSink(ctx context.Context) (*sink.Sink, error) {
 		// its quarantines stay in memory.
 		cfg.QuarantineTopic = ""
 	}
+	// The sink is the one source of the quarantined count, in memory too.
+	cfg.Redrives = func(result string, quarantined int) {
+		if result != "" {
+			p.m.Redrives.WithLabelValues(result).Inc()
+		}
+		p.m.Quarantined.Set(float64(quarantined))
+	}
 	if cfg.QuarantineTopic != "" && cfg.ParkingTopic != "" {
 		srv, err := p.cfg.Source.DB.Identify(ctx)
 		if err != nil {
@@ -28,12 +35,6 @@ func (p *Pipeline) openSink(ctx context.Context) (*sink.Sink, error) {
 		// Requests are carried out only while this process streams from the
 		// slot: a standby waiting for it must not lift what the active one parks.
 		cfg.Owner = p.Streaming
-		cfg.Redrives = func(result string, quarantined int) {
-			if result != "" {
-				p.m.Redrives.WithLabelValues(result).Inc()
-			}
-			p.m.Quarantined.Set(float64(quarantined))
-		}
 		// Kafka not usable at start: the restore goes on in the sink, and a
 		// topic found not compacted then stops the connector.
 		cfg.Fail = func(err error) { p.fail(notCompacted(err)) }

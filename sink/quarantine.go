@@ -71,7 +71,9 @@ func (s *Sink) quarantine(r *record, reason string) error {
 		q.holding, r.starts = true, q
 	}
 	s.quarantined[key] = q
-	if n := len(s.quarantined); n > s.maxQuarantined*8/10 {
+	n := len(s.quarantined)
+	s.reportQuarantines("", n)
+	if n > s.maxQuarantined*8/10 {
 		s.log.Warn("many aggregates are quarantined; at dlq.max_quarantined the connector stops rather than let events overtake",
 			"quarantined", n, "max", s.maxQuarantined)
 	}
@@ -113,4 +115,12 @@ func (s *Sink) divert(r *record) int {
 	r.err, r.alone, r.resent = nil, false, false
 	r.size = batchSize(&r.Record)
 	return divertParked
+}
+
+// reportQuarantines tells Config.Redrives a redrive's result ("" for any
+// other change of the set) and the set's size.
+func (s *Sink) reportQuarantines(result string, n int) {
+	if s.onQuarantines != nil {
+		s.onQuarantines(result, n)
+	}
 }

@@ -83,8 +83,8 @@ func (s *Sink) follow(key string, r *kgo.Record) {
 		}
 		n := len(s.quarantined)
 		s.mu.Unlock()
-		if lifted && st.onRedrive != nil {
-			st.onRedrive("", n)
+		if lifted {
+			s.reportQuarantines("", n)
 		}
 		return
 	}
@@ -100,8 +100,8 @@ func (s *Sink) follow(key string, r *kgo.Record) {
 	}
 	n := len(s.quarantined)
 	s.mu.Unlock()
-	if added && st.onRedrive != nil {
-		st.onRedrive("", n)
+	if added {
+		s.reportQuarantines("", n)
 	}
 	if rec.Request() {
 		st.pending[key] = &rec
@@ -180,12 +180,10 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 }
 
 func (s *Sink) countRedrive(result string) {
-	if f := s.state.onRedrive; f != nil {
-		s.mu.Lock()
-		n := len(s.quarantined)
-		s.mu.Unlock()
-		f(result, n)
-	}
+	s.mu.Lock()
+	n := len(s.quarantined)
+	s.mu.Unlock()
+	s.reportQuarantines(result, n)
 }
 
 // republish sends the dead letter (unless skip) and the quarantine's

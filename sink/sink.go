@@ -72,6 +72,10 @@ type Config struct {
 	QuarantineTopic  string
 	QuarantineSource string
 	// Redrives, when set, is told each redrive's result (RedriveDone, …;
+	// "" when the set changed otherwise: a quarantine started, restored,
+	// lifted) and how many keys are quarantined: the one source of the
+	// quarantined count. It may run with the sink's lock held: it must not
+	// call the sink.
 	// "" when the set changed otherwise) and how many keys are quarantined.
 	Redrives func(result string, quarantined int)
 	// Owner, when set, says whether this process may carry out redrive
@@ -95,9 +99,6 @@ type Outcome struct {
 	// Parked is true when the record was delivered to the parking topic
 	// because its key is quarantined.
 	Parked bool
-	// Quarantined is how many keys were quarantined when the outcome was
-	// decided.
-	Quarantined int
 	// Err is a fatal error: the record was not delivered anywhere and the
 	// pipeline must stop without confirming it.
 	Err error
@@ -150,10 +151,11 @@ type Sink struct {
 
 	parking        string // "" in dlq.mode skip
 	maxQuarantined int
-	quarantined    map[string]*quarantined // by key
-	state          *stateTopic             // nil: quarantines are not saved (state.go)
-	restored       chan struct{}           // closed once the saved quarantines are in quarantined
-	fail           func(error)             // Config.Fail
+	quarantined    map[string]*quarantined              // by key
+	state          *stateTopic                          // nil: quarantines are not saved (state.go)
+	restored       chan struct{}                        // closed once the saved quarantines are in quarantined
+	fail           func(error)                          // Config.Fail
+	onQuarantines  func(result string, quarantined int) // Config.Redrives
 
 	connOpts []kgo.Opt            // cluster and security, for the sink's consumers
 	codec    kgo.CompressionCodec // kafka.compression, for the redrive's producer
@@ -178,9 +180,9 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if s.maxQuarantined <= 0 {
 		s.maxQuarantined = defaultMaxQuarantined
 	}
-	s.restored, s.fail = make(chan struct{}), cfg.Fail
+	s.restored, s.fail, s.onQuarantines = make(chan struct{}), cfg.Fail, cfg.Redrives
 	if cfg.QuarantineTopic != "" && s.parking != "" {
-		s.state = &stateTopic{name: cfg.QuarantineTopic, source: cfg.QuarantineSource, onRedrive: cfg.Redrives,
+		s.state = &stateTopic{name: cfg.QuarantineTopic, source: cfg.QuarantineSource,
 			owner: cfg.Owner, pending: map[string]*QuarantineRecord{}}
 	} else {
 		close(s.restored) // nothing to restore
@@ -492,7 +494,7 @@ func (s *Sink) settle(r *record, err error) {
 	case err == nil:
 		first, ok := t.refused[r.Partition]
 		overtook = ok && !r.resent && r.seq > first
-		o = &Outcome{DeadLettered: r.dead, Reason: r.reason, Parked: r.parked, Quarantined: len(s.quarantined)}
+		o = &Outcome{DeadLettered: r.dead, Reason: r.reason, Parked: r.parked}
 	case s.closed:
 		o = &Outcome{Err: shutdownError(err)}
 	case r.ctx.Err() != nil: // the caller stopped: resent after a restart

@@ -66,7 +66,6 @@ type stateTopic struct {
 	cons         *kgo.Client                  // follows the topic (redriveLoop)
 	pending      map[string]*QuarantineRecord // requests not carried out yet, by key; the loop's
 	owner        func() bool                  // nil: always
-	onRedrive    func(result string, quarantined int)
 }
 
 // owns reports whether this process may carry out requests now.
@@ -182,9 +181,7 @@ func (s *Sink) restore(latest map[string]stateAt) {
 	if n > 0 {
 		s.log.Info("restored quarantined aggregates; their events are parked", "topic", st.name, "quarantined", n, "redrives_pending", len(st.pending))
 	}
-	if st.onRedrive != nil {
-		st.onRedrive("", n)
-	}
+	s.reportQuarantines("", n)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

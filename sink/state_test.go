@@ -93,8 +93,8 @@ func TestQuarantineSavedBeforeOutcome(t *testing.T) {
 	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(1))
 	produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.slot(2))
 	x := <-res.ch
-	if x.i != 2 || x.o != (sink.Outcome{Quarantined: 1}) {
-		t.Fatalf("first outcome: record %d %+v, want b delivered", x.i, x.o)
+	if q := s.Quarantined(); x.i != 2 || x.o != (sink.Outcome{}) || len(q) != 1 {
+		t.Fatalf("first outcome: record %d %+v with quarantines %+v, want b delivered, a quarantined", x.i, x.o, q)
 	}
 	noOutcome(t, res, "state record not acknowledged")
 	saving.Store(false)
@@ -118,12 +118,10 @@ func TestQuarantineSavedBeforeOutcome(t *testing.T) {
 	}
 }
 
-// TestQuarantineRestored: a second sink on the same state topic and source
-// restores the quarantine before producing: the key's records are parked,
-// others delivered; another source's quarantine is not its own.
-func TestQuarantineRestored(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+// saveQuarantineOfA runs a sink on c whose router dead letter of event
+// ev-0 quarantines key "a" on the state topic, then closes it.
+func saveQuarantineOfA(ctx context.Context, t *testing.T, c *kfake.Cluster) {
+	t.Helper()
 	first, closeFirst := newSinkTuned(t, c, nil, savedMode)
 	if err := first.StartQuarantines(ctx); err != nil {
 		t.Fatal(err)
@@ -134,6 +132,15 @@ func TestQuarantineRestored(t *testing.T) {
 		t.Fatalf("outcome %+v, want dead-lettered", o)
 	}
 	closeFirst()
+}
+
+// TestQuarantineRestored: a second sink on the same state topic and source
+// restores the quarantine before producing: the key's records are parked,
+// others delivered; another source's quarantine is not its own.
+func TestQuarantineRestored(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t, kfake.SeedTopics(3, parking))
+	saveQuarantineOfA(ctx, t, c)
 	other := startSaved(ctx, t, c, func(cfg *sink.Config) { cfg.QuarantineSource = "other/app/slot" })
 	if q := other.Quarantined(); len(q) != 0 {
 		t.Fatalf("another source restored %+v", q)
@@ -143,12 +150,12 @@ func TestQuarantineRestored(t *testing.T) {
 	if q := s.Quarantined(); len(q) != 1 || q[0].Key != "a" || q[0].FirstID != "ev-0" || restored.String() != "[1]" {
 		t.Fatalf("restored %+v (reported %v), want a from ev-0", q, restored)
 	}
-	res = newResults(3)
+	res := newResults(3)
 	produce(ctx, t, s, keyedRecord(topic, "a", 0, ""), res.slot(0)) // replayed: parked again
 	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(1))
 	produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.slot(2))
 	out := res.all(ctx, t, 3)
-	if !out[0].Parked || !out[1].Parked || out[2] != (sink.Outcome{Quarantined: 1}) {
+	if !out[0].Parked || !out[1].Parked || out[2] != (sink.Outcome{}) || len(s.Quarantined()) != 1 {
 		t.Fatalf("outcomes %+v: want parked, parked, delivered", out)
 	}
 }
@@ -252,7 +259,7 @@ func TestRedriveRepublishesInOrder(t *testing.T) {
 	if len(st) != 3 || st[1].State != sink.StateRedrive || st[2] != nil {
 		t.Errorf("state records %+v, want quarantined, request, tombstone", st)
 	}
-	waitUntil(ctx, t, "the redrive counted", func() bool { return results.String() == "[0 redriven0]" })
+	waitUntil(ctx, t, "the redrive counted", func() bool { return results.String() == "[0 1 redriven0]" })
 }
 
 // waitUntil polls cond until it holds or ctx ends.
@@ -280,7 +287,7 @@ func TestRedriveSkip(t *testing.T) {
 	if q := s.Quarantined(); len(q) != 0 {
 		t.Errorf("still quarantined: %+v", q)
 	}
-	waitUntil(ctx, t, "the skip counted", func() bool { return results.String() == "[0 skipped0]" })
+	waitUntil(ctx, t, "the skip counted", func() bool { return results.String() == "[0 1 skipped0]" })
 }
 
 // TestRedriveRefusedAgain: a redriven record refused again ends the
@@ -306,7 +313,7 @@ func TestRedriveRefusedAgain(t *testing.T) {
 	if len(st) != 3 || st[2] == nil || st[2].State != sink.StateFailed || st[2].FirstID != "ev-0" {
 		t.Errorf("state records %+v, want quarantined, request, failed", st)
 	}
-	waitUntil(ctx, t, "the failure counted", func() bool { return results.String() == "[0 failed1]" })
+	waitUntil(ctx, t, "the failure counted", func() bool { return results.String() == "[0 1 failed1]" })
 }
 
 // TestRedriveOnlyByTheOwner: a standby sharing the slot (and so the state
@@ -375,16 +382,7 @@ func TestRedriveOnlyByTheOwner(t *testing.T) {
 func TestQuarantineRestoreWaitsForKafka(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(3, parking))
-	first, closeFirst := newSinkTuned(t, c, nil, savedMode)
-	if err := first.StartQuarantines(ctx); err != nil {
-		t.Fatal(err)
-	}
-	res := newResults(1)
-	produce(ctx, t, first, routerDead("a", 0), res.slot(0))
-	if o := res.all(ctx, t, 1)[0]; !o.DeadLettered {
-		t.Fatalf("outcome %+v, want dead-lettered", o)
-	}
-	closeFirst()
+	saveQuarantineOfA(ctx, t, c)
 
 	// The next start finds the state topic unreadable: its configs cannot
 	// be described until refusing is cleared.
@@ -409,7 +407,7 @@ func TestQuarantineRestoreWaitsForKafka(t *testing.T) {
 	if err := s.StartQuarantines(ctx); err != nil {
 		t.Fatalf("StartQuarantines with the state topic unreadable: %v; want the start to go on", err)
 	}
-	res = newResults(2)
+	res := newResults(2)
 	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(0)) // quarantined in the saved set
 	produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.slot(1))
 	noOutcome(t, res, "before the restore")
