@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink"
@@ -26,20 +27,41 @@ func (p *Pipeline) openSink(ctx context.Context) (*sink.Sink, error) {
 		}
 		p.m.Quarantined.Set(float64(quarantined))
 	}
+	// Requests are carried out only while this process streams from the
+	// slot: a standby waiting for it must not lift what the active one parks.
+	cfg.Owner = p.Streaming
+	// Kafka not usable at start: the restore goes on in the sink, and a
+	// topic found not compacted then stops the connector.
+	cfg.Fail = func(err error) { p.fail(notCompacted(err)) }
+	return startSink(ctx, p.cfg.Source, cfg, p.log)
+}
+
+// OpenRepairSink opens the sink that verify --repair republishes missing
+// rows through. It restores the connector's quarantines, so a missing row
+// of a quarantined aggregate is parked rather than put before its dead
+// letter, and it never carries out redrive requests: the connector
+// streaming from the slot does. fail is told of a quarantine topic found
+// not compacted after the start.
+func OpenRepairSink(ctx context.Context, cfg Config, fail func(error), log *slog.Logger) (*sink.Sink, error) {
+	sc := cfg.Sink
+	sc.Owner = func() bool { return false }
+	sc.Fail = func(err error) { fail(notCompacted(err)) }
+	return startSink(ctx, cfg.Source, sc, log)
+}
+
+// startSink names this connector's keys on the quarantine topic, creates
+// the sink and starts its quarantines.
+func startSink(ctx context.Context, src replication.Source, cfg sink.Config, log *slog.Logger) (*sink.Sink, error) {
 	if cfg.QuarantineTopic != "" && cfg.ParkingTopic != "" {
-		srv, err := p.cfg.Source.DB.Identify(ctx)
+		srv, err := src.DB.Identify(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("setup: %w", err)
 		}
-		cfg.QuarantineSource = sink.QuarantineSource(srv.SystemID, srv.Database, p.cfg.Source.Slot)
-		// Requests are carried out only while this process streams from the
-		// slot: a standby waiting for it must not lift what the active one parks.
-		cfg.Owner = p.Streaming
-		// Kafka not usable at start: the restore goes on in the sink, and a
-		// topic found not compacted then stops the connector.
-		cfg.Fail = func(err error) { p.fail(notCompacted(err)) }
+		cfg.QuarantineSource = sink.QuarantineSource(srv.SystemID, srv.Database, src.Slot)
+	} else {
+		cfg.Owner, cfg.Fail = nil, nil
 	}
-	s, err := sink.New(cfg, p.log)
+	s, err := sink.New(cfg, log)
 	if err != nil {
 		return nil, err
 	}

@@ -76,7 +76,6 @@ type Config struct {
 	// lifted) and how many keys are quarantined: the one source of the
 	// quarantined count. It may run with the sink's lock held: it must not
 	// call the sink.
-	// "" when the set changed otherwise) and how many keys are quarantined.
 	Redrives func(result string, quarantined int)
 	// Owner, when set, says whether this process may carry out redrive
 	// requests now: only the one streaming from the slot writes the keys'
@@ -154,6 +153,7 @@ type Sink struct {
 	quarantined    map[string]*quarantined              // by key
 	state          *stateTopic                          // nil: quarantines are not saved (state.go)
 	restored       chan struct{}                        // closed once the saved quarantines are in quarantined
+	started        atomic.Bool                          // StartQuarantines was called
 	fail           func(error)                          // Config.Fail
 	onQuarantines  func(result string, quarantined int) // Config.Redrives
 
@@ -334,6 +334,10 @@ type record struct {
 // buffered (with a shutdown outcome), so pass a context that outlives the
 // drain. done is called exactly once, also when Produce returns ctx's error.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error {
+	if s.state != nil && !s.started.Load() {
+		// Records would wait for a restore that never begins.
+		panic("sink: Produce before StartQuarantines")
+	}
 	r := newRecord(rec, s.dlq)
 	r.done, r.sink, r.ctx = done, s, ctx
 	s.outstanding.Add(1)

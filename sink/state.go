@@ -99,6 +99,7 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 	if st == nil {
 		return nil
 	}
+	s.started.Store(true)
 	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
 	if err != nil {
 		return fmt.Errorf("quarantine topic consumer: %w", err)

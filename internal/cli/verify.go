@@ -276,7 +276,11 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []veri
 	var rp *repairer
 	if o.repair {
 		pr.phase.Store("checking rows and republishing the missing ones")
-		s, err := sink.New(pc.Sink, log)
+		// A quarantine topic found not compacted later stops the repair.
+		var stop context.CancelCauseFunc
+		ctx, stop = context.WithCancelCause(ctx)
+		defer stop(nil)
+		s, err := pipeline.OpenRepairSink(ctx, pc, stop, log)
 		if err != nil {
 			return nil, err
 		}
@@ -303,6 +307,9 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []veri
 	})
 	if err == nil {
 		err = differs
+	}
+	if err != nil && ctx.Err() != nil {
+		err = context.Cause(ctx) // the repair's stop says why
 	}
 	if err != nil {
 		return nil, err
