@@ -235,9 +235,9 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, specs []RowSpec) 
 	}
 	// Per aggregate, a writer's transactions get increasing ids; the stream
 	// delivers in commit order, which for one aggregate's serialized writes
-	// is the same. Within a transaction, ctid is insertion order.
+	// is the same. Within a transaction, commandID, then ctid.
 	return g, s.queryEach(r, specs, func(t Source, spec RowSpec) error {
-		return t.query(ctx, r, spec, filter, []string{xid8(ref), "ctid"})
+		return t.query(ctx, r, spec, filter, []string{xid8(ref), commandID, "ctid"})
 	})
 }
 
@@ -348,14 +348,23 @@ func (s Source) snapshotOrder(ctx context.Context, q rowQuerier, by string) ([]s
 	return order, nil
 }
 
-// orderColumns is by (if set) and ctid, followed by the primary key columns
-// not already in it. Rows of one transaction share created_at (now() is the
-// transaction's start); ctid, the row's place in the heap, keeps them in the
-// order they were inserted, where a random key would shuffle them.
+// commandID orders the rows of one transaction as they were inserted: cmin
+// is the command (statement) of the transaction that wrote the row, counted
+// up from 0 (PG docs, "System Columns"). ctid is not that order: once
+// VACUUM has recorded free space in earlier pages, a transaction's later
+// rows can land there (TestGapRowsKeepInsertionOrder). Rows of one
+// multi-row INSERT share their cmin; ctid orders those. cid has no
+// ordering operator, hence the casts.
+const commandID = "(cmin::text::bigint)"
+
+// orderColumns is by (if set) and the insertion order within a transaction
+// (commandID, then ctid), followed by the primary key columns not already
+// in it. Rows of one transaction share created_at (now() is the
+// transaction's start), and a random key would shuffle them.
 func orderColumns(by string, pk []string) []string {
 	var out []string
 	if by != "" {
-		out = append(out, by, "ctid")
+		out = append(out, by, commandID, "ctid")
 	}
 	for _, c := range pk {
 		if c != by {

@@ -19,9 +19,9 @@ func TestSnapshotSQL(t *testing.T) {
 	}{
 		{"primary key", "", []string{"id"}, false, `FROM "public"."outbox" WHERE (status = 'PENDING') ORDER BY "id"`},
 		{"composite key", "", []string{"tenant", "seq"}, false, `ORDER BY "tenant", "seq"`},
-		{"column, key breaks ties", "created_at", []string{"id"}, true, `ORDER BY "created_at", "ctid", "id"`},
-		{"column that is the key", "id", []string{"id"}, false, `ORDER BY "id", "ctid"`},
-		{"column, no key", "created_at", nil, false, `ORDER BY "created_at", "ctid"`},
+		{"column, key breaks ties", "created_at", []string{"id"}, true, `ORDER BY "created_at", (cmin::text::bigint), "ctid", "id"`},
+		{"column that is the key", "id", []string{"id"}, false, `ORDER BY "id", (cmin::text::bigint), "ctid"`},
+		{"column, no key", "created_at", nil, false, `ORDER BY "created_at", (cmin::text::bigint), "ctid"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

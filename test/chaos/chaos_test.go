@@ -37,21 +37,24 @@ const (
 
 // Fault kinds.
 const (
-	fConnKill      = "connector-kill"
-	fConnKillAck   = "connector-kill-after-ack"
-	fKafkaKill     = "kafka-kill"
-	fKafkaStop     = "kafka-stop-8s"
-	fPGFast        = "pg-fast-restart"
-	fPGCrash       = "pg-crash-restart"
-	fPGImmediate   = "pg-immediate-restart"
-	fNetKafkaDrop  = "net-kafka-drop"
-	fNetKafkaStall = "net-kafka-stall"
-	fNetKafkaSlow  = "net-kafka-slow"
-	fNetKafkaReset = "net-kafka-reset"
-	fNetPGDrop     = "net-pg-drop"
-	fNetPGStall    = "net-pg-stall"
-	fNetPGSlow     = "net-pg-slow"
-	fNetPGReset    = "net-pg-reset"
+	fConnKill    = "connector-kill"
+	fConnKillAck = "connector-kill-after-ack"
+	// fStandbyTakeover: a standby beside the active connector takes over
+	// when the active one is killed or stopped (takeover_test.go).
+	fStandbyTakeover = "connector-standby-takeover"
+	fKafkaKill       = "kafka-kill"
+	fKafkaStop       = "kafka-stop-8s"
+	fPGFast          = "pg-fast-restart"
+	fPGCrash         = "pg-crash-restart"
+	fPGImmediate     = "pg-immediate-restart"
+	fNetKafkaDrop    = "net-kafka-drop"
+	fNetKafkaStall   = "net-kafka-stall"
+	fNetKafkaSlow    = "net-kafka-slow"
+	fNetKafkaReset   = "net-kafka-reset"
+	fNetPGDrop       = "net-pg-drop"
+	fNetPGStall      = "net-pg-stall"
+	fNetPGSlow       = "net-pg-slow"
+	fNetPGReset      = "net-pg-reset"
 	// Operations (ops_test.go): schema, publication and checkpoint changes
 	// an operator makes under load.
 	fOpsPartition   = "ops-partition"
@@ -62,7 +65,7 @@ const (
 	fOpsOversize    = "ops-oversize"
 )
 
-var allFaults = []string{fConnKill, fConnKillAck, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate,
+var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate,
 	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
 	fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize}
 
@@ -116,7 +119,7 @@ type mode struct {
 var shortMode = mode{
 	Name: "short", Writers: 4, AggsPerWriter: 3, Interval: 20 * time.Millisecond, Multi: 0.25,
 	Deck: map[string]int{
-		fConnKill: 4, fConnKillAck: 3,
+		fConnKill: 4, fConnKillAck: 3, fStandbyTakeover: 1,
 		fKafkaKill: 3, fKafkaStop: 2,
 		fPGFast: 3, fPGCrash: 2, fPGImmediate: 1,
 		fNetKafkaDrop: 1, fNetKafkaStall: 1, fNetKafkaSlow: 1, fNetKafkaReset: 1,
@@ -130,7 +133,7 @@ var shortMode = mode{
 var longMode = mode{
 	Name: "long", Writers: 4, AggsPerWriter: 3, Interval: 20 * time.Millisecond, Multi: 0.25,
 	Deck: map[string]int{
-		fConnKill: 12, fConnKillAck: 10,
+		fConnKill: 12, fConnKillAck: 10, fStandbyTakeover: 5,
 		fKafkaKill: 4, fKafkaStop: 3,
 		fPGFast: 4, fPGCrash: 4, fPGImmediate: 2,
 		fNetKafkaDrop: 3, fNetKafkaStall: 3, fNetKafkaSlow: 3, fNetKafkaReset: 3,
@@ -430,6 +433,10 @@ func (r *run) setup(ctx context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sparePort, err := testenv.FreePort() // a standby's (takeover_test.go)
+	if err != nil {
+		t.Fatal(err)
+	}
 	proxiedDSN := fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", env.pgProxy.Addr(), db)
 	yaml := fmt.Sprintf(`postgres:
   dsn: %q
@@ -458,7 +465,8 @@ log:
 		t.Fatal(err)
 	}
 	r.conn = &connector{bin: env.bin, cfgPath: cfgPath, httpAddr: fmt.Sprintf("127.0.0.1:%d", httpPort),
-		logPath: filepath.Join(dir, "connector.log"), dsn: dsn, slot: slot}
+		spareAddr: fmt.Sprintf("127.0.0.1:%d", sparePort),
+		logPath:   filepath.Join(dir, "connector.log"), dsn: dsn, slot: slot}
 	t.Cleanup(r.conn.close)
 	r.samp = &sampler{dsn: dsn, slot: slot}
 	shape := "plain"
@@ -536,6 +544,8 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		return r.killConnector(ctx, f, time.Duration(r.rng.Int64N(int64(800*time.Millisecond))))
 	case fConnKillAck:
 		return r.killAfterAck(ctx, f)
+	case fStandbyTakeover:
+		return r.takeover(ctx, f)
 	case fKafkaKill:
 		if err := env.kafka.Kill(); err != nil {
 			return "", err

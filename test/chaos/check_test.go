@@ -309,9 +309,10 @@ func (r *run) analyze(ctx context.Context) *Report {
 	checkLoss(rep, events, copies, fail)
 
 	r.noteBackfills(rep)
-	r.checkOrder(rep, recs, fail)
+	dead := deadLettered(dlq)
+	r.checkOrder(rep, recs, dead, fail)
 	r.checkDuplicates(rep, copies, byID, fail)
-	r.checkExactlyOnce(rep, recs, copies, byID, fail)
+	r.checkExactlyOnce(rep, recs, copies, byID, dead, fail)
 	r.checkWatermark(rep, events, copies, fail)
 	r.recoveries(rep, events)
 
@@ -519,7 +520,36 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 // is 1 and each next one is the previous plus one, or goes back to one
 // already seen (a replayed tail starting); every aggregate stays in one
 // partition.
-func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any)) {
+// deadSeqs are the dead-lettered events by key and seq. In dlq.mode skip
+// (the exactly_once run) a key's later events go on to its topic past its
+// dead letter: the order checks step over these seqs. Nil in dlq.mode
+// quarantine, where nothing may pass a dead letter (quarantine_test.go).
+type deadSeqs map[string]map[int]bool
+
+func deadLettered(dlq []copyRec) deadSeqs {
+	if !exactlyOnce() {
+		return nil
+	}
+	d := deadSeqs{}
+	for _, c := range dlq {
+		if d[c.Key] == nil {
+			d[c.Key] = map[int]bool{}
+		}
+		d[c.Key][c.Seq] = true
+	}
+	return d
+}
+
+// next is the seq that follows last for key: last+1, past dead letters.
+func (d deadSeqs) next(key string, last int) int {
+	n := last + 1
+	for d[key][n] {
+		n++
+	}
+	return n
+}
+
+func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(string, ...any)) {
 	type state struct {
 		topic     string
 		partition int32
@@ -550,7 +580,7 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any))
 			continue
 		}
 		switch {
-		case c.Seq == s.last+1:
+		case c.Seq == dead.next(c.Key, s.last):
 		case c.Seq <= s.last && c.Seq >= 1:
 			// A replay restarting at an event already delivered (every seq
 			// up to last has been seen); it must then continue +1.
@@ -558,7 +588,7 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, fail func(string, ...any))
 			bad(c, "aggregate %s: seq %d after %d (max seen %d) at %s/%d@%d", c.Key, c.Seq, s.last, s.max, c.Topic, c.Partition, c.Offset)
 		}
 		// Diagnosis only: the first copies alone, are they in order?
-		if c.Seq > s.max && c.Seq != s.max+1 {
+		if c.Seq > s.max && c.Seq != dead.next(c.Key, s.max) {
 			rep.FirstCopyOrderViolations++
 		}
 		s.last = c.Seq
@@ -1039,6 +1069,11 @@ func (r *run) report(rep *Report) {
 	if !rep.Pass {
 		// Keep the evidence: the temp dir goes away with the test.
 		if log, err := os.ReadFile(r.conn.logPath); err == nil {
+			for _, in := range r.conn.incarnations() {
+				if in.ownLog != "" { // a standby's, kept apart while it waited
+					log = append(log, fmt.Sprintf("\n===== chaos: standby #%d's own log =====\n%s", in.N, r.conn.logOf(in.N))...)
+				}
+			}
 			_ = os.WriteFile(filepath.Join("results", "last-run-connector.log"), log, 0o644)
 		}
 		t.Logf("chaos: connector log kept in results/last-run-connector.log")

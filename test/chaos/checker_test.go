@@ -119,20 +119,26 @@ func TestCheckOrder(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		recs []copyRec
+		dead deadSeqs // dlq.mode skip
 		bad  int
 	}{
-		{"in order", seqs(1, 2, 3, 4), 0},
-		{"replayed tail", seqs(1, 2, 3, 2, 3, 4, 5), 0},
-		{"replay inside a replay", seqs(1, 2, 3, 4, 2, 3, 3, 4, 5), 0},
-		{"gap", seqs(1, 2, 4), 1},
-		{"replay that skips", seqs(1, 2, 3, 4, 2, 4, 5), 1},
-		{"backwards to an unseen seq", seqs(2, 3), 1},
-		{"two partitions", append(seqs(1, 2), copyRec{Topic: "p.order", Partition: 1, Key: "a", Seq: 3}), 1},
+		{"in order", seqs(1, 2, 3, 4), nil, 0},
+		{"replayed tail", seqs(1, 2, 3, 2, 3, 4, 5), nil, 0},
+		{"replay inside a replay", seqs(1, 2, 3, 4, 2, 3, 3, 4, 5), nil, 0},
+		{"gap", seqs(1, 2, 4), nil, 1},
+		{"replay that skips", seqs(1, 2, 3, 4, 2, 4, 5), nil, 1},
+		{"backwards to an unseen seq", seqs(2, 3), nil, 1},
+		{"two partitions", append(seqs(1, 2), copyRec{Topic: "p.order", Partition: 1, Key: "a", Seq: 3}), nil, 1},
+		{"past a dead letter (skip)", seqs(1, 3, 4), deadSeqs{"a": {2: true}}, 0},
+		{"past two dead letters (skip)", seqs(2, 5), deadSeqs{"a": {1: true, 3: true, 4: true}}, 0},
+		{"gap beside a dead letter (skip)", seqs(1, 4), deadSeqs{"a": {2: true}}, 1},
+		{"dead letter of another key (skip)", seqs(1, 3), deadSeqs{"b": {2: true}}, 1},
+		{"replay past a dead letter (skip)", seqs(1, 3, 1, 3, 4), deadSeqs{"a": {2: true}}, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t)
 			rep := &Report{}
-			f.r.checkOrder(rep, tt.recs, f.fail)
+			f.r.checkOrder(rep, tt.recs, tt.dead, f.fail)
 			if rep.OrderViolations != tt.bad {
 				t.Fatalf("violations %d, want %d: %v", rep.OrderViolations, tt.bad, rep.OrderExamples)
 			}

@@ -24,16 +24,19 @@ import (
 // connector runs the real outbox-cdc binary, one process (incarnation) at a
 // time, all writing to one log file.
 type connector struct {
-	bin      string
-	cfgPath  string
-	httpAddr string
-	logPath  string
-	dsn      string // direct (not proxied) DSN, to read the slot
-	slot     string
+	bin     string
+	cfgPath string
+	logPath string
+	dsn     string // direct (not proxied) DSN, to read the slot
+	slot    string
 
-	mu   sync.Mutex
-	cur  *incarnation
-	incs []*incarnation
+	mu sync.Mutex
+	// httpAddr is the current process's HTTP address; spareAddr a standby's
+	// (takeover swaps them).
+	httpAddr, spareAddr string
+	cur                 *incarnation
+	standby             *incarnation // launched beside cur, not yet streaming
+	incs                []*incarnation
 }
 
 // incarnation is one connector process.
@@ -48,7 +51,11 @@ type incarnation struct {
 	SlotAtStart lsn.LSN
 	CkptAtStart lsn.LSN
 
-	cmd    *exec.Cmd
+	cmd  *exec.Cmd
+	addr string // its HTTP address
+	// ownLog is a standby's log file: it runs beside the active process,
+	// whose lines would otherwise be taken for its own.
+	ownLog string
 	done   chan struct{}
 	err    error // cmd.Wait's result, read after done
 	killed bool  // guarded by connector.mu
@@ -109,28 +116,10 @@ func (c *connector) launch(ctx context.Context, reason string) (*incarnation, er
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
+	in := &incarnation{N: n, Reason: reason, SlotAtStart: slot, CkptAtStart: ckpt}
+	if err := c.exec(in, c.addr()); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(f, "\n===== chaos: incarnation %d (%s) at %s, slot confirmed %v, checkpoint %v =====\n",
-		n, reason, time.Now().Format("15:04:05.000"), slot, ckpt)
-	cmd := exec.Command(c.bin, "run", "--config", c.cfgPath)
-	cmd.Env = cleanEnv()
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	in := &incarnation{N: n, Reason: reason, SlotAtStart: slot, CkptAtStart: ckpt, cmd: cmd, done: make(chan struct{})}
-	in.Start = time.Now()
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start connector: %w", err)
-	}
-	f.Close() // the child has its own descriptor
-	go func() {
-		in.err = cmd.Wait()
-		in.ExitAt = time.Now()
-		close(in.done)
-	}()
 	c.mu.Lock()
 	c.cur = in
 	c.incs = append(c.incs, in)
@@ -138,15 +127,61 @@ func (c *connector) launch(ctx context.Context, reason string) (*incarnation, er
 	return in, nil
 }
 
-// waitReady polls /readyz until 200, the process exits, or timeout.
+func (c *connector) addr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.httpAddr
+}
+
+// exec starts in's process, serving HTTP on addr, its output appended to
+// the log after a header that names it.
+func (c *connector) exec(in *incarnation, addr string) error {
+	path := c.logPath
+	if in.ownLog != "" {
+		path = in.ownLog
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(f, "\n===== chaos: incarnation %d (%s) at %s, slot confirmed %v, checkpoint %v =====\n",
+		in.N, in.Reason, time.Now().Format("15:04:05.000"), in.SlotAtStart, in.CkptAtStart)
+	cmd := exec.Command(c.bin, "run", "--config", c.cfgPath)
+	// The listen address comes from the environment: a standby runs beside
+	// the active process on the spare one.
+	cmd.Env = append(cleanEnv(), "OUTBOX_CDC_HTTP_LISTEN="+addr)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	in.cmd, in.addr, in.done = cmd, addr, make(chan struct{})
+	in.Start = time.Now()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start connector: %w", err)
+	}
+	f.Close() // the child has its own descriptor
+	go func() {
+		in.err = cmd.Wait()
+		in.ExitAt = time.Now()
+		close(in.done)
+	}()
+	return nil
+}
+
+// waitReady polls /readyz until 200 (the process streams), the process
+// exits, or timeout.
 func (c *connector) waitReady(ctx context.Context, in *incarnation, timeout time.Duration) error {
+	return c.waitOK(ctx, in, "/readyz", timeout)
+}
+
+// waitOK polls path on in's HTTP address until it answers 200.
+func (c *connector) waitOK(ctx context.Context, in *incarnation, path string, timeout time.Duration) error {
 	cl := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(timeout)
 	for {
 		if in.exited() {
-			return fmt.Errorf("connector %d exited before ready: %v", in.N, in.err)
+			return fmt.Errorf("connector %d exited before %s answered 200: %v", in.N, path, in.err)
 		}
-		resp, err := cl.Get("http://" + c.httpAddr + "/readyz")
+		resp, err := cl.Get("http://" + in.addr + path)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -154,12 +189,12 @@ func (c *connector) waitReady(ctx context.Context, in *incarnation, timeout time
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("connector %d not ready after %v", in.N, timeout)
+			return fmt.Errorf("connector %d: %s not 200 after %v", in.N, path, timeout)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(20 * time.Millisecond): // poll interval of /readyz
+		case <-time.After(20 * time.Millisecond): // poll interval
 		}
 	}
 }
@@ -167,7 +202,7 @@ func (c *connector) waitReady(ctx context.Context, in *incarnation, timeout time
 // metric reads one unlabelled metric from the running process's /metrics.
 func (c *connector) metric(name string) (float64, error) {
 	cl := &http.Client{Timeout: time.Second}
-	resp, err := cl.Get("http://" + c.httpAddr + "/metrics")
+	resp, err := cl.Get("http://" + c.addr() + "/metrics")
 	if err != nil {
 		return 0, err
 	}
@@ -309,8 +344,12 @@ func errorLines(log string) []string {
 	return out
 }
 
-// logOf returns what process n wrote: its part of the shared log file.
+// logOf returns what process n wrote: its part of the shared log file, or
+// a standby's own file.
 func (c *connector) logOf(n int) string {
+	if b, err := os.ReadFile(fmt.Sprintf("%s.%d", c.logPath, n)); err == nil {
+		return string(b)
+	}
 	b, err := os.ReadFile(c.logPath)
 	if err != nil {
 		return ""
@@ -335,14 +374,18 @@ func (c *connector) logOf(n int) string {
 // close kills whatever still runs (test cleanup).
 func (c *connector) close() {
 	c.mu.Lock()
-	in := c.cur
-	if in != nil {
-		in.killed = true
+	ins := []*incarnation{c.cur, c.standby}
+	for _, in := range ins {
+		if in != nil {
+			in.killed = true
+		}
 	}
 	c.mu.Unlock()
-	if in != nil && !in.exited() {
-		_ = in.cmd.Process.Signal(syscall.SIGKILL)
-		<-in.done
+	for _, in := range ins {
+		if in != nil && !in.exited() {
+			_ = in.cmd.Process.Signal(syscall.SIGKILL)
+			<-in.done
+		}
 	}
 }
 
@@ -358,6 +401,13 @@ func (c *connector) incarnations() []*incarnation {
 // checkpoint: a new process resumes from the larger, and PostgreSQL may
 // resend anything after the slot's.
 func (c *connector) restartPosition(ctx context.Context) (slot, ckpt lsn.LSN, err error) {
+	return c.slotPosition(ctx, func(pid *int32) bool { return pid == nil }, "still active 30s after the connector died")
+}
+
+// slotPosition polls the slot until released(active_pid) and returns its
+// confirmed position read in that moment, and the checkpoint; stuck says
+// what a 30 s wait means.
+func (c *connector) slotPosition(ctx context.Context, released func(pid *int32) bool, stuck string) (slot, ckpt lsn.LSN, err error) {
 	if c.dsn == "" {
 		return 0, 0, nil // checker tests with a stand-in binary
 	}
@@ -369,17 +419,17 @@ func (c *connector) restartPosition(ctx context.Context) (slot, ckpt lsn.LSN, er
 	}
 	defer conn.Close(context.Background())
 	for {
-		var active bool
+		var pid *int32
 		var confirmed *string
-		err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, c.slot).
-			Scan(&active, &confirmed)
+		err := conn.QueryRow(ctx, `SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, c.slot).
+			Scan(&pid, &confirmed)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, 0, nil // first start: the connector creates it
 		}
 		if err != nil {
 			return 0, 0, fmt.Errorf("read slot: %w", err)
 		}
-		if !active {
+		if released(pid) {
 			if confirmed != nil {
 				slot, _ = lsn.Parse(*confirmed)
 			}
@@ -387,7 +437,7 @@ func (c *connector) restartPosition(ctx context.Context) (slot, ckpt lsn.LSN, er
 		}
 		select {
 		case <-ctx.Done():
-			return 0, 0, fmt.Errorf("slot %s still active 30s after the connector died", c.slot)
+			return 0, 0, fmt.Errorf("slot %s %s", c.slot, stuck)
 		case <-time.After(10 * time.Millisecond): // poll interval of pg_replication_slots
 		}
 	}
@@ -412,9 +462,14 @@ func readCheckpoint(ctx context.Context, conn *pgx.Conn, slot string) (lsn.LSN, 
 	return lsn.Parse(s)
 }
 
-// logTail returns the last n lines of the connector log.
+// logTail returns the last n lines of the connector log, or of the
+// current process's own log when it has one (a promoted standby).
 func (c *connector) logTail(n int) string {
-	b, err := os.ReadFile(c.logPath)
+	path := c.logPath
+	if in := c.current(); in != nil && in.ownLog != "" {
+		path = in.ownLog
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
 	}

@@ -78,7 +78,8 @@ func (er *eosReport) String() string {
 // checkExactlyOnce: no event twice; the events of each PostgreSQL
 // transaction in one Kafka transaction (under KIP-890, each transaction has
 // a producer epoch of its own); per key, in partition order, seq 1, 2, 3, …
-func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]copyRec, byID map[string]*event, fail func(string, ...any)) {
+// (past the dead-lettered ones: dlq.mode is skip)
+func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]copyRec, byID map[string]*event, dead deadSeqs, fail func(string, ...any)) {
 	if !exactlyOnce() {
 		return
 	}
@@ -128,7 +129,7 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 		if byID[c.ID] == nil {
 			continue
 		}
-		if c.Seq != last[c.Key]+1 {
+		if c.Seq != dead.next(c.Key, last[c.Key]) {
 			er.OrderBreaks++
 			if er.OrderBreaks <= 5 {
 				fail("exactly_once: key %s seq %d after %d (%s/%d@%d)", c.Key, c.Seq, last[c.Key], c.Topic, c.Partition, c.Offset)

@@ -1,0 +1,122 @@
+package replication
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// TestGapRowsKeepInsertionOrder: the gap repair publishes a transaction's
+// rows in the order they were inserted, also when VACUUM has recorded free
+// space in an earlier page, so that the transaction's later rows went
+// there (their ctid is lower than the earlier rows'). The chaos suite saw
+// one aggregate's events swapped this way after an ops-publication-gap.
+func TestGapRowsKeepInsertionOrder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	table := fmt.Sprintf("gap_order_%d", time.Now().UnixNano()%1e9)
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(`CREATE TABLE ` + table + ` (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
+		aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`)
+	defer func() { _, _ = conn.Exec(context.Background(), "DROP TABLE "+table) }()
+	// Full pages of 1 KB rows, then room for one of them in page 0, recorded
+	// by VACUUM.
+	exec(`INSERT INTO ` + table + ` (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'fill', 'fill', 'f', to_jsonb(repeat('x', 1000)) FROM generate_series(1, 40)`)
+	exec(`DELETE FROM ` + table + ` WHERE ctid = '(0,3)'`)
+	exec(`VACUUM ` + table)
+
+	// One transaction, one statement per event: a 2 KB event that does not
+	// fit page 0 starts a new page, then 60 small events fill it and go on
+	// in page 0.
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xid uint64
+	if err := tx.QueryRow(ctx, "SELECT txid_current()").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := range 61 {
+		payload := "to_jsonb(repeat('z', 100))"
+		if i == 0 { // not compressible: it must take its 2 KB
+			payload = "(SELECT to_jsonb(string_agg(md5(g::text), '')) FROM generate_series(1, 60) g)"
+		}
+		ev := fmt.Sprintf("e%02d", i)
+		want = append(want, ev)
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', 'a', $1, `+payload+`)`, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The premise: the heap order is not the insertion order.
+	q, err := conn.Query(ctx, `SELECT event_type FROM `+table+` WHERE aggregate_id = 'a' ORDER BY ctid`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byCtid, err := pgx.CollectRows(q, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Equal(byCtid, want) {
+		t.Fatalf("the heap kept the insertion order (%v): the test did not make a transaction's rows land in an earlier page", byCtid)
+	}
+
+	db, err := ParseDB(pg.DSN("postgres"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := Source{DB: db, OutboxTable: OutboxTable{Schema: "public", Table: table}}
+	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
+	rows, g, err := src.GapRows(ctx, xid, []RowSpec{{Mapping: m}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		ev, err := rows.Event()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(ev.EventType.Bytes))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("gap rows in order\n%v\nwant the insertion order\n%v\n(heap order %v)", got, want, byCtid)
+	}
+	if len(g.Xids) != 1 || !g.Xids[uint32(xid)] {
+		t.Fatalf("gap transactions %v, want only %d", g.Xids, xid)
+	}
+}
