@@ -251,7 +251,9 @@ func TestChaos(t *testing.T) {
 	ready := make(chan error, 1)
 	// The live consumer reads the dead-letter and parking topics too: the
 	// events ops-oversize writes end there.
-	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.dlq, r.parkingTopic()), ready) })
+	// The big topic too: in dlq.mode skip (the exactly_once run) the events
+	// after ops-oversize's dead letter land there.
+	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.bigTopic, r.dlq, r.parkingTopic()), ready) })
 	if err := <-ready; err != nil {
 		t.Fatalf("live consumer: %v", err)
 	}
@@ -326,7 +328,7 @@ func TestChaos(t *testing.T) {
 	}
 	if err := r.waitCaughtUp(ctx, time.Now(), final); err != nil {
 		r.hangs = append(r.hangs, fmt.Sprintf("final catch-up: %v", err))
-		t.Errorf("not every committed event was delivered after the last fault: %v\n%s", err, r.conn.logTail(60))
+		t.Errorf("not every committed event was delivered after the last fault: %v\n%s\n%s", err, r.conn.logTail(60), r.conn.keepGoroutines())
 	}
 	if err := r.conn.stop(time.Minute); err != nil {
 		t.Errorf("clean stop: %v\n%s", err, r.conn.logTail(40))
@@ -456,6 +458,7 @@ func (r *run) setup(ctx context.Context) {
   max_buffered_records: 1000
 http:
   listen: "127.0.0.1:%d"
+  pprof: true # a hang's goroutine dump (keepGoroutines)
 log:
   level: info
 `, proxiedDSN, slot, slot, outboxSection(r.prefix), env.brokerProxy.Addr(), r.prefix+".{aggregate_type}", r.dlq, r.parkingTopic(), r.quarantineTopic(), httpPort)
@@ -528,7 +531,7 @@ func (r *run) inject(ctx context.Context) {
 		if r.rng.Float64() < r.m.WaitProb {
 			if err := r.waitCaughtUp(ctx, f.End, r.m.CatchUp); err != nil {
 				r.hangs = append(r.hangs, fmt.Sprintf("after %s at %s: %v", kind, f.End.Format("15:04:05.000"), err))
-				t.Errorf("no catch-up within %v after %s: %v\nconnector log:\n%s", r.m.CatchUp, kind, err, r.conn.logTail(60))
+				t.Errorf("no catch-up within %v after %s: %v\nconnector log:\n%s\n%s", r.m.CatchUp, kind, err, r.conn.logTail(60), r.conn.keepGoroutines())
 				return
 			}
 		}

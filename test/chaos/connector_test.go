@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -197,6 +199,26 @@ func (c *connector) waitOK(ctx context.Context, in *incarnation, path string, ti
 		case <-time.After(20 * time.Millisecond): // poll interval
 		}
 	}
+}
+
+// keepGoroutines saves the current process's goroutine dump (http.pprof)
+// as results/last-run-goroutines.txt, the evidence of a hang, and says so.
+func (c *connector) keepGoroutines() string {
+	cl := &http.Client{Timeout: 10 * time.Second}
+	resp, err := cl.Get("http://" + c.addr() + "/debug/pprof/goroutine?debug=2")
+	if err != nil {
+		return fmt.Sprintf("goroutine dump: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Sprintf("goroutine dump: %v", err)
+	}
+	path := filepath.Join("results", "last-run-goroutines.txt")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Sprintf("goroutine dump: %v", err)
+	}
+	return "goroutine dump of the connector kept in test/chaos/" + path
 }
 
 // metric reads one unlabelled metric from the running process's /metrics.
