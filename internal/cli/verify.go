@@ -87,10 +87,13 @@ type VerifyReport struct {
 
 // RepairReport is what --repair did.
 type RepairReport struct {
-	Published    int64  `json:"published"`
-	DeadLettered int64  `json:"dead_lettered"`
-	Failed       int64  `json:"failed"`
-	Error        string `json:"error,omitempty"`
+	Published    int64 `json:"published"`
+	DeadLettered int64 `json:"dead_lettered"`
+	// Parked: rows of a quarantined aggregate, republished to the parking
+	// topic behind its dead letter (outbox-cdc redrive delivers them).
+	Parked int64  `json:"parked"`
+	Failed int64  `json:"failed"`
+	Error  string `json:"error,omitempty"`
 }
 
 // verifyProgress is read by the progress printer.
@@ -171,7 +174,7 @@ func verifyCmd(ctx context.Context, pc pipeline.Config, o verifyOpts, log *slog.
 		printVerify(stdout, rep)
 	}
 	if r := rep.Repair; r != nil {
-		if r.Failed > 0 || r.Error != "" || r.Published+r.DeadLettered != rep.Missing.Count {
+		if r.Failed > 0 || r.Error != "" || r.Published+r.DeadLettered+r.Parked != rep.Missing.Count {
 			return ExitFailure
 		}
 		return ExitOK
@@ -326,11 +329,12 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []veri
 
 // repairer republishes missing rows through the sink and counts outcomes.
 type repairer struct {
-	s                    *sink.Sink
-	pr                   *verifyProgress
-	published, dead, bad atomic.Int64
-	mu                   sync.Mutex
-	err                  error // the first failure
+	s               *sink.Sink
+	pr              *verifyProgress
+	published, dead atomic.Int64
+	parked, bad     atomic.Int64
+	mu              sync.Mutex
+	err             error // the first failure
 }
 
 func (r *repairer) produce(ctx context.Context, rec *router.Record) {
@@ -350,6 +354,8 @@ func (r *repairer) Delivered(o sink.Outcome) {
 		r.mu.Unlock()
 	case o.DeadLettered:
 		r.dead.Add(1)
+	case o.Parked:
+		r.parked.Add(1)
 	default:
 		r.published.Add(1)
 	}
@@ -364,7 +370,7 @@ func (r *repairer) finish(ctx context.Context) *RepairReport {
 	if r.err != nil {
 		err = r.err
 	}
-	rep := &RepairReport{Published: r.published.Load(), DeadLettered: r.dead.Load(), Failed: r.bad.Load()}
+	rep := &RepairReport{Published: r.published.Load(), DeadLettered: r.dead.Load(), Parked: r.parked.Load(), Failed: r.bad.Load()}
 	if err != nil {
 		rep.Error = err.Error()
 	}
@@ -394,7 +400,8 @@ func printVerify(w io.Writer, r *VerifyReport) {
 		fmt.Fprintln(w)
 	}
 	if p := r.Repair; p != nil {
-		fmt.Fprintf(w, "republished     %d (%d to the dead-letter topic, %d failed)\n", p.Published+p.DeadLettered, p.DeadLettered, p.Failed)
+		fmt.Fprintf(w, "republished     %d (%d to the dead-letter topic, %d parked behind a quarantine, %d failed)\n",
+			p.Published+p.DeadLettered+p.Parked, p.DeadLettered, p.Parked, p.Failed)
 		if p.Error != "" {
 			fmt.Fprintf(w, "repair error    %s\n", p.Error)
 		}

@@ -310,6 +310,55 @@ func TestRedriveSurvivesConnectorKill(t *testing.T) {
 	stopClean(t, p)
 }
 
+// TestVerifyRepairParksQuarantined: rows written while the slot is gone are
+// never decoded; verify --repair republishes them. agg-1 is quarantined
+// (its 2nd event refused), so its missing row goes to the parking topic
+// behind the dead letter, never to the topic ahead of it; agg-2's missing
+// row goes to the topic.
+func TestVerifyRepairParksQuarantined(t *testing.T) {
+	q := newQuarantineSetup(t, "qverify")
+	p, conn := q.start(t)
+	var since time.Time // after agg-0, which start wrote
+	if err := conn.QueryRow(context.Background(), "SELECT now()").Scan(&since); err != nil {
+		t.Fatal(err)
+	}
+	big := fmt.Sprintf(`{"seq": 2, "blob": %q}`, strings.Repeat("x", 2*lowered))
+	committed(t, conn, func(tx pgx.Tx) {
+		insert(t, tx, "outbox", "limited", "agg-1", "Sized", `{"seq": 1}`)
+		insert(t, tx, "outbox", "limited", "agg-1", "Sized", big)
+		insert(t, tx, "outbox", "limited", "agg-1", "Sized", `{"seq": 3}`)
+	})
+	consumeN(t, []string{q.parking}, 1, time.Minute, 0)
+	// No slot: the next rows are never decoded.
+	stopClean(t, p)
+	exec1(t, q.dsn, "SELECT pg_drop_replication_slot('qverify')")
+	committed(t, conn, func(tx pgx.Tx) {
+		insert(t, tx, "outbox", "limited", "agg-1", "Sized", `{"seq": 4}`)
+		insert(t, tx, "outbox", "limited", "agg-2", "Sized", `{"seq": 201}`)
+	})
+	p = startProcess(t, q.cfgPath, q.addr)
+	committed(t, conn, func(tx pgx.Tx) { insert(t, tx, "outbox", "limited", "agg-1", "Sized", `{"seq": 5}`) })
+	consumeN(t, []string{q.parking}, 2, time.Minute, 0)
+
+	// The connector runs on beside the repair.
+	code, v, out := runVerifyJSON(t, 2*time.Minute, "--config", q.cfgPath, "--since", since.UTC().Format(time.RFC3339Nano), "--repair")
+	if code != 0 || v.Missing.Count != 2 || v.Repair == nil || v.Repair.Parked != 1 || v.Repair.Published != 1 || v.Repair.Failed != 0 {
+		t.Fatalf("verify --repair: exit %d, %+v (repair %+v); want exit 0, 2 missing, 1 parked, 1 published:\n%s", code, v, v.Repair, out)
+	}
+	parked := consumeN(t, []string{q.parking}, 3, time.Minute, 2*time.Second)
+	if got := firstSeqs(t, parked, "agg-1"); !slices.Equal(got, []int{3, 5, 4}) {
+		t.Fatalf("parking holds agg-1 %v, want 3 5 and the repaired 4", got)
+	}
+	onTopic := seqsByKey(t, consumeN(t, []string{q.topic}, 0, 0, 2*time.Second))
+	if !slices.Equal(onTopic["agg-1"], []int{1}) || !slices.Equal(onTopic["agg-2"], []int{201}) {
+		t.Fatalf("topic holds %v, want agg-1 1 only (its 2 is dead-lettered) and agg-2 201", onTopic)
+	}
+	if ls := q.list(t); len(ls) != 1 || ls[0].Key != "agg-1" || ls[0].State != sink.StateQuarantined {
+		t.Fatalf("after the repair: %+v, want agg-1 still quarantined", ls)
+	}
+	stopClean(t, p)
+}
+
 // TestQuarantineTopicMustBeCompacted: an existing quarantine topic that is
 // not compacted would lose quarantines: the connector refuses to start and
 // says how to fix it.

@@ -118,6 +118,7 @@ type verifyJSON struct {
 	Repair *struct {
 		Published    int64  `json:"published"`
 		DeadLettered int64  `json:"dead_lettered"`
+		Parked       int64  `json:"parked"`
 		Failed       int64  `json:"failed"`
 		Error        string `json:"error"`
 	} `json:"repair"`
