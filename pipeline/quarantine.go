@@ -58,8 +58,6 @@ func startSink(ctx context.Context, src replication.Source, cfg sink.Config, log
 			return nil, fmt.Errorf("setup: %w", err)
 		}
 		cfg.QuarantineSource = sink.QuarantineSource(srv.SystemID, srv.Database, src.Slot)
-	} else {
-		cfg.Owner, cfg.Fail = nil, nil
 	}
 	s, err := sink.New(cfg, log)
 	if err != nil {

@@ -249,10 +249,9 @@ func TestChaos(t *testing.T) {
 	var obsWG sync.WaitGroup
 	defer func() { stopObs(); obsWG.Wait() }()
 	ready := make(chan error, 1)
-	// The live consumer reads the dead-letter and parking topics too: the
-	// events ops-oversize writes end there.
-	// The big topic too: in dlq.mode skip (the exactly_once run) the events
-	// after ops-oversize's dead letter land there.
+	// The live consumer reads the big, dead-letter and parking topics too:
+	// the events ops-oversize writes end there (on the big topic after the
+	// dead letter in dlq.mode skip, the exactly_once run).
 	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.bigTopic, r.dlq, r.parkingTopic()), ready) })
 	if err := <-ready; err != nil {
 		t.Fatalf("live consumer: %v", err)

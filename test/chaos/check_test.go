@@ -516,10 +516,6 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 	return recs, dead, nil
 }
 
-// checkOrder: per aggregate, in partition order, the first sequence number
-// is 1 and each next one is the previous plus one, or goes back to one
-// already seen (a replayed tail starting); every aggregate stays in one
-// partition.
 // deadSeqs are the dead-lettered events by key and seq. In dlq.mode skip
 // (the exactly_once run) a key's later events go on to its topic past its
 // dead letter: the order checks step over these seqs. Nil in dlq.mode
@@ -549,6 +545,10 @@ func (d deadSeqs) next(key string, last int) int {
 	return n
 }
 
+// checkOrder: per aggregate, in partition order, the first sequence number
+// is 1 and each next one is the previous plus one (past dead letters in dlq.mode skip), or goes back to one
+// already seen (a replayed tail starting); every aggregate stays in one
+// partition.
 func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(string, ...any)) {
 	type state struct {
 		topic     string
