@@ -40,7 +40,7 @@ type Config struct {
 	// DrainTimeout bounds how long a clean stop waits for in-flight records.
 	DrainTimeout time.Duration
 	// QueueSize is how many WAL messages may wait between the stream and the
-	// processor.
+	// processor (they go in batches: replication.Batch).
 	QueueSize int
 	// QueueBytes bounds the WAL data in that queue (0: 64 MiB).
 	QueueBytes int64
@@ -210,7 +210,7 @@ func (p *Pipeline) run(ctx context.Context) error {
 
 // streamer is the replication stream as a run uses it.
 type streamer interface {
-	Run(ctx context.Context, out chan<- replication.Message) error
+	Run(ctx context.Context, out chan<- *replication.Batch) error
 	StopReading()
 }
 
@@ -240,7 +240,7 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 	sides, stopSides := context.WithCancel(base)
 	r.stopStream, r.stopProduce, r.stopProc, r.stopSides = stopStream, stopProduce, stopProc, stopSides
 
-	queue := make(chan replication.Message, p.cfg.QueueSize)
+	queue := make(chan *replication.Batch, p.cfg.QueueSize)
 	go func() {
 		defer close(r.streamDone)
 		if r.streamErr = stream.Run(streamCtx, queue); r.streamErr != nil {

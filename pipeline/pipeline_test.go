@@ -70,7 +70,7 @@ type harness struct {
 	ctx   context.Context
 	c     *kfake.Cluster
 	p     *Pipeline
-	queue chan replication.Message
+	queue chan *replication.Batch
 	done  chan struct{} // closed when the processor returned err
 	err   error
 }
@@ -116,7 +116,7 @@ func newPipeline(t *testing.T, c *kfake.Cluster, pl *plan, tune func(*Config)) *
 func startProcess(t *testing.T, c *kfake.Cluster, pl *plan, tune func(*Config)) *harness {
 	t.Helper()
 	ctx := testCtx(t)
-	h := &harness{t: t, ctx: ctx, c: c, p: newPipeline(t, c, pl, tune), queue: make(chan replication.Message, 16), done: make(chan struct{})}
+	h := &harness{t: t, ctx: ctx, c: c, p: newPipeline(t, c, pl, tune), queue: make(chan *replication.Batch, 16), done: make(chan struct{})}
 	procCtx, cancel := context.WithCancel(ctx)
 	go func() {
 		defer close(h.done)
@@ -129,10 +129,10 @@ func startProcess(t *testing.T, c *kfake.Cluster, pl *plan, tune func(*Config)) 
 	return h
 }
 
-func (h *harness) send(m replication.Message) {
+func (h *harness) send(ms ...replication.Message) {
 	h.t.Helper()
 	select {
-	case h.queue <- m:
+	case h.queue <- replication.NewBatch(ms...):
 	case <-h.done:
 		h.t.Fatalf("processor ended early: %v", h.err)
 	case <-h.ctx.Done():
@@ -140,11 +140,14 @@ func (h *harness) send(m replication.Message) {
 	}
 }
 
+// data hands ws over in one batch, as the stream does with a read burst.
 func (h *harness) data(ws ...pgwire.Wire) {
 	h.t.Helper()
-	for _, w := range ws {
-		h.send(replication.Message{Kind: replication.Data, Data: w})
+	ms := make([]replication.Message, len(ws))
+	for i, w := range ws {
+		ms[i] = replication.Message{Kind: replication.Data, Data: w}
 	}
+	h.send(ms...)
 }
 
 func (h *harness) keepalive(end lsn.LSN) {

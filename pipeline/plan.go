@@ -67,6 +67,7 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 		BackoffMax:     p.cfg.BackoffMax,
 		Messages:       p.cfg.MessagePrefix != "",
 		QueueBytes:     p.cfg.QueueBytes,
+		QueueMessages:  p.cfg.QueueSize,
 		ReceiveTimeout: p.cfg.ReceiveTimeout,
 	}}
 	if p.cfg.Replay != nil {

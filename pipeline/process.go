@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -30,7 +31,7 @@ var errReplayDone = errors.New("replay reached its end")
 // process is the processor goroutine: it decodes, routes and produces, in WAL
 // order, and tells the tracker where each transaction ends. produceCtx
 // governs records handed to the sink; it outlives ctx so a stop drains them.
-func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replication.Message) error {
+func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replication.Batch) error {
 	pl := p.plan
 	if pl.snapshot != nil {
 		if err := p.snapshot(ctx, produceCtx, pl.snapshot); err != nil {
@@ -48,111 +49,116 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 		rec        router.Record
 		bf         = pl.backfill
 	)
-	var m replication.Message
+	var b *replication.Batch
 	for {
-		m.Release() // the previous message is handled: its bytes may be queued again
+		if b != nil {
+			b.Release() // handled: its bytes may be queued again
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case m = <-queue:
+		case b = <-queue:
 		}
-		switch m.Kind {
-		case replication.Reset:
-			if txn != nil {
-				p.tracker.Abort(txn)
-				p.abortTxn()
+		for i := range b.Msgs {
+			m := &b.Msgs[i]
+			switch m.Kind {
+			case replication.Reset:
+				if txn != nil {
+					p.tracker.Abort(txn)
+					p.abortTxn()
+					txn = nil
+				}
+				m.Resume(dispatched)
+				continue
+			case replication.Keepalive:
+				if txn != nil {
+					continue // only a position between transactions is one
+				}
+				if bf.due(m.WALEnd) {
+					if err := p.runBackfill(ctx, produceCtx, bf, dispatched); err != nil {
+						return err
+					}
+				}
+				if pl.stopAt != 0 && m.WALEnd >= pl.stopAt {
+					return errReplayDone
+				}
+				p.tracker.Idle(m.WALEnd)
+				continue
+			}
+			res, err := dec.Decode(m.Data)
+			if errors.Is(err, decode.ErrTableRenamed) { // replay: no known OID
+				return fmt.Errorf("%w: set outbox.table to the new name (and update the publication), or rename it back; "+
+					"rows inserted under the new name were not published", err)
+			}
+			if err != nil {
+				return fmt.Errorf("decode message at %v: %w", m.WALStart, err)
+			}
+			switch res.Kind {
+			case decode.KindBegin:
+				if pl.stopAt != 0 && res.Begin.FinalLSN >= pl.stopAt {
+					return errReplayDone
+				}
+				if bf.due(res.Begin.FinalLSN) {
+					if err := p.runBackfill(ctx, produceCtx, bf, dispatched); err != nil {
+						return err
+					}
+				}
+				txn = p.tracker.Begin()
+				txnFinal = res.Begin.FinalLSN
+				// PostgreSQL skips these when streaming starts at the checkpoint;
+				// this also covers a reconnect that resumed lower.
+				skip = res.Begin.FinalLSN < pl.start || bf.delivered(res.Begin.Xid)
+				commitTime, xid = res.Begin.CommitTime, res.Begin.Xid
+				p.m.Transactions.Inc()
+			case decode.KindCommit:
+				if txn == nil {
+					return fmt.Errorf("commit at %v without begin", m.WALStart)
+				}
+				p.tracker.Commit(txn, res.Commit.EndLSN)
+				p.endTxn(res.Commit.EndLSN)
+				p.commits.Add(res.Commit.EndLSN, commitTime)
+				dispatched = max(dispatched, res.Commit.EndLSN)
+				p.replayAt.Store(uint64(res.Commit.EndLSN))
 				txn = nil
-			}
-			m.Resume(dispatched)
-			continue
-		case replication.Keepalive:
-			if txn != nil {
-				continue // only a position between transactions is one
-			}
-			if bf.due(m.WALEnd) {
-				if err := p.runBackfill(ctx, produceCtx, bf, dispatched); err != nil {
+			case decode.KindRelation:
+				if res.Relation.Outbox && res.Relation.Invalid != "" {
+					// A table that lacks a mapped column now is a schema problem
+					// and blocks; one that lacked it only when this transaction was
+					// written (fixed since, as the start-up check found) leaves
+					// rows that can never be mapped: those are dead-lettered.
+					if t := res.Relation.Table; t >= len(pl.schemaFrom) || txnFinal >= pl.schemaFrom[t] {
+						return schemaError(res.Relation.Invalid)
+					}
+					p.log.Error("rows written while the outbox table lacked a mapped column go to the dead-letter topic",
+						"table", res.Relation.Namespace+"."+res.Relation.Name, "problem", res.Relation.Invalid)
+				}
+			case decode.KindEvent:
+				if txn == nil {
+					return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
+				}
+				if skip {
+					continue
+				}
+				src := router.Source{Commit: commitTime, Xid: xid, LSN: m.WALStart}
+				if err := p.publish(produceCtx, txn, src, &res.Event, m.Data, &rec); err != nil {
 					return err
 				}
-			}
-			if pl.stopAt != 0 && m.WALEnd >= pl.stopAt {
-				return errReplayDone
-			}
-			p.tracker.Idle(m.WALEnd)
-			continue
-		}
-		res, err := dec.Decode(m.Data)
-		if errors.Is(err, decode.ErrTableRenamed) { // replay: no known OID
-			return fmt.Errorf("%w: set outbox.table to the new name (and update the publication), or rename it back; "+
-				"rows inserted under the new name were not published", err)
-		}
-		if err != nil {
-			return fmt.Errorf("decode message at %v: %w", m.WALStart, err)
-		}
-		switch res.Kind {
-		case decode.KindBegin:
-			if pl.stopAt != 0 && res.Begin.FinalLSN >= pl.stopAt {
-				return errReplayDone
-			}
-			if bf.due(res.Begin.FinalLSN) {
-				if err := p.runBackfill(ctx, produceCtx, bf, dispatched); err != nil {
+			case decode.KindMessage:
+				msg := &res.Message
+				if p.cfg.MessagePrefix == "" || !msg.Transactional || msg.Prefix != p.cfg.MessagePrefix {
+					continue // heartbeats and other applications' messages
+				}
+				if txn == nil {
+					return fmt.Errorf("transactional message at %v outside a transaction", m.WALStart)
+				}
+				if skip {
+					continue
+				}
+				ev := decode.ParseMessage(msg.Content)
+				src := router.Source{Commit: commitTime, Xid: xid, LSN: msg.LSN}
+				if err := p.publish(produceCtx, txn, src, &ev, msg.Content, &rec); err != nil {
 					return err
 				}
-			}
-			txn = p.tracker.Begin()
-			txnFinal = res.Begin.FinalLSN
-			// PostgreSQL skips these when streaming starts at the checkpoint;
-			// this also covers a reconnect that resumed lower.
-			skip = res.Begin.FinalLSN < pl.start || bf.delivered(res.Begin.Xid)
-			commitTime, xid = res.Begin.CommitTime, res.Begin.Xid
-			p.m.Transactions.Inc()
-		case decode.KindCommit:
-			if txn == nil {
-				return fmt.Errorf("commit at %v without begin", m.WALStart)
-			}
-			p.tracker.Commit(txn, res.Commit.EndLSN)
-			p.endTxn(res.Commit.EndLSN)
-			p.commits.Add(res.Commit.EndLSN, commitTime)
-			dispatched = max(dispatched, res.Commit.EndLSN)
-			p.replayAt.Store(uint64(res.Commit.EndLSN))
-			txn = nil
-		case decode.KindRelation:
-			if res.Relation.Outbox && res.Relation.Invalid != "" {
-				// A table that lacks a mapped column now is a schema problem
-				// and blocks; one that lacked it only when this transaction was
-				// written (fixed since, as the start-up check found) leaves
-				// rows that can never be mapped: those are dead-lettered.
-				if t := res.Relation.Table; t >= len(pl.schemaFrom) || txnFinal >= pl.schemaFrom[t] {
-					return schemaError(res.Relation.Invalid)
-				}
-				p.log.Error("rows written while the outbox table lacked a mapped column go to the dead-letter topic",
-					"table", res.Relation.Namespace+"."+res.Relation.Name, "problem", res.Relation.Invalid)
-			}
-		case decode.KindEvent:
-			if txn == nil {
-				return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
-			}
-			if skip {
-				continue
-			}
-			src := router.Source{Commit: commitTime, Xid: xid, LSN: m.WALStart}
-			if err := p.publish(produceCtx, txn, src, &res.Event, m.Data, &rec); err != nil {
-				return err
-			}
-		case decode.KindMessage:
-			msg := &res.Message
-			if p.cfg.MessagePrefix == "" || !msg.Transactional || msg.Prefix != p.cfg.MessagePrefix {
-				continue // heartbeats and other applications' messages
-			}
-			if txn == nil {
-				return fmt.Errorf("transactional message at %v outside a transaction", m.WALStart)
-			}
-			if skip {
-				continue
-			}
-			ev := decode.ParseMessage(msg.Content)
-			src := router.Source{Commit: commitTime, Xid: xid, LSN: msg.LSN}
-			if err := p.publish(produceCtx, txn, src, &ev, msg.Content, &rec); err != nil {
-				return err
 			}
 		}
 	}
@@ -160,7 +166,8 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan replica
 
 // publish routes one event and hands it to the producer.
 func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, src router.Source, ev *decode.Event, msg []byte, rec *router.Record) error {
-	d := &delivery{p: p, txn: txn, commit: src.Commit, m: p.tableMetrics[ev.Table]}
+	d := deliveries.Get().(*delivery)
+	*d = delivery{p: p, txn: txn, commit: src.Commit, m: p.tableMetrics[ev.Table]}
 	r := p.routers[ev.Table]
 	if reason := r.RouteFrom(ev, src, rec); reason != "" {
 		r.DeadLetter(ev, src.Commit, reason, rec)
@@ -206,9 +213,17 @@ type delivery struct {
 	endSpan func(sink.Outcome)
 }
 
+// Deliveries are recycled: one per event otherwise, and the sink reports
+// each outcome once (its record's guard), after which d is not used.
+var deliveries = sync.Pool{New: func() any { return new(delivery) }}
+
 // Delivered runs on a franz-go goroutine.
 func (d *delivery) Delivered(o sink.Outcome) {
 	p := d.p
+	defer func() {
+		*d = delivery{}
+		deliveries.Put(d)
+	}()
 	if d.endSpan != nil {
 		d.endSpan(o)
 	}

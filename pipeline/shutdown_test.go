@@ -24,14 +24,14 @@ func newFakeStream() *fakeStream {
 	return &fakeStream{in: make(chan replication.Message), stopped: make(chan struct{})}
 }
 
-func (f *fakeStream) Run(ctx context.Context, out chan<- replication.Message) error {
+func (f *fakeStream) Run(ctx context.Context, out chan<- *replication.Batch) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case m := <-f.in:
 			select {
-			case out <- m:
+			case out <- replication.NewBatch(m):
 			case <-ctx.Done():
 				return nil
 			}

@@ -24,7 +24,7 @@ func benchStreamReceive(b *testing.B, queue int) {
 	const burst = 63 // 21 transactions
 	f := newFakeWalsender(b)
 	s := newTestStream(f, func(*Config) {})
-	out := make(chan Message, queue)
+	out := make(chan *Batch, queue)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan error, 1)
@@ -64,11 +64,13 @@ func benchStreamReceive(b *testing.B, queue int) {
 	}()
 	for got := 0; got < b.N; {
 		select {
-		case m := <-out:
-			if m.Kind == Data {
-				got++
+		case bt := <-out:
+			for _, m := range bt.Msgs {
+				if m.Kind == Data {
+					got++
+				}
 			}
-			m.Release()
+			bt.Release()
 		case err := <-f.errs:
 			b.Fatalf("fake walsender: %v", err)
 		case <-ctx.Done():

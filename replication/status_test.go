@@ -112,7 +112,7 @@ func TestStreamResume(t *testing.T) {
 		c.StartLSN = 0x50
 		c.BackoffMax = time.Millisecond
 	})
-	out := make(chan Message, 16)
+	out := make(chan *Batch, 16)
 	defer runStream(t, ctx, s, out)()
 	w := next(t, ctx, f, out)
 	if !strings.Contains(w.start, " 0/50") {
@@ -121,12 +121,11 @@ func TestStreamResume(t *testing.T) {
 	w.c.Close() // the connection is lost
 	for {
 		select {
-		case m := <-out:
-			if m.Kind != Reset {
-				m.Release()
+		case b := <-out:
+			if !resumeAt(b, 0x110) {
+				b.Release()
 				continue
 			}
-			m.Resume(0x110)
 		case err := <-f.errs:
 			t.Fatalf("fake walsender: %v", err)
 		case <-ctx.Done():
@@ -161,7 +160,7 @@ func TestStreamTimelineFork(t *testing.T) {
 				c.StartLSN = 0x50
 				c.BackoffMax = time.Millisecond
 			})
-			out := make(chan Message, 16)
+			out := make(chan *Batch, 16)
 			done := make(chan error, 1)
 			go func() { done <- s.Run(ctx, out) }()
 			w := next(t, ctx, f, out)
@@ -170,12 +169,11 @@ func TestStreamTimelineFork(t *testing.T) {
 			w.c.Close()
 			for {
 				select {
-				case m := <-out:
-					if m.Kind != Reset {
-						m.Release()
+				case b := <-out:
+					if !resumeAt(b, tt.resume) {
+						b.Release()
 						continue
 					}
-					m.Resume(tt.resume)
 				case err := <-done:
 					t.Fatalf("Run ended before the reconnect: %v", err)
 				case <-ctx.Done():

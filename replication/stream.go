@@ -45,8 +45,6 @@ type Message struct {
 	WALEnd   lsn.LSN // server's sent position (Keepalive) or WAL end (Data)
 	Data     []byte  // Data: the pgoutput message, owned by the receiver
 	resume   chan lsn.LSN
-	budget   *budget // Data: where Release returns held
-	held     int64   // bytes taken from budget
 }
 
 // Resume answers a Reset message.
@@ -58,41 +56,91 @@ func NewReset() (Message, <-chan lsn.LSN) {
 	return Message{Kind: Reset, resume: c}, c
 }
 
-// Release tells the stream the receiver is done with m: its data no longer
-// counts against Config.QueueBytes (records made from it are bounded by the
-// producer's buffer). Safe to call more than once and on any kind.
-func (m *Message) Release() {
-	if m.budget != nil {
-		m.budget.release(m.held)
-		m.budget = nil
+// Batch is messages handed to the receiver together, in WAL order: what one
+// read burst brought, cut after a transaction's Commit, so the receiver
+// wakes once per transaction or burst instead of once per message (a
+// one-row transaction is three messages; docs/performance.md).
+type Batch struct {
+	Msgs   []Message
+	budget *budget // where Release returns what it took
+	held   int64   // bytes taken from budget
+	heldN  int64   // messages taken from budget
+	bytes  int64   // of the Data in Msgs
+}
+
+// Batches are recycled: at a steady rate every transaction is one.
+var batches = sync.Pool{New: func() any { return &Batch{Msgs: make([]Message, 0, 8)} }}
+
+// NewBatch returns a batch holding msgs.
+func NewBatch(msgs ...Message) *Batch {
+	b := batches.Get().(*Batch)
+	for _, m := range msgs {
+		b.add(m)
 	}
+	return b
 }
 
-// budget bounds the bytes of WAL data handed to the receiver and not yet
-// released. One goroutine (the stream) takes; any goroutine releases.
+func (b *Batch) add(m Message) {
+	b.Msgs = append(b.Msgs, m)
+	b.bytes += int64(len(m.Data))
+}
+
+// Release tells the stream the receiver is done with b: its data no longer
+// counts against Config.QueueBytes (records made from it are bounded by the
+// producer's buffer), and b is reused. Call it once, and touch neither b nor
+// its Msgs after it; the Data slices stay the receiver's.
+func (b *Batch) Release() {
+	if b.budget != nil {
+		b.budget.release(b.held, b.heldN)
+	}
+	clear(b.Msgs) // the Data slices may live on in records; the batch must not pin them
+	if cap(b.Msgs) > batchMessages {
+		b.Msgs = nil // a huge one-off (a test's) is not kept
+	}
+	*b = Batch{Msgs: b.Msgs[:0]}
+	batches.Put(b)
+}
+
+// A batch is handed over once it holds this much even inside a transaction,
+// so a large transaction streams rather than gathers.
+const (
+	batchMessages = 128
+	batchBytes    = 256 << 10
+)
+
+func (b *Batch) full(maxMsgs int, maxBytes int64) bool {
+	return len(b.Msgs) >= maxMsgs || b.bytes >= maxBytes
+}
+
+// budget bounds the WAL data handed to the receiver and not yet released,
+// in bytes and in messages (a drain of small rows is bounded by the count).
+// One goroutine (the stream) takes; any goroutine releases.
 type budget struct {
-	limit int64
-	used  atomic.Int64
-	freed chan struct{} // signalled (coalesced) by release
+	limit, msgLimit int64
+	used, msgs      atomic.Int64
+	freed           chan struct{} // signalled (coalesced) by release
 }
 
-func newBudget(limit int64) *budget {
-	return &budget{limit: limit, freed: make(chan struct{}, 1)}
+func newBudget(limit, msgLimit int64) *budget {
+	return &budget{limit: limit, msgLimit: msgLimit, freed: make(chan struct{}, 1)}
 }
 
-// take reserves n bytes if they fit, or if nothing is reserved: a message
-// larger than the whole budget goes alone rather than never.
-func (b *budget) take(n int64) bool {
+// take reserves n bytes in k messages if they fit, or if nothing is
+// reserved: a batch larger than the whole budget goes alone rather than never.
+func (b *budget) take(n, k int64) bool {
 	// Only releases race with this, and they only make room.
-	if used := b.used.Load(); used > 0 && used+n > b.limit {
+	used, msgs := b.used.Load(), b.msgs.Load()
+	if (used > 0 || msgs > 0) && (used+n > b.limit || msgs+k > b.msgLimit) {
 		return false
 	}
 	b.used.Add(n)
+	b.msgs.Add(k)
 	return true
 }
 
-func (b *budget) release(n int64) {
+func (b *budget) release(n, k int64) {
 	b.used.Add(-n)
+	b.msgs.Add(-k)
 	select {
 	case b.freed <- struct{}{}:
 	default:
@@ -120,6 +168,9 @@ type Config struct {
 	// QueueBytes bounds the WAL data handed to out and not yet released
 	// (Message.Release), whatever the row sizes; default 64 MiB.
 	QueueBytes int64
+	// QueueMessages bounds the messages handed to out and not yet released;
+	// default 1024.
+	QueueMessages int
 	// ReceiveTimeout ends a connection on which nothing arrived for this long
 	// while reading (a half-open TCP connection); half-way through, a status
 	// update asks the server for a reply. Default 60s.
@@ -144,6 +195,10 @@ type Stream struct {
 	log *slog.Logger
 	m   *metrics.Metrics
 	buf *budget
+	// batchMsgs and batchBytes: a batch this large goes even inside a
+	// transaction; a quarter of the budget at most, so that batches share it.
+	batchMsgs  int
+	batchBytes int64
 
 	stopOnce sync.Once
 	stopRead chan struct{}
@@ -173,17 +228,21 @@ func NewStream(cfg Config, pos Positions, m *metrics.Metrics, log *slog.Logger) 
 	if cfg.QueueBytes <= 0 {
 		cfg.QueueBytes = DefaultQueueBytes
 	}
+	if cfg.QueueMessages <= 0 {
+		cfg.QueueMessages = DefaultQueueMessages
+	}
 	if cfg.ReceiveTimeout <= 0 {
 		cfg.ReceiveTimeout = DefaultReceiveTimeout
 	}
 	rc, cancel := context.WithCancel(context.Background())
-	return &Stream{cfg: cfg, pos: pos, log: log, m: m, buf: newBudget(cfg.QueueBytes),
-		stopRead: make(chan struct{}), readCtx: rc, cancel: cancel}
+	return &Stream{cfg: cfg, pos: pos, log: log, m: m, buf: newBudget(cfg.QueueBytes, int64(cfg.QueueMessages)),
+		batchMsgs: max(1, min(batchMessages, cfg.QueueMessages/4)), batchBytes: min(batchBytes, cfg.QueueBytes/4), stopRead: make(chan struct{}), readCtx: rc, cancel: cancel}
 }
 
 // Defaults of Config.
 const (
-	DefaultQueueBytes = 64 << 20
+	DefaultQueueBytes    = 64 << 20
+	DefaultQueueMessages = 1024
 	// As PostgreSQL's own wal_receiver_timeout.
 	DefaultReceiveTimeout = 60 * time.Second
 )
@@ -191,6 +250,14 @@ const (
 // errSilent reports a connection on which the server stopped answering; it
 // is retried like any other loss.
 var errSilent = errors.New("nothing received from the server")
+
+// holdMax is how long an incomplete transaction's messages wait for the
+// rest before they are handed over anyway.
+const holdMax = time.Millisecond
+
+// burstEnd is a read deadline already passed: a read then returns only
+// messages the connection has buffered, without a system call.
+var burstEnd = time.Unix(1, 0)
 
 // closeTimeout bounds the Terminate sent when a session ends: a dead peer
 // must not hold the reconnect.
@@ -217,7 +284,7 @@ func (s *Stream) reading() bool {
 // Run streams into out until ctx ends (then it confirms the watermark one
 // last time and returns nil) or a fatal error occurs. Connection losses are
 // retried with backoff for ever.
-func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
+func (s *Stream) Run(ctx context.Context, out chan<- *Batch) error {
 	defer s.StopReading()
 	start := s.cfg.StartLSN
 	backoff := 100 * time.Millisecond
@@ -250,7 +317,7 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
 		// Everything sent before the loss is in out; learn where it ends.
 		reset, resumed := NewReset()
 		select {
-		case out <- reset:
+		case out <- NewBatch(reset):
 		case <-ctx.Done():
 			return nil
 		}
@@ -268,7 +335,7 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message) error {
 }
 
 // session is one connection: connect, start replication, loop.
-func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message) error {
+func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) error {
 	conn, err := s.cfg.DB.replication(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", classify(err))
@@ -328,12 +395,34 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 	// context costs a timer, for every message (docs/performance.md).
 	// StopReading ends a read by moving the deadline to now.
 	nc := conn.Conn()
-	unhook := context.AfterFunc(s.readCtx, func() { _ = nc.SetReadDeadline(time.Now()) })
-	defer unhook()
+	// So does the end of ctx: the last status update then goes at once.
+	wakeRead := func() { _ = nc.SetReadDeadline(time.Now()) }
+	defer context.AfterFunc(s.readCtx, wakeRead)()
+	defer context.AfterFunc(ctx, wakeRead)()
 	var armed time.Time // the socket's read deadline
 	var wal walCopy
 	var received lsn.LSN
 	replyNow := false
+	// pend holds messages read and not yet handed over. It goes when a
+	// transaction is complete and nothing more has already arrived (the
+	// read below then only takes what the last read buffered), when it is
+	// full, or when a read times out. Inside a transaction it waits up to
+	// holdMax for the rest: the walsender sends a decoded transaction back to
+	// back (protocol version 1 decodes it only after its commit), but it may
+	// pass over many changes of unpublished tables between two messages.
+	var pend *Batch
+	var pendAt time.Time
+	inTxn := false
+	defer func() {
+		if pend != nil {
+			pend.Release()
+		}
+	}()
+	flush := func() error {
+		b := pend
+		pend = nil
+		return s.push(ctx, st, out, b, &received)
+	}
 	// Liveness, as PostgreSQL's walreceiver does it (walreceiver.c,
 	// wal_receiver_timeout): the walsender only sends keepalives when it has
 	// not heard from us for wal_sender_timeout/2, which our status updates
@@ -373,6 +462,10 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 			deadline = now.Add(s.cfg.ConfirmDelay)
 		}
 		if !reading {
+			if pend != nil { // not taken: the WAL is read again on the next start
+				pend.Release()
+				pend = nil
+			}
 			// Draining: no new WAL; keep confirming as acks arrive.
 			t := time.NewTimer(time.Until(deadline))
 			select {
@@ -391,6 +484,13 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 		if wake.Before(deadline) {
 			deadline = wake
 		}
+		if pend != nil {
+			if !inTxn {
+				deadline = burstEnd
+			} else if held := pendAt.Add(holdMax); held.Before(deadline) {
+				deadline = held
+			}
+		}
 		// A deadline sooner than needed only wakes the loop early, so the
 		// socket's moves only when it must come sooner or has passed.
 		if armed.IsZero() || deadline.Before(armed) || !armed.After(now) {
@@ -399,12 +499,17 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 			}
 			armed = deadline
 		}
-		if s.readCtx.Err() != nil {
+		if s.readCtx.Err() != nil || ctx.Err() != nil {
 			continue // stopped before the deadline above was set: it would not end the read
 		}
 		msg, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) || s.readCtx.Err() != nil {
+				if pend != nil && s.readCtx.Err() == nil {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
 				continue
 			}
 			return fmt.Errorf("receive: %w", classify(err))
@@ -425,10 +530,17 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 				received = max(received, end)
 				s.observe(received)
 				replyNow = ka.ReplyRequested
+				k := Message{Kind: Keepalive, WALEnd: end}
+				if pend != nil {
+					pend.add(k)
+					break
+				}
 				// Best effort: a full queue means data is pending anyway.
+				b := NewBatch(k)
 				select {
-				case out <- Message{Kind: Keepalive, WALEnd: end}:
+				case out <- b:
 				default:
+					b.Release()
 				}
 			case pglogrepl.XLogDataByteID:
 				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
@@ -440,8 +552,23 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- Message)
 					Data: wal.copy(xld.WALData)}
 				received = max(received, m.WALStart)
 				s.observe(received)
-				if err := s.push(ctx, st, out, m, &received); err != nil {
-					return err
+				if pend == nil {
+					pend, pendAt = NewBatch(), time.Now() // not now: that was before the read
+				}
+				pend.add(m)
+				// Begin and Commit bracket a transaction (PG docs 55.9); any
+				// other message outside them (a non-transactional logical
+				// message) is complete by itself.
+				switch {
+				case len(m.Data) > 0 && m.Data[0] == 'B':
+					inTxn = true
+				case len(m.Data) > 0 && m.Data[0] == 'C':
+					inTxn = false
+				}
+				if pend.full(s.batchMsgs, s.batchBytes) {
+					if err := flush(); err != nil {
+						return err
+					}
 				}
 			}
 		case *pgproto3.ErrorResponse:
@@ -491,21 +618,24 @@ func pluginArgs(publication string, messages bool) []string {
 	return args
 }
 
-// push hands m to the pipeline once its bytes fit in the queue budget and
+// push hands b to the pipeline once its bytes fit in the queue budget and
 // the queue has room. While the pipeline is full (Kafka slow or down) it
 // keeps sending status updates, so the walsender does not time out.
-func (s *Stream) push(ctx context.Context, st *status, out chan<- Message, m Message, received *lsn.LSN) error {
-	m.budget, m.held = s.buf, int64(len(m.Data))
-	taken := s.buf.take(m.held)
+func (s *Stream) push(ctx context.Context, st *status, out chan<- *Batch, b *Batch, received *lsn.LSN) error {
+	b.budget, b.held, b.heldN = s.buf, b.bytes, int64(len(b.Msgs))
+	taken := s.buf.take(b.held, b.heldN)
 	if taken {
 		select {
-		case out <- m:
+		case out <- b:
 			return nil
 		default:
 		}
 	}
+	if !taken {
+		b.budget = nil // Release must not return what was never taken
+	}
 	// One ticker per session: in a drain the queue is full and every
-	// message waits here.
+	// batch waits here.
 	if st.tick == nil {
 		st.tick = time.NewTicker(s.cfg.StatusInterval)
 	} else {
@@ -514,25 +644,27 @@ func (s *Stream) push(ctx context.Context, st *status, out chan<- Message, m Mes
 	t := st.tick
 	defer t.Stop()
 	for {
-		var send chan<- Message // nil, so never ready, until the bytes are taken
+		var send chan<- *Batch // nil, so never ready, until the bytes are taken
 		if taken {
 			send = out
 		}
 		select {
-		case send <- m:
+		case send <- b:
 			return nil
 		case <-s.buf.freed:
-			taken = taken || s.buf.take(m.held)
+			if !taken && s.buf.take(b.held, b.heldN) {
+				taken, b.budget = true, s.buf
+			}
 		case <-ctx.Done():
-			m.Release()
+			b.Release()
 			return nil
 		case <-s.stopRead:
-			m.Release()
+			b.Release()
 			return nil
 		case now := <-t.C:
 			acked := s.pos.Acked()
 			if err := st.send(*received, acked, now, false); err != nil {
-				m.Release()
+				b.Release()
 				return err
 			}
 			s.m.ConfirmedLSN.Set(float64(acked))

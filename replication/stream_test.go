@@ -215,11 +215,22 @@ func (w *walConn) keepalive(end lsn.LSN) error {
 }
 
 func (w *walConn) xlogData(start lsn.LSN, payload []byte) error {
-	b := []byte{pglogrepl.XLogDataByteID}
-	b = binary.BigEndian.AppendUint64(b, uint64(start))
-	b = binary.BigEndian.AppendUint64(b, uint64(start))
-	b = binary.BigEndian.AppendUint64(b, 0)
-	return w.send(append(b, payload...))
+	return w.xlogBurst(start, payload)
+}
+
+// xlogBurst sends the payloads at start, start+1, ... in one write, as
+// the walsender's messages arrive when they pile up in the socket.
+func (w *walConn) xlogBurst(start lsn.LSN, payloads ...[]byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, p := range payloads {
+		b := []byte{pglogrepl.XLogDataByteID}
+		b = binary.BigEndian.AppendUint64(b, uint64(start)+uint64(i))
+		b = binary.BigEndian.AppendUint64(b, uint64(start)+uint64(i))
+		b = binary.BigEndian.AppendUint64(b, 0)
+		w.be.Send(&pgproto3.CopyData{Data: append(b, p...)})
+	}
+	return w.be.Flush()
 }
 
 // fixedPositions is a tracker with nothing in flight.
@@ -240,7 +251,7 @@ func newTestStream(f *fakeWalsender, tune func(*Config)) *Stream {
 }
 
 // runStream runs s until the returned stop is called; stop waits for Run.
-func runStream(t *testing.T, ctx context.Context, s *Stream, out chan Message) (stop func()) {
+func runStream(t *testing.T, ctx context.Context, s *Stream, out chan *Batch) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx, out) }()
@@ -259,23 +270,33 @@ func runStream(t *testing.T, ctx context.Context, s *Stream, out chan Message) (
 }
 
 // next waits for the next connection, answering the Reset of a lost one.
-func next(t *testing.T, ctx context.Context, f *fakeWalsender, out chan Message) *walConn {
+func next(t *testing.T, ctx context.Context, f *fakeWalsender, out chan *Batch) *walConn {
 	t.Helper()
 	for {
 		select {
 		case w := <-f.conns:
 			return w
-		case m := <-out:
-			if m.Kind == Reset {
-				m.Resume(0)
-			}
-			m.Release()
+		case b := <-out:
+			resumeAt(b, 0)
+			b.Release()
 		case err := <-f.errs:
 			t.Fatalf("fake walsender: %v", err)
 		case <-ctx.Done():
 			t.Fatal("timed out waiting for a replication connection")
 		}
 	}
+}
+
+// resumeAt answers the Resets in b with pos and reports whether it held one.
+func resumeAt(b *Batch, pos lsn.LSN) bool {
+	reset := false
+	for i := range b.Msgs {
+		if b.Msgs[i].Kind == Reset {
+			b.Msgs[i].Resume(pos)
+			reset = true
+		}
+	}
+	return reset
 }
 
 // TestStreamReceiveTimeout: a server that says nothing is first asked for a
@@ -301,7 +322,7 @@ func TestStreamReceiveTimeout(t *testing.T) {
 				c.ReceiveTimeout = timeout
 				c.BackoffMax = 100 * time.Millisecond
 			})
-			out := make(chan Message, 16)
+			out := make(chan *Batch, 16)
 			defer runStream(t, ctx, s, out)()
 
 			w := next(t, ctx, f, out)
@@ -325,10 +346,9 @@ func TestStreamReceiveTimeout(t *testing.T) {
 					break loop
 				case <-watch:
 					break loop
-				case m := <-out:
-					if m.Kind == Reset {
-						m.Resume(0)
-					}
+				case b := <-out:
+					resumeAt(b, 0)
+					b.Release()
 				case err := <-f.errs:
 					t.Fatalf("fake walsender: %v", err)
 				case <-ctx.Done():
@@ -368,7 +388,7 @@ func TestStreamQueueBytes(t *testing.T) {
 		c.StatusInterval = 20 * time.Millisecond
 		c.QueueBytes = limit
 	})
-	out := make(chan Message, 1024) // the byte budget, not the count, must bind
+	out := make(chan *Batch, 1024) // the byte budget, not the count, must bind
 	defer runStream(t, ctx, s, out)()
 	w := next(t, ctx, f, out)
 
@@ -394,49 +414,162 @@ func TestStreamQueueBytes(t *testing.T) {
 		}
 	}
 	// queued takes what out holds now, without releasing it.
-	queued := func() (msgs []Message, bytes int) {
+	queued := func() (batches []*Batch, bytes int) {
 		for len(out) > 0 {
-			m := <-out
-			msgs = append(msgs, m)
-			bytes += len(m.Data)
+			b := <-out
+			batches = append(batches, b)
+			for _, m := range b.Msgs {
+				bytes += len(m.Data)
+			}
 		}
-		return msgs, bytes
+		return batches, bytes
 	}
 
 	var got []int
-	var held []Message
+	var held []*Batch
 	for len(got) < len(sizes) {
 		waitBlocked()
-		msgs, bytes := queued()
+		batches, bytes := queued()
 		heldBytes := 0
-		for _, m := range held {
-			heldBytes += len(m.Data)
+		for _, b := range held {
+			for _, m := range b.Msgs {
+				heldBytes += len(m.Data)
+			}
 		}
-		if total := heldBytes + bytes; total > limit && len(held)+len(msgs) > 1 {
-			t.Fatalf("%d bytes in %d messages handed over and not released, want at most %d or one message",
-				total, len(held)+len(msgs), limit)
+		if total := heldBytes + bytes; total > limit && len(held)+len(batches) > 1 {
+			t.Fatalf("%d bytes in %d batches handed over and not released, want at most %d or one batch",
+				total, len(held)+len(batches), limit)
 		}
-		if len(msgs) == 0 && len(held) == 0 {
+		if len(batches) == 0 && len(held) == 0 {
 			t.Fatalf("stream blocked with nothing handed over (after %d messages)", len(got))
 		}
-		for _, m := range msgs {
-			got = append(got, len(m.Data))
+		for _, b := range batches {
+			for _, m := range b.Msgs {
+				got = append(got, len(m.Data))
+			}
 		}
-		held = append(held, msgs...)
+		held = append(held, batches...)
 		// Release the oldest one, as the processor does after handling it.
 		held[0].Release()
 		held = held[1:]
 	}
-	for i := range sizes {
-		if got[i] != sizes[i] {
-			t.Fatalf("message sizes %v, want %v", got, sizes)
-		}
+	if fmt.Sprint(got) != fmt.Sprint(sizes) {
+		t.Fatalf("message sizes %v, want %v", got, sizes)
 	}
-	for _, m := range held {
-		m.Release()
+	for _, b := range held {
+		b.Release()
 	}
 	if used := s.buf.used.Load(); used != 0 {
 		t.Fatalf("%d bytes still taken after every message was released", used)
+	}
+}
+
+// TestStreamBatches: messages go to the receiver in batches cut after a
+// Commit (or a message outside a transaction) once nothing more has
+// arrived; an incomplete transaction waits at most holdMax for the rest, and
+// a long one streams in batches of at most a quarter of the queue.
+func TestStreamBatches(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := newFakeWalsender(t)
+	const queue = 64 // batches of at most 16 messages
+	s := newTestStream(f, func(c *Config) {
+		c.StatusInterval = time.Minute // no read deadline would end a wait
+		c.ReceiveTimeout = 2 * time.Minute
+		c.QueueMessages = queue
+	})
+	out := make(chan *Batch, queue)
+	defer runStream(t, ctx, s, out)()
+	w := next(t, ctx, f, out)
+
+	// recv returns the next batch as its messages' first bytes.
+	recv := func() string {
+		t.Helper()
+		select {
+		case b := <-out:
+			var kinds []byte
+			for _, m := range b.Msgs {
+				if m.Kind != Data || len(m.Data) == 0 {
+					t.Fatalf("unexpected message %+v", m)
+				}
+				kinds = append(kinds, m.Data[0])
+			}
+			b.Release()
+			return string(kinds)
+		case err := <-f.errs:
+			t.Fatalf("fake walsender: %v", err)
+		case <-ctx.Done():
+			t.Fatal("no batch handed over")
+		}
+		return ""
+	}
+	msgs := func(kinds string) [][]byte {
+		var ps [][]byte
+		for _, k := range kinds {
+			ps = append(ps, []byte{byte(k), 0, 0})
+		}
+		return ps
+	}
+	send := func(kinds string) {
+		t.Helper()
+		if err := w.xlogBurst(0x100, msgs(kinds)...); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	}
+
+	// Two whole transactions that arrived together: one batch.
+	send("BICBIIC")
+	if got := recv(); got != "BICBIIC" {
+		t.Fatalf("batch %q, want the burst BICBIIC whole", got)
+	}
+	// An incomplete transaction is handed over after holdMax, the rest when
+	// it comes.
+	send("BI")
+	if got := recv(); got != "BI" {
+		t.Fatalf("batch %q, want BI after holdMax", got)
+	}
+	send("IC")
+	if got := recv(); got != "IC" {
+		t.Fatalf("batch %q, want IC", got)
+	}
+	// A message outside a transaction is complete by itself.
+	send("M")
+	if got := recv(); got != "M" {
+		t.Fatalf("batch %q, want M", got)
+	}
+	// A long transaction streams in batches of a quarter of the queue.
+	long := "B" + strings.Repeat("I", 40) + "C"
+	send(long)
+	var got string
+	for len(got) < len(long) {
+		b := recv()
+		if len(b) > queue/4 {
+			t.Fatalf("batch of %d messages, want at most %d", len(b), queue/4)
+		}
+		got += b
+	}
+	if got != long {
+		t.Fatalf("messages %q, want %q in order", got, long)
+	}
+	if used, n := s.buf.used.Load(), s.buf.msgs.Load(); used != 0 || n != 0 {
+		t.Fatalf("%d bytes in %d messages still taken after every batch was released", used, n)
+	}
+}
+
+// TestBudgetMessages: the count binds as the bytes do, and a batch larger
+// than the whole count goes alone.
+func TestBudgetMessages(t *testing.T) {
+	b := newBudget(1<<20, 4)
+	if !b.take(10, 3) || b.take(10, 2) {
+		t.Fatal("3 + 2 messages fit in a budget of 4")
+	}
+	b.release(10, 3)
+	if !b.take(10, 4) || b.take(0, 1) {
+		t.Fatal("want 4 messages to fit an empty budget of 4, and no fifth")
+	}
+	b.release(10, 4)
+	if !b.take(10, 9) {
+		t.Fatal("a batch larger than the budget must go when nothing is taken")
 	}
 }
 
@@ -456,11 +589,11 @@ func TestBudget(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := newBudget(tt.limit)
+			b := newBudget(tt.limit, 1<<20)
 			var got []bool
 			for _, op := range tt.ops {
 				if op < 0 {
-					b.release(-op)
+					b.release(-op, 1)
 					select {
 					case <-b.freed:
 					default:
@@ -468,7 +601,7 @@ func TestBudget(t *testing.T) {
 					}
 					continue
 				}
-				got = append(got, b.take(op))
+				got = append(got, b.take(op, 1))
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 				t.Fatalf("takes %v, want %v", got, tt.want)
@@ -485,7 +618,7 @@ func TestStreamLeavesLagToTheMonitor(t *testing.T) {
 	defer cancel()
 	f := newFakeWalsender(t)
 	s := newTestStream(f, func(c *Config) { c.StatusInterval = 50 * time.Millisecond })
-	out := make(chan Message, 16)
+	out := make(chan *Batch, 16)
 	defer runStream(t, ctx, s, out)()
 
 	w := next(t, ctx, f, out)
@@ -495,8 +628,8 @@ func TestStreamLeavesLagToTheMonitor(t *testing.T) {
 	}
 	for testutil.ToFloat64(s.m.ReceivedLSN) != float64(end) {
 		select {
-		case m := <-out:
-			m.Release()
+		case b := <-out:
+			b.Release()
 		case err := <-f.errs:
 			t.Fatalf("fake walsender: %v", err)
 		case <-ctx.Done():
@@ -521,15 +654,15 @@ func TestStreamStopReadingEndsRead(t *testing.T) {
 		c.StatusInterval = time.Minute
 		c.ReceiveTimeout = 2 * time.Minute
 	})
-	out := make(chan Message, 16)
+	out := make(chan *Batch, 16)
 	defer runStream(t, ctx, s, out)()
 	w := next(t, ctx, f, out)
 	if err := w.xlogData(10, []byte("B")); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case m := <-out:
-		m.Release()
+	case b := <-out:
+		b.Release()
 	case <-ctx.Done():
 		t.Fatal("first message not handed over")
 	}
@@ -540,8 +673,8 @@ func TestStreamStopReadingEndsRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case m := <-out:
-		t.Fatalf("message at %v handed over after StopReading", m.WALStart)
+	case b := <-out:
+		t.Fatalf("message at %v handed over after StopReading", b.Msgs[0].WALStart)
 	case err := <-f.errs:
 		t.Fatalf("fake walsender: %v", err)
 	case <-time.After(300 * time.Millisecond):
