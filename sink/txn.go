@@ -31,7 +31,7 @@ type TxnConfig struct {
 	// their Kafka transaction; 0 means 5ms.
 	Interval time.Duration
 	// MaxRecords commits at once when this many events wait; 0 means
-	// Sink.MaxBufferedRecords, or 10000.
+	// Sink.MaxBufferedRecords, or 10000 when that is 0.
 	MaxRecords int
 	// TransactionTimeout is the broker's bound on an open transaction;
 	// 0 means one minute.

@@ -250,7 +250,7 @@ func Default() Config {
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq", ParkingTopic: "outbox.parking",
-			ClientID: "outbox-cdc", MaxBufferedRecords: 10000, MaxBufferedBytes: 64 << 20,
+			ClientID: "outbox-cdc", MaxBufferedRecords: 4000, MaxBufferedBytes: 64 << 20,
 			RequestTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
 			UnknownTopicTimeout: 2 * time.Minute, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},

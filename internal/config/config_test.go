@@ -138,7 +138,7 @@ func TestDefaults(t *testing.T) {
 		{"kafka.topics", cfg.Kafka.Topics, map[string]string{}},
 		{"kafka.dlq_topic", cfg.Kafka.DLQTopic, "outbox.dlq"},
 		{"kafka.client_id", cfg.Kafka.ClientID, "outbox-cdc"},
-		{"kafka.max_buffered_records", cfg.Kafka.MaxBufferedRecords, 10000},
+		{"kafka.max_buffered_records", cfg.Kafka.MaxBufferedRecords, 4000},
 		{"kafka.max_buffered_bytes", cfg.Kafka.MaxBufferedBytes, int64(64 << 20)},
 		{"kafka.linger", cfg.Kafka.ProducerLinger, time.Duration(0)},
 		{"kafka.request_timeout", cfg.Kafka.RequestTimeout, 30 * time.Second},

@@ -28,7 +28,7 @@ type carrier interface {
 func (e *env) startCarrier(ctx context.Context, sys system, aggType, topic string, opts options, log *slog.Logger) (carrier, error) {
 	if sys.isRelay() {
 		return startRelay(ctx, e, relay.Config{DSN: e.dsn, Table: pollTable, Brokers: e.brokers, Topic: topic,
-			PollInterval: sys.Interval, BatchSize: opts.RelayBatch, MaxBufferedRecords: 10000}, log)
+			PollInterval: sys.Interval, BatchSize: opts.RelayBatch, MaxBufferedRecords: defaults.Kafka.MaxBufferedRecords}, log)
 	}
 	if sys.Debezium {
 		return e.startDebeziumCarrier(ctx, aggType)

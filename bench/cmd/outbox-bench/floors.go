@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
@@ -122,6 +123,10 @@ func (e *env) waitSent(ctx context.Context, walsender int, lsn string, timeout t
 	}
 }
 
+// defaults is the connector's configuration at its defaults; the floor
+// producer and the relay take its buffer limits.
+var defaults = config.Default()
+
 // floorProducerOpts are the connector's client settings at its defaults
 // (sink.New with internal/config's Default()): idempotent, acks=all, the
 // murmur2 sticky key partitioner, no linger, no compression, the default
@@ -135,8 +140,8 @@ func floorProducerOpts(brokers []string) []kgo.Opt {
 		kgo.ProducerLinger(0),
 		kgo.ProducerBatchCompression(kgo.NoCompression()),
 		kgo.ProducerBatchMaxBytes(1_000_012),
-		kgo.MaxBufferedRecords(10000),
-		kgo.MaxBufferedBytes(64 << 20),
+		kgo.MaxBufferedRecords(defaults.Kafka.MaxBufferedRecords),
+		kgo.MaxBufferedBytes(int(defaults.Kafka.MaxBufferedBytes)),
 	}
 }
 
