@@ -166,7 +166,7 @@ type Config struct {
 	// BackoffMax caps the reconnect backoff.
 	BackoffMax time.Duration
 	// QueueBytes bounds the WAL data handed to out and not yet released
-	// (Message.Release), whatever the row sizes; default 64 MiB.
+	// (Batch.Release), whatever the row sizes; default 64 MiB.
 	QueueBytes int64
 	// QueueMessages bounds the messages handed to out and not yet released;
 	// default 1024.
