@@ -517,25 +517,19 @@ func TestStreamBatches(t *testing.T) {
 		}
 	}
 
-	// Two whole transactions that arrived together: one batch.
-	send("BICBIIC")
-	if got := recv(); got != "BICBIIC" {
-		t.Fatalf("batch %q, want the burst BICBIIC whole", got)
+	steps := []struct {
+		send, want string
+	}{
+		{"BICBIIC", "BICBIIC"}, // two whole transactions that arrived together: one batch
+		{"BI", "BI"},           // an incomplete transaction goes after holdMax,
+		{"IC", "IC"},           // the rest when it comes
+		{"M", "M"},             // a message outside a transaction is complete by itself
 	}
-	// An incomplete transaction is handed over after holdMax, the rest when
-	// it comes.
-	send("BI")
-	if got := recv(); got != "BI" {
-		t.Fatalf("batch %q, want BI after holdMax", got)
-	}
-	send("IC")
-	if got := recv(); got != "IC" {
-		t.Fatalf("batch %q, want IC", got)
-	}
-	// A message outside a transaction is complete by itself.
-	send("M")
-	if got := recv(); got != "M" {
-		t.Fatalf("batch %q, want M", got)
+	for _, st := range steps {
+		send(st.send)
+		if got := recv(); got != st.want {
+			t.Fatalf("sent %q: batch %q, want %q", st.send, got, st.want)
+		}
 	}
 	// A long transaction streams in batches of a quarter of the queue.
 	long := "B" + strings.Repeat("I", 40) + "C"
