@@ -90,13 +90,16 @@ type Txn struct {
 	closed bool
 	kick   chan struct{} // wakes the commit loop
 
-	// commitMu makes one Kafka transaction at a time; it guards topics and
-	// fatal.
+	// commitMu makes one Kafka transaction at a time; it guards topics,
+	// fatal and unsure.
 	commitMu  sync.Mutex
 	topics    map[string]*txnTopic
 	fatal     error
 	committed atomic.Uint64 // last position committed
 	lastTry   time.Time     // last transaction attempted
+	// unsure is the last attempt when its commit was not confirmed: it may
+	// have committed, and nothing is produced before that is known.
+	unsure *unconfirmed
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -309,8 +312,8 @@ func (t *Txn) probe() {
 	if t.fatal != nil || pos == 0 || time.Since(t.lastTry) < t.cfg.FenceCheck {
 		return
 	}
-	t.lastTry = time.Now()
-	if err := t.attempt(t.ctx, nil, pos); err != nil && (isFatalTxn(err) || errors.Is(err, errBegin)) {
+	var none []*entry
+	if _, err := t.try(t.ctx, &none, pos); err != nil && (isFatalTxn(err) || errors.Is(err, errBegin)) {
 		t.setFatal(err)
 	}
 }
@@ -342,14 +345,10 @@ func (t *Txn) commit(ctx context.Context) error {
 	}
 	var err error
 	for attempt := 1; t.fatal == nil; attempt++ {
-		t.lastTry = time.Now()
-		err = t.attempt(ctx, b, end)
+		var done bool
+		done, err = t.try(ctx, &b, end)
 		switch {
-		case err == nil:
-			t.committed.Store(uint64(end))
-			for _, e := range b {
-				e.done.Delivered(Outcome{DeadLettered: e.rec.dead, Reason: e.rec.reason})
-			}
+		case done:
 			return nil
 		case ctx.Err() != nil:
 			// Not committed: given back, so that a later Flush (or Close)
@@ -364,8 +363,11 @@ func (t *Txn) commit(ctx context.Context) error {
 			// The records to dead-letter or send alone are marked: at once.
 		default:
 			d := min(100*time.Millisecond<<min(attempt, 6), 5*time.Second)
-			t.log.Warn("kafka transaction aborted; producing its PostgreSQL transactions again in a new one",
-				"attempt", attempt, "events", len(b), "end_lsn", end, "err", err)
+			msg := "kafka transaction aborted; producing its PostgreSQL transactions again in a new one"
+			if t.unsure != nil {
+				msg = "kafka transaction commit not confirmed; learning whether it committed before producing again"
+			}
+			t.log.Warn(msg, "attempt", attempt, "events", len(b), "end_lsn", end, "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(d/2 + rand.N(d/2+1)):
@@ -377,6 +379,90 @@ func (t *Txn) commit(ctx context.Context) error {
 		e.done.Delivered(Outcome{Err: err})
 	}
 	return err
+}
+
+// unconfirmed is an attempt whose commit was not confirmed: its position,
+// and how many events of the batch (the first ones, in order) it carried.
+type unconfirmed struct {
+	end lsn.LSN
+	n   int
+}
+
+// try settles an unconfirmed commit first, then makes one attempt at what
+// of *b is left. It reports whether all of *b is committed; the outcomes of
+// committed events are delivered, and they leave *b.
+func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
+	if u := t.unsure; u != nil {
+		committed, err := t.settle(ctx, u.end)
+		if err != nil {
+			return false, err
+		}
+		t.unsure = nil
+		if committed {
+			t.committed.Store(uint64(u.end))
+			t.delivered((*b)[:u.n])
+			*b = (*b)[u.n:]
+			if len(*b) == 0 {
+				return true, nil
+			}
+		}
+	}
+	t.lastTry = time.Now()
+	err := t.attempt(ctx, *b, end)
+	switch {
+	case err == nil:
+		t.committed.Store(uint64(end))
+		t.delivered(*b)
+		return true, nil
+	case errors.Is(err, errUnconfirmed):
+		t.unsure = &unconfirmed{end: end, n: len(*b)}
+	}
+	return false, err
+}
+
+func (t *Txn) delivered(b []*entry) {
+	for _, e := range b {
+		e.done.Delivered(Outcome{DeadLettered: e.rec.dead, Reason: e.rec.reason})
+	}
+}
+
+// settle learns what became of a commit the client could not confirm.
+// franz-go's documented answer to it is EndTransaction(TryAbort), which
+// reloads the producer id: once the client holds an id again, the epoch was
+// bumped, which aborted that transaction had it still been open. It is then
+// committed or aborted for good, and its position record, read with
+// read_committed, says which (only this transactional id commits this
+// source's positions, and end is above every position committed before).
+func (t *Txn) settle(ctx context.Context, end lsn.LSN) (bool, error) {
+	cl := t.s.cl
+	if err := cl.AbortBufferedRecords(ctx); err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	pos, err := t.readPosition(ctx)
+	if err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	committed := pos >= end
+	t.log.Warn("kafka: learned the outcome of a commit that was not confirmed", "end_lsn", end, "committed", committed)
+	return committed, nil
+}
+
+// errUnconfirmed: EndTransaction(TryCommit) failed without an answer from
+// the broker (a transport error, or UNKNOWN_SERVER_ERROR: franz-go's
+// EndTransaction documentation), so the transaction may have committed.
+var errUnconfirmed = errors.New("commit not confirmed")
+
+// unconfirmedEnd tells an unknown commit outcome from a refusal the broker
+// answered with.
+func unconfirmedEnd(err error) bool {
+	var ke *kerr.Error
+	return !errors.As(err, &ke) || ke.Code == kerr.UnknownServerError.Code
 }
 
 // errBegin: the client cannot begin a transaction (its producer id failed
@@ -435,6 +521,11 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 		return t.abort(ctx, fmt.Errorf("produce position to %s: %w", t.cfg.Positions, posErr))
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		if unconfirmedEnd(err) {
+			// Producing the events again now could publish them twice:
+			// the next try settles it first.
+			return fmt.Errorf("commit transaction: %w: %w", errUnconfirmed, err)
+		}
 		return t.abort(ctx, fmt.Errorf("commit transaction: %w", err))
 	}
 	return nil

@@ -3,11 +3,14 @@ package sink_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -357,3 +360,104 @@ func TestTxnPositionsTopicChecked(t *testing.T) {
 
 // sinkOf is an at-least-once sink on c, for its admin helpers.
 func sinkOf(t *testing.T, c *kfake.Cluster) *sink.Sink { return newSink(t, c, nil) }
+
+// cutEndTxn is a dialer for the transactional client: once armed, the
+// connection that carries an EndTxn request is cut before the answer (with
+// the request delivered, or lost when lose is set) and new connections are
+// refused for a while, so the client gives up on the commit without knowing
+// its outcome, as a network cut at the wrong moment does.
+type cutEndTxn struct {
+	lose    bool
+	armed   atomic.Bool
+	cut     atomic.Bool
+	refuse  atomic.Int64 // unix nanoseconds until which dials fail
+	refusal time.Duration
+}
+
+func (d *cutEndTxn) dial(ctx context.Context, network, host string) (net.Conn, error) {
+	if time.Now().UnixNano() < d.refuse.Load() {
+		return nil, errors.New("test: connection refused")
+	}
+	c, err := (&net.Dialer{}).DialContext(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	return &cutConn{Conn: c, d: d}, nil
+}
+
+type cutConn struct {
+	net.Conn
+	d     *cutEndTxn
+	dying atomic.Bool
+}
+
+// Write sees whole requests: size (4 bytes), then the API key (2); EndTxn is 26.
+func (c *cutConn) Write(b []byte) (int, error) {
+	if c.d.armed.Load() && len(b) >= 6 && binary.BigEndian.Uint16(b[4:6]) == 26 && c.d.cut.CompareAndSwap(false, true) {
+		c.dying.Store(true)
+		c.d.refuse.Store(time.Now().Add(c.d.refusal).UnixNano())
+		if c.d.lose {
+			return len(b), nil
+		}
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *cutConn) Read(b []byte) (int, error) {
+	if c.dying.Load() {
+		time.Sleep(100 * time.Millisecond) // the broker handles the request meanwhile
+		c.Conn.Close()
+		return 0, errors.New("test: connection cut before the answer")
+	}
+	return c.Conn.Read(b)
+}
+
+// TestTxnUnconfirmedCommit: a commit whose outcome the client cannot know
+// (the connection is cut before the answer) is settled before anything is
+// produced again: when the broker committed it, the sink learns so from the
+// positions topic and does not produce it again; when the request was lost,
+// the transaction is aborted and produced again. Either way read_committed
+// sees each event once and every outcome is a success.
+func TestTxnUnconfirmedCommit(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		lose bool
+	}{
+		{"the broker committed, the answer was lost", false},
+		{"the request was lost", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			c := newCluster(t, kfake.SeedTopics(1, "one"))
+			d := &cutEndTxn{lose: tt.lose, refusal: time.Second}
+			tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
+				cfg.Sink.Opts = append(cfg.Sink.Opts, kgo.Dialer(d.dial))
+			})
+			done := newOutcomes()
+			ok := func(n int) {
+				t.Helper()
+				for range n {
+					if o := done.wait(ctx, t); o.Err != nil {
+						t.Fatalf("outcome %+v", o)
+					}
+				}
+			}
+			produceTxn(ctx, t, tx, done, 100, "one", "a1", "a2")
+			ok(2)
+			d.armed.Store(true)
+			produceTxn(ctx, t, tx, done, 200, "one", "b1", "b2", "b3")
+			ok(3)
+			if !d.cut.Load() {
+				t.Fatal("no EndTxn was cut: the test tested nothing")
+			}
+			produceTxn(ctx, t, tx, done, 300, "one", "c1")
+			ok(1)
+			if got := fmt.Sprint(values(readCommitted(ctx, t, c, "one", true, false))); got != "[a1 a2 b1 b2 b3 c1]" {
+				t.Fatalf("read_committed sees %s, want [a1 a2 b1 b2 b3 c1]: each event once", got)
+			}
+			if got := tx.Committed(); got != 300 {
+				t.Fatalf("Committed() = %v, want 300", got)
+			}
+		})
+	}
+}
