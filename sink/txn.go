@@ -431,8 +431,9 @@ func (t *Txn) delivered(b []*entry) {
 // reloads the producer id: once the client holds an id again, the epoch was
 // bumped, which aborted that transaction had it still been open. It is then
 // committed or aborted for good, and its position record, read with
-// read_committed, says which (only this transactional id commits this
-// source's positions, and end is above every position committed before).
+// read_committed, says which: only this transactional id commits this
+// source's positions, and a batch's end is above every position committed
+// before it (a probe's is the last one: either answer is right for it).
 func (t *Txn) settle(ctx context.Context, end lsn.LSN) (bool, error) {
 	cl := t.s.cl
 	if err := cl.AbortBufferedRecords(ctx); err != nil {
