@@ -404,9 +404,9 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) 
 	var received lsn.LSN
 	replyNow := false
 	// pend holds messages read and not yet handed over. It goes when a
-	// transaction is complete and nothing more has already arrived (the
-	// read below then only takes what the last read buffered), when it is
-	// full, or when a read times out. Inside a transaction it waits up to
+	// transaction is complete and nothing more has already arrived (if some
+	// has, the read below only takes what the connection buffered), when it
+	// is full, or when a read times out. Inside a transaction it waits up to
 	// holdMax for the rest: the walsender sends a decoded transaction back to
 	// back (protocol version 1 decodes it only after its commit), but it may
 	// pass over many changes of unpublished tables between two messages.
@@ -486,7 +486,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) 
 		}
 		if pend != nil {
 			if !inTxn {
-				deadline = burstEnd
+				deadline = burstEnd // more was buffered: take it, but do not wait
 			} else if held := pendAt.Add(holdMax); held.Before(deadline) {
 				deadline = held
 			}
@@ -565,10 +565,12 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) 
 				case len(m.Data) > 0 && m.Data[0] == 'C':
 					inTxn = false
 				}
-				if pend.full(s.batchMsgs, s.batchBytes) {
-					if err := flush(); err != nil {
-						return err
-					}
+			}
+			// A complete batch goes now when nothing more is buffered (the
+			// common case at steady rates: no read is tried for it).
+			if pend != nil && (pend.full(s.batchMsgs, s.batchBytes) || !inTxn && conn.Frontend().ReadBufferLen() == 0) {
+				if err := flush(); err != nil {
+					return err
 				}
 			}
 		case *pgproto3.ErrorResponse:
