@@ -546,9 +546,9 @@ func (d deadSeqs) next(key string, last int) int {
 }
 
 // checkOrder: per aggregate, in partition order, the first sequence number
-// is 1 and each next one is the previous plus one (past dead letters in dlq.mode skip), or goes back to one
-// already seen (a replayed tail starting); every aggregate stays in one
-// partition.
+// is 1 and each next one is the previous plus one (past dead letters in
+// dlq.mode skip), or goes back to one already seen (a replayed tail
+// starting); every aggregate stays in one partition.
 func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(string, ...any)) {
 	type state struct {
 		topic     string
