@@ -54,25 +54,74 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
+	key := sink.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot)
 	t, err := sink.NewTxn(sink.TxnConfig{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
-		Source: sink.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot), Fail: p.fail,
+		Source: key, Fail: p.fail,
 		Prerequisite: func(problem, fix string) error { return &replication.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
 	if err != nil {
 		return nil, err
 	}
+	t.SetTimeline(srv.Timeline)
 	committed, err := t.Start(ctx)
+	if err == nil {
+		err = trustCommitted(committed, srv, eo.PositionsTopic, key)
+	}
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
 	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
-		"positions_topic", eo.PositionsTopic, "committed", committed)
-	if committed > pl.start {
+		"positions_topic", eo.PositionsTopic, "committed", committed.LSN)
+	if committed.LSN > pl.start {
 		// Everything up to it is in Kafka, committed: skip it.
-		p.log.Info("resuming after the position committed to Kafka", "committed", committed, "slot_or_checkpoint", pl.start)
-		pl.start, pl.stream.StartLSN = committed, committed
+		p.log.Info("resuming after the position committed to Kafka", "committed", committed.LSN,
+			"committed_timeline", committed.Timeline, "slot_or_checkpoint", pl.start)
+		pl.start, pl.stream.StartLSN = committed.LSN, committed.LSN
 	}
 	return t, nil
+}
+
+// trustCommitted applies the checkpoint's trust rule to the position
+// committed to Kafka, the one the run would skip to: a position this
+// server never reached (restored from an older copy, a PITR, a standby
+// promoted before it replayed that far) would skip every transaction the
+// server commits below it and confirm the slot past them, so it is refused.
+// A position of an older version (no timeline) is checked against the WAL
+// end only.
+func trustCommitted(pos sink.Position, srv replication.Server, topic, key string) error {
+	why := replication.NotInHistory(pos.LSN, pos.Timeline, srv)
+	if pos.LSN == 0 || why == "" {
+		return nil
+	}
+	return &replication.PrerequisiteError{
+		Problem: fmt.Sprintf("the position %v committed to Kafka (topic %s, key %s, timeline %d) %s; streaming would skip, and confirm, "+
+			"every transaction this server commits below it", pos.LSN, topic, key, pos.Timeline, why),
+		Fix: fmt.Sprintf("if this server was restored or a standby promoted, what Kafka holds past what the server has stays published; "+
+			"forget the position with a tombstone for its key and start again, which streams from the slot's confirmed position "+
+			"(kafka-console-producer.sh --topic %s --property parse.key=true --property key.separator='|' --property null.marker=NULL "+
+			"<<< '%s|NULL'); if the DSN reaches the wrong cluster, fix postgres.dsn (docs/operations.md, Exactly-once delivery)", topic, key),
+	}
+}
+
+// onTimeline is told the timeline of each replication connection: what is
+// saved from then on (the checkpoint, exactly_once's committed positions)
+// is stamped with it. Nil when nothing is saved.
+func (p *Pipeline) onTimeline(pl *plan, s out) func(int32) {
+	var stamp []func(int32)
+	if pl.checkpoints != nil {
+		stamp = append(stamp, pl.checkpoints.Timeline.Store)
+	}
+	if t, ok := s.(interface{ SetTimeline(int32) }); ok {
+		stamp = append(stamp, t.SetTimeline)
+	}
+	if len(stamp) == 0 {
+		return nil
+	}
+	return func(tli int32) {
+		for _, f := range stamp {
+			f(tli)
+		}
+	}
 }
 
 // waitSlotFree waits while another connector streams from the slot: taking

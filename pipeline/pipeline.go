@@ -193,9 +193,7 @@ func (p *Pipeline) run(ctx context.Context) error {
 	}
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)
 	stream.OnConnected = p.streaming.Store
-	if pl.checkpoints != nil {
-		stream.OnTimeline = pl.checkpoints.Timeline.Store
-	}
+	stream.OnTimeline = p.onTimeline(pl, s)
 	r := p.start(ctx, stream)
 	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "from", pl.start)
 	close(p.ready)

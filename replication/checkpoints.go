@@ -259,27 +259,42 @@ func ForeignCheckpoint(c offsets.Checkpoint, srv Server, slot, forget string) er
 }
 
 // CheckPosition refuses a checkpoint whose LSN is not a position of this
-// server's WAL history: beyond its WAL end, or on a timeline that left the
-// current timeline's history before the checkpoint (a restore to an earlier
-// point in time forks a new timeline there; PG docs 26.3.5, "Timelines").
+// server's WAL history (NotInHistory). A checkpoint without identity (an
+// older version) is checked against the WAL end only.
 func CheckPosition(c offsets.Checkpoint, srv Server, forget string) error {
-	if c.LSN > srv.WALEnd {
-		return refuseCheckpoint(c, fmt.Sprintf("lies beyond this server's WAL end %v (it was written by another server, "+
-			"or before this one was restored from an older backup)", srv.WALEnd), forget)
+	tli := c.Timeline
+	if c.IsZero() {
+		tli = 0
 	}
-	if c.IsZero() || c.Timeline == srv.Timeline {
-		return nil
-	}
-	fork, ok := srv.ForkPoint(c.Timeline)
-	if !ok {
-		return refuseCheckpoint(c, fmt.Sprintf("was written on timeline %d, which is not in the history of this server's timeline %d",
-			c.Timeline, srv.Timeline), forget)
-	}
-	if c.LSN > fork {
-		return refuseCheckpoint(c, fmt.Sprintf("was written on timeline %d after this server's history left it at %v "+
-			"(a restore to an earlier point in time): this server never had that WAL", c.Timeline, fork), forget)
+	if why := NotInHistory(c.LSN, tli, srv); why != "" {
+		return refuseCheckpoint(c, why, forget)
 	}
 	return nil
+}
+
+// NotInHistory says why position at, written on timeline tli (0: unknown),
+// is not a position this server has reached: beyond its WAL end, or on a
+// timeline that left the current timeline's history before it (a restore
+// to an earlier point in time forks a new timeline there, and so does the
+// promotion of a standby, where it had replayed to; PG docs 26.3.5,
+// "Timelines"). It is "" for a position the server has.
+func NotInHistory(at lsn.LSN, tli int32, srv Server) string {
+	if at > srv.WALEnd {
+		return fmt.Sprintf("lies beyond this server's WAL end %v (it was written by another server, "+
+			"or before this one was restored from an older backup)", srv.WALEnd)
+	}
+	if tli == 0 || tli == srv.Timeline {
+		return ""
+	}
+	fork, ok := srv.ForkPoint(tli)
+	if !ok {
+		return fmt.Sprintf("was written on timeline %d, which is not in the history of this server's timeline %d", tli, srv.Timeline)
+	}
+	if at > fork {
+		return fmt.Sprintf("was written on timeline %d after this server's history left it at %v "+
+			"(a restore to an earlier point in time, or a standby promoted before it replayed that far): this server never had that WAL", tli, fork)
+	}
+	return ""
 }
 
 func refuseCheckpoint(c offsets.Checkpoint, why, forget string) error {

@@ -31,21 +31,20 @@ type ReadStats struct {
 	MissingTopics []string
 }
 
-// ReadRange reads, from every partition of topics, the records from the
-// first one with a timestamp at or after since (ListOffsets by timestamp) up
-// to the partition's end as listed when the read starts, each partition in
-// offset order, and hands each to fn on the calling goroutine. It uses a
-// client of its own (cfg's brokers and options: TLS, SASL) that joins no
-// group and commits nothing.
+// ReadRange reads, from every partition of topics, the committed records
+// from the first one with a timestamp at or after since (ListOffsets by
+// timestamp) up to the partition's end as listed when the read starts, each
+// partition in offset order (a transaction's records at its commit marker:
+// readLog), and hands each to fn on the calling goroutine. It uses a client
+// of its own (cfg's brokers and options: TLS, SASL) that joins no group and
+// commits nothing.
 func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time, fn func(ReadRecord) error) (ReadStats, error) {
 	var st ReadStats
 	// Larger partition fetches than the default 1 MiB: the read is
 	// sequential and the records are small.
-	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID),
-		kgo.FetchMaxPartitionBytes(8 << 20)}, cfg.Opts...)
-	cl, err := kgo.NewClient(opts...)
+	cl, err := newLogClient(cfg, kgo.FetchMaxPartitionBytes(8<<20))
 	if err != nil {
-		return st, fmt.Errorf("kafka client: %w", err)
+		return st, err
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
@@ -64,7 +63,6 @@ func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time
 	// range is not read.
 	from := map[string]map[int32]kgo.Offset{}
 	until := map[string]map[int32]int64{}
-	left := 0
 	var listErr error
 	ends.Each(func(e kadm.ListedOffset) {
 		if e.Err != nil {
@@ -93,61 +91,22 @@ func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time
 		}
 		from[e.Topic][e.Partition] = kgo.NewOffset().At(s.Offset)
 		until[e.Topic][e.Partition] = e.Offset
-		left++
 	})
 	if listErr != nil {
 		return st, listErr
 	}
-	if left == 0 {
-		return st, nil
-	}
-	cl.AddConsumePartitions(from)
-	for left > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return st, err
+	err = readLog(ctx, cl, from, until, func(r *kgo.Record) error {
+		rr := ReadRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key}
+		for _, h := range r.Headers {
+			if h.Key == wire.HeaderID {
+				rr.ID, rr.HasID = h.Value, true
+				break
+			}
 		}
-		var ferr error
-		fs.EachError(func(t string, p int32, err error) {
-			if ferr == nil {
-				ferr = fmt.Errorf("fetch %s/%d: %w", t, p, err)
-			}
-		})
-		if ferr != nil {
-			return st, ferr
-		}
-		var cbErr error
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			end, reading := until[p.Topic][p.Partition]
-			if !reading || cbErr != nil {
-				return
-			}
-			for _, r := range p.Records {
-				if r.Offset >= end {
-					break // written after the read started
-				}
-				rr := ReadRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key}
-				for _, h := range r.Headers {
-					if h.Key == wire.HeaderID {
-						rr.ID, rr.HasID = h.Value, true
-						break
-					}
-				}
-				if cbErr = fn(rr); cbErr != nil {
-					return
-				}
-			}
-			// The connector's producer is not transactional, so the record
-			// at end-1 is data, not a marker the client never returns.
-			if n := len(p.Records); n > 0 && p.Records[n-1].Offset+1 >= end {
-				delete(until[p.Topic], p.Partition)
-				cl.RemoveConsumePartitions(map[string][]int32{p.Topic: {p.Partition}})
-				left--
-			}
-		})
-		if cbErr != nil {
-			return st, cbErr
-		}
+		return fn(rr)
+	})
+	if err != nil {
+		return st, err
 	}
 	return st, nil
 }

@@ -56,11 +56,23 @@ func PositionKey(systemID, database, slot string) string {
 	return systemID + "/" + database + "/" + slot
 }
 
-// Position is the value of a position record.
+// Position is the value of a position record. Its key (PositionKey) is the
+// identity a checkpoint has; the timeline completes it, so that a start can
+// tell a position this server never had (a restore, a promoted standby that
+// was behind) from one it has (replication.CheckCommitted).
 type Position struct {
 	LSN       lsn.LSN   `json:"lsn"` // end of the last PostgreSQL transaction committed
 	Source    string    `json:"source"`
 	Committed time.Time `json:"committed_at"`
+	// Timeline is the one the stream was on when the position was
+	// committed; 0 in records of versions before it.
+	Timeline int32 `json:"timeline,omitempty"`
+	// Txn numbers the Kafka transactions of the transactional id, strictly
+	// increasing across attempts and instances: a commit whose answer was
+	// lost committed if and only if the committed record carries its number
+	// (settle). The end LSN cannot tell: a snapshot's or a gap repair's
+	// transaction carries a position already committed.
+	Txn uint64 `json:"txn,omitempty"`
 }
 
 // Txn is the exactly-once sink. The pipeline hands it each PostgreSQL
@@ -97,9 +109,16 @@ type Txn struct {
 	fatal     error
 	committed atomic.Uint64 // last position committed
 	lastTry   time.Time     // last transaction attempted
+	txnSeq    uint64        // Position.Txn of the last attempt
 	// unsure is the last attempt when its commit was not confirmed: it may
 	// have committed, and nothing is produced before that is known.
 	unsure *unconfirmed
+	// aborting: an abort failed without an answer; the client still counts
+	// itself in the transaction until an abort succeeds (franz-go's
+	// EndTransaction: retry with TryAbort), so no attempt begins before.
+	aborting bool
+
+	timeline atomic.Int32 // stamped on position records (SetTimeline)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -230,6 +249,11 @@ func (t *Txn) AbortTxn() {
 	}
 }
 
+// SetTimeline records the timeline the stream is on: the start's, then each
+// connection's (the stream's OnTimeline), stamped on the positions committed
+// from then on.
+func (t *Txn) SetTimeline(tli int32) { t.timeline.Store(tli) }
+
 // Committed is the last position committed to Kafka by this sink.
 func (t *Txn) Committed() lsn.LSN { return lsn.LSN(t.committed.Load()) }
 
@@ -260,9 +284,13 @@ func (t *Txn) Close() {
 	t.wg.Wait()
 	t.commitMu.Lock() // a commit in progress ends with the context
 	t.s.Close()
+	var unsure []*entry
+	if t.unsure != nil {
+		unsure = t.unsure.entries // their commit may have happened: the next start reads it
+	}
 	t.commitMu.Unlock()
 	t.mu.Lock()
-	left := append(t.open, t.batch...)
+	left := append(append(unsure, t.open...), t.batch...)
 	t.open, t.batch = nil, nil
 	t.mu.Unlock()
 	for _, e := range left {
@@ -312,9 +340,21 @@ func (t *Txn) probe() {
 	if t.fatal != nil || pos == 0 || time.Since(t.lastTry) < t.cfg.FenceCheck {
 		return
 	}
-	var none []*entry
-	if _, err := t.try(t.ctx, &none, pos); err != nil && (isFatalTxn(err) || errors.Is(err, errBegin)) {
+	if u := t.unsure; u != nil {
+		// A commit left unconfirmed by a Flush that gave up: its events
+		// are settled with their own end, and go again with it if needed.
+		pos = u.end
+	}
+	var b []*entry
+	_, err := t.try(t.ctx, &b, pos)
+	if err != nil && (isFatalTxn(err) || errors.Is(err, errBegin)) {
 		t.setFatal(err)
+	}
+	if len(b) > 0 {
+		// Not committed by this try: back to the front of what waits.
+		t.mu.Lock()
+		t.batch = append(b, t.batch...)
+		t.mu.Unlock()
 	}
 }
 
@@ -381,30 +421,39 @@ func (t *Txn) commit(ctx context.Context) error {
 	return err
 }
 
-// unconfirmed is an attempt whose commit was not confirmed: its position,
-// and how many events of the batch (the first ones, in order) it carried.
+// unconfirmed is an attempt whose commit was not confirmed: its number,
+// its position and the events it carried, which are in no batch until it
+// is settled.
 type unconfirmed struct {
-	end lsn.LSN
-	n   int
+	txn     uint64
+	end     lsn.LSN
+	entries []*entry
 }
 
-// try settles an unconfirmed commit first, then makes one attempt at what
-// of *b is left. It reports whether all of *b is committed; the outcomes of
-// committed events are delivered, and they leave *b.
+// try settles an unconfirmed commit and ends an abort left pending first,
+// then makes one attempt at *b. It reports whether all of *b is committed;
+// the outcomes of committed events are delivered, and they leave *b. The
+// events of an unconfirmed commit that did not commit go first in *b.
 func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 	if u := t.unsure; u != nil {
-		committed, err := t.settle(ctx, u.end)
+		committed, err := t.settle(ctx, u.txn)
 		if err != nil {
 			return false, err
 		}
 		t.unsure = nil
 		if committed {
 			t.committed.Store(uint64(u.end))
-			t.delivered((*b)[:u.n])
-			*b = (*b)[u.n:]
+			t.delivered(u.entries)
 			if len(*b) == 0 {
 				return true, nil
 			}
+		} else {
+			*b = append(u.entries, *b...)
+		}
+	}
+	if t.aborting {
+		if err := t.endAbort(ctx); err != nil {
+			return false, err
 		}
 	}
 	t.lastTry = time.Now()
@@ -415,7 +464,8 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 		t.delivered(*b)
 		return true, nil
 	case errors.Is(err, errUnconfirmed):
-		t.unsure = &unconfirmed{end: end, n: len(*b)}
+		t.unsure = &unconfirmed{txn: t.txnSeq, end: end, entries: *b}
+		*b = nil
 	}
 	return false, err
 }
@@ -426,15 +476,14 @@ func (t *Txn) delivered(b []*entry) {
 	}
 }
 
-// settle learns what became of a commit the client could not confirm.
-// franz-go's documented answer to it is EndTransaction(TryAbort), which
-// reloads the producer id: once the client holds an id again, the epoch was
-// bumped, which aborted that transaction had it still been open. It is then
-// committed or aborted for good, and its position record, read with
-// read_committed, says which: only this transactional id commits this
-// source's positions, and a batch's end is above every position committed
-// before it (a probe's is the last one: either answer is right for it).
-func (t *Txn) settle(ctx context.Context, end lsn.LSN) (bool, error) {
+// settle learns what became of the commit of transaction number txn, which
+// the client could not confirm. franz-go's documented answer to it is
+// EndTransaction(TryAbort), which reloads the producer id: once the client
+// holds an id again, the epoch was bumped, which aborted that transaction
+// had it still been open. It is then committed or aborted for good, and the
+// committed position record says which: only this transactional id commits
+// this source's positions, each with a number above every earlier one.
+func (t *Txn) settle(ctx context.Context, txn uint64) (bool, error) {
 	cl := t.s.cl
 	if err := cl.AbortBufferedRecords(ctx); err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
@@ -449,21 +498,36 @@ func (t *Txn) settle(ctx context.Context, end lsn.LSN) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
-	committed := pos >= end
-	t.log.Warn("kafka: learned the outcome of a commit that was not confirmed", "end_lsn", end, "committed", committed)
+	committed := pos.Txn >= txn
+	t.log.Warn("kafka: learned the outcome of a commit that was not confirmed", "txn", txn, "committed", committed)
 	return committed, nil
 }
 
-// errUnconfirmed: EndTransaction(TryCommit) failed without an answer from
-// the broker (a transport error, or UNKNOWN_SERVER_ERROR: franz-go's
-// EndTransaction documentation), so the transaction may have committed.
+// endAbort retries an abort that failed without an answer.
+func (t *Txn) endAbort(ctx context.Context) error {
+	if err := t.s.cl.AbortBufferedRecords(ctx); err != nil {
+		return fmt.Errorf("abort transaction: %w", err)
+	}
+	if err := t.s.cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		return fmt.Errorf("abort transaction: %w", err)
+	}
+	t.aborting = false
+	return nil
+}
+
+// errUnconfirmed: EndTransaction(TryCommit) failed, and the transaction may
+// have committed.
 var errUnconfirmed = errors.New("commit not confirmed")
 
-// unconfirmedEnd tells an unknown commit outcome from a refusal the broker
-// answered with.
+// unconfirmedEnd: every commit error but a refusal before anything was sent
+// (franz-go's OperationNotAttempted, a topic recreated in the transaction)
+// leaves the outcome unknown. A transport error or UNKNOWN_SERVER_ERROR
+// says nothing, and franz-go retries EndTxn itself, so a retriable error
+// (COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR, …) may answer a retry of
+// a first try that committed. Settling costs a read of the positions topic;
+// guessing wrong costs a duplicate.
 func unconfirmedEnd(err error) bool {
-	var ke *kerr.Error
-	return !errors.As(err, &ke) || ke.Code == kerr.UnknownServerError.Code
+	return !errors.Is(err, kerr.OperationNotAttempted) && !errors.Is(err, kerr.UnknownTopicID)
 }
 
 // errBegin: the client cannot begin a transaction (its producer id failed
@@ -485,6 +549,7 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 	if err := cl.BeginTransaction(); err != nil {
 		return fmt.Errorf("%w: %w", errBegin, err)
 	}
+	t.txnSeq++
 	for _, e := range b {
 		e.err, e.alone = nil, e.suspect
 	}
@@ -506,7 +571,7 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 			return t.abort(ctx, t.refusals(b))
 		}
 	}
-	pos, err := t.positionRecord(end)
+	pos, err := t.positionRecord(end, t.txnSeq)
 	if err != nil {
 		return t.abort(ctx, err)
 	}
@@ -522,7 +587,7 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 		return t.abort(ctx, fmt.Errorf("produce position to %s: %w", t.cfg.Positions, posErr))
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		if unconfirmedEnd(err) {
+		if !isFatalTxn(err) && unconfirmedEnd(err) {
 			// Producing the events again now could publish them twice:
 			// the next try settles it first.
 			return fmt.Errorf("commit transaction: %w: %w", errUnconfirmed, err)
@@ -542,8 +607,15 @@ func (t *Txn) abort(ctx context.Context, cause error) error {
 	if err := cl.AbortBufferedRecords(ctx); err != nil {
 		return errors.Join(cause, err)
 	}
-	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil && isFatalTxn(err) {
+	switch err := cl.EndTransaction(ctx, kgo.TryAbort); {
+	case err == nil:
+	case isFatalTxn(err):
 		return err
+	default:
+		// Still in the transaction for franz-go: the next try aborts again
+		// before it begins.
+		t.aborting = true
+		return errors.Join(cause, fmt.Errorf("abort transaction: %w", err))
 	}
 	return cause
 }
@@ -670,9 +742,10 @@ func (t *Txn) lookup(ctx context.Context, topic string) (*txnTopic, error) {
 	return tp, nil
 }
 
-// positionRecord is the record that commits end with the transaction.
-func (t *Txn) positionRecord(end lsn.LSN) (*kgo.Record, error) {
-	v, err := json.Marshal(Position{LSN: end, Source: t.cfg.Source, Committed: time.Now().UTC()})
+// positionRecord is the record that commits end with transaction txn.
+func (t *Txn) positionRecord(end lsn.LSN, txn uint64) (*kgo.Record, error) {
+	v, err := json.Marshal(Position{LSN: end, Source: t.cfg.Source, Committed: time.Now().UTC(),
+		Timeline: t.timeline.Load(), Txn: txn})
 	if err != nil {
 		return nil, fmt.Errorf("position record: %w", err)
 	}

@@ -49,7 +49,7 @@ func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, 
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	return tx, pos, closeOnce
+	return tx, pos.LSN, closeOnce
 }
 
 // produceTxn hands one PostgreSQL transaction over: a record per value,

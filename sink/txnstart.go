@@ -11,30 +11,35 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
 // Start checks what transactions need (brokers that support them, the
 // positions topic, compacted), fences any other instance of this source,
 // reads the last committed position and starts the commit loop. The
 // position is read after the fencing, so no older instance can commit
-// after it was read. Zero means none was committed yet.
-func (t *Txn) Start(ctx context.Context) (lsn.LSN, error) {
+// after it was read. A zero Position means none was committed yet; the
+// caller decides whether this server can have reached it
+// (replication.CheckCommitted) before it trusts it.
+func (t *Txn) Start(ctx context.Context) (Position, error) {
 	if err := t.checkTransactions(ctx); err != nil {
-		return 0, err
+		return Position{}, err
 	}
 	if err := t.ensurePositions(ctx); err != nil {
-		return 0, err
+		return Position{}, err
 	}
 	if err := t.fence(ctx); err != nil {
-		return 0, err
+		return Position{}, err
 	}
 	pos, err := t.readPosition(ctx)
 	if err != nil {
-		return 0, err
+		return Position{}, err
 	}
-	t.committed.Store(uint64(pos))
+	if pos.LSN != 0 {
+		t.log.Info("kafka: last committed position", "topic", t.cfg.Positions, "lsn", pos.LSN, "timeline", pos.Timeline,
+			"txn", pos.Txn, "committed_at", pos.Committed)
+	}
+	t.committed.Store(uint64(pos.LSN))
+	t.txnSeq = pos.Txn
 	t.wg.Add(1)
 	go t.loop()
 	return pos, nil
@@ -158,67 +163,51 @@ func isRetriable(err error) bool {
 	return errors.As(err, &ke) && ke.Retriable || errors.Is(err, kerr.ConcurrentTransactions)
 }
 
-// readPosition reads the positions topic to its last stable offset, with
-// read_committed, and returns the last position of this source.
-func (t *Txn) readPosition(ctx context.Context) (lsn.LSN, error) {
+// readPosition reads the positions topic to its end (readLog: committed
+// records only) and returns the last position of this source; a tombstone
+// for it (an operator forgetting the position) is none.
+func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 	name := t.cfg.Positions
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	ends, err := t.s.adm.ListCommittedOffsets(ctx, name) // the last stable offsets
+	ends, err := t.s.adm.ListEndOffsets(ctx, name)
+	if err == nil {
+		err = ends.Error()
+	}
 	if err != nil {
-		return 0, fmt.Errorf("read positions: %w", err)
+		return Position{}, fmt.Errorf("read positions: %w", err)
 	}
-	if err := ends.Error(); err != nil {
-		return 0, fmt.Errorf("read positions: %w", err)
-	}
-	want := make(map[int32]int64) // partition → last offset to reach
+	from := map[string]map[int32]kgo.Offset{name: {}}
+	until := map[string]map[int32]int64{name: {}}
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Offset > 0 {
-			want[o.Partition] = o.Offset - 1
+			from[name][o.Partition], until[name][o.Partition] = kgo.NewOffset().AtStart(), o.Offset
 		}
 	})
-	if len(want) == 0 {
-		return 0, nil
-	}
-	opts := append([]kgo.Opt(nil), t.cfg.Sink.Opts...)
-	opts = append(opts, kgo.SeedBrokers(t.cfg.Sink.Brokers...), kgo.ConsumeTopics(name),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// Transaction markers count toward the end: an aborted
-		// transaction's last offset is its marker.
-		kgo.KeepControlRecords())
-	cl, err := kgo.NewClient(opts...)
+	cl, err := newLogClient(t.cfg.Sink)
 	if err != nil {
-		return 0, fmt.Errorf("read positions: %w", err)
+		return Position{}, fmt.Errorf("read positions: %w", err)
 	}
 	defer cl.Close()
 	var pos Position
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return 0, fmt.Errorf("read positions from %s: %w", name, err)
+	err = readLog(ctx, cl, from, until, func(r *kgo.Record) error {
+		if string(r.Key) != t.cfg.Source {
+			return nil
 		}
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
-		if ferr != nil {
-			return 0, fmt.Errorf("read positions from %s: %w", name, ferr)
+		if r.Value == nil {
+			pos = Position{}
+			return nil
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if last, ok := want[r.Partition]; ok && r.Offset >= last {
-				delete(want, r.Partition)
-			}
-			if r.Attrs.IsControl() || string(r.Key) != t.cfg.Source {
-				return
-			}
-			var p Position
-			if err := json.Unmarshal(r.Value, &p); err != nil {
-				t.log.Warn("kafka: ignoring an unreadable position record", "topic", name, "offset", r.Offset, "err", err)
-				return
-			}
-			pos = p
-		})
+		var p Position
+		if err := json.Unmarshal(r.Value, &p); err != nil {
+			t.log.Warn("kafka: ignoring an unreadable position record", "topic", name, "offset", r.Offset, "err", err)
+			return nil
+		}
+		pos = p
+		return nil
+	})
+	if err != nil {
+		return Position{}, fmt.Errorf("read positions from %s: %w", name, err)
 	}
-	if pos.LSN != 0 {
-		t.log.Info("kafka: last committed position", "topic", name, "lsn", pos.LSN, "committed_at", pos.Committed)
-	}
-	return pos.LSN, nil
+	return pos, nil
 }
