@@ -1,0 +1,139 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+)
+
+// TestExactlyOnceRestoreRefused: PostgreSQL is restored from a file-level
+// copy taken before the connector committed thousands of events, so the
+// position committed to Kafka lies beyond the restored server's WAL. The
+// connector refuses to start (exit 1, naming the position, what differs
+// and the tombstone that forgets it) instead of skipping, and confirming,
+// everything the restored server commits below that position; the slot does
+// not move. After the fix it gives, the rows written since the restore are
+// published.
+func TestExactlyOnceRestoreRefused(t *testing.T) {
+	if pgServer.External() {
+		t.Skip("needs its own PostgreSQL")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	dsn := pg.DSN("postgres")
+	createOutbox(t, dsn, "outbox", "jsonb")
+	agg := fmt.Sprintf("eosrestore%d", dbCounter.Add(1))
+	addr := freeAddr(t)
+	cfgPath := eosConfig(t, dsn, "eosrestore", addr)
+	rows := func(from, n, pad int) {
+		exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			SELECT $1, 'k' || (i % 4), 'E', jsonb_build_object('seq', i, 'pad', repeat('x', $4))
+			FROM generate_series($2::int, $2::int + $3::int - 1) i`, agg, from, n, pad)
+	}
+
+	p := startProcess(t, cfgPath, addr)
+	rows(0, 10, 0)
+	p.waitMetric(t, time.Minute, "outbox_cdc_events_published_total", 10)
+	stopClean(t, p)
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backup, err := pg.CopyData(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p = startProcess(t, cfgPath, addr)
+	rows(10, 2000, 2000) // about 4 MB of WAL past the copy
+	p.waitMetric(t, 2*time.Minute, "outbox_cdc_events_published_total", 2000)
+	stopClean(t, p)
+
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.RestoreData(ctx, backup); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows(5000, 50, 0) // what the restored server commits
+	before := slotConfirmed(t, dsn, "eosrestore")
+	code, out := runBinary(t, 90*time.Second, nil, "run", "--config", cfgPath)
+	if code != 1 {
+		t.Fatalf("exit %d after the restore, want 1 (the committed position is beyond this server's WAL):\n%s", code, out)
+	}
+	for _, want := range []string{"committed to Kafka", "beyond this server's WAL end", "tombstone"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the refusal lacks %q:\n%s", want, out)
+		}
+	}
+	if after := slotConfirmed(t, dsn, "eosrestore"); after != before {
+		t.Fatalf("the slot moved from %v to %v while the start was refused", before, after)
+	}
+
+	// The fix the refusal gives: a tombstone for the position's key.
+	var sysID string
+	if err := pgConnect(t, dsn).QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&sysID); err != nil {
+		t.Fatal(err)
+	}
+	key := sysID + "/postgres/eosrestore"
+	if !strings.Contains(out, key+"|NULL") {
+		t.Errorf("the refusal does not name the key %s to forget:\n%s", key, out)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkaServer.Brokers()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: positionsFor("eosrestore"), Key: []byte(key)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	p = startProcess(t, cfgPath, addr)
+	p.waitMetric(t, 2*time.Minute, "outbox_cdc_events_published_total", 50)
+	stopClean(t, p)
+	seen := map[string]int{}
+	for _, r := range readIsolated(t, true, topicFor(agg)) {
+		var ev struct{ Seq int }
+		if err := json.Unmarshal(r.Value, &ev); err == nil && ev.Seq >= 5000 {
+			seen[string(r.Key)+fmt.Sprint(ev.Seq)]++
+		}
+	}
+	if len(seen) != 50 {
+		t.Fatalf("read_committed has %d of the 50 rows written after the restore", len(seen))
+	}
+}
+
+// TestExactlyOnceVerify: verify, the command the lost-slot runbook prints,
+// reads topics written in Kafka transactions to their end (the last offset
+// of each partition is a commit marker, not a record) and finds every row.
+func TestExactlyOnceVerify(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	addr := freeAddr(t)
+	dropSlotAtEnd(t, dsn, "eosverify")
+	cfgPath := eosConfig(t, dsn, "eosverify", addr)
+	p := startProcess(t, cfgPath, addr)
+	since := time.Now().Add(-time.Second).UTC().Format(time.RFC3339Nano)
+	writeEvents(t, pgConnect(t, dsn), fmt.Sprintf("eosverify%d", dbCounter.Add(1)), 0, 5)
+	p.waitMetric(t, time.Minute, "outbox_cdc_events_published_total", 5)
+	stopClean(t, p)
+	code, v, out := runVerifyJSON(t, 2*time.Minute, "--config", cfgPath, "--since", since)
+	if code != 0 || v.Rows != 5 || v.Found != 5 || v.Missing.Count != 0 {
+		t.Fatalf("verify --json: exit %d, %+v; want exit 0 with 5 rows, 5 found, 0 missing:\n%s", code, v, out)
+	}
+}
