@@ -55,6 +55,13 @@ const (
 	fNetPGStall      = "net-pg-stall"
 	fNetPGSlow       = "net-pg-slow"
 	fNetPGReset      = "net-pg-reset"
+	// EndTxn faults of the Kafka proxy (kafkaframes.go), exactly_once only:
+	// a commit answered with a retriable error for a while although it
+	// happened, a commit that never reaches the coordinator, an abort
+	// whose answer is cut.
+	fNetKafkaForge   = "net-kafka-endtxn-forge"
+	fNetKafkaSwallow = "net-kafka-endtxn-swallow"
+	fNetKafkaAbort   = "net-kafka-abort-cut"
 	// Operations (ops_test.go): schema, publication and checkpoint changes
 	// an operator makes under load.
 	fOpsPartition   = "ops-partition"
@@ -67,7 +74,7 @@ const (
 
 var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate,
 	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
-	fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize}
+	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize}
 
 // faultClass groups the kinds for the report.
 func faultClass(kind string) string {
@@ -124,6 +131,7 @@ var shortMode = mode{
 		fPGFast: 3, fPGCrash: 2, fPGImmediate: 1,
 		fNetKafkaDrop: 1, fNetKafkaStall: 1, fNetKafkaSlow: 1, fNetKafkaReset: 1,
 		fNetPGDrop: 1, fNetPGStall: 1, fNetPGSlow: 1, fNetPGReset: 1,
+		fNetKafkaForge: 1, fNetKafkaSwallow: 1, fNetKafkaAbort: 1,
 		fOpsPartition: 1, fOpsAddColumn: 1, fOpsDropMapped: 1, fOpsPubGap: 1, fOpsForeignCkpt: 1, fOpsOversize: 1,
 	},
 	GapMin: 300 * time.Millisecond, GapMax: 1500 * time.Millisecond, WaitProb: 0.6,
@@ -138,6 +146,7 @@ var longMode = mode{
 		fPGFast: 4, fPGCrash: 4, fPGImmediate: 2,
 		fNetKafkaDrop: 3, fNetKafkaStall: 3, fNetKafkaSlow: 3, fNetKafkaReset: 3,
 		fNetPGDrop: 3, fNetPGStall: 3, fNetPGSlow: 3, fNetPGReset: 3,
+		fNetKafkaForge: 3, fNetKafkaSwallow: 3, fNetKafkaAbort: 2,
 		fOpsPartition: 4, fOpsAddColumn: 3, fOpsDropMapped: 2, fOpsPubGap: 3, fOpsForeignCkpt: 2, fOpsOversize: 3,
 	},
 	MinChaos: 9 * time.Minute, MinFaults: 100,
@@ -207,6 +216,9 @@ type run struct {
 	expectedExits []string
 	opsFailures   []string
 	workers       chan error
+	// flowStart: the writers run from before it; verify checks the rows
+	// written since.
+	flowStart time.Time
 }
 
 func TestChaos(t *testing.T) {
@@ -298,6 +310,7 @@ func TestChaos(t *testing.T) {
 	// connector that never delivers, not a speed check: on a loaded machine
 	// the first records can take tens of seconds, and that is reported.
 	flowStart := time.Now()
+	r.flowStart = flowStart
 	if err := r.waitFlowing(ctx, 2*time.Minute); err != nil {
 		t.Fatalf("no events flowing before the faults: %v\n%s", err, r.conn.logTail(40))
 	}
@@ -612,6 +625,8 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		sleepCtx(ctx, d) // how long the latency lasts
 		p.Heal()
 		return fmt.Sprintf("up to %v per chunk for %v", lat, d), nil
+	case "endtxn-forge", "endtxn-swallow", "abort-cut":
+		return r.txnFault(ctx, kind)
 	case "reset":
 		n := p.Reset()
 		gap := r.between(50*time.Millisecond, 600*time.Millisecond)

@@ -145,6 +145,8 @@ type Report struct {
 	QuarantineViolations int `json:"quarantine_order_violations"`
 	// ExactlyOnce holds the exactly_once run's checks (eos_test.go).
 	ExactlyOnce *eosReport `json:"exactly_once,omitempty"`
+	// Verify is outbox-cdc verify over the run, after the last stop.
+	Verify *verifyJSON `json:"verify,omitempty"`
 }
 
 type recovery struct {
@@ -315,6 +317,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	r.checkExactlyOnce(rep, recs, copies, byID, dead, fail)
 	r.checkWatermark(rep, events, copies, fail)
 	r.recoveries(rep, events)
+	rep.Verify = r.verifyRun(ctx, r.flowStart, fail)
 
 	for _, f := range r.faults {
 		rep.Faults = append(rep.Faults, faultJSON{Kind: f.Kind, Start: f.Start.Format("15:04:05.000"),
@@ -1047,6 +1050,10 @@ func (r *run) report(rep *Report) {
 	}
 	if er := rep.ExactlyOnce; er != nil {
 		lines = append(lines, er.String())
+	}
+	if v := rep.Verify; v != nil {
+		lines = append(lines, fmt.Sprintf("verify over the run: exit %d, %d rows, %d found, %d missing, %.1fs %s",
+			v.Exit, v.Rows, v.Found, v.Missing, v.Seconds, v.Error))
 	}
 	for _, l := range lines {
 		t.Logf("chaos report: %s", l)

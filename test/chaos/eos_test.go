@@ -1,10 +1,12 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -33,6 +35,9 @@ func modeName(m mode) string {
 // back from the table (pipeline/backfill.go) and may be sent again.
 func eosSkip(t *testing.T, skip map[string]bool) {
 	if !exactlyOnce() {
+		for _, k := range txnFaults {
+			skip[k] = true // no transactions to fault
+		}
 		return
 	}
 	if v := os.Getenv(EnvDelivery); v != "exactly_once" && v != "" && v != "at_least_once" {
@@ -140,4 +145,41 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 	if er.Duplicates > 5 || er.SplitTransactions > 5 || er.OrderBreaks > 5 {
 		fail("exactly_once: %d duplicates, %d split transactions, %d order breaks in all", er.Duplicates, er.SplitTransactions, er.OrderBreaks)
 	}
+}
+
+// txnFaults are the EndTxn faults of the Kafka proxy: exactly_once only.
+var txnFaults = []string{fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort}
+
+// txnFault arms an EndTxn fault of the Kafka proxy: forged retriable
+// answers for a while, or the next commit swallowed, or the next abort's
+// answer cut (armed for at most 10s: aborts are rare in a healthy run).
+func (r *run) txnFault(ctx context.Context, kind string) (string, error) {
+	p := env.brokerProxy
+	forged0, swallowed0, aborts0 := p.TxnCounts()
+	switch kind {
+	case fNetKafkaForge:
+		d := r.between(time.Second, 4*time.Second)
+		p.SetTxnFault(TxnForge)
+		sleepCtx(ctx, d) // how long every commit answer is forged
+		p.Heal()
+		forged, _, _ := p.TxnCounts()
+		return fmt.Sprintf("EndTxn commit answers forged as COORDINATOR_LOAD_IN_PROGRESS for %v: %d", d, forged-forged0), nil
+	case fNetKafkaSwallow:
+		p.SetTxnFault(TxnSwallow)
+	default:
+		p.SetTxnFault(TxnCutAbort)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if _, s, a := p.TxnCounts(); s > swallowed0 || a > aborts0 {
+			break
+		}
+		sleepCtx(ctx, 20*time.Millisecond) // polls the proxy's counter
+	}
+	p.Heal()
+	_, swallowed, aborts := p.TxnCounts()
+	if kind == fNetKafkaSwallow {
+		return fmt.Sprintf("EndTxn commits swallowed (connection reset): %d", swallowed-swallowed0), nil
+	}
+	return fmt.Sprintf("EndTxn aborts cut before the answer: %d (armed up to 10s)", aborts-aborts0), nil
 }

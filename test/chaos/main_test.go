@@ -50,7 +50,7 @@ func runSuite(m *testing.M) int {
 	defer cancel()
 
 	var err error
-	env.brokerProxy, err = NewProxy("kafka", "")
+	env.brokerProxy, err = NewKafkaProxy("kafka", "")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
 		return 1

@@ -40,6 +40,11 @@ type Proxy struct {
 	gate    chan struct{} // closed while bytes may flow; open (blocking) during a stall
 	latency time.Duration
 
+	// frames: a Kafka link is read frame by frame, for the EndTxn faults
+	// (kafkaframes.go).
+	frames bool
+	txn    txnState
+
 	wg sync.WaitGroup
 
 	// Counters for the report.
@@ -144,8 +149,14 @@ func (p *Proxy) serve(c net.Conn) {
 	p.accepted.Add(1)
 
 	var pumps sync.WaitGroup
-	pumps.Go(func() { p.pump(l, s, c) })
-	pumps.Go(func() { p.pump(l, c, s) })
+	if p.frames {
+		fl := &frameLink{forge: map[int32]bool{}, produce: map[int32]int16{}}
+		pumps.Go(func() { p.pumpFrames(l, fl, s, c, true) })
+		pumps.Go(func() { p.pumpFrames(l, fl, c, s, false) })
+	} else {
+		pumps.Go(func() { p.pump(l, s, c) })
+		pumps.Go(func() { p.pump(l, c, s) })
+	}
 	pumps.Wait()
 	p.mu.Lock()
 	delete(p.links, l)
@@ -249,12 +260,13 @@ func (p *Proxy) Reset() int {
 	return len(links)
 }
 
-// Heal ends Drop, Stall and Slow.
+// Heal ends Drop, Stall, Slow and an EndTxn fault.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drop = false
 	p.latency = 0
+	p.txn.fault.Store(int32(TxnNone))
 	select {
 	case <-p.gate:
 	default:
