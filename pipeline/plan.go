@@ -76,7 +76,7 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 	if err := p.setup(ctx, pl); err != nil {
 		return nil, err
 	}
-	pl.stream.StartLSN = pl.start
+	pl.stream.StartLSN, pl.stream.Standby = pl.start, pl.standby
 	g, err := newGuards(ctx, p.cfg.Source, pl.start)
 	if err != nil {
 		pl.close(ctx)

@@ -188,9 +188,13 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	if !c.CommitTime.IsZero() {
 		commitTime = c.CommitTime
 	}
+	// Never a position beyond the WAL of the server that holds the table:
+	// the server was restored from an older copy while the connector ran,
+	// and the next start would refuse it (CheckPosition).
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
 			gap_since, gap_xmin, commit_time)
-		VALUES ($1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9)
+		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9
+		WHERE $2::pg_lsn <= `+walPosition+`
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
 			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
 			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time %s`, s.table, serverTimeline, where),
@@ -200,6 +204,15 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 		return fmt.Errorf("checkpoint store: save: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
+		var beyond bool
+		if err := conn.QueryRow(ctx, `SELECT $1::pg_lsn > `+walPosition, c.LSN).Scan(&beyond); err != nil {
+			s.reset(ctx)
+			return fmt.Errorf("checkpoint store: save: %w", err)
+		}
+		if beyond {
+			return fmt.Errorf("checkpoint store: not saved: %v lies beyond the WAL end of the server that holds %s "+
+				"(restored from an older copy while the connector ran?)", c.LSN, s.table)
+		}
 		return offsets.ErrStale
 	}
 	return nil

@@ -107,6 +107,38 @@ func followTimeline(old int32, start lsn.LSN, srv Server) error {
 	return nil
 }
 
+// sameServer decides whether streaming may resume at start on the server a
+// reconnect reached on the timeline it streamed (followTimeline decides a
+// new one). It must be the same cluster, and a primary must have WAL up to
+// start, which it sent: walsenders send only flushed WAL, so a crash never
+// loses it. A WAL end before start is a data directory restored from an
+// older copy: START_REPLICATION streams from the greater of the slot's
+// position and start (PG docs 55.4), so PostgreSQL would skip every
+// transaction the restored server commits below start, and the connector
+// confirm past them. A standby is not held to it: after a restart its
+// replay begins again at a restartpoint, and IDENTIFY_SYSTEM reports less
+// than it sent before until it catches up.
+func sameServer(systemID string, start lsn.LSN, srv Server, standby bool) error {
+	switch {
+	case systemID != "" && srv.SystemID != systemID:
+		return &FatalError{Reason: "server_rewound", Err: &PrerequisiteError{
+			Problem: fmt.Sprintf("the reconnect reached database system %s, but the connector streamed database system %s: "+
+				"positions streamed so far mean nothing there", srv.SystemID, systemID),
+			Fix: "check that postgres.dsn reaches the intended cluster; restart the connector to run its start checks",
+		}}
+	case !standby && srv.WALEnd < start:
+		return &FatalError{Reason: "server_rewound", Err: &PrerequisiteError{
+			Problem: fmt.Sprintf("the server's WAL ends at %v on timeline %d, before %v, which it had sent the connector: "+
+				"it was restored from an older copy of its data directory; resuming would skip every transaction it commits below %v",
+				srv.WALEnd, srv.Timeline, start, start),
+			Fix: "restart the connector: it streams from the restored slot's position (a checkpoint or a committed Kafka position " +
+				"beyond the server's WAL is refused at start, with the way to drop it); what was published from the lost WAL stays " +
+				"in Kafka (docs/operations.md, Restores)",
+		}}
+	}
+	return nil
+}
+
 // ForkPoint returns the position where timeline tli left the history of the
 // server's current timeline: positions of tli up to it are also positions
 // of this server. ok is false when tli is not in the history at all.

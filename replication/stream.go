@@ -181,6 +181,9 @@ type Config struct {
 	StartLSN lsn.LSN
 	// Messages asks pgoutput for logical decoding messages too (PG 14+).
 	Messages bool
+	// Standby: the server is a hot standby, whose WAL end at a reconnect may
+	// be below what it sent before (sameServer).
+	Standby bool
 	// CopyOf, when set, streams from a temporary copy of that slot made on
 	// each connection (replay): Slot names the copy. The copy starts at the
 	// original's confirmed position and vanishes with the connection, so a
@@ -211,7 +214,8 @@ type Stream struct {
 	// session that streams: positions confirmed from then on belong to it.
 	OnTimeline func(int32)
 
-	timeline int32 // the server's timeline at the first session (Run's goroutine only)
+	timeline int32  // the server's timeline at the first session (Run's goroutine only)
+	systemID string // the cluster streamed (Run's goroutine only)
 }
 
 // NewStream prepares a stream; Run starts it.
@@ -352,6 +356,12 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) 
 	if err != nil {
 		return err
 	}
+	if s.timeline != 0 && srv.Timeline == s.timeline {
+		if err := sameServer(s.systemID, start, srv, s.cfg.Standby); err != nil {
+			return err
+		}
+	}
+	s.systemID = srv.SystemID
 	if s.timeline != 0 && srv.Timeline != s.timeline {
 		if err := srv.readHistory(ctx, conn); err != nil {
 			return err

@@ -120,7 +120,7 @@ func New() *Metrics {
 	m.BackfilledEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "backfilled_events_total",
 		Help: "Rows read back from the outbox table after it had been outside the publication (gap repair), by outbox table."}, []string{TableLabel})
 	m.FatalErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fatal_errors_total",
-		Help: "Errors that stopped the connector, by reason (slot_missing, slot_or_publication_missing, slot_invalidated, timeline_fork, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
+		Help: "Errors that stopped the connector, by reason (slot_missing, slot_or_publication_missing, slot_invalidated, timeline_fork, server_rewound, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
 	m.start = time.Now()
 	m.addTrace(ns)
 	sinceLast := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "seconds_since_last_event",
