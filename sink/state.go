@@ -100,11 +100,6 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 		return nil
 	}
 	s.started.Store(true)
-	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
-	if err != nil {
-		return fmt.Errorf("quarantine topic consumer: %w", err)
-	}
-	st.cons = cons
 	first, cancel := context.WithTimeout(ctx, 10*time.Second)
 	latest, err := s.readStateTopic(first)
 	cancel()
@@ -114,7 +109,7 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 		s.restore(latest)
 		return nil
 	case errors.As(err, &nc) || ctx.Err() != nil:
-		return err // Close closes the consumer
+		return err
 	}
 	s.log.Warn("kafka: cannot read the quarantine topic yet; records wait until the quarantined aggregates are restored",
 		"topic", st.name, "err", err)
@@ -126,12 +121,26 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 	return nil
 }
 
-// readStateTopic creates or checks the state topic and reads it to its end.
+// readStateTopic creates or checks the state topic and reads it to its end
+// with a consumer of its own from the start: an attempt that failed may
+// have read part of the topic. On success the consumer is the one
+// redriveLoop follows the topic with, from where the read ended.
 func (s *Sink) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
 	if err := s.ensureStateTopic(ctx); err != nil {
 		return nil, err
 	}
-	return readState(ctx, s.adm, s.state.cons, s.state.name, s.state.source)
+	st := s.state
+	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
+	if err != nil {
+		return nil, fmt.Errorf("quarantine topic consumer: %w", err)
+	}
+	latest, err := readState(ctx, s.adm, cons, st.name, st.source)
+	if err != nil {
+		cons.Close()
+		return nil, err
+	}
+	st.cons = cons // closed by Close, after the restore and the loop
+	return latest, nil
 }
 
 // restoreLater retries the restore until it succeeds or the sink closes;
