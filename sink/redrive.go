@@ -94,7 +94,9 @@ func (s *Sink) follow(key string, r *kgo.Record) {
 	}
 	rec.Key = key
 	s.mu.Lock()
-	added := s.quarantined[key] == nil
+	// A request adds no quarantine: one for a key not in the set was
+	// written for a quarantine lifted since, and is answered as such.
+	added := s.quarantined[key] == nil && !rec.Request()
 	if added {
 		s.quarantined[key] = &quarantined{Quarantine: rec.Quarantine, state: &rec, stateAt: r.Offset}
 	}
@@ -129,6 +131,14 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 		}
 		return
 	}
+	if first := q.state.FirstID; first != req.FirstID {
+		// Written for a quarantine lifted since: its --skip (or its
+		// parking start) is not this one's.
+		s.mu.Unlock()
+		s.refuseRedrive(q, fmt.Sprintf("the request was for the quarantine that began with event %s, lifted since; "+
+			"the aggregate's quarantine now began with event %s: check outbox-cdc redrive --list, then ask again", req.FirstID, first))
+		return
+	}
 	q.holding = true
 	rec := *q.state // where the quarantine's records are, as this connector saved it
 	s.mu.Unlock()
@@ -144,17 +154,8 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 		return // the request stays: the next start carries it out again
 	}
 	if err != nil {
-		s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", key, "err", err)
-		rec.State, rec.Failure = StateFailed, err.Error()
-		if at, werr := s.writeState(s.ctx, key, &rec); werr != nil {
-			s.log.Error("redrive: saving the failure", "aggregate", key, "err", werr)
-		} else {
-			s.mu.Lock()
-			q.state, q.stateAt = &rec, at
-			s.mu.Unlock()
-		}
+		s.refuseRedrive(q, err.Error())
 		s.releaseHeld(q, passPark, false)
-		s.countRedrive(RedriveFailed)
 		return
 	}
 	if !s.state.owns() { // another process may be parking the key's events now
@@ -177,6 +178,24 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 	} else {
 		s.countRedrive(RedriveDone)
 	}
+}
+
+// refuseRedrive answers a redrive of q that was not carried out with a
+// failure record naming why; the quarantine stays as it was.
+func (s *Sink) refuseRedrive(q *quarantined, why string) {
+	s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", q.Key, "err", why)
+	s.mu.Lock()
+	rec := *q.state
+	s.mu.Unlock()
+	rec.State, rec.Failure = StateFailed, why
+	if at, err := s.writeState(s.ctx, q.Key, &rec); err != nil {
+		s.log.Error("redrive: saving the failure", "aggregate", q.Key, "err", err)
+	} else {
+		s.mu.Lock()
+		q.state, q.stateAt = &rec, at
+		s.mu.Unlock()
+	}
+	s.countRedrive(RedriveFailed)
 }
 
 func (s *Sink) countRedrive(result string) {

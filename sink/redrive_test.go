@@ -1,0 +1,113 @@
+package sink_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+// writeRequest writes on the state topic the request the command builds
+// from rec (a record it listed): rec with its state set to state.
+func writeRequest(ctx context.Context, t *testing.T, c *kfake.Cluster, rec sink.QuarantineRecord, state string) {
+	t.Helper()
+	now := time.Now().UTC()
+	rec.State, rec.Requested, rec.Failure = state, &now, ""
+	v, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	r := &kgo.Record{Topic: stateTopic, Key: []byte(source + "/" + rec.Key), Value: v}
+	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		t.Fatalf("write the request: %v", err)
+	}
+}
+
+// listed is key's quarantine as outbox-cdc redrive --list reads it.
+func listed(ctx context.Context, t *testing.T, sc *sink.StateClient, key string) sink.QuarantineRecord {
+	t.Helper()
+	all, err := sc.List(ctx)
+	if err != nil || all[key] == nil {
+		t.Fatalf("list: %v %v, want %s", all, err, key)
+	}
+	return *all[key]
+}
+
+// TestRedriveRequestMatchesItsQuarantine: a request carries the quarantine
+// it was written for (its first event id). One that arrives after that
+// quarantine was lifted (a command that listed it just before another
+// operator's redrive) lifts nothing: a newer quarantine of the key stays
+// with a failure naming both, and with none the answer is that the
+// aggregate is not quarantined, with nothing republished again.
+func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
+	t.Run("a newer quarantine", func(t *testing.T) {
+		ctx := testCtx(t)
+		c, s, refusing, _, results := redriveSetup(ctx, t)
+		sc := stateClient(t, c)
+		old := listed(ctx, t, sc, "k")
+		refusing.Store(false)
+		if err := sc.Redrive(ctx, "k", false); err != nil {
+			t.Fatalf("redrive: %v", err)
+		}
+		refusing.Store(true)
+		res := newResults(2)
+		produce(ctx, t, s, keyedRecord(topic, "k", 3, "-poison"), res.slot(0))
+		produce(ctx, t, s, keyedRecord(topic, "k", 4, ""), res.slot(1))
+		if out := res.all(ctx, t, 2); !out[0].DeadLettered || !out[1].Parked {
+			t.Fatalf("outcomes %+v: want a new quarantine from ev-3", out)
+		}
+		writeRequest(ctx, t, c, old, sink.StateSkip) // the stale --skip
+		// quarantined, request, tombstone, quarantined, stale request, answer
+		st := stateRecords(ctx, t, c, 6)[source+"/k"]
+		last := st[len(st)-1]
+		if last == nil || last.State != sink.StateFailed || last.FirstID != "ev-3" ||
+			!strings.Contains(last.Failure, "ev-0") || !strings.Contains(last.Failure, "ev-3") {
+			t.Fatalf("answer %+v, want a failure of the quarantine from ev-3 naming ev-0 and ev-3", last)
+		}
+		if q := s.Quarantined(); len(q) != 1 || q[0].FirstID != "ev-3" || s.Holding("k") {
+			t.Fatalf("quarantined %+v (holding %v), want k from ev-3", q, s.Holding("k"))
+		}
+		if got := byKey(consume(ctx, t, c, topic, 3))["k"]; fmt.Sprint(got) != "[0000-poison 0001 0002]" {
+			t.Fatalf("topic holds k %v, want only the first redrive's records", got)
+		}
+		waitUntil(ctx, t, "the refusal counted", func() bool { return strings.HasSuffix(results.String(), "failed1]") })
+	})
+	t.Run("lifted already", func(t *testing.T) {
+		ctx := testCtx(t)
+		c, s, refusing, _, _ := redriveSetup(ctx, t)
+		sc := stateClient(t, c)
+		old := listed(ctx, t, sc, "k")
+		refusing.Store(false)
+		if err := sc.Redrive(ctx, "k", false); err != nil {
+			t.Fatalf("redrive: %v", err)
+		}
+		writeRequest(ctx, t, c, old, sink.StateRedrive)
+		// quarantined, request, tombstone, stale request, answer
+		if st := stateRecords(ctx, t, c, 5)[source+"/k"]; st[len(st)-1] != nil {
+			t.Fatalf("answer %+v, want a tombstone (not quarantined)", st[len(st)-1])
+		}
+		res := newResults(1)
+		produce(ctx, t, s, keyedRecord(topic, "k", 3, ""), res.slot(0))
+		if o := res.all(ctx, t, 1)[0]; o != (sink.Outcome{}) {
+			t.Fatalf("record after the stale request: %+v, want delivered", o)
+		}
+		if got := byKey(consume(ctx, t, c, topic, 4))["k"]; fmt.Sprint(got) != "[0000-poison 0001 0002 0003]" {
+			t.Fatalf("topic holds k %v, want the first redrive's records and the new one, once each", got)
+		}
+		if q := s.Quarantined(); len(q) != 0 {
+			t.Fatalf("quarantined %+v, want none", q)
+		}
+	})
+}
