@@ -218,7 +218,7 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 		}
 		out = append(out, dl)
 	}
-	parked, err := s.readParked(ctx, rec)
+	parked, err := s.readParked(ctx, rec, skip)
 	if err != nil {
 		return 0, err
 	}
@@ -254,13 +254,20 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 // readDeadLetter reads the quarantine's dead letter and restores the
 // event: its own topic, its headers without error and topic.
 func (s *Sink) readDeadLetter(ctx context.Context, rec *QuarantineRecord) (*kgo.Record, error) {
+	from := map[int32]int64{rec.DLQPartition: rec.DLQOffset}
+	to := map[int32]int64{rec.DLQPartition: rec.DLQOffset + 1}
+	gone, err := deleted(ctx, s.adm, s.dlq, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("read the dead letter at %s/%d@%d: %w", s.dlq, rec.DLQPartition, rec.DLQOffset, err)
+	}
 	var dl *kgo.Record
-	err := readRange(ctx, s.consumerOpts, s.dlq, map[int32]int64{rec.DLQPartition: rec.DLQOffset},
-		map[int32]int64{rec.DLQPartition: rec.DLQOffset + 1}, func(r *kgo.Record) {
+	if gone == nil {
+		err = readRange(ctx, s.consumerOpts, s.dlq, from, to, func(r *kgo.Record) {
 			if r.Offset == rec.DLQOffset {
 				dl = r
 			}
 		})
+	}
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("read the dead letter at %s/%d@%d: %w", s.dlq, rec.DLQPartition, rec.DLQOffset, err)
@@ -279,8 +286,10 @@ func (s *Sink) readDeadLetter(ctx context.Context, rec *QuarantineRecord) (*kgo.
 }
 
 // readParked reads the quarantine's parked records, from where the parking
-// partitions ended when it began to where they end now.
-func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord) ([]*kgo.Record, error) {
+// partitions ended when it began to where they end now. Records deleted
+// from there (retention) refuse the redrive, naming them, unless skip: the
+// operator then lifts it without them (and without the dead letter).
+func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord, skip bool) ([]*kgo.Record, error) {
 	ends, err := s.adm.ListEndOffsets(ctx, s.parking)
 	if err != nil {
 		return nil, fmt.Errorf("end offsets of %s: %w", s.parking, err)
@@ -291,8 +300,22 @@ func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord) ([]*kgo.Re
 			to[o.Partition] = o.Offset
 		}
 	})
+	from := maps.Clone(rec.ParkingStart)
+	gone, err := deleted(ctx, s.adm, s.parking, from, to)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("read the parked records on %s: %w", s.parking, err)
+	case gone != nil && !skip:
+		return nil, fmt.Errorf("%w: the quarantine's events among them cannot be republished; publish those yourself "+
+			"(the outbox table has them), then redrive with --skip to lift the quarantine without them and without the dead letter", gone)
+	case gone != nil:
+		s.log.Warn("redrive --skip: parked records deleted before the redrive are not republished", "aggregate", rec.Key, "deleted", gone.Error())
+		for _, g := range gone.Ranges {
+			from[g.Partition] = g.To
+		}
+	}
 	var out []*kgo.Record
-	err = readRange(ctx, s.consumerOpts, s.parking, rec.ParkingStart, to, func(r *kgo.Record) {
+	err = readRange(ctx, s.consumerOpts, s.parking, from, to, func(r *kgo.Record) {
 		if string(r.Key) == rec.Key && headerValue(r, HeaderQuarantine) == rec.FirstID {
 			out = append(out, restored(r, headerValue(r, wire.HeaderTopic), HeaderQuarantine))
 		}
@@ -301,6 +324,50 @@ func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord) ([]*kgo.Re
 		return nil, fmt.Errorf("read the parked records on %s: %w", s.parking, err)
 	}
 	return out, nil
+}
+
+// GoneError names records a redrive needs that the topic deleted: each
+// partition's log starts past where the read begins.
+type GoneError struct {
+	Topic  string
+	Ranges []GoneRange
+}
+
+// GoneRange is offsets From to To-1 of Partition, deleted.
+type GoneRange struct {
+	Partition int32
+	From, To  int64
+}
+
+func (e *GoneError) Error() string {
+	parts := make([]string, len(e.Ranges))
+	for i, g := range e.Ranges {
+		parts[i] = fmt.Sprintf("partition %d offsets %d-%d", g.Partition, g.From, g.To-1)
+	}
+	return fmt.Sprintf("records of %s were deleted (retention.ms?) before this redrive: %s", e.Topic, strings.Join(parts, ", "))
+}
+
+// deleted lists, for each partition of topic read from from[p] (0 when
+// missing) up to to[p], the offsets below its log start: nil when none.
+func deleted(ctx context.Context, adm *kadm.Client, topic string, from, to map[int32]int64) (*GoneError, error) {
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("start offsets of %s: %w", topic, err)
+	}
+	gone := &GoneError{Topic: topic}
+	for _, p := range slices.Sorted(maps.Keys(to)) {
+		o, ok := starts.Lookup(topic, p)
+		if !ok || o.Err != nil {
+			return nil, fmt.Errorf("start offset of %s/%d: %v", topic, p, o.Err)
+		}
+		if f := from[p]; f < to[p] && o.Offset > f {
+			gone.Ranges = append(gone.Ranges, GoneRange{Partition: p, From: f, To: min(o.Offset, to[p])})
+		}
+	}
+	if len(gone.Ranges) == 0 {
+		return nil, nil
+	}
+	return gone, nil
 }
 
 // restored is the event r carries with first and topic (the headers the
@@ -314,7 +381,9 @@ func restored(r *kgo.Record, topic, first string) *kgo.Record {
 }
 
 // readRange reads topic's partitions from from[p] (0 when missing) up to
-// to[p], exclusive, calling fn in offset order for each partition.
+// to[p], exclusive, calling fn in offset order for each partition. Records
+// deleted before they are read are an error (OFFSET_OUT_OF_RANGE): a reset
+// to the log start would skip them, or wait for ever on a log emptied.
 func readRange(ctx context.Context, opts func(...kgo.Opt) []kgo.Opt, topic string, from, to map[int32]int64, fn func(*kgo.Record)) error {
 	parts := map[int32]kgo.Offset{}
 	left := map[int32]int64{}
@@ -327,7 +396,8 @@ func readRange(ctx context.Context, opts func(...kgo.Opt) []kgo.Opt, topic strin
 	if len(parts) == 0 {
 		return nil
 	}
-	cl, err := kgo.NewClient(opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))...)
+	cl, err := kgo.NewClient(opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}),
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()))...)
 	if err != nil {
 		return err
 	}
@@ -342,129 +412,16 @@ func readRange(ctx context.Context, opts func(...kgo.Opt) []kgo.Opt, topic strin
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			end, ok := left[r.Partition]
-			if !ok || r.Offset >= end {
+			if !ok {
 				return
 			}
-			fn(r)
-			if r.Offset+1 >= end {
+			if r.Offset < end {
+				fn(r)
+			}
+			if r.Offset+1 >= end { // past end too: offsets need not be contiguous
 				delete(left, r.Partition)
 			}
 		})
 	}
 	return nil
-}
-
-// StateClient reads and writes the quarantine state topic for the
-// command line (outbox-cdc redrive).
-type StateClient struct {
-	cl     *kgo.Client
-	adm    *kadm.Client
-	topic  string
-	source string
-}
-
-// NewStateClient connects to cfg's cluster for cfg.QuarantineTopic and the
-// keys of cfg.QuarantineSource.
-func NewStateClient(cfg Config) (*StateClient, error) {
-	// The sink's partitioner: a request lands in its key's partition, where
-	// the connector's answer follows it.
-	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID),
-		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
-		kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil))}, cfg.Opts...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
-	}
-	return &StateClient{cl: cl, adm: kadm.NewClient(cl), topic: cfg.QuarantineTopic, source: cfg.QuarantineSource}, nil
-}
-
-// Close closes the client.
-func (c *StateClient) Close() { c.cl.Close() }
-
-// List returns this connector's quarantines as the state topic holds them.
-func (c *StateClient) List(ctx context.Context) (map[string]*QuarantineRecord, error) {
-	cons, err := kgo.NewClient(c.opts(kgo.ConsumeTopics(c.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
-	}
-	defer cons.Close()
-	latest, err := readState(ctx, c.adm, cons, c.topic, c.source)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]*QuarantineRecord, len(latest))
-	for k, l := range latest {
-		out[k] = l.rec
-	}
-	return out, nil
-}
-
-func (c *StateClient) opts(extra ...kgo.Opt) []kgo.Opt {
-	return append(c.cl.Opts(), extra...)
-}
-
-// ErrNotQuarantined is a redrive of an aggregate that is not quarantined.
-var ErrNotQuarantined = errors.New("the aggregate is not quarantined")
-
-// Redrive asks the connector to lift agg's quarantine (skip: without
-// republishing the dead letter) and waits, until ctx ends, for its answer:
-// nil once lifted, the failure record's reason, or ctx's error while the
-// request is pending (it stays, for the connector to carry out).
-func (c *StateClient) Redrive(ctx context.Context, agg string, skip bool) error {
-	all, err := c.List(ctx)
-	if err != nil {
-		return err
-	}
-	rec, ok := all[agg]
-	if !ok {
-		return ErrNotQuarantined
-	}
-	now := time.Now().UTC()
-	rec.State, rec.Requested, rec.Failure = StateRedrive, &now, ""
-	if skip {
-		rec.State = StateSkip
-	}
-	key := c.source + "/" + agg
-	v, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	res := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Key: []byte(key), Value: v, Partition: -1})
-	req, err := res.First()
-	if err != nil {
-		return fmt.Errorf("write the request to %s: %w", c.topic, err)
-	}
-	cons, err := kgo.NewClient(c.opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
-		c.topic: {req.Partition: kgo.NewOffset().At(req.Offset + 1)}}))...)
-	if err != nil {
-		return fmt.Errorf("kafka client: %w", err)
-	}
-	defer cons.Close()
-	for {
-		fs := cons.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("no answer yet; the request stays pending: %w", err)
-		}
-		if err := fetchErr(fs); err != nil {
-			return fmt.Errorf("read %s: %w", c.topic, err)
-		}
-		var answer error
-		done := false
-		fs.EachRecord(func(r *kgo.Record) {
-			if done || string(r.Key) != key {
-				return
-			}
-			if r.Value == nil {
-				done = true
-				return
-			}
-			var got QuarantineRecord
-			if json.Unmarshal(r.Value, &got) == nil && got.State == StateFailed {
-				done, answer = true, errors.New(got.Failure)
-			}
-		})
-		if done {
-			return answer
-		}
-	}
 }

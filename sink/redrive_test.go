@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -110,4 +111,37 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 			t.Fatalf("quarantined %+v, want none", q)
 		}
 	})
+}
+
+// TestRedriveDeadLetterDeleted: a dead letter retention deleted (the
+// dead-letter partition's log start past it) ends the redrive with a
+// failure saying so and naming --skip, and does not wait for ever for a
+// record that is gone; --skip then lifts the quarantine.
+func TestRedriveDeadLetterDeleted(t *testing.T) {
+	ctx := testCtx(t)
+	c, s, refusing, _, _ := redriveSetup(ctx, t)
+	refusing.Store(false)
+	adm := kadm.NewClient(s.Client())
+	ends, err := adm.ListEndOffsets(ctx, dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := kadm.Offsets{}
+	ends.Each(func(o kadm.ListedOffset) { to.AddOffset(dlq, o.Partition, o.Offset, -1) })
+	if resp, err := adm.DeleteRecords(ctx, to); err != nil || resp.Error() != nil {
+		t.Fatalf("delete records: %v %v", err, resp.Error())
+	}
+	sc := stateClient(t, c)
+	answer, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = sc.Redrive(answer, "k", false)
+	if err == nil || !strings.Contains(err.Error(), "is gone") || !strings.Contains(err.Error(), "--skip") {
+		t.Fatalf("redrive of a deleted dead letter: %v, want a failure saying it is gone and naming --skip", err)
+	}
+	if err := sc.Redrive(ctx, "k", true); err != nil {
+		t.Fatalf("redrive --skip: %v", err)
+	}
+	if got := byKey(consume(ctx, t, c, topic, 2))["k"]; fmt.Sprint(got) != "[0001 0002]" {
+		t.Fatalf("topic holds k %v, want the parked records", got)
+	}
 }
