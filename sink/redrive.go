@@ -105,9 +105,12 @@ func (s *Sink) follow(key string, r *kgo.Record) {
 	if added {
 		s.reportQuarantines("", n)
 	}
-	if rec.Request() {
+	switch p := st.pending[key]; {
+	case rec.Request():
 		st.pending[key] = &rec
-	} else {
+	case rec.State == StateFailed && p != nil && !rec.answers(p):
+		// The answer to an earlier request: this one is still to do.
+	default:
 		delete(st.pending, key)
 	}
 }
@@ -135,7 +138,7 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 		// Written for a quarantine lifted since: its --skip (or its
 		// parking start) is not this one's.
 		s.mu.Unlock()
-		s.refuseRedrive(q, fmt.Sprintf("the request was for the quarantine that began with event %s, lifted since; "+
+		s.refuseRedrive(q, req, fmt.Sprintf("the request was for the quarantine that began with event %s, lifted since; "+
 			"the aggregate's quarantine now began with event %s: check outbox-cdc redrive --list, then ask again", req.FirstID, first))
 		return
 	}
@@ -154,7 +157,7 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 		return // the request stays: the next start carries it out again
 	}
 	if err != nil {
-		s.refuseRedrive(q, err.Error())
+		s.refuseRedrive(q, req, err.Error())
 		s.releaseHeld(q, passPark, false)
 		return
 	}
@@ -180,14 +183,15 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 	}
 }
 
-// refuseRedrive answers a redrive of q that was not carried out with a
-// failure record naming why; the quarantine stays as it was.
-func (s *Sink) refuseRedrive(q *quarantined, why string) {
+// refuseRedrive answers req, a redrive of q that was not carried out, with
+// a failure record naming why (and req's time: the answer to that request,
+// not to a later one); the quarantine stays as it was.
+func (s *Sink) refuseRedrive(q *quarantined, req *QuarantineRecord, why string) {
 	s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", q.Key, "err", why)
 	s.mu.Lock()
 	rec := *q.state
 	s.mu.Unlock()
-	rec.State, rec.Failure = StateFailed, why
+	rec.State, rec.Failure, rec.Requested = StateFailed, why, req.Requested
 	if at, err := s.writeState(s.ctx, q.Key, &rec); err != nil {
 		s.log.Error("redrive: saving the failure", "aggregate", q.Key, "err", err)
 	} else {

@@ -145,3 +145,33 @@ func TestRedriveDeadLetterDeleted(t *testing.T) {
 		t.Fatalf("topic holds k %v, want the parked records", got)
 	}
 }
+
+// TestRedriveAnswersEachRequest: a second request written while the first
+// is carried out is not dropped by the first one's answer, and each command
+// gets its own: the first fails (its dead letter refused again), the
+// second (--skip) lifts the quarantine.
+func TestRedriveAnswersEachRequest(t *testing.T) {
+	ctx := testCtx(t)
+	c, s, _, slow, _ := redriveSetup(ctx, t)
+	slow.Store(true) // the first redrive waits in its republishing
+	sc := stateClient(t, c)
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- sc.Redrive(ctx, "k", false) }()
+	waitUntil(ctx, t, "the first redrive under way", func() bool { return s.Holding("k") })
+	sc2 := stateClient(t, c)
+	go func() { second <- sc2.Redrive(ctx, "k", true) }()
+	stateRecords(ctx, t, c, 3) // quarantined, first request, second request
+	slow.Store(false)
+	if err := <-first; err == nil || !strings.Contains(err.Error(), "POLICY_VIOLATION") {
+		t.Fatalf("first redrive: %v, want its dead letter's refusal", err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("second redrive (--skip): %v, want the quarantine lifted", err)
+	}
+	if got := byKey(consume(ctx, t, c, topic, 2))["k"]; fmt.Sprint(got) != "[0001 0002]" {
+		t.Fatalf("topic holds k %v, want the parked records", got)
+	}
+	if q := s.Quarantined(); len(q) != 0 {
+		t.Fatalf("quarantined %+v, want none", q)
+	}
+}

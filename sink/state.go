@@ -46,6 +46,13 @@ type QuarantineRecord struct {
 // Request reports whether r asks for a redrive (or a skip).
 func (r *QuarantineRecord) Request() bool { return r.State == StateRedrive || r.State == StateSkip }
 
+// answers reports whether r, a failed redrive, answers req: the connector
+// copies the request's time into its answer (an answer without one, from an
+// older version, answers any).
+func (r *QuarantineRecord) answers(req *QuarantineRecord) bool {
+	return r.Requested == nil || req.Requested == nil || r.Requested.Equal(*req.Requested)
+}
+
 // QuarantineSource is the state topic's key prefix of one connector: the
 // cluster, database and slot, as offsets.Identity names them (several
 // connectors may share the topic).

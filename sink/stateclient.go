@@ -116,7 +116,7 @@ func (c *StateClient) Redrive(ctx context.Context, agg string, skip bool) error 
 				return
 			}
 			var got QuarantineRecord
-			if json.Unmarshal(r.Value, &got) == nil && got.State == StateFailed {
+			if json.Unmarshal(r.Value, &got) == nil && got.State == StateFailed && got.answers(rec) {
 				done, answer = true, errors.New(got.Failure)
 			}
 		})
