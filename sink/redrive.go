@@ -304,8 +304,17 @@ func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord, skip bool)
 			to[o.Partition] = o.Offset
 		}
 	})
-	from := maps.Clone(rec.ParkingStart)
+	from := map[int32]int64{}
+	maps.Copy(from, rec.ParkingStart)
 	gone, err := deleted(ctx, s.adm, s.parking, from, to)
+	if err == nil && rec.ParkingTopicID != "" {
+		var id string
+		if id, err = topicIDOf(ctx, s.adm, s.parking); err == nil && id != rec.ParkingTopicID {
+			// Everything parked before is gone; what is parked since is on
+			// the new topic, from its start.
+			gone, from = &GoneError{Topic: s.parking, Recreated: true}, map[int32]int64{}
+		}
+	}
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("read the parked records on %s: %w", s.parking, err)
@@ -331,10 +340,12 @@ func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord, skip bool)
 }
 
 // GoneError names records a redrive needs that the topic deleted: each
-// partition's log starts past where the read begins.
+// partition's log starts past where the read begins, or (Recreated) the
+// topic was deleted and created again.
 type GoneError struct {
-	Topic  string
-	Ranges []GoneRange
+	Topic     string
+	Ranges    []GoneRange
+	Recreated bool
 }
 
 // GoneRange is offsets From to To-1 of Partition, deleted.
@@ -344,6 +355,9 @@ type GoneRange struct {
 }
 
 func (e *GoneError) Error() string {
+	if e.Recreated {
+		return fmt.Sprintf("%s was deleted and created again since the quarantine began: the records parked before are gone", e.Topic)
+	}
 	parts := make([]string, len(e.Ranges))
 	for i, g := range e.Ranges {
 		parts[i] = fmt.Sprintf("partition %d offsets %d-%d", g.Partition, g.From, g.To-1)

@@ -175,3 +175,33 @@ func TestRedriveAnswersEachRequest(t *testing.T) {
 		t.Fatalf("quarantined %+v, want none", q)
 	}
 }
+
+// TestRedriveParkingTopicRecreated: a parking topic deleted and created
+// again since the quarantine began holds none of its parked records: the
+// redrive refuses, naming that, rather than lift the quarantine with
+// nothing republished; --skip lifts it.
+func TestRedriveParkingTopicRecreated(t *testing.T) {
+	ctx := testCtx(t)
+	c, s, refusing, _, _ := redriveSetup(ctx, t)
+	refusing.Store(false)
+	adm := kadm.NewClient(s.Client())
+	if resp, err := adm.DeleteTopics(ctx, parking); err != nil || resp.Error() != nil {
+		t.Fatalf("delete %s: %v %v", parking, err, resp.Error())
+	}
+	waitUntil(ctx, t, "the parking topic created again", func() bool {
+		resp, err := adm.CreateTopic(ctx, 3, 1, nil, parking)
+		return err == nil && resp.Err == nil
+	})
+	sc := stateClient(t, c)
+	err := sc.Redrive(ctx, "k", false)
+	if err == nil || !strings.Contains(err.Error(), "created again") || !strings.Contains(err.Error(), "--skip") {
+		t.Fatalf("redrive after the parking topic was created again: %v, want a refusal saying so and naming --skip", err)
+	}
+	if q := s.Quarantined(); len(q) != 1 {
+		t.Fatalf("quarantined %+v, want k", q)
+	}
+	if err := sc.Redrive(ctx, "k", true); err != nil {
+		t.Fatalf("redrive --skip: %v", err)
+	}
+	consume(ctx, t, c, topic, 0)
+}

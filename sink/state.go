@@ -39,8 +39,11 @@ type QuarantineRecord struct {
 	DLQPartition int32           `json:"dlq_partition"`
 	DLQOffset    int64           `json:"dlq_offset"`
 	ParkingStart map[int32]int64 `json:"parking_start"`
-	Requested    *time.Time      `json:"requested,omitempty"`
-	Failure      string          `json:"failure,omitempty"`
+	// ParkingTopicID is the parking topic's id then ("" if it did not exist
+	// yet): one deleted and created again since holds none of the records.
+	ParkingTopicID string     `json:"parking_topic_id,omitempty"`
+	Requested      *time.Time `json:"requested,omitempty"`
+	Failure        string     `json:"failure,omitempty"`
 }
 
 // Request reports whether r asks for a redrive (or a skip).
@@ -368,7 +371,25 @@ func (s *Sink) parkingStart(ctx context.Context, rec *QuarantineRecord) error {
 			rec.ParkingStart[o.Partition] = o.Offset
 		}
 	})
-	return nil // a parking topic not created yet starts at 0
+	// A parking topic not created yet starts at 0, with no id.
+	rec.ParkingTopicID, err = topicIDOf(ctx, s.adm, s.parking)
+	return err
+}
+
+// topicIDOf is topic's id, "" when it does not exist.
+func topicIDOf(ctx context.Context, adm *kadm.Client, topic string) (string, error) {
+	td, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return "", fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	d, ok := td[topic]
+	switch {
+	case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+		return "", nil
+	case d.Err != nil:
+		return "", fmt.Errorf("metadata of %s: %w", topic, d.Err)
+	}
+	return d.ID.String(), nil
 }
 
 // writeState produces rec (nil: a tombstone) for agg, waits for its
