@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/maphash"
 	"time"
 
@@ -77,18 +78,14 @@ func (b *backfill) passed(pos lsn.LSN) {
 func (b *backfill) fingerprint(ev *decode.Event) uint64 {
 	var h maphash.Hash
 	h.SetSeed(b.seed)
-	h.WriteByte(byte(ev.Table))
+	h.Write(binary.LittleEndian.AppendUint32(nil, uint32(ev.Table)))
 	for _, v := range [...]decode.Value{ev.ID, ev.AggregateType, ev.AggregateID, ev.EventType} {
 		if v.Null {
 			h.WriteByte(0)
 			continue
 		}
-		h.WriteByte(1)
-		var n [4]byte
-		for i := range n {
-			n[i] = byte(len(v.Bytes) >> (8 * i))
-		}
-		h.Write(n[:])
+		h.WriteByte(1) // then the length: no two splits of the bytes hash alike
+		h.Write(binary.LittleEndian.AppendUint32(nil, uint32(len(v.Bytes))))
 		h.Write(v.Bytes)
 	}
 	return h.Sum64()
