@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"log/slog"
 	"strings"
 	"testing"
@@ -55,6 +56,17 @@ func outboxRelation(drop string) pgwire.Wire {
 
 func insert(id string) pgwire.Wire {
 	return pgwire.Insert(outboxID, pgwire.Txt(id), pgwire.Txt("order"), pgwire.Txt("o-1"), pgwire.Txt("Created"), pgwire.Txt(`{"n":1}`))
+}
+
+// backfilled is a backfill done, whose snapshot saw commits before clearAt,
+// that published the rows insert(id) decodes to, for each of ids.
+func backfilled(clearAt lsn.LSN, ids ...string) *backfill {
+	b := &backfill{gapInfo: gapInfo{Since: 0x80}, done: true, published: map[uint64]struct{}{}, seed: maphash.MakeSeed(), clearAt: clearAt}
+	for _, id := range ids {
+		b.record(&decode.Event{ID: decode.Value{Bytes: []byte(id)}, AggregateType: decode.Value{Bytes: []byte("order")},
+			AggregateID: decode.Value{Bytes: []byte("o-1")}, EventType: decode.Value{Bytes: []byte("Created")}})
+	}
+	return b
 }
 
 // txn is one whole transaction committing at final, ending at final+0x10.
@@ -335,14 +347,34 @@ func TestProcess(t *testing.T) {
 		},
 		want: []string{"m1"},
 	}, {
-		name: "the backfill's transactions are not published twice",
-		plan: plan{backfill: &backfill{gapInfo: gapInfo{Since: 0x80}, done: true, skip: map[uint32]bool{7: true}}},
+		name: "the backfill's rows are not published twice",
+		plan: plan{backfill: backfilled(0x300, "backfilled")},
 		run: func(h *harness) {
 			h.data(txn(0x100, 7, outboxRelation(""), insert("backfilled"))...)
 			h.data(txn(0x200, 8, insert("e2"))...)
 			h.acked(0x210)
 		},
 		want: []string{"e2"},
+	}, {
+		name: "a backfilled transaction's messages and rows not read back are published",
+		tune: func(c *Config) { c.MessagePrefix = "outbox" },
+		plan: plan{backfill: backfilled(0x300, "backfilled")},
+		run: func(h *harness) {
+			h.data(txn(0x100, 7, outboxRelation(""), insert("backfilled"), insert("deleted-since"),
+				pgwire.Message(true, 0x101, "outbox",
+					[]byte(`{"id":"m1","aggregate_type":"order","aggregate_id":"o-1","event_type":"Created","payload":{"n":1}}`)))...)
+			h.acked(0x110)
+		},
+		want: []string{"deleted-since", "m1"},
+	}, {
+		name: "past the backfill's snapshot nothing is skipped",
+		plan: plan{backfill: backfilled(0x200, "backfilled")},
+		run: func(h *harness) {
+			h.data(txn(0x100, 7, outboxRelation(""), insert("e1"))...)
+			h.data(txn(0x200, 8, insert("backfilled"))...)
+			h.acked(0x210)
+		},
+		want: []string{"e1", "backfilled"},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

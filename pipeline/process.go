@@ -41,7 +41,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 	dec := decode.NewTablesDecoder(p.mappings(pl.relIDs))
 	var (
 		txn        *offsets.Txn
-		skip       bool // transaction delivered before (below the start, or backfilled)
+		skip       bool // transaction delivered before (below the start)
 		commitTime time.Time
 		xid        uint32
 		txnFinal   lsn.LSN    // commit LSN of the open transaction
@@ -107,7 +107,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 				txnFinal = res.Begin.FinalLSN
 				// PostgreSQL skips these when streaming starts at the checkpoint;
 				// this also covers a reconnect that resumed lower.
-				skip = res.Begin.FinalLSN < pl.start || bf.delivered(res.Begin.Xid)
+				skip = res.Begin.FinalLSN < pl.start
 				commitTime, xid = res.Begin.CommitTime, res.Begin.Xid
 				p.m.Transactions.Inc()
 			case decode.KindCommit:
@@ -118,6 +118,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 				p.endTxn(res.Commit.EndLSN)
 				p.commits.Add(res.Commit.EndLSN, commitTime)
 				dispatched = max(dispatched, res.Commit.EndLSN)
+				bf.passed(dispatched)
 				p.replayAt.Store(uint64(res.Commit.EndLSN))
 				txn = nil
 			case decode.KindRelation:
@@ -136,8 +137,8 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 				if txn == nil {
 					return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
 				}
-				if skip {
-					continue
+				if skip || bf.delivered(txnFinal, &res.Event) {
+					continue // a row the backfill read: only rows, never the transaction's messages
 				}
 				src := router.Source{Commit: commitTime, Xid: xid, LSN: m.WALStart}
 				if err := p.publish(produceCtx, txn, src, &res.Event, m.Data, &rec); err != nil {

@@ -25,7 +25,7 @@ func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.E
 	defer rows.Close()
 
 	txn := p.tracker.Begin()
-	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Snapshot })
+	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Snapshot }, nil)
 	if err != nil {
 		return err
 	}

@@ -187,8 +187,9 @@ type Gap struct {
 	// ClearAt is a WAL position past the commit of every row read: once the
 	// watermark passes it, the gap is repaired.
 	ClearAt lsn.LSN
-	// Xids are the (32-bit) ids of the transactions that wrote the rows:
-	// the stream decodes some of them too, and they are delivered already.
+	// Xids are the (32-bit) ids that wrote the rows (a subtransaction's for
+	// a row inserted in a savepoint), for the log: the stream matches rows,
+	// not transactions (pipeline/backfill.go).
 	Xids map[uint32]bool
 }
 

@@ -94,7 +94,9 @@ func (s *Sink) follow(key string, r *kgo.Record) {
 	}
 	rec.Key = key
 	s.mu.Lock()
-	added := s.quarantined[key] == nil
+	// A request adds no quarantine: one for a key not in the set was
+	// written for a quarantine lifted since, and is answered as such.
+	added := s.quarantined[key] == nil && !rec.Request()
 	if added {
 		s.quarantined[key] = &quarantined{Quarantine: rec.Quarantine, state: &rec, stateAt: r.Offset}
 	}
@@ -103,9 +105,12 @@ func (s *Sink) follow(key string, r *kgo.Record) {
 	if added {
 		s.reportQuarantines("", n)
 	}
-	if rec.Request() {
+	switch p := st.pending[key]; {
+	case rec.Request():
 		st.pending[key] = &rec
-	} else {
+	case rec.State == StateFailed && p != nil && !rec.answers(p):
+		// The answer to an earlier request: this one is still to do.
+	default:
 		delete(st.pending, key)
 	}
 }
@@ -129,6 +134,14 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 		}
 		return
 	}
+	if first := q.state.FirstID; first != req.FirstID {
+		// Written for a quarantine lifted since: its --skip (or its
+		// parking start) is not this one's.
+		s.mu.Unlock()
+		s.refuseRedrive(q, req, fmt.Sprintf("the request was for the quarantine that began with event %s, lifted since; "+
+			"the aggregate's quarantine now began with event %s: check outbox-cdc redrive --list, then ask again", req.FirstID, first))
+		return
+	}
 	q.holding = true
 	rec := *q.state // where the quarantine's records are, as this connector saved it
 	s.mu.Unlock()
@@ -144,17 +157,8 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 		return // the request stays: the next start carries it out again
 	}
 	if err != nil {
-		s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", key, "err", err)
-		rec.State, rec.Failure = StateFailed, err.Error()
-		if at, werr := s.writeState(s.ctx, key, &rec); werr != nil {
-			s.log.Error("redrive: saving the failure", "aggregate", key, "err", werr)
-		} else {
-			s.mu.Lock()
-			q.state, q.stateAt = &rec, at
-			s.mu.Unlock()
-		}
+		s.refuseRedrive(q, req, err.Error())
 		s.releaseHeld(q, passPark, false)
-		s.countRedrive(RedriveFailed)
 		return
 	}
 	if !s.state.owns() { // another process may be parking the key's events now
@@ -179,6 +183,25 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 	}
 }
 
+// refuseRedrive answers req, a redrive of q that was not carried out, with
+// a failure record naming why (and req's time: the answer to that request,
+// not to a later one); the quarantine stays as it was.
+func (s *Sink) refuseRedrive(q *quarantined, req *QuarantineRecord, why string) {
+	s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", q.Key, "err", why)
+	s.mu.Lock()
+	rec := *q.state
+	s.mu.Unlock()
+	rec.State, rec.Failure, rec.Requested = StateFailed, why, req.Requested
+	if at, err := s.writeState(s.ctx, q.Key, &rec); err != nil {
+		s.log.Error("redrive: saving the failure", "aggregate", q.Key, "err", err)
+	} else {
+		s.mu.Lock()
+		q.state, q.stateAt = &rec, at
+		s.mu.Unlock()
+	}
+	s.countRedrive(RedriveFailed)
+}
+
 func (s *Sink) countRedrive(result string) {
 	s.mu.Lock()
 	n := len(s.quarantined)
@@ -199,7 +222,7 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 		}
 		out = append(out, dl)
 	}
-	parked, err := s.readParked(ctx, rec)
+	parked, err := s.readParked(ctx, rec, skip)
 	if err != nil {
 		return 0, err
 	}
@@ -235,13 +258,20 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 // readDeadLetter reads the quarantine's dead letter and restores the
 // event: its own topic, its headers without error and topic.
 func (s *Sink) readDeadLetter(ctx context.Context, rec *QuarantineRecord) (*kgo.Record, error) {
+	from := map[int32]int64{rec.DLQPartition: rec.DLQOffset}
+	to := map[int32]int64{rec.DLQPartition: rec.DLQOffset + 1}
+	gone, err := deleted(ctx, s.adm, s.dlq, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("read the dead letter at %s/%d@%d: %w", s.dlq, rec.DLQPartition, rec.DLQOffset, err)
+	}
 	var dl *kgo.Record
-	err := readRange(ctx, s.consumerOpts, s.dlq, map[int32]int64{rec.DLQPartition: rec.DLQOffset},
-		map[int32]int64{rec.DLQPartition: rec.DLQOffset + 1}, func(r *kgo.Record) {
+	if gone == nil {
+		err = readRange(ctx, s.consumerOpts, s.dlq, from, to, func(r *kgo.Record) {
 			if r.Offset == rec.DLQOffset {
 				dl = r
 			}
 		})
+	}
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("read the dead letter at %s/%d@%d: %w", s.dlq, rec.DLQPartition, rec.DLQOffset, err)
@@ -260,8 +290,10 @@ func (s *Sink) readDeadLetter(ctx context.Context, rec *QuarantineRecord) (*kgo.
 }
 
 // readParked reads the quarantine's parked records, from where the parking
-// partitions ended when it began to where they end now.
-func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord) ([]*kgo.Record, error) {
+// partitions ended when it began to where they end now. Records deleted
+// from there (retention) refuse the redrive, naming them, unless skip: the
+// operator then lifts it without them (and without the dead letter).
+func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord, skip bool) ([]*kgo.Record, error) {
 	ends, err := s.adm.ListEndOffsets(ctx, s.parking)
 	if err != nil {
 		return nil, fmt.Errorf("end offsets of %s: %w", s.parking, err)
@@ -272,8 +304,31 @@ func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord) ([]*kgo.Re
 			to[o.Partition] = o.Offset
 		}
 	})
+	from := map[int32]int64{}
+	maps.Copy(from, rec.ParkingStart)
+	gone, err := deleted(ctx, s.adm, s.parking, from, to)
+	if err == nil && rec.ParkingTopicID != "" {
+		var id string
+		if id, err = topicIDOf(ctx, s.adm, s.parking); err == nil && id != rec.ParkingTopicID {
+			// Everything parked before is gone; what is parked since is on
+			// the new topic, from its start.
+			gone, from = &GoneError{Topic: s.parking, Recreated: true}, map[int32]int64{}
+		}
+	}
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("read the parked records on %s: %w", s.parking, err)
+	case gone != nil && !skip:
+		return nil, fmt.Errorf("%w: the quarantine's events among them cannot be republished; publish those yourself "+
+			"(the outbox table has them), then redrive with --skip to lift the quarantine without them and without the dead letter", gone)
+	case gone != nil:
+		s.log.Warn("redrive --skip: parked records deleted before the redrive are not republished", "aggregate", rec.Key, "deleted", gone.Error())
+		for _, g := range gone.Ranges {
+			from[g.Partition] = g.To
+		}
+	}
 	var out []*kgo.Record
-	err = readRange(ctx, s.consumerOpts, s.parking, rec.ParkingStart, to, func(r *kgo.Record) {
+	err = readRange(ctx, s.consumerOpts, s.parking, from, to, func(r *kgo.Record) {
 		if string(r.Key) == rec.Key && headerValue(r, HeaderQuarantine) == rec.FirstID {
 			out = append(out, restored(r, headerValue(r, wire.HeaderTopic), HeaderQuarantine))
 		}
@@ -282,6 +337,55 @@ func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord) ([]*kgo.Re
 		return nil, fmt.Errorf("read the parked records on %s: %w", s.parking, err)
 	}
 	return out, nil
+}
+
+// GoneError names records a redrive needs that the topic deleted: each
+// partition's log starts past where the read begins, or (Recreated) the
+// topic was deleted and created again.
+type GoneError struct {
+	Topic     string
+	Ranges    []GoneRange
+	Recreated bool
+}
+
+// GoneRange is offsets From to To-1 of Partition, deleted.
+type GoneRange struct {
+	Partition int32
+	From, To  int64
+}
+
+func (e *GoneError) Error() string {
+	if e.Recreated {
+		return fmt.Sprintf("%s was deleted and created again since the quarantine began: the records parked before are gone", e.Topic)
+	}
+	parts := make([]string, len(e.Ranges))
+	for i, g := range e.Ranges {
+		parts[i] = fmt.Sprintf("partition %d offsets %d-%d", g.Partition, g.From, g.To-1)
+	}
+	return fmt.Sprintf("records of %s were deleted (retention.ms?) before this redrive: %s", e.Topic, strings.Join(parts, ", "))
+}
+
+// deleted lists, for each partition of topic read from from[p] (0 when
+// missing) up to to[p], the offsets below its log start: nil when none.
+func deleted(ctx context.Context, adm *kadm.Client, topic string, from, to map[int32]int64) (*GoneError, error) {
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("start offsets of %s: %w", topic, err)
+	}
+	gone := &GoneError{Topic: topic}
+	for _, p := range slices.Sorted(maps.Keys(to)) {
+		o, ok := starts.Lookup(topic, p)
+		if !ok || o.Err != nil {
+			return nil, fmt.Errorf("start offset of %s/%d: %v", topic, p, o.Err)
+		}
+		if f := from[p]; f < to[p] && o.Offset > f {
+			gone.Ranges = append(gone.Ranges, GoneRange{Partition: p, From: f, To: min(o.Offset, to[p])})
+		}
+	}
+	if len(gone.Ranges) == 0 {
+		return nil, nil
+	}
+	return gone, nil
 }
 
 // restored is the event r carries with first and topic (the headers the
@@ -295,7 +399,9 @@ func restored(r *kgo.Record, topic, first string) *kgo.Record {
 }
 
 // readRange reads topic's partitions from from[p] (0 when missing) up to
-// to[p], exclusive, calling fn in offset order for each partition.
+// to[p], exclusive, calling fn in offset order for each partition. Records
+// deleted before they are read are an error (OFFSET_OUT_OF_RANGE): a reset
+// to the log start would skip them, or wait for ever on a log emptied.
 func readRange(ctx context.Context, opts func(...kgo.Opt) []kgo.Opt, topic string, from, to map[int32]int64, fn func(*kgo.Record)) error {
 	parts := map[int32]kgo.Offset{}
 	left := map[int32]int64{}
@@ -308,7 +414,8 @@ func readRange(ctx context.Context, opts func(...kgo.Opt) []kgo.Opt, topic strin
 	if len(parts) == 0 {
 		return nil
 	}
-	cl, err := kgo.NewClient(opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))...)
+	cl, err := kgo.NewClient(opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}),
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()))...)
 	if err != nil {
 		return err
 	}
@@ -323,129 +430,16 @@ func readRange(ctx context.Context, opts func(...kgo.Opt) []kgo.Opt, topic strin
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			end, ok := left[r.Partition]
-			if !ok || r.Offset >= end {
+			if !ok {
 				return
 			}
-			fn(r)
-			if r.Offset+1 >= end {
+			if r.Offset < end {
+				fn(r)
+			}
+			if r.Offset+1 >= end { // past end too: offsets need not be contiguous
 				delete(left, r.Partition)
 			}
 		})
 	}
 	return nil
-}
-
-// StateClient reads and writes the quarantine state topic for the
-// command line (outbox-cdc redrive).
-type StateClient struct {
-	cl     *kgo.Client
-	adm    *kadm.Client
-	topic  string
-	source string
-}
-
-// NewStateClient connects to cfg's cluster for cfg.QuarantineTopic and the
-// keys of cfg.QuarantineSource.
-func NewStateClient(cfg Config) (*StateClient, error) {
-	// The sink's partitioner: a request lands in its key's partition, where
-	// the connector's answer follows it.
-	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID),
-		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
-		kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil))}, cfg.Opts...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
-	}
-	return &StateClient{cl: cl, adm: kadm.NewClient(cl), topic: cfg.QuarantineTopic, source: cfg.QuarantineSource}, nil
-}
-
-// Close closes the client.
-func (c *StateClient) Close() { c.cl.Close() }
-
-// List returns this connector's quarantines as the state topic holds them.
-func (c *StateClient) List(ctx context.Context) (map[string]*QuarantineRecord, error) {
-	cons, err := kgo.NewClient(c.opts(kgo.ConsumeTopics(c.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
-	}
-	defer cons.Close()
-	latest, err := readState(ctx, c.adm, cons, c.topic, c.source)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]*QuarantineRecord, len(latest))
-	for k, l := range latest {
-		out[k] = l.rec
-	}
-	return out, nil
-}
-
-func (c *StateClient) opts(extra ...kgo.Opt) []kgo.Opt {
-	return append(c.cl.Opts(), extra...)
-}
-
-// ErrNotQuarantined is a redrive of an aggregate that is not quarantined.
-var ErrNotQuarantined = errors.New("the aggregate is not quarantined")
-
-// Redrive asks the connector to lift agg's quarantine (skip: without
-// republishing the dead letter) and waits, until ctx ends, for its answer:
-// nil once lifted, the failure record's reason, or ctx's error while the
-// request is pending (it stays, for the connector to carry out).
-func (c *StateClient) Redrive(ctx context.Context, agg string, skip bool) error {
-	all, err := c.List(ctx)
-	if err != nil {
-		return err
-	}
-	rec, ok := all[agg]
-	if !ok {
-		return ErrNotQuarantined
-	}
-	now := time.Now().UTC()
-	rec.State, rec.Requested, rec.Failure = StateRedrive, &now, ""
-	if skip {
-		rec.State = StateSkip
-	}
-	key := c.source + "/" + agg
-	v, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	res := c.cl.ProduceSync(ctx, &kgo.Record{Topic: c.topic, Key: []byte(key), Value: v, Partition: -1})
-	req, err := res.First()
-	if err != nil {
-		return fmt.Errorf("write the request to %s: %w", c.topic, err)
-	}
-	cons, err := kgo.NewClient(c.opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
-		c.topic: {req.Partition: kgo.NewOffset().At(req.Offset + 1)}}))...)
-	if err != nil {
-		return fmt.Errorf("kafka client: %w", err)
-	}
-	defer cons.Close()
-	for {
-		fs := cons.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("no answer yet; the request stays pending: %w", err)
-		}
-		if err := fetchErr(fs); err != nil {
-			return fmt.Errorf("read %s: %w", c.topic, err)
-		}
-		var answer error
-		done := false
-		fs.EachRecord(func(r *kgo.Record) {
-			if done || string(r.Key) != key {
-				return
-			}
-			if r.Value == nil {
-				done = true
-				return
-			}
-			var got QuarantineRecord
-			if json.Unmarshal(r.Value, &got) == nil && got.State == StateFailed {
-				done, answer = true, errors.New(got.Failure)
-			}
-		})
-		if done {
-			return answer
-		}
-	}
 }

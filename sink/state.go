@@ -39,12 +39,22 @@ type QuarantineRecord struct {
 	DLQPartition int32           `json:"dlq_partition"`
 	DLQOffset    int64           `json:"dlq_offset"`
 	ParkingStart map[int32]int64 `json:"parking_start"`
-	Requested    *time.Time      `json:"requested,omitempty"`
-	Failure      string          `json:"failure,omitempty"`
+	// ParkingTopicID is the parking topic's id then ("" if it did not exist
+	// yet): one deleted and created again since holds none of the records.
+	ParkingTopicID string     `json:"parking_topic_id,omitempty"`
+	Requested      *time.Time `json:"requested,omitempty"`
+	Failure        string     `json:"failure,omitempty"`
 }
 
 // Request reports whether r asks for a redrive (or a skip).
 func (r *QuarantineRecord) Request() bool { return r.State == StateRedrive || r.State == StateSkip }
+
+// answers reports whether r, a failed redrive, answers req: the connector
+// copies the request's time into its answer (an answer without one, from an
+// older version, answers any).
+func (r *QuarantineRecord) answers(req *QuarantineRecord) bool {
+	return r.Requested == nil || req.Requested == nil || r.Requested.Equal(*req.Requested)
+}
 
 // QuarantineSource is the state topic's key prefix of one connector: the
 // cluster, database and slot, as offsets.Identity names them (several
@@ -100,11 +110,6 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 		return nil
 	}
 	s.started.Store(true)
-	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
-	if err != nil {
-		return fmt.Errorf("quarantine topic consumer: %w", err)
-	}
-	st.cons = cons
 	first, cancel := context.WithTimeout(ctx, 10*time.Second)
 	latest, err := s.readStateTopic(first)
 	cancel()
@@ -114,7 +119,7 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 		s.restore(latest)
 		return nil
 	case errors.As(err, &nc) || ctx.Err() != nil:
-		return err // Close closes the consumer
+		return err
 	}
 	s.log.Warn("kafka: cannot read the quarantine topic yet; records wait until the quarantined aggregates are restored",
 		"topic", st.name, "err", err)
@@ -126,12 +131,26 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 	return nil
 }
 
-// readStateTopic creates or checks the state topic and reads it to its end.
+// readStateTopic creates or checks the state topic and reads it to its end
+// with a consumer of its own from the start: an attempt that failed may
+// have read part of the topic. On success the consumer is the one
+// redriveLoop follows the topic with, from where the read ended.
 func (s *Sink) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
 	if err := s.ensureStateTopic(ctx); err != nil {
 		return nil, err
 	}
-	return readState(ctx, s.adm, s.state.cons, s.state.name, s.state.source)
+	st := s.state
+	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
+	if err != nil {
+		return nil, fmt.Errorf("quarantine topic consumer: %w", err)
+	}
+	latest, err := readState(ctx, s.adm, cons, st.name, st.source)
+	if err != nil {
+		cons.Close()
+		return nil, err
+	}
+	st.cons = cons // closed by Close, after the restore and the loop
+	return latest, nil
 }
 
 // restoreLater retries the restore until it succeeds or the sink closes;
@@ -352,7 +371,25 @@ func (s *Sink) parkingStart(ctx context.Context, rec *QuarantineRecord) error {
 			rec.ParkingStart[o.Partition] = o.Offset
 		}
 	})
-	return nil // a parking topic not created yet starts at 0
+	// A parking topic not created yet starts at 0, with no id.
+	rec.ParkingTopicID, err = topicIDOf(ctx, s.adm, s.parking)
+	return err
+}
+
+// topicIDOf is topic's id, "" when it does not exist.
+func topicIDOf(ctx context.Context, adm *kadm.Client, topic string) (string, error) {
+	td, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return "", fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	d, ok := td[topic]
+	switch {
+	case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+		return "", nil
+	case d.Err != nil:
+		return "", fmt.Errorf("metadata of %s: %w", topic, d.Err)
+	}
+	return d.ID.String(), nil
 }
 
 // writeState produces rec (nil: a tombstone) for agg, waits for its

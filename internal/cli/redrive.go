@@ -25,7 +25,7 @@ type redriveOpts struct {
 
 func (o *redriveOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.aggregate, "aggregate", "", "the quarantined aggregate (record key) to redrive")
-	fs.BoolVar(&o.skip, "skip", false, "lift the quarantine without republishing the dead-lettered event")
+	fs.BoolVar(&o.skip, "skip", false, "lift the quarantine without republishing the dead-lettered event, nor parked events retention deleted")
 	fs.DurationVar(&o.wait, "wait", 2*time.Minute, "how long to wait for the connector's answer; the request stays pending after it")
 	fs.BoolVar(&o.list, "list", false, "list the quarantined aggregates")
 	fs.BoolVar(&o.json, "json", false, "with --list: print JSON")
