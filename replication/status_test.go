@@ -206,3 +206,70 @@ func TestStreamTimelineFork(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamServerRestored: a reconnect that reaches the same server with
+// its WAL ending before the position streaming would resume at (a data
+// directory restored from an older copy) stops with a fatal error instead of
+// START_REPLICATION there; a WAL end at the position resumes.
+func TestStreamServerRestored(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		walEnd lsn.LSN
+		fatal  bool
+	}{
+		{"restored to before the resume position", 0x10F, true},
+		{"at the resume position", 0x110, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			f := newFakeWalsender(t)
+			s := newTestStream(f, func(c *Config) {
+				c.StartLSN = 0x50
+				c.BackoffMax = time.Millisecond
+			})
+			out := make(chan *Batch, 16)
+			done := make(chan error, 1)
+			go func() { done <- s.Run(ctx, out) }()
+			w := next(t, ctx, f, out)
+			f.restore(tt.walEnd)
+			w.c.Close()
+			for {
+				select {
+				case b := <-out:
+					if !resumeAt(b, 0x110) {
+						b.Release()
+						continue
+					}
+				case err := <-done:
+					t.Fatalf("Run ended before the reconnect: %v", err)
+				case <-ctx.Done():
+					t.Fatal("no Reset after the connection was lost")
+				}
+				break
+			}
+			if !tt.fatal {
+				w = next(t, ctx, f, out)
+				if !strings.Contains(w.start, " 0/110") {
+					t.Fatalf("START_REPLICATION %q, want it at 0/110", w.start)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				return
+			}
+			var fe *FatalError
+			select {
+			case err := <-done:
+				if !errors.As(err, &fe) || fe.Reason != "server_rewound" || !strings.Contains(err.Error(), "0/10F") {
+					t.Fatalf("Run: %v, want a server_rewound fatal error naming the WAL end 0/10F", err)
+				}
+			case w := <-f.conns:
+				t.Fatalf("streaming restarted past the restored WAL: %q", w.start)
+			case <-ctx.Done():
+				t.Fatal("Run did not stop")
+			}
+		})
+	}
+}

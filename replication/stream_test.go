@@ -32,8 +32,17 @@ type fakeWalsender struct {
 	wg    sync.WaitGroup
 
 	mu       sync.Mutex
-	timeline int32  // IDENTIFY_SYSTEM's timeline; 0 means 1
-	history  string // TIMELINE_HISTORY's content for the current timeline
+	timeline int32   // IDENTIFY_SYSTEM's timeline; 0 means 1
+	history  string  // TIMELINE_HISTORY's content for the current timeline
+	walEnd   lsn.LSN // IDENTIFY_SYSTEM's xlogpos; 0 means FF/0, past all the tests send
+}
+
+// restore makes the server's WAL end at walEnd, as a data directory
+// restored from an older copy does.
+func (f *fakeWalsender) restore(walEnd lsn.LSN) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.walEnd = walEnd
 }
 
 // promote moves the server to timeline tli with the given history file.
@@ -47,13 +56,16 @@ func (f *fakeWalsender) promote(tli int32, history string) {
 // (text format, as pglogrepl reads them); false for START_REPLICATION.
 func (f *fakeWalsender) command(be *pgproto3.Backend, q string) bool {
 	f.mu.Lock()
-	tli, history := max(f.timeline, 1), f.history
+	tli, history, walEnd := max(f.timeline, 1), f.history, f.walEnd
 	f.mu.Unlock()
+	if walEnd == 0 {
+		walEnd = 0xFF00000000
+	}
 	var names, values []string
 	switch {
 	case q == "IDENTIFY_SYSTEM":
 		names = []string{"systemid", "timeline", "xlogpos", "dbname"}
-		values = []string{"7300000000000000001", fmt.Sprint(tli), "0/0", "d"}
+		values = []string{"7300000000000000001", fmt.Sprint(tli), walEnd.String(), "d"}
 	case strings.HasPrefix(q, "TIMELINE_HISTORY"):
 		names = []string{"filename", "content"}
 		values = []string{fmt.Sprintf("%08X.history", tli), history}
