@@ -24,6 +24,11 @@
 //	[]byte                                  raw bytes, sent as they are
 //	anything else                           marshalled with encoding/json
 //
+// A payload whose JSON is null (a typed nil such as (*Order)(nil), or
+// json.RawMessage("null")) is refused with ErrInvalidEvent by Write and
+// Emit alike: it is ambiguous between a value and a tombstone, and a
+// tombstone deletes the key on a compacted topic.
+//
 // (A Go string is therefore sent as a JSON string, quotes included; pass JSON
 // text you already have as json.RawMessage.)
 //
@@ -33,6 +38,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -340,6 +346,9 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 			if !json.Valid(p) {
 				return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
 			}
+			if err := notNull(p); err != nil {
+				return nil, err
+			}
 			m.Payload = p
 		}
 	case []byte:
@@ -351,6 +360,9 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 		b, err := json.Marshal(p)
 		if err != nil {
 			return nil, fmt.Errorf("%w: marshal payload: %v", ErrInvalidEvent, err)
+		}
+		if err := notNull(b); err != nil {
+			return nil, err
 		}
 		m.Payload = b
 	}
@@ -416,10 +428,13 @@ func payloadBytes(p any) ([]byte, error) {
 	case nil:
 		return nil, nil
 	case json.RawMessage:
-		if p != nil && !json.Valid(p) {
+		if p == nil {
+			return nil, nil
+		}
+		if !json.Valid(p) {
 			return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
 		}
-		return p, nil
+		return p, notNull(p)
 	case []byte:
 		return p, nil
 	default:
@@ -427,8 +442,19 @@ func payloadBytes(p any) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: marshal payload: %v", ErrInvalidEvent, err)
 		}
-		return b, nil
+		return b, notNull(b)
 	}
+}
+
+// notNull refuses a payload whose JSON is null (a typed nil pointer, map or
+// slice, json.RawMessage("null")). Write would store a JSON null value and
+// Emit a tombstone, which deletes the key on a compacted topic: rather than
+// two meanings, neither. A tombstone is an untyped nil payload.
+func notNull(b []byte) error {
+	if string(bytes.TrimSpace(b)) == "null" {
+		return fmt.Errorf("%w: payload is JSON null (a typed nil?): pass a nil payload for a tombstone", ErrInvalidEvent)
+	}
+	return nil
 }
 
 // Write inserts e into public.outbox (contract column names) inside tx.

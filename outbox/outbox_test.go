@@ -183,3 +183,23 @@ func TestEmitFormat(t *testing.T) {
 		t.Fatalf("content %s", s)
 	}
 }
+
+// TestNullPayloadOneMeaning: a payload that is or encodes to JSON null (a
+// typed nil pointer, map or slice, json.RawMessage("null")) was a JSON null
+// value through Write and a tombstone, which deletes the key on a compacted
+// topic, through Emit. Both now refuse it: a tombstone is an untyped nil.
+func TestNullPayloadOneMeaning(t *testing.T) {
+	type order struct{ ID string }
+	ctx := context.Background()
+	for _, p := range []any{(*order)(nil), map[string]int(nil), []string(nil), json.RawMessage(`null`), json.RawMessage(` null `)} {
+		e := Event{AggregateType: "a", AggregateID: "b", EventType: "c", Payload: p}
+		tx := &fakeTx{}
+		werr, eerr := Write(ctx, tx, e), Emit(ctx, tx, e)
+		if !errors.Is(werr, ErrInvalidEvent) || !errors.Is(eerr, ErrInvalidEvent) {
+			t.Errorf("payload %#v: Write = %v, Emit = %v; want ErrInvalidEvent from both", p, werr, eerr)
+		}
+		if len(tx.args) != 0 {
+			t.Errorf("payload %#v: %d statements run", p, len(tx.args))
+		}
+	}
+}
