@@ -57,6 +57,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
@@ -110,6 +111,11 @@ type Config struct {
 	// Consumer is the consumer_name stored with each event id, so services
 	// sharing an inbox table keep separate records. Default: Group.
 	Consumer string
+	// IDHeader names a header holding the event id, read when a record has
+	// neither the "id" header nor a CloudEvents id: for a connector whose
+	// outbox.standard_headers leaves id out and places the id column in
+	// another header (outbox.fields). Default: none.
+	IDHeader string
 	// Table is the inbox table, "table" or "schema.table" (see Schema).
 	// Default "inbox".
 	Table string
@@ -356,17 +362,37 @@ func (c *Consumer) commit(ctx context.Context, recs []*kgo.Record) error {
 	return nil
 }
 
-// EventID returns the id the inbox stores for rec: its event id (EventOf;
-// the "id" header of a structured CloudEvent that cannot be read), or
-// "<topic>/<partition>/<offset>" when it has none.
+// EventID returns the id the inbox stores for rec (its dedupe key): the
+// event id (EventOf: the CloudEvents id, else the "id" header). The
+// CloudEvents id of a record that does not also carry it as its "id" header
+// (outbox-cdc sets that header on every record in every format) is keyed
+// "<source> <id>", the pair the specification makes unique: two producers
+// may use the same ids. A record without an id gets
+// "<topic>/<partition>/<offset>", which protects only against a redelivery
+// of that same offset (and collides once a topic is deleted and created
+// again).
 func EventID(rec *kgo.Record) string {
 	ev, _ := EventOf(rec)
-	return eventID(rec, ev.ID)
+	return dedupeKey(rec, ev, "")
 }
 
-func eventID(rec *kgo.Record, id string) string {
-	if id != "" {
-		return id
+// EventID is the package's EventID with the consumer's Config.IDHeader.
+func (c *Consumer) EventID(rec *kgo.Record) string {
+	ev, _ := EventOf(rec)
+	return dedupeKey(rec, ev, c.cfg.IDHeader)
+}
+
+func dedupeKey(rec *kgo.Record, ev Event, idHeader string) string {
+	if ev.ID != "" {
+		if plain, _ := Header(rec, wire.HeaderID); ev.Source != "" && plain != ev.ID {
+			return ev.Source + " " + ev.ID // a source is a URI reference: no space in it
+		}
+		return ev.ID
+	}
+	if idHeader != "" {
+		if id, _ := Header(rec, idHeader); id != "" {
+			return id
+		}
 	}
 	return fmt.Sprintf("%s/%d/%d", rec.Topic, rec.Partition, rec.Offset)
 }

@@ -207,7 +207,7 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 // HandlerTimeout.
 func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) (ev Event, id string, dup bool, err error) {
 	ev, _ = EventOf(rec) // unreadable: the handler's EventOf says so
-	id = eventID(rec, ev.ID)
+	id = dedupeKey(rec, ev, c.cfg.IDHeader)
 	ctx, span := c.trace.start(ctx, rec, id)
 	defer func() { end(span, dup, err) }()
 	actx := ctx
