@@ -56,8 +56,9 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
-// TableDDL creates the contract's outbox table with the default names. It is
-// the statement in sql/outbox.sql (a test keeps the two equal).
+// TableDDL creates the contract's outbox table with the default names and
+// its index on created_at (which verify --since and cleanup select by). It is
+// sql/outbox.sql (a test keeps the two equal).
 const TableDDL = `CREATE TABLE IF NOT EXISTS outbox (
   id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
   aggregate_type text        NOT NULL,
@@ -65,7 +66,8 @@ const TableDDL = `CREATE TABLE IF NOT EXISTS outbox (
   event_type     text        NOT NULL,
   payload        jsonb,
   created_at     timestamptz NOT NULL DEFAULT now()
-);`
+);
+CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);`
 
 // Defaults, as in the outbox-cdc contract.
 const (
