@@ -178,6 +178,7 @@ type Consumer struct {
 	cl        *kgo.Client
 	insert    string
 	dead      string // INSERT of a parked record
+	version   string // upsert of ApplyVersion
 	m         consumerMetrics
 	log       *slog.Logger
 	rebalance chan struct{}
@@ -237,6 +238,10 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	versionTable, err := quoteTable(VersionTable(cfg.Table))
+	if err != nil {
+		return nil, err
+	}
 	vecs, err := registerMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -246,6 +251,7 @@ func New(cfg Config) (*Consumer, error) {
 		insert: "INSERT INTO " + table + ` (event_id, consumer_name, event_type, topic, kafka_partition, kafka_offset)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
 		dead:      deadInsertSQL(deadTable),
+		version:   versionSQL(versionTable),
 		m:         vecs.with(cfg.Consumer),
 		log:       cfg.Logger.With("consumer", cfg.Consumer),
 		rebalance: make(chan struct{}, 1),

@@ -83,7 +83,7 @@ func TestNewValidatesAndSharesMetrics(t *testing.T) {
 	for _, mf := range mfs {
 		series[mf.GetName()] = len(mf.GetMetric())
 	}
-	for _, n := range []string{MetricProcessed, MetricDuplicates, MetricFailed, MetricDead, MetricHandler} {
+	for _, n := range []string{MetricProcessed, MetricDuplicates, MetricFailed, MetricDead, MetricHandler, MetricProcessing} {
 		if series[n] != 2 {
 			t.Errorf("%s: %d series, want 2 (one per consumer)", n, series[n])
 		}

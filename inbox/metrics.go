@@ -13,16 +13,17 @@ const (
 	MetricFailed     = "outbox_inbox_failed_total"
 	MetricHandler    = "outbox_inbox_handler_seconds"
 	MetricDead       = "outbox_inbox_dead_total"
+	MetricProcessing = "outbox_inbox_processing_seconds"
 )
 
 type metricVecs struct {
 	processed, duplicates, failed, dead *prometheus.CounterVec
-	handler                             *prometheus.HistogramVec
+	handler, processing                 *prometheus.HistogramVec
 }
 
 type consumerMetrics struct {
 	processed, duplicates, failed, dead prometheus.Counter
-	handler                             prometheus.Observer
+	handler, processing                 prometheus.Observer
 }
 
 func newVecs() metricVecs {
@@ -38,6 +39,9 @@ func newVecs() metricVecs {
 			Help: "Records parked in the dead-letter table (inbox.Poison, Config.MaxAttempts)."}, label),
 		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricHandler,
 			Help:    "Time spent in the handler per attempt.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, label),
+		processing: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricProcessing,
+			Help:    "Time per delivery attempt including the transaction's begin, the inbox insert and the commit.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, label),
 	}
 }
@@ -62,7 +66,10 @@ func registerMetrics(reg prometheus.Registerer) (metricVecs, error) {
 	if v.dead, err = register(reg, v.dead); err != nil {
 		return v, err
 	}
-	v.handler, err = register(reg, v.handler)
+	if v.handler, err = register(reg, v.handler); err != nil {
+		return v, err
+	}
+	v.processing, err = register(reg, v.processing)
 	return v, err
 }
 
@@ -88,5 +95,6 @@ func (v metricVecs) with(consumer string) consumerMetrics {
 		failed:     v.failed.WithLabelValues(consumer),
 		dead:       v.dead.WithLabelValues(consumer),
 		handler:    v.handler.WithLabelValues(consumer),
+		processing: v.processing.WithLabelValues(consumer),
 	}
 }

@@ -136,8 +136,8 @@ func (c *Consumer) process(ctx context.Context, rec *kgo.Record) outcome {
 		st.backoff = min(2*st.backoff, c.cfg.MaxRetryBackoff)
 	}
 	st.attempts++
-	log := c.log.With("event_id", id, "aggregate_id", ev.AggregateID, "topic", rec.Topic, "partition", rec.Partition,
-		"offset", rec.Offset, "attempt", st.attempts)
+	log := c.log.With("event_id", id, "aggregate_id", ev.AggregateID, "trace_id", c.trace.traceID(rec),
+		"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "attempt", st.attempts)
 	if errors.Is(err, ErrHandlerPanic) {
 		log.Error("inbox: handler panicked; the attempt is rolled back", "err", err)
 	}
@@ -209,7 +209,11 @@ func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) (ev Event, id s
 	ev, _ = EventOf(rec) // unreadable: the handler's EventOf says so
 	id = dedupeKey(rec, ev, c.cfg.IDHeader)
 	ctx, span := c.trace.start(ctx, rec, id)
-	defer func() { end(span, dup, err) }()
+	begun := time.Now()
+	defer func() {
+		c.m.processing.Observe(time.Since(begun).Seconds())
+		end(span, dup, err)
+	}()
 	actx := ctx
 	if c.cfg.HandlerTimeout > 0 {
 		var cancel context.CancelFunc

@@ -27,7 +27,8 @@ const cleanupBatch = 5000
 // consumer_name, event_type, topic, kafka_partition, kafka_offset and
 // processed_at, the primary key (event_id, consumer_name) and an index on
 // processed_at for Cleanup; and the dead-letter table DeadLetterTable(table)
-// where parked records go (Config.MaxAttempts, Poison). Every statement uses
+// where parked records go (Config.MaxAttempts, Poison); and VersionTable(table),
+// where ApplyVersion keeps each aggregate's last version. Every statement uses
 // IF NOT EXISTS, so running it again adds the dead-letter table to an
 // existing inbox.
 func Schema(table string) (string, error) {
@@ -36,6 +37,10 @@ func Schema(table string) (string, error) {
 		return "", err
 	}
 	dt, err := quoteTable(DeadLetterTable(table))
+	if err != nil {
+		return "", err
+	}
+	vt, err := quoteTable(VersionTable(table))
 	if err != nil {
 		return "", err
 	}
@@ -52,7 +57,7 @@ func Schema(table string) (string, error) {
   PRIMARY KEY (event_id, consumer_name)
 );
 CREATE INDEX IF NOT EXISTS %s ON %s (processed_at);
-`, qt, idx, qt) + deadTableDDL(dt), nil
+`, qt, idx, qt) + deadTableDDL(dt) + versionTableDDL(vt), nil
 }
 
 // CreateTable creates the inbox table (Schema) if it does not exist.

@@ -99,6 +99,28 @@ type Event struct {
 	// Emit, the map is header name → value, sent in the message as text (see
 	// Emit). nil values are skipped.
 	Headers map[string]any
+	// Version is the aggregate's version after this change (the seeds'
+	// aggregateVersion), for consumers that drop an event older than what
+	// they have applied (inbox.Consumer.ApplyVersion). 0: none. Write stores
+	// it in the column aggregate_version (add it to the table as bigint and to
+	// the connector's outbox.header_columns); Emit sends it as the header
+	// aggregate_version.
+	Version int64
+}
+
+// withVersion returns e's headers with e.Version as the aggregate_version
+// entry; the caller's map is not modified.
+func withVersion(e Event) (map[string]any, error) {
+	if e.Version == 0 {
+		return e.Headers, nil
+	}
+	if _, ok := e.Headers[wire.HeaderAggregateVersion]; ok {
+		return nil, fmt.Errorf("%w: both Version and Headers[%q] set", ErrInvalidEvent, wire.HeaderAggregateVersion)
+	}
+	h := make(map[string]any, len(e.Headers)+1)
+	maps.Copy(h, e.Headers)
+	h[wire.HeaderAggregateVersion] = e.Version
+	return h, nil
 }
 
 // Columns names the outbox table's columns. Empty fields take the contract's
@@ -263,6 +285,10 @@ func (w *Writer) insertSQL(extra []string) string {
 // Write inserts e into the outbox table inside tx. The event is published
 // when, and only if, tx commits.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, e Event) error {
+	var err error
+	if e.Headers, err = withVersion(e); err != nil {
+		return err
+	}
 	e.Headers = w.withTrace(ctx, e.Headers)
 	id, err := w.prepare(&e)
 	if err != nil {
@@ -336,6 +362,10 @@ func (w *Writer) Emit(ctx context.Context, tx pgx.Tx, e Event) error {
 // when e has none). It is exported for tests and for writers that call
 // pg_logical_emit_message themselves.
 func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
+	var err error
+	if e.Headers, err = withVersion(e); err != nil {
+		return nil, err
+	}
 	id, err := w.prepare(&e)
 	if err != nil {
 		return nil, err

@@ -203,3 +203,32 @@ func TestNullPayloadOneMeaning(t *testing.T) {
 		}
 	}
 }
+
+// TestVersion: Event.Version goes to the aggregate_version column (Write) or
+// header (Emit), without touching the caller's headers.
+func TestVersion(t *testing.T) {
+	ctx := context.Background()
+	headers := map[string]any{"tenant": "acme"}
+	e := Event{ID: "e-1", AggregateType: "a", AggregateID: "b", EventType: "c", Payload: 1, Headers: headers, Version: 7}
+	tx := &fakeTx{}
+	if err := Write(ctx, tx, e); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tx.sql[0], `"aggregate_version", "tenant"`) || tx.args[0][5] != int64(7) {
+		t.Fatalf("Write: %s %v", tx.sql[0], tx.args[0])
+	}
+	if len(headers) != 1 {
+		t.Fatalf("the caller's headers were modified: %v", headers)
+	}
+	b, err := defaultWriter.EncodeMessage(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"aggregate_version":"7"`) {
+		t.Fatalf("EncodeMessage: %s", b)
+	}
+	e.Headers = map[string]any{"aggregate_version": 3}
+	if err := Write(ctx, tx, e); !errors.Is(err, ErrInvalidEvent) {
+		t.Fatalf("Version and the header both set: %v", err)
+	}
+}
