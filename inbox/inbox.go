@@ -57,7 +57,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
@@ -248,8 +247,12 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	c := &Consumer{
 		cfg: cfg,
+		// $7, when not NULL, is the event's legacy key (legacyKey): a row
+		// under it also makes this delivery a duplicate.
 		insert: "INSERT INTO " + table + ` (event_id, consumer_name, event_type, topic, kafka_partition, kafka_offset)
-			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
+			SELECT $1, $2, $3, $4, $5, $6 WHERE $7::text IS NULL
+				OR NOT EXISTS (SELECT 1 FROM ` + table + ` WHERE event_id = $7 AND consumer_name = $2)
+			ON CONFLICT DO NOTHING`,
 		dead:      deadInsertSQL(deadTable),
 		version:   versionSQL(versionTable),
 		m:         vecs.with(cfg.Consumer),
@@ -368,15 +371,17 @@ func (c *Consumer) commit(ctx context.Context, recs []*kgo.Record) error {
 	return nil
 }
 
-// EventID returns the id the inbox stores for rec (its dedupe key): the
-// event id (EventOf: the CloudEvents id, else the "id" header). The
-// CloudEvents id of a record that does not also carry it as its "id" header
-// (outbox-cdc sets that header on every record in every format) is keyed
-// "<source> <id>", the pair the specification makes unique: two producers
-// may use the same ids. A record without an id gets
-// "<topic>/<partition>/<offset>", which protects only against a redelivery
-// of that same offset (and collides once a topic is deleted and created
-// again).
+// EventID returns the id the inbox stores for rec (its dedupe key): for a
+// CloudEvent (kafka.format cloudevents-*, or another producer's), its source
+// and id as "<source> <id>", the pair the specification makes unique (two
+// producers may use the same ids); for a plain record its "id" header. A
+// record without an id gets "<topic>/<partition>/<offset>", which protects
+// only against a redelivery of that same offset (and collides once a topic
+// is deleted and created again).
+//
+// An event already recorded under its id alone (by an inbox before this
+// rule, or from a plain record before kafka.format changed) is still
+// recognised: the insert also looks for that key.
 func EventID(rec *kgo.Record) string {
 	ev, _ := EventOf(rec)
 	return dedupeKey(rec, ev, "")
@@ -390,7 +395,7 @@ func (c *Consumer) EventID(rec *kgo.Record) string {
 
 func dedupeKey(rec *kgo.Record, ev Event, idHeader string) string {
 	if ev.ID != "" {
-		if plain, _ := Header(rec, wire.HeaderID); ev.Source != "" && plain != ev.ID {
+		if ev.Source != "" {
 			return ev.Source + " " + ev.ID // a source is a URI reference: no space in it
 		}
 		return ev.ID
@@ -401,6 +406,15 @@ func dedupeKey(rec *kgo.Record, ev Event, idHeader string) string {
 		}
 	}
 	return fmt.Sprintf("%s/%d/%d", rec.Topic, rec.Partition, rec.Offset)
+}
+
+// legacyKey is the key an event keyed by source and id was stored under
+// before (its id alone), which the insert also looks for; nil otherwise.
+func legacyKey(ev Event) any {
+	if ev.ID != "" && ev.Source != "" {
+		return ev.ID
+	}
+	return nil
 }
 
 // Header returns the value of rec's first header named key.
