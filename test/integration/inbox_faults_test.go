@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/inbox"
@@ -373,4 +374,43 @@ func TestInboxCleanupSharedTable(t *testing.T) {
 	if _, err := inbox.Cleanup(ctx, conn, "", time.Hour); err == nil {
 		t.Error("Cleanup without a consumer name accepted")
 	}
+}
+
+// TestInboxCrashBeforeOffsetCommit: a consumer that died after its database
+// commits and before its offset commits (simulated by moving the group's
+// offsets back to the start, where a lost commit leaves them) redelivers
+// everything to the next member; the inbox turns each into a duplicate and
+// no handler runs twice.
+func TestInboxCrashBeforeOffsetCommit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn, conn := ibSetup(ctx, t)
+	topic := newTopic(t, 1)
+	group := "inbox-" + topic
+	ids := ibIDs("evt", 6)
+	ibProduceTo(ctx, t, topic, 0, ids...)
+	calls := newIBCalls()
+	first := ibStart(t, dsn, topic, group, calls.handler(nil))
+	ibWait(t, ctx, "6 events", func() bool { return calls.okCount(ids) == 6 })
+	first.stop(t)
+
+	adm := newAdmin(t)
+	var lost kadm.Offsets
+	lost.Add(kadm.Offset{Topic: topic, Partition: 0, At: 0})
+	if _, err := adm.CommitOffsets(ctx, group, lost); err != nil {
+		t.Fatal(err)
+	}
+	second := ibStart(t, dsn, topic, group, calls.handler(nil))
+	ibWait(t, ctx, "6 duplicates", func() bool { return second.metric(t, inbox.MetricDuplicates) == 6 })
+	second.stop(t)
+	_, attempts := calls.snapshot()
+	for _, id := range ids {
+		if attempts[id] != 1 {
+			t.Errorf("handler ran %d times for %s, want 1", attempts[id], id)
+		}
+	}
+	if got := ibHandledRows(ctx, t, conn); !slices.Equal(got, ids) {
+		t.Errorf("handled table %v, want %v", got, ids)
+	}
+	ibCommittedAtEnd(ctx, t, group, topic)
 }
