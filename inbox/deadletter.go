@@ -54,7 +54,7 @@ func (c *Consumer) park(ctx context.Context, rec *kgo.Record, ev Event, id strin
 	if ev.Type != "" {
 		eventType = ev.Type
 	}
-	if _, err := tx.Exec(ctx, c.insert, id, c.cfg.Consumer, eventType, rec.Topic, rec.Partition, rec.Offset, legacyKey(ev)); err != nil {
+	if _, err := tx.Exec(ctx, c.insert, id, c.cfg.Consumer, eventType, rec.Topic, rec.Partition, rec.Offset, legacyKey(rec, ev)); err != nil {
 		return fmt.Errorf("insert into inbox: %w", err)
 	}
 	headers := make(map[string]string, len(rec.Headers))

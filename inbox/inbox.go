@@ -61,6 +61,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Defaults for Config.
@@ -371,17 +373,17 @@ func (c *Consumer) commit(ctx context.Context, recs []*kgo.Record) error {
 	return nil
 }
 
-// EventID returns the id the inbox stores for rec (its dedupe key): for a
-// CloudEvent (kafka.format cloudevents-*, or another producer's), its source
-// and id as "<source> <id>", the pair the specification makes unique (two
-// producers may use the same ids); for a plain record its "id" header. A
-// record without an id gets "<topic>/<partition>/<offset>", which protects
-// only against a redelivery of that same offset (and collides once a topic
-// is deleted and created again).
-//
-// An event already recorded under its id alone (by an inbox before this
-// rule, or from a plain record before kafka.format changed) is still
-// recognised: the insert also looks for that key.
+// EventID returns the id the inbox stores for rec (its dedupe key): the
+// event id (EventOf: the CloudEvents id, else the "id" header). A
+// CloudEvent that does not carry that id as its "id" header too (outbox-cdc
+// sets the header on every record in every format, so its events keep the
+// outbox row's id) is keyed "<source> <id>", the pair the specification
+// makes unique: two producers may use the same ids. Such an event is still
+// recognised when recorded under its id alone (by outbox-cdc's copy of it,
+// or by an earlier inbox). A record without an id gets
+// "<topic>/<partition>/<offset>", which protects only against a redelivery
+// of that same offset (and collides once a topic is deleted and created
+// again).
 func EventID(rec *kgo.Record) string {
 	ev, _ := EventOf(rec)
 	return dedupeKey(rec, ev, "")
@@ -394,10 +396,10 @@ func (c *Consumer) EventID(rec *kgo.Record) string {
 }
 
 func dedupeKey(rec *kgo.Record, ev Event, idHeader string) string {
+	if legacyKey(rec, ev) != nil {
+		return ev.Source + " " + ev.ID // a source is a URI reference: no space in it
+	}
 	if ev.ID != "" {
-		if ev.Source != "" {
-			return ev.Source + " " + ev.ID // a source is a URI reference: no space in it
-		}
 		return ev.ID
 	}
 	if idHeader != "" {
@@ -408,13 +410,13 @@ func dedupeKey(rec *kgo.Record, ev Event, idHeader string) string {
 	return fmt.Sprintf("%s/%d/%d", rec.Topic, rec.Partition, rec.Offset)
 }
 
-// legacyKey is the key an event keyed by source and id was stored under
-// before (its id alone), which the insert also looks for; nil otherwise.
-func legacyKey(ev Event) any {
-	if ev.ID != "" && ev.Source != "" {
-		return ev.ID
+// legacyKey is, for an event keyed by source and id, its id alone, under
+// which the insert also looks for it; nil for other records.
+func legacyKey(rec *kgo.Record, ev Event) any {
+	if plain, _ := Header(rec, wire.HeaderID); ev.ID == "" || ev.Source == "" || plain == ev.ID {
+		return nil
 	}
-	return nil
+	return ev.ID
 }
 
 // Header returns the value of rec's first header named key.

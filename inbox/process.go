@@ -233,7 +233,7 @@ func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) (ev Event, id s
 		defer cancel()
 		_ = tx.Rollback(rctx) // no-op after Commit
 	}()
-	tag, err := tx.Exec(actx, c.insert, id, c.cfg.Consumer, eventType, rec.Topic, rec.Partition, rec.Offset, legacyKey(ev))
+	tag, err := tx.Exec(actx, c.insert, id, c.cfg.Consumer, eventType, rec.Topic, rec.Partition, rec.Offset, legacyKey(rec, ev))
 	if err != nil {
 		return ev, id, false, fmt.Errorf("insert into inbox: %w", err)
 	}
