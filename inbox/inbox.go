@@ -27,10 +27,16 @@
 //
 // The event id is the record's "id" header, which outbox-cdc always sets, or
 // its CloudEvents id when the connector publishes CloudEvents (kafka.format;
-// EventOf reads every format). A record without one (or with an empty one,
-// or an unreadable structured CloudEvent without an "id" header) gets the id
+// EventOf reads every format); another producer's CloudEvent is keyed by its
+// source and id (EventID). Config.IDHeader names a header to read when
+// neither is there. A record without one (or with an empty one, or an
+// unreadable structured CloudEvent without an "id" header) gets the id
 // "<topic>/<partition>/<offset>": such records are deduplicated only against
 // redelivery of the same offset, not against a copy produced again.
+//
+// A panic in the handler is recovered, not re-raised: the attempt fails
+// (ErrHandlerPanic, logged with the event id and the stack) and is retried,
+// so the member keeps serving its other partitions and the group.
 //
 // Two deliveries of one event processed at the same moment (by two members
 // during a rebalance) are serialised by the primary key: the second INSERT
@@ -42,8 +48,10 @@
 // transaction's events appear together, and what hides the copies an
 // aborted attempt left in the log; with at_least_once it changes nothing.
 //
-// Inbox rows must be kept longer than any event can be delivered again
-// (Cleanup; docs/guide.md gives the rule).
+// DB must be a *pgxpool.Pool (see DB). Inbox rows must be kept longer than
+// any event can be delivered again (Consumer.Cleanup; docs/guide.md gives the
+// rule: the sum of the topic's retention, the longest retry wait and the time
+// to intervene).
 package inbox
 
 import (
