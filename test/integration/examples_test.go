@@ -22,7 +22,8 @@ import (
 // the connector publishes it, inventory reserves stock once per order. A
 // redelivered copy is skipped by the inbox; the same order under a new event
 // id (a second producer, a bug) by the reservations primary key, the
-// business-key layer of idempotency.
+// business-key layer of idempotency; a repeated cancellation by the
+// reservation's status, the state machine layer.
 func TestExamplesOrdersToInventory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -121,13 +122,56 @@ func TestExamplesOrdersToInventory(t *testing.T) {
 		t.Fatal("the copy under another event id was not handled")
 	}
 
-	stock, err := inventory.StockLevels(ctx, inv)
-	if err != nil {
+	stockIs := func(want inventory.Stock, why string) {
+		t.Helper()
+		stock, err := inventory.StockLevels(ctx, inv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(stock, []inventory.Stock{want}) {
+			t.Errorf("stock %+v, want %+v (%s)", stock, want, why)
+		}
+	}
+	stockIs(inventory.Stock{SKU: "sku-apple", Available: 1, Reserved: 2}, "one reservation of 2; the second order rejected")
+
+	// The state machine layer: a cancellation releases the stock once, even
+	// when it arrives again under another event id; cancelling the rejected
+	// order releases nothing.
+	if err := svc.Cancel(ctx, placed[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if want := []inventory.Stock{{SKU: "sku-apple", Available: 1, Reserved: 2}}; !slices.Equal(stock, want) {
-		t.Errorf("stock %+v, want %+v (one reservation of 2; the second order rejected)", stock, want)
+	if err := svc.Cancel(ctx, placed[1].ID); err != nil {
+		t.Fatal(err)
 	}
+	var cancelled []*kgo.Record
+	for len(cancelled) < 2 {
+		select {
+		case r := <-seen:
+			cancelled = append(cancelled, r)
+		case <-ctx.Done():
+			t.Fatalf("%d of 2 cancellations handled", len(cancelled))
+		}
+	}
+	stockIs(inventory.Stock{SKU: "sku-apple", Available: 3, Reserved: 0}, "the reserved order's 2 released, nothing for the rejected one")
+	var recancel *kgo.Record
+	for _, r := range cancelled {
+		if string(r.Key) == placed[0].ID {
+			recancel = &kgo.Record{Topic: r.Topic, Key: r.Key, Value: r.Value}
+			for _, h := range r.Headers {
+				if h.Key == "id" {
+					h.Value = []byte("another-cancel-id")
+				}
+				recancel.Headers = append(recancel.Headers, h)
+			}
+		}
+	}
+	ibProduce(ctx, t, recancel)
+	select {
+	case <-seen:
+	case <-ctx.Done():
+		t.Fatal("the repeated cancellation was not handled")
+	}
+	stockIs(inventory.Stock{SKU: "sku-apple", Available: 3, Reserved: 0}, "a repeated cancellation releases nothing")
 	res, err := inventory.Reservations(ctx, inv)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +180,7 @@ func TestExamplesOrdersToInventory(t *testing.T) {
 	for _, r := range res {
 		status[r.OrderID] = r.Status
 	}
-	if len(res) != 3 || status[placed[0].ID] != inventory.Reserved || status[placed[1].ID] != inventory.Rejected || status[placed[2].ID] != inventory.Rejected {
-		t.Errorf("reservations %+v: want the first order reserved, the second (not enough stock) and the third (unknown sku) rejected", res)
+	if len(res) != 3 || status[placed[0].ID] != inventory.Cancelled || status[placed[1].ID] != inventory.Rejected || status[placed[2].ID] != inventory.Rejected {
+		t.Errorf("reservations %+v: want the first order cancelled, the second (not enough stock) and the third (unknown sku) rejected", res)
 	}
 }
