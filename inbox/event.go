@@ -20,6 +20,9 @@ import (
 type Event struct {
 	// ID is the event id: the CloudEvents id, else the "id" header.
 	ID string
+	// Source is the CloudEvents source; "" for a plain record. The
+	// specification makes (Source, ID) unique, not ID alone.
+	Source string
 	// Type is the event type: the CloudEvents type, else "event_type".
 	Type string
 	// AggregateID is the record key (the CloudEvents subject when the key
@@ -50,7 +53,7 @@ func EventOf(rec *kgo.Record) (Event, error) {
 	}
 	ce := func(attr string) string { v, _ := Header(rec, wire.CEHeaderPrefix+attr); return v }
 	if _, ok := Header(rec, wire.CEHeaderPrefix+"specversion"); ok {
-		ev.ID, ev.Type = cmp.Or(ce("id"), ev.ID), cmp.Or(ce("type"), ev.Type)
+		ev.ID, ev.Type, ev.Source = cmp.Or(ce("id"), ev.ID), cmp.Or(ce("type"), ev.Type), ce("source")
 		ev.AggregateID, ev.ContentType = cmp.Or(ev.AggregateID, ce("subject")), ct
 	}
 	return ev, nil
@@ -60,6 +63,7 @@ func EventOf(rec *kgo.Record) (Event, error) {
 // json-format.md) the inbox reads.
 type envelope struct {
 	ID              string          `json:"id"`
+	Source          string          `json:"source"`
 	Type            string          `json:"type"`
 	Subject         string          `json:"subject"`
 	DataContentType *string         `json:"datacontenttype"`
@@ -75,7 +79,7 @@ func structured(rec *kgo.Record, ev Event, ct string) (Event, error) {
 	if err := json.Unmarshal(rec.Value, &env); err != nil {
 		return ev, fmt.Errorf("inbox: record %s/%d/%d: CloudEvents JSON: %w", rec.Topic, rec.Partition, rec.Offset, err)
 	}
-	ev.ID, ev.Type = cmp.Or(env.ID, ev.ID), cmp.Or(env.Type, ev.Type)
+	ev.ID, ev.Type, ev.Source = cmp.Or(env.ID, ev.ID), cmp.Or(env.Type, ev.Type), env.Source
 	ev.AggregateID = cmp.Or(ev.AggregateID, env.Subject)
 	// An absent datacontenttype means JSON (json-format.md 3.1.2).
 	ev.ContentType = "application/json"

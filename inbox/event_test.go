@@ -73,8 +73,21 @@ func TestEventOf(t *testing.T) {
 				!bytes.Equal(got.Payload, tc.want.Payload) || (got.Payload == nil) != (tc.want.Payload == nil) {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
 			}
-			if id := EventID(tc.rec); id != tc.want.ID {
-				t.Errorf("EventID = %q, want %q", id, tc.want.ID)
+			// A CloudEvent that does not also carry its id as the "id"
+			// header (another producer's) is keyed by source and id.
+			key := map[string]string{
+				"binary from another producer":               "/outbox-cdc/shop/public.outbox e-1",
+				"structured from another producer":           "/outbox-cdc/shop/public.outbox e-1",
+				"the CloudEvents id wins":                    "/outbox-cdc/shop/public.outbox e-1",
+				"structured text data":                       "/s e-2",
+				"structured data_base64":                     "/s e-3",
+				"structured without datacontenttype is JSON": "/s e-4",
+			}[tc.name]
+			if key == "" {
+				key = tc.want.ID
+			}
+			if id := EventID(tc.rec); id != key {
+				t.Errorf("EventID = %q, want %q", id, key)
 			}
 		})
 	}
@@ -107,5 +120,44 @@ func TestEventOfUnreadable(t *testing.T) {
 				t.Errorf("EventID with an id header = %q", id)
 			}
 		})
+	}
+}
+
+// TestDedupeKey: the inbox key is the id header (outbox-cdc sets it on every
+// record); for a CloudEvent without it, source and id (the pair the
+// specification makes unique); else the header Config.IDHeader names; else
+// the record's position.
+func TestDedupeKey(t *testing.T) {
+	h := func(kv ...string) []kgo.RecordHeader {
+		var hs []kgo.RecordHeader
+		for i := 0; i < len(kv); i += 2 {
+			hs = append(hs, kgo.RecordHeader{Key: kv[i], Value: []byte(kv[i+1])})
+		}
+		return hs
+	}
+	for _, tt := range []struct {
+		name     string
+		headers  []kgo.RecordHeader
+		value    string
+		idHeader string
+		want     string
+	}{
+		{"plain", h("id", "e-1"), "", "", "e-1"},
+		{"binary CloudEvent with the id header (outbox-cdc's)", h("id", "e-1", "ce_specversion", "1.0", "ce_id", "e-1", "ce_source", "/a"), "", "", "e-1"},
+		{"binary CloudEvent without id header", h("ce_specversion", "1.0", "ce_id", "e-1", "ce_source", "/a"), "", "", "/a e-1"},
+		{"same id, other source", h("ce_specversion", "1.0", "ce_id", "e-1", "ce_source", "/b"), "", "", "/b e-1"},
+		{"structured CloudEvent", h("content-type", "application/cloudevents+json"), `{"specversion":"1.0","id":"e-2","source":"/s","type":"T"}`, "", "/s e-2"},
+		{"named header", h("event_id", "e-3"), "", "event_id", "e-3"},
+		{"named header absent", h("other", "x"), "", "event_id", "t/1/7"},
+		{"nothing", nil, "", "", "t/1/7"},
+	} {
+		rec := &kgo.Record{Topic: "t", Partition: 1, Offset: 7, Headers: tt.headers, Value: []byte(tt.value)}
+		got := EventID(rec)
+		if tt.idHeader != "" {
+			got = (&Consumer{cfg: Config{IDHeader: tt.idHeader}}).EventID(rec)
+		}
+		if got != tt.want {
+			t.Errorf("%s: key %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }

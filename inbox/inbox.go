@@ -14,19 +14,29 @@
 // Kafka offset committed, so a crash in between redelivers the record, which
 // the inbox row then turns into a duplicate.
 //
-// A Handler error rolls the transaction back and the same record is retried
-// with exponential backoff until it succeeds or the context ends: records are
-// never skipped, and no later record (of any partition in the same poll) is
-// processed before it. A record that can never succeed (a poison message)
-// must therefore be recognised by the handler, which records it somewhere and
-// returns nil.
+// A Handler error (or panic, or a handler outliving Config.HandlerTimeout)
+// rolls the transaction back and the same record is retried with
+// exponential backoff until it succeeds or the context ends. Its partition is
+// paused meanwhile: no later record of that partition is processed before
+// it, while the member's other partitions go on. A record that can never
+// succeed (a poison message) is parked in the dead-letter table (Schema,
+// "<table>_dead", with its error_message) when the handler returns
+// Poison(err), when it returns nil after a statement of its transaction
+// failed, or after Config.MaxAttempts failed attempts; parking writes the
+// inbox row too, so the event counts as done and its offset is committed.
 //
 // The event id is the record's "id" header, which outbox-cdc always sets, or
 // its CloudEvents id when the connector publishes CloudEvents (kafka.format;
-// EventOf reads every format). A record without one (or with an empty one,
-// or an unreadable structured CloudEvent without an "id" header) gets the id
+// EventOf reads every format); another producer's CloudEvent is keyed by its
+// source and id (EventID). Config.IDHeader names a header to read when
+// neither is there. A record without one (or with an empty one, or an
+// unreadable structured CloudEvent without an "id" header) gets the id
 // "<topic>/<partition>/<offset>": such records are deduplicated only against
 // redelivery of the same offset, not against a copy produced again.
+//
+// A panic in the handler is recovered, not re-raised: the attempt fails
+// (ErrHandlerPanic, logged with the event id and the stack) and is retried,
+// so the member keeps serving its other partitions and the group.
 //
 // Two deliveries of one event processed at the same moment (by two members
 // during a rebalance) are serialised by the primary key: the second INSERT
@@ -38,11 +48,14 @@
 // transaction's events appear together, and what hides the copies an
 // aborted attempt left in the log; with at_least_once it changes nothing.
 //
-// Inbox rows must be kept longer than any event can be delivered again
-// (Cleanup; docs/guide.md gives the rule).
+// DB must be a *pgxpool.Pool (see DB). Inbox rows must be kept longer than
+// any event can be delivered again (Consumer.Cleanup; docs/guide.md gives the
+// rule: the sum of the topic's retention, the longest retry wait and the time
+// to intervene).
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,6 +69,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
 // Defaults for Config.
@@ -67,8 +82,11 @@ const (
 	commitTimeout          = 10 * time.Second
 )
 
-// DB begins the transactions a Consumer runs in. *pgxpool.Pool and *pgx.Conn
-// satisfy it (a Consumer uses it from one goroutine at a time).
+// DB begins the transactions a Consumer runs in: a *pgxpool.Pool. It must
+// replace a connection the server closed (a restart, a failover, an idle
+// timeout), which a pool does and a *pgx.Conn cannot: once closed it fails
+// every Begin, so New refuses one. A Consumer uses DB from one goroutine at
+// a time; a pool of a few connections is plenty.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
@@ -102,10 +120,15 @@ type Config struct {
 	// Consumer is the consumer_name stored with each event id, so services
 	// sharing an inbox table keep separate records. Default: Group.
 	Consumer string
+	// IDHeader names a header holding the event id, read when a record has
+	// neither the "id" header nor a CloudEvents id: for a connector whose
+	// outbox.standard_headers leaves id out and places the id column in
+	// another header (outbox.fields). Default: none.
+	IDHeader string
 	// Table is the inbox table, "table" or "schema.table" (see Schema).
 	// Default "inbox".
 	Table string
-	// DB begins the transactions. Required.
+	// DB begins the transactions: a *pgxpool.Pool (see DB). Required.
 	DB DB
 	// Handler processes each event once. Required.
 	Handler Handler
@@ -125,7 +148,25 @@ type Config struct {
 	// RetryBackoff is the first wait after a failed attempt; it doubles up to
 	// MaxRetryBackoff. Defaults 100ms and 10s.
 	RetryBackoff, MaxRetryBackoff time.Duration
-	// Logger receives handler failures (warn) and duplicates (debug).
+	// MaxAttempts, when positive, parks a record in the dead-letter table
+	// after that many failed attempts in a row (the seeds' retry_count ->
+	// DEAD). Default 0: retry until it succeeds. Parking lets the later
+	// events of the same aggregate be handled before the parked one, which
+	// a handler relying on their order (a version or state-machine guard)
+	// may get wrong silently, while a stalled partition is visible
+	// (outbox_inbox_failed_total) and stalls nothing else: so it is opt-in.
+	// Attempts are counted by this member; a restart or rebalance starts
+	// the count again.
+	MaxAttempts int
+	// HandlerTimeout bounds one attempt (the inbox insert and the handler;
+	// the handler's ctx carries the deadline). A hung handler would hold the
+	// group's rebalance until the member is kicked out, and its open
+	// transaction would block the next owner's insert of the same event.
+	// Default: half the group's rebalance timeout (kgo.RebalanceTimeout in
+	// KafkaOptions, 60s by default, so 30s). Negative: no deadline.
+	HandlerTimeout time.Duration
+	// Logger receives handler failures (warn), parked records and panics
+	// (error) and duplicates (debug).
 	// Default slog.Default().
 	Logger *slog.Logger
 	// TracerProvider starts one consumer span per delivery attempt, child
@@ -145,10 +186,15 @@ type Consumer struct {
 	cfg       Config
 	cl        *kgo.Client
 	insert    string
+	dead      string // INSERT of a parked record
+	version   string // upsert of ApplyVersion
 	m         consumerMetrics
 	log       *slog.Logger
 	rebalance chan struct{}
 	trace     tracing
+	// retries holds the partitions whose record failed and waits for its
+	// next attempt; only Run's goroutine uses it.
+	retries map[partition]*retry
 }
 
 // New validates cfg and creates the Kafka client (it connects lazily).
@@ -165,6 +211,9 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	if cfg.DB == nil {
 		missing = append(missing, "DB")
+	}
+	if _, ok := cfg.DB.(*pgx.Conn); ok {
+		return nil, errors.New("inbox: config: DB is a *pgx.Conn, which never reconnects once the server closed it (a restart stalls the consumer for good): pass a *pgxpool.Pool")
 	}
 	if cfg.Handler == nil {
 		missing = append(missing, "Handler")
@@ -194,18 +243,33 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	deadTable, err := quoteTable(DeadLetterTable(cfg.Table))
+	if err != nil {
+		return nil, err
+	}
+	versionTable, err := quoteTable(VersionTable(cfg.Table))
+	if err != nil {
+		return nil, err
+	}
 	vecs, err := registerMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	c := &Consumer{
 		cfg: cfg,
+		// $7, when not NULL, is the event's legacy key (legacyKey): a row
+		// under it also makes this delivery a duplicate.
 		insert: "INSERT INTO " + table + ` (event_id, consumer_name, event_type, topic, kafka_partition, kafka_offset)
-			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
+			SELECT $1, $2, $3, $4, $5, $6 WHERE $7::text IS NULL
+				OR NOT EXISTS (SELECT 1 FROM ` + table + ` WHERE event_id = $7 AND consumer_name = $2)
+			ON CONFLICT DO NOTHING`,
+		dead:      deadInsertSQL(deadTable),
+		version:   versionSQL(versionTable),
 		m:         vecs.with(cfg.Consumer),
 		log:       cfg.Logger.With("consumer", cfg.Consumer),
 		rebalance: make(chan struct{}, 1),
 		trace:     newTracing(cfg),
+		retries:   map[partition]*retry{},
 	}
 	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOptions...)
 	opts = append(opts,
@@ -230,6 +294,12 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inbox: kafka client: %w", err)
 	}
+	if c.cfg.HandlerTimeout == 0 {
+		// Half the rebalance timeout leaves the member time to commit and
+		// rejoin after an attempt that ran into the deadline.
+		rt, _ := c.cl.OptValue(kgo.RebalanceTimeout).(time.Duration)
+		c.cfg.HandlerTimeout = cmp.Or(rt, 60*time.Second) / 2
+	}
 	return c, nil
 }
 
@@ -243,16 +313,23 @@ func (c *Consumer) Close() { c.cl.CloseAllowingRebalance() }
 // Run consumes until ctx is done, then commits the offsets of the records
 // already processed and returns nil (or the error of that last commit). It
 // returns kgo.ErrClientClosed if the client is closed under it. Run must not
-// be called twice at once.
+// be called twice at once; it may be called again after it returned, and
+// goes on with the first record not processed.
 func (c *Consumer) Run(ctx context.Context) error {
+	// Whatever way Run returns, a rebalance waiting on this member may go
+	// ahead (records not processed have been rewound).
+	defer c.cl.AllowRebalance()
 	idle := time.Duration(0)
 	for {
-		fetches := c.cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+		c.resumeDue(time.Now())
+		pctx, cancel := c.pollContext(ctx)
+		fetches := c.cl.PollRecords(pctx, c.cfg.MaxPollRecords)
+		cancel()
 		if fetches.IsClientClosed() {
 			return kgo.ErrClientClosed
 		}
 		if ctx.Err() != nil {
-			c.cl.AllowRebalance()
+			c.rewind(fetches.Records()) // polled, not processed: the next Run fetches them again
 			return nil
 		}
 		fetchErrs := 0
@@ -287,158 +364,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
-// processBatch handles recs in order and returns the ones that are done. It
-// stops early when ctx ends or a rebalance is waiting; the unprocessed
-// records are then fetched again (SetOffsets, while rebalancing is blocked).
-func (c *Consumer) processBatch(ctx context.Context, recs []*kgo.Record) []*kgo.Record {
-	done := make([]*kgo.Record, 0, len(recs))
-	flushed := 0
-	flush := func() { // commit progress before waiting out a failure
-		if len(done) > flushed {
-			_ = c.commit(ctx, done[flushed:])
-			flushed = len(done)
-		}
-	}
-	for i, r := range recs {
-		if i > 0 && c.rebalanceWaiting() {
-			c.rewind(recs[i:])
-			break
-		}
-		if err := c.process(ctx, r, flush); err != nil {
-			if errors.Is(err, errRebalance) {
-				c.rewind(recs[i:])
-			}
-			break
-		}
-		done = append(done, r)
-	}
-	return done[flushed:]
-}
-
-var errRebalance = errors.New("rebalance waiting")
-
-func (c *Consumer) rebalanceWaiting() bool {
-	select {
-	case <-c.rebalance:
-		return true
-	default:
-		return false
-	}
-}
-
-// rewind makes the client fetch recs again: each partition restarts at its
-// first record in recs.
-func (c *Consumer) rewind(recs []*kgo.Record) {
-	offsets := map[string]map[int32]kgo.EpochOffset{}
-	for _, r := range recs {
-		ps := offsets[r.Topic]
-		if ps == nil {
-			ps = map[int32]kgo.EpochOffset{}
-			offsets[r.Topic] = ps
-		}
-		if _, ok := ps[r.Partition]; !ok {
-			ps[r.Partition] = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset}
-		}
-	}
-	if len(offsets) > 0 {
-		c.cl.SetOffsets(offsets)
-	}
-}
-
-// process handles rec until it is done (nil), ctx ends (ctx.Err()) or, after
-// a failure, a rebalance is waiting (errRebalance). beforeWait is called
-// before the first wait.
-func (c *Consumer) process(ctx context.Context, rec *kgo.Record, beforeWait func()) error {
-	backoff := c.cfg.RetryBackoff
-	for attempt := 1; ; attempt++ {
-		id, dup, err := c.attempt(ctx, rec)
-		if err == nil {
-			if dup {
-				c.m.duplicates.Inc()
-				c.log.Debug("inbox: duplicate skipped", "event_id", id, "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
-			} else {
-				c.m.processed.Inc()
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		c.m.failed.Inc()
-		c.log.Warn("inbox: event failed, will retry", "event_id", id, "topic", rec.Topic, "partition", rec.Partition,
-			"offset", rec.Offset, "attempt", attempt, "retry_in", backoff, "err", err)
-		if attempt == 1 {
-			beforeWait()
-		}
-		if !sleep(ctx, backoff, c.rebalance) {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return errRebalance
-		}
-		backoff = min(2*backoff, c.cfg.MaxRetryBackoff)
-	}
-}
-
-// sleep waits d; false if ctx ended or wake fired first.
-func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-wake:
-		return false
-	}
-}
-
-// attempt runs one delivery attempt of rec in its own transaction.
-func (c *Consumer) attempt(ctx context.Context, rec *kgo.Record) (id string, dup bool, err error) {
-	ev, _ := EventOf(rec) // unreadable: the handler's EventOf says so
-	id = eventID(rec, ev.ID)
-	ctx, span := c.trace.start(ctx, rec, id)
-	defer func() { end(span, dup, err) }()
-	var eventType any
-	if ev.Type != "" {
-		eventType = ev.Type
-	}
-	tx, err := c.cfg.DB.Begin(ctx)
-	if err != nil {
-		return id, false, fmt.Errorf("begin: %w", err)
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx) // no-op after Commit
-	}()
-	tag, err := tx.Exec(ctx, c.insert, id, c.cfg.Consumer, eventType, rec.Topic, rec.Partition, rec.Offset)
-	if err != nil {
-		return id, false, fmt.Errorf("insert into inbox: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return id, true, nil
-	}
-	start := time.Now()
-	err = c.cfg.Handler(ctx, tx, rec)
-	c.m.handler.Observe(time.Since(start).Seconds())
-	if err != nil {
-		return id, false, fmt.Errorf("handler: %w", err)
-	}
-	// The handler succeeded: its transaction is committed even when a stop
-	// began meanwhile, so the work is kept and its offset committed instead
-	// of being redelivered after the rebalance. If Commit fails after the
-	// server committed, the retry finds the inbox row and counts a
-	// duplicate: nothing runs twice.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
-	defer cancel()
-	if err := tx.Commit(cctx); err != nil {
-		return id, false, fmt.Errorf("commit: %w", err)
-	}
-	return id, false, nil
-}
-
 // commit commits the offsets after recs (the highest per partition). It
 // uses a short context of its own when ctx has ended, so the work done before
 // a shutdown is not redelivered.
@@ -456,19 +381,50 @@ func (c *Consumer) commit(ctx context.Context, recs []*kgo.Record) error {
 	return nil
 }
 
-// EventID returns the id the inbox stores for rec: its event id (EventOf;
-// the "id" header of a structured CloudEvent that cannot be read), or
-// "<topic>/<partition>/<offset>" when it has none.
+// EventID returns the id the inbox stores for rec (its dedupe key): the
+// event id (EventOf: the CloudEvents id, else the "id" header). A
+// CloudEvent that does not carry that id as its "id" header too (outbox-cdc
+// sets the header on every record in every format, so its events keep the
+// outbox row's id) is keyed "<source> <id>", the pair the specification
+// makes unique: two producers may use the same ids. Such an event is still
+// recognised when recorded under its id alone (by outbox-cdc's copy of it,
+// or by an earlier inbox). A record without an id gets
+// "<topic>/<partition>/<offset>", which protects only against a redelivery
+// of that same offset (and collides once a topic is deleted and created
+// again).
 func EventID(rec *kgo.Record) string {
 	ev, _ := EventOf(rec)
-	return eventID(rec, ev.ID)
+	return dedupeKey(rec, ev, "")
 }
 
-func eventID(rec *kgo.Record, id string) string {
-	if id != "" {
-		return id
+// EventID is the package's EventID with the consumer's Config.IDHeader.
+func (c *Consumer) EventID(rec *kgo.Record) string {
+	ev, _ := EventOf(rec)
+	return dedupeKey(rec, ev, c.cfg.IDHeader)
+}
+
+func dedupeKey(rec *kgo.Record, ev Event, idHeader string) string {
+	if legacyKey(rec, ev) != nil {
+		return ev.Source + " " + ev.ID // a source is a URI reference: no space in it
+	}
+	if ev.ID != "" {
+		return ev.ID
+	}
+	if idHeader != "" {
+		if id, _ := Header(rec, idHeader); id != "" {
+			return id
+		}
 	}
 	return fmt.Sprintf("%s/%d/%d", rec.Topic, rec.Partition, rec.Offset)
+}
+
+// legacyKey is, for an event keyed by source and id, its id alone, under
+// which the insert also looks for it; nil for other records.
+func legacyKey(rec *kgo.Record, ev Event) any {
+	if plain, _ := Header(rec, wire.HeaderID); ev.ID == "" || ev.Source == "" || plain == ev.ID {
+		return nil
+	}
+	return ev.ID
 }
 
 // Header returns the value of rec's first header named key.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,12 +83,46 @@ func TestNewValidatesAndSharesMetrics(t *testing.T) {
 	for _, mf := range mfs {
 		series[mf.GetName()] = len(mf.GetMetric())
 	}
-	for _, n := range []string{MetricProcessed, MetricDuplicates, MetricFailed, MetricHandler} {
+	for _, n := range []string{MetricProcessed, MetricDuplicates, MetricFailed, MetricDead, MetricHandler, MetricProcessing} {
 		if series[n] != 2 {
 			t.Errorf("%s: %d series, want 2 (one per consumer)", n, series[n])
 		}
 	}
 	if _, err := New(Config{Brokers: []string{"x:1"}, Group: "g", Topics: []string{"t"}, DB: nopDB{}, Handler: h, Table: "a.b.c"}); err == nil {
 		t.Fatal("bad table accepted")
+	}
+}
+
+// TestNewRefusesConn: a *pgx.Conn never reconnects once the server closed it
+// (a restart stalled the consumer for good), so New asks for a pool.
+func TestNewRefusesConn(t *testing.T) {
+	h := func(context.Context, pgx.Tx, *kgo.Record) error { return nil }
+	_, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, DB: (*pgx.Conn)(nil), Handler: h})
+	if err == nil || !strings.Contains(err.Error(), "*pgxpool.Pool") {
+		t.Fatalf("New with a *pgx.Conn = %v, want an error asking for a *pgxpool.Pool", err)
+	}
+}
+
+func TestHandlerTimeoutDefault(t *testing.T) {
+	h := func(context.Context, pgx.Tx, *kgo.Record) error { return nil }
+	for _, tt := range []struct {
+		opts []kgo.Opt
+		set  time.Duration
+		want time.Duration
+	}{
+		{nil, 0, 30 * time.Second},
+		{[]kgo.Opt{kgo.RebalanceTimeout(10 * time.Second)}, 0, 5 * time.Second},
+		{nil, time.Second, time.Second},
+		{nil, -1, -1},
+	} {
+		c, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", Topics: []string{"t"}, DB: nopDB{}, Handler: h,
+			KafkaOptions: tt.opts, HandlerTimeout: tt.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		if c.cfg.HandlerTimeout != tt.want {
+			t.Errorf("HandlerTimeout %v with %d options: got %v, want %v", tt.set, len(tt.opts), c.cfg.HandlerTimeout, tt.want)
+		}
 	}
 }

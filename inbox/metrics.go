@@ -12,16 +12,18 @@ const (
 	MetricDuplicates = "outbox_inbox_duplicates_total"
 	MetricFailed     = "outbox_inbox_failed_total"
 	MetricHandler    = "outbox_inbox_handler_seconds"
+	MetricDead       = "outbox_inbox_dead_total"
+	MetricProcessing = "outbox_inbox_processing_seconds"
 )
 
 type metricVecs struct {
-	processed, duplicates, failed *prometheus.CounterVec
-	handler                       *prometheus.HistogramVec
+	processed, duplicates, failed, dead *prometheus.CounterVec
+	handler, processing                 *prometheus.HistogramVec
 }
 
 type consumerMetrics struct {
-	processed, duplicates, failed prometheus.Counter
-	handler                       prometheus.Observer
+	processed, duplicates, failed, dead prometheus.Counter
+	handler, processing                 prometheus.Observer
 }
 
 func newVecs() metricVecs {
@@ -32,9 +34,14 @@ func newVecs() metricVecs {
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDuplicates,
 			Help: "Records skipped because their event id was already in the inbox (redeliveries)."}, label),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricFailed,
-			Help: "Failed attempts (handler error, database error); each is rolled back and retried."}, label),
+			Help: "Failed attempts (handler error or panic, handler timeout, database error); each is rolled back and retried."}, label),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDead,
+			Help: "Records parked in the dead-letter table (inbox.Poison, Config.MaxAttempts)."}, label),
 		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricHandler,
 			Help:    "Time spent in the handler per attempt.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, label),
+		processing: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricProcessing,
+			Help:    "Time per delivery attempt including the transaction's begin, the inbox insert and the commit.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, label),
 	}
 }
@@ -56,7 +63,13 @@ func registerMetrics(reg prometheus.Registerer) (metricVecs, error) {
 	if v.failed, err = register(reg, v.failed); err != nil {
 		return v, err
 	}
-	v.handler, err = register(reg, v.handler)
+	if v.dead, err = register(reg, v.dead); err != nil {
+		return v, err
+	}
+	if v.handler, err = register(reg, v.handler); err != nil {
+		return v, err
+	}
+	v.processing, err = register(reg, v.processing)
 	return v, err
 }
 
@@ -80,6 +93,8 @@ func (v metricVecs) with(consumer string) consumerMetrics {
 		processed:  v.processed.WithLabelValues(consumer),
 		duplicates: v.duplicates.WithLabelValues(consumer),
 		failed:     v.failed.WithLabelValues(consumer),
+		dead:       v.dead.WithLabelValues(consumer),
 		handler:    v.handler.WithLabelValues(consumer),
+		processing: v.processing.WithLabelValues(consumer),
 	}
 }

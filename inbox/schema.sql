@@ -3,6 +3,8 @@
 -- own changes. The primary key makes a redelivered event a no-op.
 -- inbox.CreateTable creates the same table under any name; rows older than the
 -- retention are removed with inbox.Cleanup (docs/guide.md says how long to keep them).
+-- inbox_dead holds the records the consumer parked (inbox.Poison, Config.MaxAttempts).
+-- inbox_versions holds the last aggregate version each consumer applied (Consumer.ApplyVersion).
 CREATE TABLE IF NOT EXISTS inbox (
   event_id        text        NOT NULL,
   consumer_name   text        NOT NULL,
@@ -14,3 +16,25 @@ CREATE TABLE IF NOT EXISTS inbox (
   PRIMARY KEY (event_id, consumer_name)
 );
 CREATE INDEX IF NOT EXISTS inbox_processed_at_idx ON inbox (processed_at);
+CREATE TABLE IF NOT EXISTS inbox_dead (
+  event_id        text        NOT NULL,
+  consumer_name   text        NOT NULL,
+  event_type      text,
+  topic           text        NOT NULL,
+  kafka_partition integer     NOT NULL,
+  kafka_offset    bigint      NOT NULL,
+  record_key      bytea,
+  record_value    bytea,
+  headers         jsonb       NOT NULL,
+  attempts        integer     NOT NULL,
+  error_message   text        NOT NULL,
+  failed_at       timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (event_id, consumer_name)
+);
+CREATE TABLE IF NOT EXISTS inbox_versions (
+  consumer_name  text   NOT NULL,
+  aggregate_type text   NOT NULL,
+  aggregate_id   text   NOT NULL,
+  version        bigint NOT NULL,
+  PRIMARY KEY (consumer_name, aggregate_type, aggregate_id)
+);

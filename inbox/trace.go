@@ -51,6 +51,16 @@ func (t tracing) start(ctx context.Context, rec *kgo.Record, id string) (context
 	))
 }
 
+// traceID is the trace id in rec's headers, "" when it has none: logged
+// beside the event id so one id finds the whole path.
+func (t tracing) traceID(rec *kgo.Record) string {
+	sc := trace.SpanContextFromContext(t.prop.Extract(context.Background(), recordHeaders{rec}))
+	if !sc.TraceID().IsValid() {
+		return ""
+	}
+	return sc.TraceID().String()
+}
+
 // end closes an attempt's span: a duplicate is marked, a failure recorded.
 func end(span trace.Span, dup bool, err error) {
 	if dup {

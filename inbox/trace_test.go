@@ -73,7 +73,7 @@ func TestHandlerSpanContinuesTrace(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			_, dup, err := c.attempt(context.Background(), tt.record)
+			_, _, dup, err := c.attempt(context.Background(), tt.record)
 			if dup != tt.dup || (err != nil) != (tt.handlerErr != nil) {
 				t.Fatalf("attempt: dup %v err %v", dup, err)
 			}

@@ -24,6 +24,11 @@
 //	[]byte                                  raw bytes, sent as they are
 //	anything else                           marshalled with encoding/json
 //
+// A payload whose JSON is null (a typed nil such as (*Order)(nil), or
+// json.RawMessage("null")) is refused with ErrInvalidEvent by Write and
+// Emit alike: it is ambiguous between a value and a tombstone, and a
+// tombstone deletes the key on a compacted topic.
+//
 // (A Go string is therefore sent as a JSON string, quotes included; pass JSON
 // text you already have as json.RawMessage.)
 //
@@ -33,6 +38,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -50,8 +56,9 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 )
 
-// TableDDL creates the contract's outbox table with the default names. It is
-// the statement in sql/outbox.sql (a test keeps the two equal).
+// TableDDL creates the contract's outbox table with the default names and
+// its index on created_at (which verify --since and cleanup select by). It is
+// sql/outbox.sql (a test keeps the two equal).
 const TableDDL = `CREATE TABLE IF NOT EXISTS outbox (
   id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
   aggregate_type text        NOT NULL,
@@ -59,7 +66,8 @@ const TableDDL = `CREATE TABLE IF NOT EXISTS outbox (
   event_type     text        NOT NULL,
   payload        jsonb,
   created_at     timestamptz NOT NULL DEFAULT now()
-);`
+);
+CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);`
 
 // Defaults, as in the outbox-cdc contract.
 const (
@@ -91,6 +99,28 @@ type Event struct {
 	// Emit, the map is header name → value, sent in the message as text (see
 	// Emit). nil values are skipped.
 	Headers map[string]any
+	// Version is the aggregate's version after this change (the seeds'
+	// aggregateVersion), for consumers that drop an event older than what
+	// they have applied (inbox.Consumer.ApplyVersion). 0: none. Write stores
+	// it in the column aggregate_version (add it to the table as bigint and to
+	// the connector's outbox.header_columns); Emit sends it as the header
+	// aggregate_version.
+	Version int64
+}
+
+// withVersion returns e's headers with e.Version as the aggregate_version
+// entry; the caller's map is not modified.
+func withVersion(e Event) (map[string]any, error) {
+	if e.Version == 0 {
+		return e.Headers, nil
+	}
+	if _, ok := e.Headers[wire.HeaderAggregateVersion]; ok {
+		return nil, fmt.Errorf("%w: both Version and Headers[%q] set", ErrInvalidEvent, wire.HeaderAggregateVersion)
+	}
+	h := make(map[string]any, len(e.Headers)+1)
+	maps.Copy(h, e.Headers)
+	h[wire.HeaderAggregateVersion] = e.Version
+	return h, nil
 }
 
 // Columns names the outbox table's columns. Empty fields take the contract's
@@ -255,6 +285,10 @@ func (w *Writer) insertSQL(extra []string) string {
 // Write inserts e into the outbox table inside tx. The event is published
 // when, and only if, tx commits.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, e Event) error {
+	var err error
+	if e.Headers, err = withVersion(e); err != nil {
+		return err
+	}
 	e.Headers = w.withTrace(ctx, e.Headers)
 	id, err := w.prepare(&e)
 	if err != nil {
@@ -328,6 +362,10 @@ func (w *Writer) Emit(ctx context.Context, tx pgx.Tx, e Event) error {
 // when e has none). It is exported for tests and for writers that call
 // pg_logical_emit_message themselves.
 func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
+	var err error
+	if e.Headers, err = withVersion(e); err != nil {
+		return nil, err
+	}
 	id, err := w.prepare(&e)
 	if err != nil {
 		return nil, err
@@ -340,6 +378,9 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 			if !json.Valid(p) {
 				return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
 			}
+			if err := notNull(p); err != nil {
+				return nil, err
+			}
 			m.Payload = p
 		}
 	case []byte:
@@ -351,6 +392,9 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 		b, err := json.Marshal(p)
 		if err != nil {
 			return nil, fmt.Errorf("%w: marshal payload: %v", ErrInvalidEvent, err)
+		}
+		if err := notNull(b); err != nil {
+			return nil, err
 		}
 		m.Payload = b
 	}
@@ -416,10 +460,13 @@ func payloadBytes(p any) ([]byte, error) {
 	case nil:
 		return nil, nil
 	case json.RawMessage:
-		if p != nil && !json.Valid(p) {
+		if p == nil {
+			return nil, nil
+		}
+		if !json.Valid(p) {
 			return nil, fmt.Errorf("%w: payload is not valid JSON", ErrInvalidEvent)
 		}
-		return p, nil
+		return p, notNull(p)
 	case []byte:
 		return p, nil
 	default:
@@ -427,8 +474,19 @@ func payloadBytes(p any) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: marshal payload: %v", ErrInvalidEvent, err)
 		}
-		return b, nil
+		return b, notNull(b)
 	}
+}
+
+// notNull refuses a payload whose JSON is null (a typed nil pointer, map or
+// slice, json.RawMessage("null")). Write would store a JSON null value and
+// Emit a tombstone, which deletes the key on a compacted topic: rather than
+// two meanings, neither. A tombstone is an untyped nil payload.
+func notNull(b []byte) error {
+	if string(bytes.TrimSpace(b)) == "null" {
+		return fmt.Errorf("%w: payload is JSON null (a typed nil?): pass a nil payload for a tombstone", ErrInvalidEvent)
+	}
+	return nil
 }
 
 // Write inserts e into public.outbox (contract column names) inside tx.

@@ -183,3 +183,52 @@ func TestEmitFormat(t *testing.T) {
 		t.Fatalf("content %s", s)
 	}
 }
+
+// TestNullPayloadOneMeaning: a payload that is or encodes to JSON null (a
+// typed nil pointer, map or slice, json.RawMessage("null")) was a JSON null
+// value through Write and a tombstone, which deletes the key on a compacted
+// topic, through Emit. Both now refuse it: a tombstone is an untyped nil.
+func TestNullPayloadOneMeaning(t *testing.T) {
+	type order struct{ ID string }
+	ctx := context.Background()
+	for _, p := range []any{(*order)(nil), map[string]int(nil), []string(nil), json.RawMessage(`null`), json.RawMessage(` null `)} {
+		e := Event{AggregateType: "a", AggregateID: "b", EventType: "c", Payload: p}
+		tx := &fakeTx{}
+		werr, eerr := Write(ctx, tx, e), Emit(ctx, tx, e)
+		if !errors.Is(werr, ErrInvalidEvent) || !errors.Is(eerr, ErrInvalidEvent) {
+			t.Errorf("payload %#v: Write = %v, Emit = %v; want ErrInvalidEvent from both", p, werr, eerr)
+		}
+		if len(tx.args) != 0 {
+			t.Errorf("payload %#v: %d statements run", p, len(tx.args))
+		}
+	}
+}
+
+// TestVersion: Event.Version goes to the aggregate_version column (Write) or
+// header (Emit), without touching the caller's headers.
+func TestVersion(t *testing.T) {
+	ctx := context.Background()
+	headers := map[string]any{"tenant": "acme"}
+	e := Event{ID: "e-1", AggregateType: "a", AggregateID: "b", EventType: "c", Payload: 1, Headers: headers, Version: 7}
+	tx := &fakeTx{}
+	if err := Write(ctx, tx, e); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tx.sql[0], `"aggregate_version", "tenant"`) || tx.args[0][5] != int64(7) {
+		t.Fatalf("Write: %s %v", tx.sql[0], tx.args[0])
+	}
+	if len(headers) != 1 {
+		t.Fatalf("the caller's headers were modified: %v", headers)
+	}
+	b, err := defaultWriter.EncodeMessage(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"aggregate_version":"7"`) {
+		t.Fatalf("EncodeMessage: %s", b)
+	}
+	e.Headers = map[string]any{"aggregate_version": 3}
+	if err := Write(ctx, tx, e); !errors.Is(err, ErrInvalidEvent) {
+		t.Fatalf("Version and the header both set: %v", err)
+	}
+}

@@ -112,6 +112,9 @@ type Pipeline struct {
 	tracker *offsets.Tracker
 	out     producer // sink.Sink, or sink.Txn in exactly_once mode
 
+	// ignored counts the logical messages not published (messages.go).
+	ignored ignoredMessages
+
 	// tableMetrics are the per-event metrics of each outbox table.
 	tableMetrics []metrics.TableEvents
 

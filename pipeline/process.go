@@ -146,7 +146,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 				}
 			case decode.KindMessage:
 				msg := &res.Message
-				if p.cfg.MessagePrefix == "" || !msg.Transactional || msg.Prefix != p.cfg.MessagePrefix {
+				if !p.publishable(msg) {
 					continue // heartbeats and other applications' messages
 				}
 				if txn == nil {

@@ -8,3 +8,10 @@ CREATE TABLE IF NOT EXISTS outbox (
   payload        jsonb,
   created_at     timestamptz NOT NULL DEFAULT now()
 );
+-- outbox-cdc verify --since, the guide's cleanup (DELETE … WHERE created_at < …)
+-- and the snapshot's order select by created_at.
+CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON outbox (created_at);
+-- The seeds' (aggregate_type, aggregate_id, created_at) index serves a polling
+-- relay's per-aggregate ordering; outbox-cdc reads the WAL in commit order and
+-- needs none. Add it only to look up an aggregate's events in SQL:
+-- CREATE INDEX IF NOT EXISTS outbox_aggregate_idx ON outbox (aggregate_type, aggregate_id, created_at);

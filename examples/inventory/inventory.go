@@ -15,6 +15,7 @@ package inventory
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -80,17 +81,24 @@ type orderPlaced struct {
 
 // Reservation statuses.
 const (
-	Reserved = "reserved"
-	Rejected = "rejected" // unknown SKU or not enough stock
-	Invalid  = "invalid"  // payload not readable
+	Reserved  = "reserved"
+	Rejected  = "rejected"  // unknown SKU or not enough stock
+	Invalid   = "invalid"   // payload not readable
+	Cancelled = "cancelled" // the order was cancelled; its stock released
 )
 
-// Handle is the inbox.Handler: it reserves stock for an OrderPlaced event and
-// ignores the order aggregate's other event types. It runs once per event id;
-// the reservations primary key (order_id) is a second line of defence should
-// the same order arrive under another event id.
+// Handle is the inbox.Handler: it reserves stock for an OrderPlaced event,
+// releases it for an OrderCancelled one (cancel) and ignores the order
+// aggregate's other event types. It runs once per event id; the reservations
+// primary key (order_id) is a second line of defence should the same order
+// arrive under another event id (the business-key layer), the reservation's
+// status a third (the state machine layer, cancel).
 func Handle(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
-	if et, _ := inbox.Header(rec, wire.HeaderEventType); et != "OrderPlaced" {
+	switch et, _ := inbox.Header(rec, wire.HeaderEventType); et {
+	case "OrderPlaced":
+	case "OrderCancelled":
+		return cancel(ctx, tx, rec)
+	default:
 		return nil
 	}
 	var ev orderPlaced
@@ -169,4 +177,31 @@ func Reservations(ctx context.Context, db Querier) ([]Reservation, error) {
 // Querier runs a query: *pgxpool.Pool, *pgx.Conn, pgx.Tx.
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// cancel handles OrderCancelled: the state machine layer of idempotency. Only
+// a reserved order gives its stock back (reserved -> cancelled); a cancelled,
+// rejected or invalid one has nothing to release, so a repeated cancellation
+// (under any event id) changes nothing. A cancellation that arrives before
+// its order (another producer, a repair) records the order as cancelled, so
+// the late OrderPlaced finds the row and reserves nothing.
+func cancel(ctx context.Context, tx pgx.Tx, rec *kgo.Record) error {
+	orderID := string(rec.Key)
+	var sku string
+	var qty int
+	err := tx.QueryRow(ctx, `UPDATE reservations SET status = $2 WHERE order_id = $1 AND status = $3
+		RETURNING sku, quantity`, orderID, Cancelled, Reserved).Scan(&sku, &qty)
+	switch {
+	case err == nil:
+		if _, err := tx.Exec(ctx, `UPDATE stock SET available = available + $2, reserved = reserved - $2 WHERE sku = $1`, sku, qty); err != nil {
+			return fmt.Errorf("release stock: %w", err)
+		}
+		return nil
+	case errors.Is(err, pgx.ErrNoRows):
+		_, err := tx.Exec(ctx, `INSERT INTO reservations (order_id, sku, quantity, status, event_id)
+			VALUES ($1, '', 0, $2, $3) ON CONFLICT DO NOTHING`, orderID, Cancelled, inbox.EventID(rec))
+		return err
+	default:
+		return fmt.Errorf("cancel reservation: %w", err)
+	}
 }

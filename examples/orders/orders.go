@@ -28,6 +28,14 @@ const AggregateType = "order"
 // EventOrderPlaced is the event_type of a new order.
 const EventOrderPlaced = "OrderPlaced"
 
+// EventOrderCancelled is the event_type of a cancelled order.
+const EventOrderCancelled = "OrderCancelled"
+
+// OrderCancelled is the payload of EventOrderCancelled (JSON).
+type OrderCancelled struct {
+	OrderID string `json:"order_id"`
+}
+
 // Schema creates the service's orders table and the outbox table
 // (sql/outbox.sql) if missing.
 const Schema = `CREATE TABLE IF NOT EXISTS orders (
@@ -115,4 +123,36 @@ func (s *Service) Place(ctx context.Context, customer, sku string, quantity int)
 		return Order{}, fmt.Errorf("orders: commit: %w", err)
 	}
 	return o, nil
+}
+
+// Cancel cancels a placed order and writes its OrderCancelled event in the
+// same transaction. An order that is not placed (unknown, cancelled before)
+// is an error, and no event is written.
+func (s *Service) Cancel(ctx context.Context, orderID string) error {
+	tx, err := s.DB.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	tag, err := tx.Exec(ctx, `UPDATE orders SET status = 'cancelled' WHERE id = $1 AND status = 'placed'`, orderID)
+	if err != nil {
+		return fmt.Errorf("orders: cancel: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("orders: cancel %s: no placed order", orderID)
+	}
+	ev := outbox.Event{AggregateType: AggregateType, AggregateID: orderID, EventType: EventOrderCancelled,
+		Payload: OrderCancelled{OrderID: orderID}}
+	if s.Outbox == nil {
+		err = outbox.Write(ctx, tx, ev)
+	} else {
+		err = s.Outbox.Write(ctx, tx, ev)
+	}
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("orders: commit: %w", err)
+	}
+	return nil
 }

@@ -310,7 +310,7 @@ func (c *Config) Warnings() []FieldError {
 		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
 			Problem: "OAUTHBEARER without TLS sends the bearer token in clear text; set kafka.tls.enabled: true"})
 	}
-	return out
+	return append(out, c.inboxIDWarnings()...) // warn_inbox.go
 }
 
 // byteUnits are the suffixes of a byte size, "" for bytes.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -52,11 +53,13 @@ func adoptionKit(ctx context.Context, pg *testenv.Postgres, brokers []string, sh
 		return err
 	}
 	defer invQuery.Close(context.Background())
-	invConsumer, err := pgx.Connect(ctx, invDSN) // the consumer's own connection
+	// The consumer's own pool: a pool replaces a connection the server
+	// closed, a *pgx.Conn does not (inbox.New refuses one).
+	invConsumer, err := pgxpool.New(ctx, invDSN)
 	if err != nil {
 		return err
 	}
-	defer invConsumer.Close(context.Background())
+	defer invConsumer.Close()
 	if err := inventory.EnsureSchema(ctx, invQuery); err != nil {
 		return fmt.Errorf("inventory schema: %w", err)
 	}

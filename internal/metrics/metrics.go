@@ -44,6 +44,7 @@ type Metrics struct {
 	SnapshotEvents    *prometheus.CounterVec // by outbox table (tables.go)
 	BackfilledEvents  *prometheus.CounterVec // by outbox table (tables.go)
 	FatalErrors       *prometheus.CounterVec
+	MessagesIgnored   *prometheus.CounterVec // logical decoding messages not published, by prefix (pipeline/messages.go)
 	// TraceContextInvalid and TraceSpansDropped: trace.go.
 	TraceContextInvalid prometheus.Counter
 	TraceSpansDropped   prometheus.Counter
@@ -121,6 +122,8 @@ func New() *Metrics {
 		Help: "Rows read back from the outbox table after it had been outside the publication (gap repair), by outbox table."}, []string{TableLabel})
 	m.FatalErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fatal_errors_total",
 		Help: "Errors that stopped the connector, by reason (slot_missing, slot_or_publication_missing, slot_invalidated, timeline_fork, server_rewound, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
+	m.MessagesIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "logical_messages_ignored_total",
+		Help: "Logical decoding messages seen and not published (another prefix than outbox.message_prefix, or not transactional), by prefix."}, []string{"prefix"})
 	m.start = time.Now()
 	m.addTrace(ns)
 	sinceLast := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "seconds_since_last_event",
@@ -134,7 +137,7 @@ func New() *Metrics {
 	m.Registry.MustRegister(m.Parked, m.Quarantined, m.Redrives)
 	m.Registry.MustRegister(m.Published, m.DeadLettered, m.ConfirmedLSN, m.ReceivedLSN, m.LagBytes, m.InFlight,
 		m.CommitToAck, m.Connected, m.Reconnects, m.Transactions,
-		m.RetainedWAL, m.SlotWALStatus, m.SlotFailoverReady, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.BackfilledEvents, m.FatalErrors, sinceLast,
+		m.RetainedWAL, m.SlotWALStatus, m.SlotFailoverReady, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.BackfilledEvents, m.FatalErrors, m.MessagesIgnored, sinceLast,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

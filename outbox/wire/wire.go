@@ -25,6 +25,13 @@ const (
 	HeaderAggregateType = "aggregate_type" // selects the topic
 )
 
+// HeaderAggregateVersion carries the aggregate's version after the event
+// (outbox.Event.Version; the seeds' aggregateVersion), an ordinary extra
+// header: the outbox table's aggregate_version column listed in
+// outbox.header_columns, or an Emit header. Consumers drop an event older
+// than the version they have applied (inbox.Consumer.ApplyVersion).
+const HeaderAggregateVersion = "aggregate_version"
+
 // W3C trace-context headers (https://www.w3.org/TR/trace-context/) over Kafka
 // headers, as OpenTelemetry's Kafka instrumentations carry them. The connector
 // sends them when outbox.trace_column holds a trace context; the inbox

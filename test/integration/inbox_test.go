@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -80,13 +81,25 @@ type ibConsumer struct {
 
 func ibStart(t *testing.T, dsn, topic, group string, h inbox.Handler, tune ...func(*inbox.Config)) *ibConsumer {
 	t.Helper()
+	ic := ibNew(t, dsn, topic, group, h, tune...)
+	runCtx, stop := context.WithCancel(context.Background())
+	ic.cancel = stop
+	go func() { ic.done <- ic.c.Run(runCtx) }()
+	t.Cleanup(func() { ic.stop(t) })
+	return ic
+}
+
+// ibNew creates the consumer ibStart runs.
+func ibNew(t *testing.T, dsn, topic, group string, h inbox.Handler, tune ...func(*inbox.Config)) *ibConsumer {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn) // used by the consumer goroutine only
+	// A pool, as the guide says: it replaces connections the server closed.
+	conn, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
+	t.Cleanup(conn.Close)
 	reg := prometheus.NewRegistry()
 	cfg := inbox.Config{
 		Brokers: kafkaServer.Brokers(), Group: group, Topics: []string{topic}, Consumer: "inventory",
@@ -102,11 +115,7 @@ func ibStart(t *testing.T, dsn, topic, group string, h inbox.Handler, tune ...fu
 	if err != nil {
 		t.Fatalf("inbox.New: %v", err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	ic := &ibConsumer{c: c, reg: reg, cancel: stop, done: make(chan error, 1)}
-	go func() { ic.done <- c.Run(runCtx) }()
-	t.Cleanup(func() { ic.stop(t) })
-	return ic
+	return &ibConsumer{c: c, reg: reg, done: make(chan error, 1)}
 }
 
 // stop ends Run (which commits what it processed) and leaves the group.
@@ -321,16 +330,16 @@ func TestInboxDedupeAndCommit(t *testing.T) {
 	}
 
 	// Cleanup keeps rows younger than the retention and deletes older ones.
-	if n, err := inbox.Cleanup(ctx, conn, time.Hour); err != nil || n != 0 {
+	if n, err := inbox.Cleanup(ctx, conn, "inventory", time.Hour); err != nil || n != 0 {
 		t.Fatalf("Cleanup(1h) = %d, %v; want 0 rows", n, err)
 	}
 	if _, err := conn.Exec(ctx, `UPDATE inbox SET processed_at = now() - interval '8 days' WHERE event_id LIKE 'evt-%'`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := inbox.Cleanup(ctx, conn, 7*24*time.Hour); err != nil || n != 10 {
+	if n, err := inbox.Cleanup(ctx, conn, "inventory", 7*24*time.Hour); err != nil || n != 10 {
 		t.Fatalf("Cleanup(7d) = %d, %v; want 10 rows", n, err)
 	}
-	if _, err := inbox.Cleanup(ctx, conn, 0); err == nil {
+	if _, err := inbox.Cleanup(ctx, conn, "inventory", 0); err == nil {
 		t.Fatal("Cleanup(0) accepted")
 	}
 }

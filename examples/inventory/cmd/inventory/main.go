@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -54,13 +54,14 @@ func main() {
 
 func run(ctx context.Context, log *slog.Logger, dsn string, brokers []string, group, topic, metricsAddr string,
 	initSchema bool, seed string, retention time.Duration) error {
-	// The consumer handles one record at a time, so one connection serves
-	// it; a *pgxpool.Pool works as well. Cleanup gets its own connection.
-	conn, err := pgx.Connect(ctx, dsn)
+	// A pool, not a *pgx.Conn: it replaces the connections a database
+	// restart or failover closes (inbox.New refuses a *pgx.Conn). The
+	// consumer uses one connection at a time, Cleanup another.
+	conn, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.Background())
+	defer conn.Close()
 	if initSchema {
 		if err := inventory.EnsureSchema(ctx, conn); err != nil {
 			return fmt.Errorf("create schema: %w", err)
@@ -94,24 +95,22 @@ func run(ctx context.Context, log *slog.Logger, dsn string, brokers []string, gr
 		return err
 	}
 	defer c.Close()
-	go cleanupLoop(ctx, log, dsn, retention)
+	go cleanupLoop(ctx, log, c, conn, retention)
 	log.Info("inventory consuming", "topic", topic, "group", group, "brokers", brokers)
 	return c.Run(ctx)
 }
 
 // cleanupLoop deletes expired inbox rows every hour.
-func cleanupLoop(ctx context.Context, log *slog.Logger, dsn string, retention time.Duration) {
+func cleanupLoop(ctx context.Context, log *slog.Logger, c *inbox.Consumer, db inbox.Execer, retention time.Duration) {
 	tick := time.NewTicker(time.Hour)
 	defer tick.Stop()
 	for {
-		if conn, err := pgx.Connect(ctx, dsn); err == nil {
-			n, err := inbox.Cleanup(ctx, conn, retention)
-			conn.Close(context.Background())
-			if err != nil {
-				log.Warn("inbox cleanup", "err", err)
-			} else if n > 0 {
-				log.Info("inbox cleanup", "deleted", n, "retention", retention)
-			}
+		// Only this consumer's rows: services sharing the table keep theirs.
+		n, err := c.Cleanup(ctx, db, retention)
+		if err != nil {
+			log.Warn("inbox cleanup", "err", err)
+		} else if n > 0 {
+			log.Info("inbox cleanup", "deleted", n, "retention", retention)
 		}
 		select {
 		case <-ctx.Done():
