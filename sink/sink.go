@@ -247,7 +247,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	opts = append(opts, cfg.Opts...)
 	// Last, so that no option replaces it: the sink's order guarantee after
 	// a refusal rests on it.
-	opts = append(opts, kgo.WithLogger(clientLog{s}))
+	opts = append(opts, kgo.WithLogger(clientLog{hold: s.holdBack}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
