@@ -205,6 +205,11 @@ type HTTP struct {
 	// PProf serves net/http/pprof under /debug/pprof/ on Listen, to profile a
 	// running connector (docs/performance.md).
 	PProf bool `koanf:"pprof"`
+	// PProfAnyAddress allows PProf on a listener that is not loopback: the
+	// profiler shows heap contents (secrets included) and stacks to whoever
+	// reaches the port, so that takes an explicit choice (and, in
+	// Kubernetes, a NetworkPolicy: deploy/helm).
+	PProfAnyAddress bool `koanf:"pprof_any_address"`
 }
 
 // Log configures the process log.
