@@ -171,6 +171,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 }
 
 func (p *Pipeline) run(ctx context.Context) error {
+	// Before the slot is set up: a refusal leaves nothing behind.
+	if err := p.ownTopics(ctx); err != nil {
+		return err
+	}
 	pl, err := p.resolve(ctx)
 	if err != nil {
 		return err

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -223,13 +225,27 @@ func appendJSONValue(b []byte, v decode.Value, typ uint32) []byte {
 	return appendJSONString(b, string(v.Bytes))
 }
 
-// appendJSONString quotes s as Jackson does: ", \ and control characters
-// escaped (\b \t \n \f \r by name, others \u00XX in upper case), nothing else.
+// appendJSONString quotes s as Jackson's UTF8JsonGenerator does for
+// JsonConverter: ", \ and control characters escaped (\b \t \n \f \r by
+// name, others \u00XX in upper case), a character outside the BMP as its
+// UTF-16 surrogate pair (\uD83D\uDE80: Jackson escapes each half), nothing
+// else.
 func appendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789ABCDEF"
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
+		case c >= 0xF0: // the first byte of a 4-byte sequence: outside the BMP
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError || size != 4 {
+				b = append(b, c) // not valid UTF-8: as it is, as before
+				continue
+			}
+			hi, lo := utf16.EncodeRune(r)
+			for _, u := range [2]rune{hi, lo} {
+				b = append(b, '\\', 'u', hex[u>>12&0xF], hex[u>>8&0xF], hex[u>>4&0xF], hex[u&0xF])
+			}
+			i += size - 1
 		case c == '"' || c == '\\':
 			b = append(b, '\\', c)
 		case c == '\b':

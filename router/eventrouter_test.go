@@ -85,6 +85,15 @@ func TestRouteFrom(t *testing.T) {
 			wantValue: ptr(`{"payload":"\"x\\y\"","type":"a/é` + "\u2028" + `<b>"}`),
 		},
 		{
+			// Jackson's UTF8JsonGenerator (JsonConverter) escapes each half of
+			// a character outside the BMP; BMP characters stay raw UTF-8.
+			name:      "envelope escapes characters outside the BMP as surrogate pairs, as JsonConverter does",
+			cfg:       Config{StandardHeaders: []string{}, Fields: fields(t, "type:envelope")},
+			cols:      []decode.Column{col("type", "go 🚀!é", 25)},
+			payload:   &decode.Value{Bytes: []byte("{\"r\": \"🚀𐍈\"}")},
+			wantValue: ptr(`{"payload":"{\"r\": \"\uD83D\uDE80\uD800\uDF48\"}","type":"go \uD83D\uDE80!é"}`),
+		},
+		{
 			name:      "envelope with a bytea payload: base64",
 			cfg:       Config{StandardHeaders: []string{}, Fields: fields(t, "type:envelope")},
 			cols:      []decode.Column{col("type", "T", 25)},

@@ -60,7 +60,10 @@ for version in "$@"; do
   mkdir -p "$tmp/pg"
   tar -xJf "$tmp"/jar/postgres-linux-*.txz -C "$tmp/pg"
   # initdb and postgres run as the postgres OS user when the tests run as
-  # root: it must be able to read and execute everything.
+  # root: it must be able to read and execute everything. It must also be
+  # able to traverse every directory above; when it cannot (a clone under
+  # a 0700 directory), internal/testenv copies the tree to
+  # /var/tmp/outbox-cdc-pg/ once and runs that copy.
   chmod -R a+rX "$tmp/pg"
   echo "$version" >"$tmp/pg/.complete"
   rm -rf "$dir"

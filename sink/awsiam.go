@@ -120,7 +120,7 @@ func (c *awsCredentials) assumeRole(ctx context.Context) (aws.Auth, time.Time, e
 		_ = xml.Unmarshal(body, &e)
 		problem := "answered " + resp.Status
 		if e.Code != "" {
-			problem += ": " + e.Code + " (" + e.Message + ")"
+			problem += ": " + LogText(e.Code) + " (" + LogText(e.Message) + ")"
 		}
 		return fail(problem)
 	}

@@ -189,9 +189,9 @@ func (s *tokenSource) fetch(ctx context.Context) (tok string, lifetime time.Dura
 		// 6749 §5.2); the rest of the body is not shown.
 		problem := "answered " + status.Status
 		if r.Error != "" {
-			problem += ": " + r.Error
+			problem += ": " + LogText(r.Error)
 			if r.Description != "" {
-				problem += " (" + r.Description + ")"
+				problem += " (" + LogText(r.Description) + ")"
 			}
 		}
 		if status.StatusCode == http.StatusUnauthorized || r.Error == "invalid_client" {

@@ -139,6 +139,10 @@ func TestTokenSourceErrors(t *testing.T) {
 		{"refused", `401 {"error":"invalid_client","error_description":"unknown client"}`,
 			[]string{"401", "invalid_client (unknown client)", "check kafka.sasl.oauth.client_id"}},
 		{"server error, body not shown", "503 upstream " + secret + " down", []string{"503 Service Unavailable"}},
+		// The provider's prose reaches the log: no control characters, no
+		// credential it quotes back.
+		{"description filtered", `400 {"error":"invalid_request","error_description":"bad\nlevel=ERROR msg=forged client_secret=` + secret + `"}`,
+			[]string{"invalid_request (bad level=ERROR msg=forged client_secret=[redacted])"}},
 		{"not json", "200 <html>", []string{"not a JSON token response"}},
 		{"no token", `200 {"token_type":"Bearer"}`, []string{"no access_token"}},
 		{"wrong type", `200 {"access_token":"x","token_type":"mac"}`, []string{`token_type is "mac"`}},

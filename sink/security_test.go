@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -399,4 +400,52 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestSecurityFailureTextContracts: two of SecurityFailure's cases match an
+// error's text (a TLS alert over TCP is an unexported type; franz-go's
+// reading of an alert is its own message): the real handshakes against
+// kfake, with the pinned franz-go and Go, produce text that they match.
+func TestSecurityFailureTextContracts(t *testing.T) {
+	p := newPKI(t)
+	// A TLS listener answering a plaintext request with an alert record, as
+	// a Java broker does (kfake and Go's crypto/tls close the connection
+	// without one): level fatal, handshake_failure.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return // the listener closed at the end of the test
+			}
+			_, _ = conn.Read(make([]byte, 512))
+			_, _ = conn.Write([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28})
+			conn.Close()
+		}
+	}()
+	plain := pingAddr(t, ln.Addr().String())
+	if got := sink.SecurityFailure(plain); !strings.Contains(got, "expects TLS") {
+		t.Errorf("plaintext to a TLS listener: %v classified %q, want it to say the broker expects TLS", plain, got)
+	}
+	noCert := securePing(t, newCluster(t, kfake.TLS(p.serverTLS(true))), sink.Security{TLS: &sink.TLS{CAFile: p.caFile}})
+	if got := sink.SecurityFailure(noCert); !strings.Contains(got, "kafka.tls.cert_file") {
+		t.Errorf("no client certificate: %v classified %q, want kafka.tls.cert_file named", noCert, got)
+	}
+}
+
+// pingAddr pings a plaintext sink at addr with a short timeout.
+func pingAddr(t *testing.T, addr string) error {
+	t.Helper()
+	s, err := sink.New(sink.Config{Brokers: []string{addr}, ClientID: "sink-test", DLQTopic: dlq, Opts: []kgo.Opt{kgo.RequestRetries(1)}}, nil)
+	if err != nil {
+		t.Fatalf("sink.New: %v", err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.Ping(ctx)
 }

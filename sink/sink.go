@@ -108,14 +108,21 @@ type Outcome struct {
 type Done interface{ Delivered(Outcome) }
 
 const (
-	defaultUnknownTopicTimeout = 2 * time.Minute
+	// DefaultUnknownTopicTimeout is UnknownTopicTimeout when 0, and
+	// kafka.unknown_topic_timeout's default.
+	DefaultUnknownTopicTimeout = 2 * time.Minute
 	// defaultBatchMax is franz-go's default batch cap, Kafka's default
 	// max.message.bytes; used while a topic's limit is unknown.
 	defaultBatchMax = 1_000_012
-	// defaultMaxHeld bounds records held back when MaxBufferedRecords is 0.
-	defaultMaxHeld = 10_000
-	// defaultMaxQuarantined bounds quarantined keys when MaxQuarantined is 0.
-	defaultMaxQuarantined = 10_000
+	// DefaultMaxBufferedRecords is kafka.max_buffered_records' default, the
+	// one definition: internal/config's default and a Config with 0 both
+	// take it (for the client's buffer, the held records and exactly_once's
+	// commit bound). 4,000 rather than franz-go's 10,000 bounds the peak
+	// memory of a drain (docs/performance.md).
+	DefaultMaxBufferedRecords = 4_000
+	// DefaultMaxQuarantined bounds quarantined keys when MaxQuarantined is 0
+	// (dlq.max_quarantined's default too).
+	DefaultMaxQuarantined = 10_000
 )
 
 // Sink wraps one idempotent producer.
@@ -178,7 +185,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		topics: make(map[string]*topicState), space: make(chan struct{}),
 		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*quarantined)}
 	if s.maxQuarantined <= 0 {
-		s.maxQuarantined = defaultMaxQuarantined
+		s.maxQuarantined = DefaultMaxQuarantined
 	}
 	s.restored, s.fail, s.onQuarantines = make(chan struct{}), cfg.Fail, cfg.Redrives
 	if cfg.QuarantineTopic != "" && s.parking != "" {
@@ -196,11 +203,11 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		s.replication = -1
 	}
 	if s.unknownTimeout <= 0 {
-		s.unknownTimeout = defaultUnknownTopicTimeout
+		s.unknownTimeout = DefaultUnknownTopicTimeout
 	}
 	s.poll = min(max(s.unknownTimeout/20, 50*time.Millisecond), time.Second)
 	if s.maxHeld <= 0 {
-		s.maxHeld = defaultMaxHeld
+		s.maxHeld = DefaultMaxBufferedRecords
 	}
 	s.gate = newGate(s.maxHeld, s.maxHeldBytes)
 	opts := []kgo.Opt{
@@ -230,9 +237,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 			return d/2 + rand.N(d/2+1)
 		}),
 	}
-	if cfg.MaxBufferedRecords > 0 {
-		opts = append(opts, kgo.MaxBufferedRecords(cfg.MaxBufferedRecords))
-	}
+	opts = append(opts, kgo.MaxBufferedRecords(s.maxHeld))
 	if cfg.MaxBufferedBytes > 0 {
 		opts = append(opts, kgo.MaxBufferedBytes(int(cfg.MaxBufferedBytes)))
 	}
@@ -242,7 +247,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	opts = append(opts, cfg.Opts...)
 	// Last, so that no option replaces it: the sink's order guarantee after
 	// a refusal rests on it.
-	opts = append(opts, kgo.WithLogger(clientLog{s}))
+	opts = append(opts, kgo.WithLogger(clientLog{hold: s.holdBack}))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)

@@ -237,10 +237,8 @@ func (s *Sink) ensureStateTopic(ctx context.Context) error {
 			err = r.Err
 		}
 		if err == nil {
-			for _, c := range r.Configs {
-				if c.Key == "cleanup.policy" && !strings.Contains(c.MaybeValue(), "compact") {
-					return &NotCompactedError{Topic: name, Policy: c.MaybeValue()}
-				}
+			if policy, ok := keepsLastPerKey(r.Configs); !ok {
+				return &NotCompactedError{Topic: name, Policy: policy}
 			}
 			return nil
 		}

@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -132,50 +130,12 @@ func (s *Sink) startRepair(t *topicState, r *record) bool {
 }
 
 // holdBack starts a repair of topic the moment franz-go logs that it fails
-// a batch for good: see clientLog.
+// a batch for good: see clientlog.go.
 func (s *Sink) holdBack(topic string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t := s.topics[topic]; t != nil && !s.closed {
 		s.startRepair(t, nil)
-	}
-}
-
-// clientLog is franz-go's logger, used as a hook and logging nothing.
-// franz-go logs a batch it fails for good on the goroutine handling the
-// response, holding the partition's buffer lock, before it fails every
-// record buffered for the partition (kgo sink.go handleReqRespBatch: "batch
-// in a produce request failed" with err_is_retryable; bumpRepeatedLoadErr
-// with will_fail; waitUnknownTopic: "failing all records"). Holding the
-// topic back right there, rather than when the outcomes arrive (possibly
-// much later, after other promises), means a record produced after the
-// failure cannot be sent before the failed ones are sent again: it is held,
-// or it is on its way into the client with the cancelled Context and fails
-// unsent.
-type clientLog struct{ s *Sink }
-
-func (clientLog) Level() kgo.LogLevel { return kgo.LogLevelInfo }
-
-func (l clientLog) Log(_ kgo.LogLevel, msg string, keyvals ...any) {
-	var (
-		topic   string
-		err     error
-		failing = strings.Contains(msg, "failing all records")
-	)
-	for i := 0; i+1 < len(keyvals); i += 2 {
-		switch keyvals[i] {
-		case "topic":
-			topic, _ = keyvals[i+1].(string)
-		case "err":
-			err, _ = keyvals[i+1].(error)
-		case "err_is_retryable":
-			failing = true
-		case "will_fail":
-			failing, _ = keyvals[i+1].(bool)
-		}
-	}
-	if failing && topic != "" && err != nil && Classify(err) == ClassUnpublishable {
-		l.s.holdBack(topic)
 	}
 }
 

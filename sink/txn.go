@@ -31,7 +31,7 @@ type TxnConfig struct {
 	// their Kafka transaction; 0 means 5ms.
 	Interval time.Duration
 	// MaxRecords commits at once when this many events wait; 0 means
-	// Sink.MaxBufferedRecords, or 10000 when that is 0.
+	// Sink.MaxBufferedRecords, or DefaultMaxBufferedRecords when that is 0.
 	MaxRecords int
 	// TransactionTimeout is the broker's bound on an open transaction;
 	// 0 means one minute.
@@ -153,7 +153,7 @@ func NewTxn(cfg TxnConfig, log *slog.Logger) (*Txn, error) {
 		cfg.MaxRecords = cfg.Sink.MaxBufferedRecords
 	}
 	if cfg.MaxRecords <= 0 {
-		cfg.MaxRecords = defaultMaxHeld
+		cfg.MaxRecords = DefaultMaxBufferedRecords
 	}
 	if cfg.TransactionTimeout <= 0 {
 		cfg.TransactionTimeout = time.Minute

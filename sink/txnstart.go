@@ -105,13 +105,11 @@ func (t *Txn) ensurePositions(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("describe %s: %w", name, err)
 	}
-	for _, c := range rc.Configs {
-		if c.Key == "cleanup.policy" && c.MaybeValue() != "compact" {
-			return t.prerequisite(
-				fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, c.MaybeValue()),
-				fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
-					"or set kafka.positions_topic to a compacted topic", name))
-		}
+	if policy, ok := keepsLastPerKey(rc.Configs); !ok {
+		return t.prerequisite(
+			fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, policy),
+			fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
+				"or set kafka.positions_topic to a compacted topic", name))
 	}
 	return nil
 }

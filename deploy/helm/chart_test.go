@@ -74,6 +74,25 @@ var variants = map[string]func() map[string]any{
 		delete(v["config"].(map[string]any)["postgres"].(map[string]any), "dsn")
 		return v
 	},
+	"OAuth client secret from a Secret, NetworkPolicy, pprof": func() map[string]any {
+		return with("config.kafka.sasl.mechanism", "OAUTHBEARER", "config.kafka.sasl.oauth.token_url", "https://idp.example/token",
+			"config.kafka.sasl.oauth.client_id", "outbox-cdc", "secrets.kafkaOAuthClientSecret.existingSecret", "kafka-oauth",
+			"networkPolicy.enabled", true, "networkPolicy.ingressFrom", []any{map[string]any{
+				"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}}}},
+			"config.http.pprof", true, "config.http.pprof_any_address", true)
+	},
+	"OAuth token file from a Secret": func() map[string]any {
+		return with("config.kafka.sasl.mechanism", "OAUTHBEARER", "secrets.kafkaOAuthToken.existingSecret", "kafka-token")
+	},
+	"AWS_MSK_IAM access keys from a Secret, NetworkPolicy from nowhere": func() map[string]any {
+		return with("config.kafka.sasl.mechanism", "AWS_MSK_IAM", "config.kafka.tls.enabled", true,
+			"secrets.awsCredentials.existingSecret", "aws", "secrets.awsCredentials.sessionTokenKey", "AWS_SESSION_TOKEN",
+			"networkPolicy.enabled", true)
+	},
+	"AWS_MSK_IAM web identity token from a Secret": func() map[string]any {
+		return with("config.kafka.sasl.mechanism", "AWS_MSK_IAM", "config.kafka.tls.enabled", true,
+			"secrets.awsWebIdentity.existingSecret", "aws-token", "secrets.awsWebIdentity.roleARN", "arn:aws:iam::123456789012:role/outbox-cdc")
+	},
 	"one replica, no PDB, readiness on /readyz": func() map[string]any {
 		return with("replicaCount", 1, "podDisruptionBudget.enabled", false, "probes.readinessPath", "/readyz", "podAntiAffinity", "")
 	},
@@ -100,6 +119,8 @@ func TestChartRenders(t *testing.T) {
 			checkDeployment(t, m)
 			checkConnectorConfig(t, m)
 			checkMonitors(t, m)
+			checkSecretsStayOut(t, m)
+			checkNetworkPolicy(t, m)
 			if m.prometheusRule != nil {
 				checkRules(t, m.prometheusRule)
 			}
@@ -255,6 +276,9 @@ func checkConnectorConfig(t *testing.T, m *manifests) {
 			v = "postgres://outbox_cdc@db:5432/shop" // the Secret's content, here a stand-in
 		}
 		env = append(env, e.Name+"="+v)
+		if strings.HasPrefix(e.Name, "AWS_") { // read from the process environment
+			t.Setenv(e.Name, v)
+		}
 	}
 	// Load also reads the *_file keys and the TLS files: each must be a key
 	// of a Secret mounted there.

@@ -18,6 +18,7 @@ import (
 	"helm.sh/helm/v3/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -42,6 +43,7 @@ type manifests struct {
 	serviceMonitor *monv1.ServiceMonitor
 	podMonitor     *monv1.PodMonitor
 	prometheusRule *monv1.PrometheusRule
+	networkPolicy  *networkingv1.NetworkPolicy
 	notes          string
 	seen           map[string]bool // kind/name
 }
@@ -131,6 +133,7 @@ func (m *manifests) decode(doc []byte) error {
 		"ServiceMonitor":      {"monitoring.coreos.com/v1", func() any { return alloc(&m.serviceMonitor) }},
 		"PodMonitor":          {"monitoring.coreos.com/v1", func() any { return alloc(&m.podMonitor) }},
 		"PrometheusRule":      {"monitoring.coreos.com/v1", func() any { return alloc(&m.prometheusRule) }},
+		"NetworkPolicy":       {"networking.k8s.io/v1", func() any { return alloc(&m.networkPolicy) }},
 	}
 	k, ok := kinds[tm.Kind]
 	if !ok {

@@ -23,6 +23,9 @@ func TestChartRefuses(t *testing.T) {
 		{"http.listen from env", with("env", []any{map[string]any{"name": "OUTBOX_CDC_HTTP_LISTEN", "value": ":1"}}), "env OUTBOX_CDC_HTTP_LISTEN"},
 		{"two monitors", with("metrics.serviceMonitor.enabled", true, "metrics.podMonitor.enabled", true), "enable one"},
 		{"anti-affinity typo", with("podAntiAffinity", "strict"), "podAntiAffinity: want soft, hard"},
+		{"pprof without a NetworkPolicy", with("config.http.pprof", true, "config.http.pprof_any_address", true), "config.http.pprof: the chart listens on 0.0.0.0"},
+		{"pprof not asked for explicitly", with("config.http.pprof", true, "networkPolicy.enabled", true), "config.http.pprof_any_address: true"},
+		{"web identity without a role", with("secrets.awsWebIdentity.existingSecret", "aws-token"), "secrets.awsWebIdentity.roleARN is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(tc.values)

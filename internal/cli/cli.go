@@ -208,6 +208,11 @@ func check(ctx context.Context, pc pipeline.Config, stdout, stderr io.Writer) in
 		err = s.Ping(ctx)
 		s.Close()
 	}
+	if err == nil {
+		// The connector's own topics: what run would create, and what the
+		// cluster refuses (run would refuse to start).
+		err = sink.EnsureOwnTopics(ctx, pc.Sink, false, checkLogger(stdout))
+	}
 	if err != nil {
 		failed = true
 		fmt.Fprintf(stderr, "kafka: %v\n", err)
@@ -218,6 +223,17 @@ func check(ctx context.Context, pc pipeline.Config, stdout, stderr io.Writer) in
 		return ExitFailure
 	}
 	return ExitOK
+}
+
+// checkLogger writes check's notes (a topic run creates, a setting that
+// may lose records) as log lines without a time.
+func checkLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if len(groups) == 0 && a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}}))
 }
 
 // PipelineConfig translates a validated file configuration into the pipeline's.

@@ -200,6 +200,10 @@ func fromDebezium(p map[string]string) (yaml string, notes []string, err error) 
 	default:
 		notes = append(notes, "value.converter="+vc+" has no equivalent: values are the payload bytes or the JSON envelope")
 	}
+	if !strings.EqualFold(p["extended.headers.enabled"], "false") {
+		// On by default in Debezium: every record carries them there.
+		notes = append(notes, "extended.headers.enabled: Debezium's __debezium.context.* headers are not sent (docs/operations.md)")
+	}
 	if p["snapshot.mode"] != "" {
 		notes = append(notes, "snapshot.mode is not copied: resuming from Debezium's slot needs no snapshot (snapshot.mode: pending otherwise)")
 	}

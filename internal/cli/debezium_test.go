@@ -97,7 +97,8 @@ func TestFromDebezium(t *testing.T) {
 			wantYAML:  []string{`dsn: "postgres://app@db:5433/orders"`, `topic: "outbox.event.{aggregate_type}"`, "standard_headers: [id]"},
 			wantNotes: []string{"database.password is not copied"}},
 		{name: "custom regex", props: base + "transforms.outbox.route.topic.regex=(?<t>[a-z]+)\\\n  s?\ntransforms.outbox.route.topic.replacement=events.${t}\n",
-			wantYAML: []string{`topic_regex: "(?<t>[a-z]+)s?"`, `topic_replacement: "events.${t}"`}},
+			wantYAML:  []string{`topic_regex: "(?<t>[a-z]+)s?"`, `topic_replacement: "events.${t}"`},
+			wantNotes: []string{"__debezium.context.* headers are not sent"}},
 		{name: "unsupported options", props: base + "transforms.outbox.table.expand.json.payload=true\n" +
 			"transforms.outbox.table.field.event.schema.version=v\ntransforms.outbox.table.field.additional.missing=ignore\n" +
 			"value.converter=org.apache.kafka.connect.json.JsonConverter\nvalue.converter.schemas.enable=false\n",
@@ -105,7 +106,11 @@ func TestFromDebezium(t *testing.T) {
 				"additional.missing=ignore", "quotes the payload"}},
 		{name: "no event router", props: "transforms=x\ntransforms.x.type=Other\ntable.include.list=t\n", wantErr: "no transform"},
 		{name: "two tables", props: base + "table.include.list=public.a, billing.b\n",
-			wantYAML: []string{"  tables:\n    - table: \"public.a\"\n    - table: \"billing.b\"\n", "    aggregate_id: \"aggregateid\""}},
+			wantYAML:  []string{"  tables:\n    - table: \"public.a\"\n    - table: \"billing.b\"\n", "    aggregate_id: \"aggregateid\""},
+			wantNotes: []string{"__debezium.context.* headers are not sent"}},
+		// Debezium's context headers off: nothing differs, nothing to say.
+		{name: "context headers off", props: base + "extended.headers.enabled=false\n",
+			wantYAML: []string{`topic: "outbox.event.{aggregate_type}"`}},
 		{name: "no table", props: base + "table.include.list= ,\n", wantErr: "table.include.list"},
 	}
 	for _, tc := range tests {

@@ -205,6 +205,11 @@ type HTTP struct {
 	// PProf serves net/http/pprof under /debug/pprof/ on Listen, to profile a
 	// running connector (docs/performance.md).
 	PProf bool `koanf:"pprof"`
+	// PProfAnyAddress allows PProf on a listener that is not loopback: the
+	// profiler shows heap contents (secrets included) and stacks to whoever
+	// reaches the port, so that takes an explicit choice (and, in
+	// Kubernetes, a NetworkPolicy: deploy/helm).
+	PProfAnyAddress bool `koanf:"pprof_any_address"`
 }
 
 // Log configures the process log.
@@ -250,10 +255,10 @@ func Default() Config {
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq", ParkingTopic: "outbox.parking",
-			ClientID: "outbox-cdc", MaxBufferedRecords: 4000, MaxBufferedBytes: 64 << 20,
+			ClientID: "outbox-cdc", MaxBufferedRecords: sink.DefaultMaxBufferedRecords, MaxBufferedBytes: 64 << 20,
 			RequestTimeout: 30 * time.Second, DrainTimeout: 30 * time.Second, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
-			UnknownTopicTimeout: 2 * time.Minute, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
+			UnknownTopicTimeout: sink.DefaultUnknownTopicTimeout, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
 			Format: router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
 			QuarantineTopic: "outbox.quarantine",
 			Delivery:        DeliveryAtLeastOnce, TransactionInterval: 5 * time.Millisecond, PositionsTopic: "outbox-cdc.positions",
@@ -262,7 +267,7 @@ func Default() Config {
 		Log:        Log{Level: "info", Format: "text"},
 		Checkpoint: Checkpoint{Store: "table", Table: "outbox_cdc.checkpoints"},
 		Snapshot:   Snapshot{Mode: "none"},
-		DLQ:        DLQ{Mode: DLQQuarantine, MaxQuarantined: 10000},
+		DLQ:        DLQ{Mode: DLQQuarantine, MaxQuarantined: sink.DefaultMaxQuarantined},
 	}
 }
 

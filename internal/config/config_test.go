@@ -525,6 +525,10 @@ func TestValidate(t *testing.T) {
 		{"listen no port", func(c *Config) { c.HTTP.Listen = "localhost" }, "http.listen", "host:port"},
 		{"listen bad port", func(c *Config) { c.HTTP.Listen = "localhost:http" }, "http.listen", "0 to 65535"},
 		{"pprof without listen", func(c *Config) { c.HTTP.Listen, c.HTTP.PProf = "", true }, "http.pprof", "set http.listen"},
+		{"pprof on all interfaces", func(c *Config) { c.HTTP.Listen, c.HTTP.PProf = "0.0.0.0:9187", true }, "http.pprof", "http.pprof_any_address: true"},
+		{"pprof on all interfaces, no host", func(c *Config) { c.HTTP.Listen, c.HTTP.PProf = ":9187", true }, "http.pprof", "not a loopback address"},
+		{"pprof on a routable address", func(c *Config) { c.HTTP.Listen, c.HTTP.PProf = "10.0.0.5:9187", true }, "http.pprof", "listen on 127.0.0.1"},
+		{"pprof on a host name", func(c *Config) { c.HTTP.Listen, c.HTTP.PProf = "cdc.internal:9187", true }, "http.pprof", "not a loopback address"},
 		{"log level", func(c *Config) { c.Log.Level = "verbose" }, "log.level", "debug, info, warn, error"},
 		{"log format", func(c *Config) { c.Log.Format = "logfmt" }, "log.format", "text, json"},
 		{"dlq mode", func(c *Config) { c.DLQ.Mode = "park" }, "dlq.mode", "skip, quarantine"},
@@ -765,12 +769,13 @@ func TestSchema(t *testing.T) {
 		"kafka.linger":                "OUTBOX_CDC_KAFKA_LINGER",
 		"postgres.failover_slot":      "OUTBOX_CDC_POSTGRES_FAILOVER_SLOT",
 		"postgres.primary_dsn":        "OUTBOX_CDC_POSTGRES_PRIMARY_DSN",
+		"http.pprof_any_address":      "OUTBOX_CDC_HTTP_PPROF_ANY_ADDRESS",
 	} {
 		if l := leafByKey[key]; l == nil || l.env != env {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 85 {
+	if len(leaves) != 86 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }
@@ -832,5 +837,24 @@ func TestValidateOperationsKeys(t *testing.T) {
 	c.Postgres.HeartbeatInterval = 0
 	if err := c.Validate(); err != nil {
 		t.Fatalf("valid operations settings rejected: %v", err)
+	}
+}
+
+// TestPProfListeners: the profiler is accepted on a loopback listener, and
+// on any other only when asked for explicitly.
+func TestPProfListeners(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		listen string
+		any    bool
+	}{{"127.0.0.1:9187", false}, {"127.0.0.2:0", false}, {"[::1]:9187", false}, {"localhost:9187", false},
+		{"0.0.0.0:9187", true}, {":9187", true}} {
+		c := Default()
+		c.Postgres.DSN = "host=db dbname=app"
+		c.Kafka.Brokers = []string{"kafka:9092"}
+		c.HTTP.Listen, c.HTTP.PProf, c.HTTP.PProfAnyAddress = tc.listen, true, tc.any
+		if err := c.Validate(); err != nil {
+			t.Errorf("http.listen %s, http.pprof_any_address %v: %v", tc.listen, tc.any, err)
+		}
 	}
 }

@@ -36,7 +36,8 @@ func (p Postgres) PasswordSource() func(context.Context) (string, error) {
 
 // runPasswordCommand runs command with sh -c and returns its standard
 // output without surrounding white space. A failure carries the exit status
-// and the end of its standard error, never its output.
+// and the end of its standard error, filtered (sink.LogText), never its
+// output.
 func runPasswordCommand(ctx context.Context, command string, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -50,7 +51,7 @@ func runPasswordCommand(ctx context.Context, command string, timeout time.Durati
 	cmd.WaitDelay = time.Second
 	err := cmd.Run()
 	if err != nil {
-		msg := strings.TrimSpace(stderr.String())
+		msg := sink.LogText(stderr.String())
 		if len(msg) > maxCommandStderr {
 			msg = "…" + msg[len(msg)-maxCommandStderr:]
 		}

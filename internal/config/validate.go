@@ -113,8 +113,13 @@ func (c *Config) problems() []FieldError {
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
 		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 	}
-	if c.HTTP.PProf && c.HTTP.Listen == "" {
+	switch {
+	case c.HTTP.PProf && c.HTTP.Listen == "":
 		v.add("http.pprof", "true", "needs http.listen", "set http.listen (e.g. 127.0.0.1:9187) or http.pprof false")
+	case c.HTTP.PProf && !c.HTTP.PProfAnyAddress && !loopback(c.HTTP.Listen):
+		v.add("http.pprof", "true",
+			fmt.Sprintf("serves the profiler (heap contents, secrets included, and stacks) on http.listen %s, which is not a loopback address", c.HTTP.Listen),
+			"listen on 127.0.0.1 (kubectl port-forward reaches it), or set http.pprof_any_address: true to serve it there anyway, behind a NetworkPolicy")
 	}
 
 	v.oneOf("checkpoint.store", c.Checkpoint.Store, []string{"table", "file", "none"})
@@ -352,6 +357,21 @@ func (v *validator) kafkaSASL(s KafkaSASL) {
 
 // hostPortProblem checks host:port. The host may be empty only for a listen
 // address; port 0 is allowed only there too.
+// loopback reports whether a listen address (host:port) accepts only
+// connections from this host: a loopback IP or localhost. "" and 0.0.0.0
+// listen on every interface; a host name may resolve anywhere.
+func loopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 func hostPortProblem(s string, listen bool) string {
 	lo := 1
 	if listen {

@@ -208,6 +208,10 @@ func (pg *Postgres) init(ctx context.Context, opts PostgresOptions) error {
 		pg.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 		// root's TMPDIR may not be reachable by another user; /tmp always is.
 		parent = "/tmp"
+		// Nor may the binaries fetched into a clone under a 0700 directory.
+		if pg.binDir, err = reachableBinDir(pg.binDir, pg.cred); err != nil {
+			return err
+		}
 	}
 	// Unix socket paths are limited to 107 bytes; the socket lives in baseDir.
 	if len(parent) > 60 {

@@ -33,10 +33,11 @@ import (
 //     canSetTimestampByUserDefinedConfiguration.
 const (
 	erID      = "406c07f3-26f0-4eea-a50c-109940064b8f"
-	erPayload = `{"id": 1, "lineItems": [{"id": 1, "item": "Debezium in Action", "status": "ENTERED", "quantity": 2, "totalPrice": 39.98}, {"id": 2, "item": "Debezium for Dummies", "status": "ENTERED", "quantity": 1, "totalPrice": 29.99}], "orderDate": "2019-01-31T12:13:01", "customerId": 123}`
+	erPayload = `{"id": 1, "lineItems": [{"id": 1, "item": "Debezium in Action 🚀", "status": "ENTERED", "quantity": 2, "totalPrice": 39.98}, {"id": 2, "item": "Debezium for Dummies", "status": "ENTERED", "quantity": 1, "totalPrice": 29.99}], "orderDate": "2019-01-31T12:13:01", "customerId": 123}`
 	// The same payload as JsonConverter (schemas.enable=false) writes a
-	// string member: quotes escaped, nothing else.
-	erPayloadJSON = `"{\"id\": 1, \"lineItems\": [{\"id\": 1, \"item\": \"Debezium in Action\", \"status\": \"ENTERED\", \"quantity\": 2, \"totalPrice\": 39.98}, {\"id\": 2, \"item\": \"Debezium for Dummies\", \"status\": \"ENTERED\", \"quantity\": 1, \"totalPrice\": 29.99}], \"orderDate\": \"2019-01-31T12:13:01\", \"customerId\": 123}"`
+	// string member: quotes escaped, a character outside the BMP as its
+	// surrogate pair (Jackson escapes each half), nothing else.
+	erPayloadJSON = `"{\"id\": 1, \"lineItems\": [{\"id\": 1, \"item\": \"Debezium in Action \uD83D\uDE80\", \"status\": \"ENTERED\", \"quantity\": 2, \"totalPrice\": 39.98}, {\"id\": 2, \"item\": \"Debezium for Dummies\", \"status\": \"ENTERED\", \"quantity\": 1, \"totalPrice\": 29.99}], \"orderDate\": \"2019-01-31T12:13:01\", \"customerId\": 123}"`
 )
 
 // wantRecord is a record as Debezium writes it; a nil value is a tombstone,

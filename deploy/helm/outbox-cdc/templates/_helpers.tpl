@@ -65,6 +65,9 @@ Refuses what cannot work in this deployment.
 {{- if eq (dig "checkpoint" "store" "table" $cfg) "file" }}
 {{- fail "config.checkpoint.store file: the replicas cannot share a file, the root filesystem is read-only and a pod's files go with it; use table (the default, in the database)" }}
 {{- end }}
+{{- if and (dig "http" "pprof" false $cfg) (not (and .Values.networkPolicy.enabled (dig "http" "pprof_any_address" false $cfg))) }}
+{{- fail (printf "config.http.pprof: the chart listens on 0.0.0.0:%v, so the profiler (heap contents, secrets included) would be served to every pod that reaches it: set networkPolicy.enabled (networkPolicy.ingressFrom names who may connect) and config.http.pprof_any_address: true, or leave http.pprof off" .Values.service.port) }}
+{{- end }}
 {{- $_ := set $cfg "http" (merge (dict "listen" (printf "0.0.0.0:%v" .Values.service.port)) (dig "http" dict $cfg)) }}
 {{- if $s.postgresPassword.existingSecret }}
 {{- $_ := set $pg "password_file" (printf "%s/%s" (include "outbox-cdc.secretDir" "postgres-password") $s.postgresPassword.key) }}
@@ -84,6 +87,18 @@ Refuses what cannot work in this deployment.
 {{- if .keyKey }}{{ $_ := set $tls "key_file" (printf "%s/%s" $dir .keyKey) }}{{ end }}
 {{- $_ := set $kafka "tls" $tls }}
 {{- end }}
+{{- end }}
+{{- if or $s.kafkaOAuthClientSecret.existingSecret $s.kafkaOAuthToken.existingSecret }}
+{{- $sasl := dig "sasl" dict $kafka }}
+{{- $oauth := dig "oauth" dict $sasl }}
+{{- if $s.kafkaOAuthClientSecret.existingSecret }}
+{{- $_ := set $oauth "client_secret_file" (printf "%s/%s" (include "outbox-cdc.secretDir" "kafka-oauth-client-secret") $s.kafkaOAuthClientSecret.key) }}
+{{- end }}
+{{- if $s.kafkaOAuthToken.existingSecret }}
+{{- $_ := set $oauth "token_file" (printf "%s/%s" (include "outbox-cdc.secretDir" "kafka-oauth-token") $s.kafkaOAuthToken.key) }}
+{{- end }}
+{{- $_ := set $sasl "oauth" $oauth }}
+{{- $_ := set $kafka "sasl" $sasl }}
 {{- end }}
 {{- $_ := set $cfg "postgres" $pg }}
 {{- $_ := set $cfg "kafka" $kafka }}

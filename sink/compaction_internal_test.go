@@ -1,0 +1,41 @@
+package sink
+
+import (
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+)
+
+// TestCompactionRule: cleanup.policy is a comma-separated list, and a topic
+// keeps each key's last record for ever only when it compacts without also
+// deleting by time.
+func TestCompactionRule(t *testing.T) {
+	cases := []struct {
+		policy, retention string // "" retention: not described
+		compacts, keeps   bool
+	}{
+		{"compact", "", true, true},
+		{"compact", "604800000", true, true}, // retention.ms does not apply without delete
+		{"delete", "", false, false},
+		{"delete", "-1", false, false},
+		{"compact,delete", "604800000", true, false},
+		{"compact,delete", "-1", true, true},
+		{"delete,compact", "-1", true, true},
+		{"delete, compact", "", true, true},
+		{"COMPACT", "", true, true},
+		{"", "", false, false},
+		{"uncompacted", "", false, false}, // not a list element
+	}
+	for _, c := range cases {
+		configs := []kadm.Config{{Key: "cleanup.policy", Value: kadm.StringPtr(c.policy)}}
+		if c.retention != "" {
+			configs = append(configs, kadm.Config{Key: "retention.ms", Value: kadm.StringPtr(c.retention)})
+		}
+		if got := compacts(c.policy); got != c.compacts {
+			t.Errorf("compacts(%q) = %v, want %v", c.policy, got, c.compacts)
+		}
+		if _, got := keepsLastPerKey(configs); got != c.keeps {
+			t.Errorf("keepsLastPerKey(%q, retention.ms %q) = %v, want %v", c.policy, c.retention, got, c.keeps)
+		}
+	}
+}
