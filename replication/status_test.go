@@ -139,18 +139,27 @@ func TestStreamResume(t *testing.T) {
 	}
 }
 
-// TestStreamTimelineFork: a reconnect that reaches a server on a new
-// timeline resumes when the new history has everything streamed so far, and
-// stops with a fatal error when the connector read past the fork.
-func TestStreamTimelineFork(t *testing.T) {
+// TestStreamReconnectChecks: a reconnect checks the server it reached
+// before streaming resumes there. On a new timeline it resumes when the new
+// history has everything streamed so far, and stops with a fatal error when
+// the connector read past the fork. On the same timeline it stops when the
+// server's WAL ends before the resume position (a data directory restored
+// from an older copy), and resumes at a WAL end at that position.
+func TestStreamReconnectChecks(t *testing.T) {
+	promoted := func(f *fakeWalsender) { f.promote(2, "1\t0/200\tno recovery target specified\n") } // at 0/200
+	restored := func(at lsn.LSN) func(*fakeWalsender) { return func(f *fakeWalsender) { f.restore(at) } }
 	for _, tt := range []struct {
-		name   string
-		resume lsn.LSN
-		fatal  bool
+		name    string
+		change  func(*fakeWalsender) // what happened to the server while the connection was down
+		resume  lsn.LSN
+		fatal   string // the FatalError's reason; "" resumes
+		mention string // in the fatal error
 	}{
-		{"resume at the fork", 0x200, false},
-		{"resume before the fork", 0x100, false},
-		{"streamed past the fork", 0x201, true},
+		{"new timeline, resume at the fork", promoted, 0x200, "", ""},
+		{"new timeline, resume before the fork", promoted, 0x100, "", ""},
+		{"new timeline, streamed past the fork", promoted, 0x201, "timeline_fork", "0/200"},
+		{"restored to before the resume position", restored(0x10F), 0x110, "server_rewound", "0/10F"},
+		{"WAL end at the resume position", restored(0x110), 0x110, "", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
@@ -164,8 +173,7 @@ func TestStreamTimelineFork(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- s.Run(ctx, out) }()
 			w := next(t, ctx, f, out)
-			// A standby promoted at 0/200 serves the slot now.
-			f.promote(2, "1\t0/200\tno recovery target specified\n")
+			tt.change(f)
 			w.c.Close()
 			for {
 				select {
@@ -181,15 +189,15 @@ func TestStreamTimelineFork(t *testing.T) {
 				}
 				break
 			}
-			if tt.fatal {
+			if tt.fatal != "" {
 				var fe *FatalError
 				select {
 				case err := <-done:
-					if !errors.As(err, &fe) || fe.Reason != "timeline_fork" || !strings.Contains(err.Error(), "0/200") {
-						t.Fatalf("Run: %v, want a timeline_fork fatal error naming the fork 0/200", err)
+					if !errors.As(err, &fe) || fe.Reason != tt.fatal || !strings.Contains(err.Error(), tt.mention) {
+						t.Fatalf("Run: %v, want a %s fatal error naming %s", err, tt.fatal, tt.mention)
 					}
 				case w := <-f.conns:
-					t.Fatalf("streaming restarted past the fork: %q", w.start)
+					t.Fatalf("streaming restarted: %q", w.start)
 				case <-ctx.Done():
 					t.Fatal("Run did not stop")
 				}
@@ -202,73 +210,6 @@ func TestStreamTimelineFork(t *testing.T) {
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatalf("Run: %v", err)
-			}
-		})
-	}
-}
-
-// TestStreamServerRestored: a reconnect that reaches the same server with
-// its WAL ending before the position streaming would resume at (a data
-// directory restored from an older copy) stops with a fatal error instead of
-// START_REPLICATION there; a WAL end at the position resumes.
-func TestStreamServerRestored(t *testing.T) {
-	for _, tt := range []struct {
-		name   string
-		walEnd lsn.LSN
-		fatal  bool
-	}{
-		{"restored to before the resume position", 0x10F, true},
-		{"at the resume position", 0x110, false},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-			defer cancel()
-			f := newFakeWalsender(t)
-			s := newTestStream(f, func(c *Config) {
-				c.StartLSN = 0x50
-				c.BackoffMax = time.Millisecond
-			})
-			out := make(chan *Batch, 16)
-			done := make(chan error, 1)
-			go func() { done <- s.Run(ctx, out) }()
-			w := next(t, ctx, f, out)
-			f.restore(tt.walEnd)
-			w.c.Close()
-			for {
-				select {
-				case b := <-out:
-					if !resumeAt(b, 0x110) {
-						b.Release()
-						continue
-					}
-				case err := <-done:
-					t.Fatalf("Run ended before the reconnect: %v", err)
-				case <-ctx.Done():
-					t.Fatal("no Reset after the connection was lost")
-				}
-				break
-			}
-			if !tt.fatal {
-				w = next(t, ctx, f, out)
-				if !strings.Contains(w.start, " 0/110") {
-					t.Fatalf("START_REPLICATION %q, want it at 0/110", w.start)
-				}
-				cancel()
-				if err := <-done; err != nil {
-					t.Fatalf("Run: %v", err)
-				}
-				return
-			}
-			var fe *FatalError
-			select {
-			case err := <-done:
-				if !errors.As(err, &fe) || fe.Reason != "server_rewound" || !strings.Contains(err.Error(), "0/10F") {
-					t.Fatalf("Run: %v, want a server_rewound fatal error naming the WAL end 0/10F", err)
-				}
-			case w := <-f.conns:
-				t.Fatalf("streaming restarted past the restored WAL: %q", w.start)
-			case <-ctx.Done():
-				t.Fatal("Run did not stop")
 			}
 		})
 	}

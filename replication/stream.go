@@ -338,6 +338,37 @@ func (s *Stream) Run(ctx context.Context, out chan<- *Batch) error {
 	}
 }
 
+// identify checks the server a connection reached before streaming
+// resumes at start there: a reconnect may reach another server (a
+// promoted standby: its history must contain everything streamed so far)
+// or the same one restored from an older copy (sameServer).
+func (s *Stream) identify(ctx context.Context, conn *pgconn.PgConn, start lsn.LSN) error {
+	srv, err := identifySystem(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if s.timeline != 0 && srv.Timeline == s.timeline {
+		if err := sameServer(s.systemID, start, srv, s.cfg.Standby); err != nil {
+			return err
+		}
+	}
+	if s.timeline != 0 && srv.Timeline != s.timeline {
+		if err := srv.readHistory(ctx, conn); err != nil {
+			return err
+		}
+		if err := followTimeline(s.timeline, start, srv); err != nil {
+			return err
+		}
+		s.log.Warn("the server is on a new timeline (failover or restore); its history has everything streamed so far",
+			"from_timeline", s.timeline, "timeline", srv.Timeline, "resume", start)
+	}
+	s.timeline, s.systemID = srv.Timeline, srv.SystemID
+	if s.OnTimeline != nil {
+		s.OnTimeline(srv.Timeline)
+	}
+	return nil
+}
+
 // session is one connection: connect, start replication, loop.
 func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) error {
 	conn, err := s.cfg.DB.replication(ctx)
@@ -350,31 +381,8 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) 
 		conn.Close(cctx)
 	}()
 
-	// A reconnect may reach another server (a promoted standby): its
-	// history must contain everything streamed so far.
-	srv, err := identifySystem(ctx, conn)
-	if err != nil {
+	if err := s.identify(ctx, conn, start); err != nil {
 		return err
-	}
-	if s.timeline != 0 && srv.Timeline == s.timeline {
-		if err := sameServer(s.systemID, start, srv, s.cfg.Standby); err != nil {
-			return err
-		}
-	}
-	s.systemID = srv.SystemID
-	if s.timeline != 0 && srv.Timeline != s.timeline {
-		if err := srv.readHistory(ctx, conn); err != nil {
-			return err
-		}
-		if err := followTimeline(s.timeline, start, srv); err != nil {
-			return err
-		}
-		s.log.Warn("the server is on a new timeline (failover or restore); its history has everything streamed so far",
-			"from_timeline", s.timeline, "timeline", srv.Timeline, "resume", start)
-	}
-	s.timeline = srv.Timeline
-	if s.OnTimeline != nil {
-		s.OnTimeline(srv.Timeline)
 	}
 
 	args := pluginArgs(s.cfg.Publication, s.cfg.Messages)

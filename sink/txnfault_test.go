@@ -4,18 +4,17 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
 // txnFaults is a dialer for the transactional client that reads the Kafka
-// protocol on its connections (a frame is an int32 size and the message;
-// request header v1/v2: api key, api version, correlation id, client id,
-// then tagged fields from the flexible versions on) and misbehaves on
-// EndTxn (api key 26, flexible from v3):
+// protocol on its connections (testenv.ReadKafkaFrame) and misbehaves on
+// EndTxn:
 //   - forge > 0: the answers to that many EndTxn commit requests, which the
 //     broker carried out, come back with the error code forgeCode instead,
 //     as a coordinator that moved or is loading answers franz-go's retries
@@ -54,36 +53,8 @@ type faultConn struct {
 	frame []byte // the answer being read, rewritten; the reading goroutine's
 }
 
-// endTxn parses an EndTxn request frame: its correlation id, whether its
-// version is flexible, and whether it commits.
-func endTxn(b []byte) (corr int32, flexible, commit, ok bool) {
-	if len(b) < 14 || binary.BigEndian.Uint16(b[4:6]) != 26 {
-		return 0, false, false, false
-	}
-	ver := int16(binary.BigEndian.Uint16(b[6:8]))
-	corr = int32(binary.BigEndian.Uint32(b[8:12]))
-	off := 14
-	if n := int16(binary.BigEndian.Uint16(b[12:14])); n > 0 {
-		off += int(n)
-	}
-	flexible = ver >= 3
-	var idLen int
-	if flexible {
-		off++ // no tagged fields in the header
-		n, w := binary.Uvarint(b[off:])
-		idLen, off = int(n)-1, off+w
-	} else {
-		idLen, off = int(binary.BigEndian.Uint16(b[off:])), off+2
-	}
-	off += idLen + 8 + 2 // transactional id, producer id, epoch
-	if off >= len(b) {
-		return 0, false, false, false
-	}
-	return corr, flexible, b[off] == 1, true
-}
-
 func (c *faultConn) Write(b []byte) (int, error) {
-	if corr, flexible, commit, ok := endTxn(b); ok {
+	if corr, flexible, commit, ok := testenv.EndTxnRequest(b); ok {
 		switch {
 		case commit && c.f.forge.Load() > 0:
 			c.f.forge.Add(-1)
@@ -106,13 +77,8 @@ func (c *faultConn) Read(b []byte) (int, error) {
 		return 0, errors.New("test: connection cut before the answer")
 	}
 	if len(c.frame) == 0 {
-		var size [4]byte
-		if _, err := io.ReadFull(c.Conn, size[:]); err != nil {
-			return 0, err
-		}
-		frame := make([]byte, 4+binary.BigEndian.Uint32(size[:]))
-		copy(frame, size[:])
-		if _, err := io.ReadFull(c.Conn, frame[4:]); err != nil {
+		frame, err := testenv.ReadKafkaFrame(c.Conn)
+		if err != nil {
 			return 0, err
 		}
 		corr := int32(binary.BigEndian.Uint32(frame[4:8]))
@@ -121,11 +87,7 @@ func (c *faultConn) Read(b []byte) (int, error) {
 		delete(c.forge, corr)
 		c.mu.Unlock()
 		if ok {
-			at := 8 + 4 // correlation id, throttle
-			if flexible {
-				at++ // the header's tagged fields
-			}
-			binary.BigEndian.PutUint16(frame[at:], uint16(c.f.forgeCode))
+			binary.BigEndian.PutUint16(frame[testenv.AnswerErrorAt(flexible):], uint16(c.f.forgeCode))
 			c.f.forged.Add(1)
 		}
 		c.frame = frame

@@ -2,20 +2,16 @@ package chaos
 
 import (
 	"encoding/binary"
-	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
-// TxnFault is a fault of the Kafka proxy that reads the protocol: a frame
-// is an int32 size and the message; a request starts with its api key, api
-// version and correlation id, then the client id and, in flexible versions,
-// tagged fields; an answer with the correlation id, then, in flexible
-// versions, tagged fields (Kafka protocol guide, "Common Request and
-// Response Structure"). The faults concern EndTxn (api key 26, flexible
-// from v3), the request that commits or aborts a transaction.
+// TxnFault is a fault of the Kafka proxy that reads the protocol
+// (testenv.ReadKafkaFrame, testenv.EndTxnRequest). The faults concern
+// EndTxn, the request that commits or aborts a transaction.
 type TxnFault int32
 
 const (
@@ -83,62 +79,6 @@ type frameLink struct {
 	produce map[int32]int16
 }
 
-const maxFrame = 256 << 20
-
-func readFrame(src net.Conn) ([]byte, error) {
-	var size [4]byte
-	if _, err := io.ReadFull(src, size[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(size[:])
-	if n > maxFrame {
-		return nil, fmt.Errorf("kafka frame of %d bytes", n)
-	}
-	frame := make([]byte, 4+n)
-	copy(frame, size[:])
-	if _, err := io.ReadFull(src, frame[4:]); err != nil {
-		return nil, err
-	}
-	return frame, nil
-}
-
-// endTxnRequest parses an EndTxn request frame: its correlation id,
-// whether its version is flexible, and whether it commits.
-func endTxnRequest(b []byte) (corr int32, flexible, commit, ok bool) {
-	if len(b) < 14 || binary.BigEndian.Uint16(b[4:6]) != 26 {
-		return 0, false, false, false
-	}
-	ver := int16(binary.BigEndian.Uint16(b[6:8]))
-	corr = int32(binary.BigEndian.Uint32(b[8:12]))
-	off := 14
-	if n := int16(binary.BigEndian.Uint16(b[12:14])); n > 0 {
-		off += int(n)
-	}
-	flexible = ver >= 3
-	var idLen int
-	if flexible {
-		if off >= len(b) {
-			return 0, false, false, false
-		}
-		off++ // the header's tagged fields: none
-		n, w := binary.Uvarint(b[off:])
-		if w <= 0 || n == 0 {
-			return 0, false, false, false
-		}
-		idLen, off = int(n)-1, off+w
-	} else {
-		if off+2 > len(b) {
-			return 0, false, false, false
-		}
-		idLen, off = int(binary.BigEndian.Uint16(b[off:])), off+2
-	}
-	off += idLen + 8 + 2 // transactional id, producer id, producer epoch
-	if off >= len(b) {
-		return 0, false, false, false
-	}
-	return corr, flexible, b[off] == 1, true
-}
-
 // request decides what to do with a client frame: forward it (and remember
 // to forge its answer), or cut the link (with the frame forwarded first,
 // or not).
@@ -149,7 +89,7 @@ func (p *Proxy) request(fl *frameLink, frame []byte) (forward, cut bool) {
 		fl.produce[int32(binary.BigEndian.Uint32(frame[8:12]))] = int16(binary.BigEndian.Uint16(frame[6:8]))
 		fl.mu.Unlock()
 	}
-	corr, flexible, commit, ok := endTxnRequest(frame)
+	corr, flexible, commit, ok := testenv.EndTxnRequest(frame)
 	if !ok {
 		return true, false
 	}
@@ -192,11 +132,7 @@ func (p *Proxy) answer(fl *frameLink, frame []byte) {
 	if !ok {
 		return
 	}
-	at := 8 + 4
-	if flexible {
-		at++
-	}
-	if at+2 <= len(frame) {
+	if at := testenv.AnswerErrorAt(flexible); at+2 <= len(frame) {
 		binary.BigEndian.PutUint16(frame[at:], coordinatorLoadInProgress)
 		p.txn.forged.Add(1)
 	}
@@ -207,7 +143,7 @@ func (p *Proxy) answer(fl *frameLink, frame []byte) {
 func (p *Proxy) pumpFrames(l *link, fl *frameLink, dst, src net.Conn, toBroker bool) {
 	defer l.close(false)
 	for {
-		frame, err := readFrame(src)
+		frame, err := testenv.ReadKafkaFrame(src)
 		if err != nil {
 			return // EOF or an error: either way the link is over
 		}

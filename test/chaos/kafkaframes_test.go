@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
 // TestEndTxnFrames: the proxy's parser finds EndTxn in request frames of
@@ -18,7 +20,7 @@ func TestEndTxnFrames(t *testing.T) {
 			req.SetVersion(v)
 			req.TransactionalID, req.ProducerID, req.ProducerEpoch, req.Commit = "outbox-cdc-7/db/slot", 42, 3, commit
 			frame := f.AppendRequest(nil, req, 77)
-			corr, flexible, gotCommit, ok := endTxnRequest(frame)
+			corr, flexible, gotCommit, ok := testenv.EndTxnRequest(frame)
 			if !ok || corr != 77 || flexible != req.IsFlexible() || gotCommit != commit {
 				t.Fatalf("v%d commit=%v: parsed corr %d flexible %v commit %v ok %v", v, commit, corr, flexible, gotCommit, ok)
 			}
@@ -71,7 +73,7 @@ func TestEndTxnFrames(t *testing.T) {
 		}
 	}
 	meta := f.AppendRequest(nil, kmsg.NewPtrMetadataRequest(), 1)
-	if _, _, _, ok := endTxnRequest(meta); ok {
+	if _, _, _, ok := testenv.EndTxnRequest(meta); ok {
 		t.Fatal("a Metadata request parsed as EndTxn")
 	}
 }

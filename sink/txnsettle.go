@@ -1,0 +1,146 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// The outcome of an attempt: committed, refused, or not known (settled
+// before anything is produced again), and the abort that ends a refused one.
+
+// unconfirmed is an attempt whose commit was not confirmed: its number,
+// its position and the events it carried, which are in no batch until it
+// is settled.
+type unconfirmed struct {
+	txn     uint64
+	end     lsn.LSN
+	entries []*entry
+}
+
+// try settles an unconfirmed commit and ends an abort left pending first,
+// then makes one attempt at *b. It reports whether all of *b is committed;
+// the outcomes of committed events are delivered, and they leave *b. The
+// events of an unconfirmed commit that did not commit go first in *b.
+func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
+	if u := t.unsure; u != nil {
+		committed, err := t.settle(ctx, u.txn)
+		if err != nil {
+			return false, err
+		}
+		t.unsure = nil
+		if committed {
+			t.committed.Store(uint64(u.end))
+			t.delivered(u.entries)
+			if len(*b) == 0 {
+				return true, nil
+			}
+		} else {
+			*b = append(u.entries, *b...)
+		}
+	}
+	if t.aborting {
+		if err := t.endAbort(ctx); err != nil {
+			return false, err
+		}
+	}
+	t.lastTry = time.Now()
+	err := t.attempt(ctx, *b, end)
+	switch {
+	case err == nil:
+		t.committed.Store(uint64(end))
+		t.delivered(*b)
+		return true, nil
+	case errors.Is(err, errUnconfirmed):
+		t.unsure = &unconfirmed{txn: t.txnSeq, end: end, entries: *b}
+		*b = nil
+	}
+	return false, err
+}
+
+func (t *Txn) delivered(b []*entry) {
+	for _, e := range b {
+		e.done.Delivered(Outcome{DeadLettered: e.rec.dead, Reason: e.rec.reason})
+	}
+}
+
+// settle learns what became of the commit of transaction number txn, which
+// the client could not confirm. franz-go's documented answer to it is
+// EndTransaction(TryAbort), which reloads the producer id: once the client
+// holds an id again, the epoch was bumped, which aborted that transaction
+// had it still been open. It is then committed or aborted for good, and the
+// committed position record says which: only this transactional id commits
+// this source's positions, each with a number above every earlier one.
+func (t *Txn) settle(ctx context.Context, txn uint64) (bool, error) {
+	cl := t.s.cl
+	if err := cl.AbortBufferedRecords(ctx); err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	pos, err := t.readPosition(ctx)
+	if err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	committed := pos.Txn >= txn
+	t.log.Warn("kafka: learned the outcome of a commit that was not confirmed", "txn", txn, "committed", committed)
+	return committed, nil
+}
+
+// endAbort retries an abort that failed without an answer.
+func (t *Txn) endAbort(ctx context.Context) error {
+	if err := t.s.cl.AbortBufferedRecords(ctx); err != nil {
+		return fmt.Errorf("abort transaction: %w", err)
+	}
+	if err := t.s.cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		return fmt.Errorf("abort transaction: %w", err)
+	}
+	t.aborting = false
+	return nil
+}
+
+// errUnconfirmed: EndTransaction(TryCommit) failed, and the transaction may
+// have committed.
+var errUnconfirmed = errors.New("commit not confirmed")
+
+// unconfirmedEnd: every commit error but a refusal before anything was sent
+// (franz-go's OperationNotAttempted, a topic recreated in the transaction)
+// leaves the outcome unknown. A transport error or UNKNOWN_SERVER_ERROR
+// says nothing, and franz-go retries EndTxn itself, so a retriable error
+// (COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR, …) may answer a retry of
+// a first try that committed. Settling costs a read of the positions topic;
+// guessing wrong costs a duplicate.
+func unconfirmedEnd(err error) bool {
+	return !errors.Is(err, kerr.OperationNotAttempted) && !errors.Is(err, kerr.UnknownTopicID)
+}
+
+// abort ends the transaction without committing it and returns cause (or
+// the abort's own error when that one is fatal).
+func (t *Txn) abort(ctx context.Context, cause error) error {
+	cl := t.s.cl
+	// Records not sent yet must not join the next transaction.
+	if err := cl.AbortBufferedRecords(ctx); err != nil {
+		return errors.Join(cause, err)
+	}
+	switch err := cl.EndTransaction(ctx, kgo.TryAbort); {
+	case err == nil:
+	case isFatalTxn(err):
+		return err
+	default:
+		// Still in the transaction for franz-go: the next try aborts again
+		// before it begins.
+		t.aborting = true
+		return errors.Join(cause, fmt.Errorf("abort transaction: %w", err))
+	}
+	return cause
+}
