@@ -53,6 +53,7 @@ func TestExamplesOrdersToInventory(t *testing.T) {
 	// (keys); with two, the second order could be handled first and take
 	// the apples.
 	topic := newTopic(t, 1)
+	dropSlotAtEnd(t, shopDSN, "examples")
 	cfg := testConfig(t, shopDSN, "public.outbox", "examples")
 	cfg.Kafka.Topics = map[string]string{orders.AggregateType: topic}
 	startConnector(t, cfg)

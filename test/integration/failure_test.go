@@ -193,15 +193,18 @@ func TestSlotProblemsAreLoud(t *testing.T) {
 			exec1(t, dsn, "DROP PUBLICATION pubdrop")
 			exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('x', 'k', 'E', '{}')`)
 		})
-		// Up to 17 the walsender fails on the missing publication; from 18
-		// on pgoutput only warns and sends nothing, and the guard stops the
-		// connector (recording the gap) with its own fix.
-		name, fix := `publication \"pubdrop\" does not exist`, "drop the slot, restart"
+		// Up to 17 the walsender fails on the missing publication when it
+		// decodes the insert, unless the guard (which reads the publication
+		// every 100 ms) saw it first; from 18 on pgoutput only warns and
+		// sends nothing, and the guard stops the connector (recording the
+		// gap) with its own fix. Either stop names the publication and a fix.
+		walsender := strings.Contains(out, `publication \"pubdrop\" does not exist`) && strings.Contains(out, "drop the slot, restart")
+		guard := strings.Contains(out, "publication pubdrop was dropped") && strings.Contains(out, "ALTER PUBLICATION")
 		if serverMajor(t, dsn) >= 18 {
-			name, fix = "publication pubdrop was dropped", "ALTER PUBLICATION"
+			walsender = false
 		}
-		if code != 1 || !strings.Contains(out, name) || !strings.Contains(out, fix) {
-			t.Fatalf("exit %d, want 1 naming the publication (%s) and the fix (%s):\n%s", code, name, fix, out)
+		if code != 1 || !walsender && !guard {
+			t.Fatalf("exit %d, want 1 naming the publication and the fix (the walsender's, or from 18 only the guard's):\n%s", code, out)
 		}
 	})
 	t.Run("slot dropped", func(t *testing.T) {
