@@ -304,6 +304,12 @@ func (t *Txn) loop() {
 	defer t.wg.Done()
 	check := time.NewTicker(t.cfg.FenceCheck)
 	defer check.Stop()
+	// The interval's wait is a timer of the same select, so the idle
+	// probe also runs while a batch waits (an unconfirmed commit a Flush
+	// gave up on is settled by it).
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
 	for {
 		select {
 		case <-t.ctx.Done():
@@ -312,19 +318,17 @@ func (t *Txn) loop() {
 			t.probe()
 			continue
 		case <-t.kick:
+		case <-due.C:
 		}
 		t.mu.Lock()
-		pending, due := len(t.batch) > 0, t.since.Add(t.cfg.Interval)
+		pending, at := len(t.batch) > 0, t.since.Add(t.cfg.Interval)
 		t.mu.Unlock()
 		if !pending {
 			continue
 		}
-		if wait := time.Until(due); wait > 0 {
-			select {
-			case <-t.ctx.Done():
-				return
-			case <-time.After(wait):
-			}
+		if wait := time.Until(at); wait > 0 {
+			due.Reset(wait)
+			continue
 		}
 		_ = t.commit(t.ctx) // outcomes went to the events' Done
 	}

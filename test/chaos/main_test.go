@@ -79,8 +79,12 @@ func runSuite(m *testing.M) int {
 	go func() { discDone <- discoverKafkaListener(discCtx, env.brokerProxy) }()
 	kStart := time.Now()
 	var kErr error
+	// Auto-creation is off, as on a locked-down cluster: the suite creates
+	// the outbox topics, the connector its own (the quarantine state and
+	// positions topics) at start.
 	env.kafka, kErr = testenv.StartKafka(ctx, testenv.KafkaOptions{Properties: map[string]string{
-		"advertised.listeners": "PLAINTEXT://" + env.brokerProxy.Addr(),
+		"advertised.listeners":      "PLAINTEXT://" + env.brokerProxy.Addr(),
+		"auto.create.topics.enable": "false",
 	}})
 	kTook := time.Since(kStart)
 	stopDisc()
