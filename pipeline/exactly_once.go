@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -64,7 +65,7 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	t.SetTimeline(srv.Timeline)
 	committed, err := t.Start(ctx)
 	if err == nil {
-		err = trustCommitted(committed, srv, eo.PositionsTopic, key)
+		err = trustCommitted(committed, srv, eo.PositionsTopic, key, strings.Join(p.cfg.Sink.Brokers, ","))
 	}
 	if err != nil {
 		t.Close()
@@ -88,7 +89,7 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 // server commits below it and confirm the slot past them, so it is refused.
 // A position of an older version (no timeline) is checked against the WAL
 // end only.
-func trustCommitted(pos sink.Position, srv replication.Server, topic, key string) error {
+func trustCommitted(pos sink.Position, srv replication.Server, topic, key, brokers string) error {
 	why := replication.NotInHistory(pos.LSN, pos.Timeline, srv)
 	if pos.LSN == 0 || why == "" {
 		return nil
@@ -98,8 +99,8 @@ func trustCommitted(pos sink.Position, srv replication.Server, topic, key string
 			"every transaction this server commits below it", pos.LSN, topic, key, pos.Timeline, why),
 		Fix: fmt.Sprintf("if this server was restored or a standby promoted, what Kafka holds past what the server has stays published; "+
 			"forget the position with a tombstone for its key and start again, which streams from the slot's confirmed position "+
-			"(kafka-console-producer.sh --topic %s --property parse.key=true --property key.separator='|' --property null.marker=NULL "+
-			"<<< '%s|NULL'); if the DSN reaches the wrong cluster, fix postgres.dsn (docs/operations.md, Exactly-once delivery)", topic, key),
+			"(kafka-console-producer.sh --bootstrap-server %s --topic %s --property parse.key=true --property key.separator='|' --property null.marker=NULL "+
+			"<<< '%s|NULL'); if the DSN reaches the wrong cluster, fix postgres.dsn (docs/operations.md, Exactly-once delivery)", brokers, topic, key),
 	}
 }
 

@@ -33,7 +33,7 @@ func TestTrustCommitted(t *testing.T) {
 		{"a timeline not in the history", sink.Position{LSN: 0x1000000, Timeline: 4}, "not in the history of this server's timeline 3"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			err := trustCommitted(tt.pos, srv, "positions", "7/app/slot")
+			err := trustCommitted(tt.pos, srv, "positions", "7/app/slot", "k1:9092")
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -49,7 +49,7 @@ func TestTrustCommitted(t *testing.T) {
 					t.Errorf("problem %q lacks %q", pe.Problem, s)
 				}
 			}
-			if !strings.Contains(pe.Fix, "tombstone") || !strings.Contains(pe.Fix, "7/app/slot|NULL") {
+			if !strings.Contains(pe.Fix, "tombstone") || !strings.Contains(pe.Fix, "7/app/slot|NULL") || !strings.Contains(pe.Fix, "--bootstrap-server k1:9092") {
 				t.Errorf("fix %q does not say how to forget the position", pe.Fix)
 			}
 		})
