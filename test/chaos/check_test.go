@@ -94,6 +94,7 @@ type Report struct {
 	DuplicatesAfterKills    int            `json:"duplicates_after_connector_kills"`
 	MaxDuplicatesPerKill    int            `json:"max_duplicates_per_connector_kill"`
 	InProcessDuplicates     int            `json:"duplicates_within_one_process"`
+	InProcessExamples       []string       `json:"duplicates_within_one_process_examples,omitempty"`
 	DuplicatesByIncarnation map[string]int `json:"duplicates_by_incarnation,omitempty"`
 	DupsBelowConfirmed      int            `json:"duplicates_below_confirmed_position"`
 	DupsBelowCheckpoint     int            `json:"duplicates_below_checkpoint"`
@@ -741,6 +742,10 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 				// Resent by the process that sent it first: a replication
 				// reconnect resending the open transaction.
 				rep.InProcessDuplicates++
+				if len(rep.InProcessExamples) < 10 {
+					rep.InProcessExamples = append(rep.InProcessExamples, fmt.Sprintf("event %s (%s seq %d) appended at %s and again at %s (%s)",
+						id, e.Agg, e.Seq, cs[0].Append.Format("15:04:05.000"), c.Append.Format("15:04:05.000"), r.faultAt(c.Append)))
+				}
 				continue
 			}
 			perInc[in.N]++
@@ -1120,3 +1125,18 @@ func (r *run) report(rep *Report) {
 }
 
 func round2(f float64) float64 { return math.Round(f*100) / 100 }
+
+// faultAt names the faults under way (or ended within 5s) at t, for the
+// examples of a report.
+func (r *run) faultAt(t time.Time) string {
+	var kinds []string
+	for _, f := range r.faults {
+		if !t.Before(f.Start) && t.Before(f.End.Add(5*time.Second)) {
+			kinds = append(kinds, f.Kind)
+		}
+	}
+	if len(kinds) == 0 {
+		return "no fault within 5s"
+	}
+	return strings.Join(kinds, ", ")
+}
