@@ -35,17 +35,7 @@ func TestOwnTopicsOnLockedDownBroker(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	k, err := testenv.StartKafka(ctx, testenv.KafkaOptions{Properties: map[string]string{"auto.create.topics.enable": "false"}})
-	if err != nil {
-		t.Fatalf("start kafka: %v", err)
-	}
-	defer k.Close()
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admCl.Close()
-	adm := kadm.NewClient(admCl)
+	k, adm := lockedBroker(ctx, t)
 	small := map[string]*string{"max.message.bytes": kadm.StringPtr("1024")}
 	if _, err := adm.CreateTopic(ctx, 1, 1, small, topicFor("locked")); err != nil {
 		t.Fatal(err)
@@ -173,4 +163,21 @@ func ownTopicsYAML(dsn string, cfg *config.Config) string {
 		"kafka: {brokers: [%s], dlq_topic: %s, parking_topic: %s, quarantine_topic: %s, topic_replication_factor: %d, topic: %q}\nhttp: {listen: ''}\n",
 		dsn, cfg.Postgres.Slot, cfg.Postgres.Publication, strings.Join(cfg.Kafka.Brokers, ", "), cfg.Kafka.DLQTopic,
 		cfg.Kafka.ParkingTopic, cfg.Kafka.QuarantineTopic, cfg.Kafka.TopicReplicationFactor, topicTemplate)
+}
+
+// lockedBroker starts a broker of the test's own that forbids
+// auto-creation, and an admin client of it; both end with the test.
+func lockedBroker(ctx context.Context, t *testing.T) (*testenv.Kafka, *kadm.Client) {
+	t.Helper()
+	k, err := testenv.StartKafka(ctx, testenv.KafkaOptions{Properties: map[string]string{"auto.create.topics.enable": "false"}})
+	if err != nil {
+		t.Fatalf("start kafka: %v", err)
+	}
+	t.Cleanup(func() { k.Close() })
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return k, kadm.NewClient(cl)
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
-	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
 // limitedTopic creates a topic with the given max.message.bytes on the shared
@@ -208,17 +207,7 @@ func TestUnknownTopicWaitsForItsTopic(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	k, err := testenv.StartKafka(ctx, testenv.KafkaOptions{Properties: map[string]string{"auto.create.topics.enable": "false"}})
-	if err != nil {
-		t.Fatalf("start kafka: %v", err)
-	}
-	defer k.Close()
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admCl.Close()
-	adm := kadm.NewClient(admCl)
+	k, adm := lockedBroker(ctx, t)
 	if _, err := adm.CreateTopics(ctx, 1, 1, nil, topicFor("present"), dlqFor("waits")); err != nil {
 		t.Fatal(err)
 	}
