@@ -73,7 +73,7 @@ integration: kafka-jars build
 	set -o pipefail; OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 30m -v ./test/integration/ 2>&1 \
 	  | tee .cache/integration.log \
 	  | grep --line-buffered -E '^(=== RUN|--- |    --- |PASS|FAIL|ok|integration:|panic)|_test.go:[0-9]+: [^t]'; \
-	  status=$${PIPESTATUS[0]}; [ $$status -eq 0 ] || tail -100 .cache/integration.log; exit $$status
+	  status=$${PIPESTATUS[0]}; [ $$status -eq 0 ] || { scripts/failed-output.sh .cache/integration.log; tail -40 .cache/integration.log; }; exit $$status
 
 # smoke runs the smoke subset of the integration suite on every other
 # version of the matrix; matrix runs the whole suite on each.

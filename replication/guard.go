@@ -84,8 +84,17 @@ func (g *Guard) Check(ctx context.Context) (why string, gap bool) {
 	if err != nil {
 		return "", false
 	}
-	if why := s.LeftStream(g.src, g.start); why != "" {
-		return why, true
+	if s.LeftStream(g.src, g.start) != "" {
+		// A reading taken while the catalog changed can mix two states
+		// (pg_publication_tables reads a newer snapshot than the rest): a
+		// second reading, whose snapshot follows the change, says what it was.
+		s, err = g.watch.Read(ctx, g.start.RelID)
+		if err != nil {
+			return "", false
+		}
+		if why := s.LeftStream(g.src, g.start); why != "" {
+			return why, true
+		}
 	}
 	if why := s.SchemaProblem(g.src); why != "" {
 		return why, false

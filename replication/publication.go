@@ -146,6 +146,12 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 	if err := conn.QueryRow(ctx, "SELECT "+walPosition).Scan(&s.Before); err != nil {
 		return s, fmt.Errorf("read wal position: %w", err)
 	}
+	// The table is found by name in the statement's snapshot, as its
+	// columns and its old name are: to_regclass would look the name up in
+	// the catalog's newer snapshot, and a table dropped in between would
+	// then read as renamed (to its own name). pg_publication_tables still
+	// reads the catalog's snapshot; Guard.Check reads again before it
+	// believes a finding.
 	var relID, pubRelID *uint32
 	var relkind, startName *string
 	err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
@@ -154,13 +160,14 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 		c.oid, c.relkind::text,
 		(SELECT pr.oid FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid),
 		EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3),
-		(SELECT n.nspname || '.' || s.relname FROM pg_class s JOIN pg_namespace n ON n.oid = s.relnamespace WHERE s.oid = $5),
-		ARRAY(SELECT x FROM unnest($6::text[]) x WHERE c.oid IS NOT NULL AND NOT EXISTS
+		(SELECT n.nspname || '.' || s.relname FROM pg_class s JOIN pg_namespace n ON n.oid = s.relnamespace WHERE s.oid = $4),
+		ARRAY(SELECT x FROM unnest($5::text[]) x WHERE c.oid IS NOT NULL AND NOT EXISTS
 			(SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = x AND a.attnum > 0 AND NOT a.attisdropped))
 		FROM (SELECT 1) one
 		LEFT JOIN pg_publication p ON p.pubname = $1
-		LEFT JOIN pg_class c ON c.oid = to_regclass($4)`,
-		src.Publication, src.Schema, src.Table, src.qualified(), startRel, src.Columns).
+		LEFT JOIN (pg_class c JOIN pg_namespace cn ON cn.oid = c.relnamespace)
+			ON cn.nspname = $2 AND c.relname = $3`,
+		src.Publication, src.Schema, src.Table, startRel, src.Columns).
 		Scan(&s.Xmin, &s.Running, &s.Publication, &s.PubInsert, &s.ViaRoot, &relID, &relkind, &pubRelID, &s.Member, &startName, &s.Missing)
 	if err != nil {
 		return s, fmt.Errorf("read publication membership: %w", err)
