@@ -44,6 +44,15 @@ func (p *Pipeline) openSink(ctx context.Context) (*sink.Sink, error) {
 // not compacted after the start.
 func OpenRepairSink(ctx context.Context, cfg Config, fail func(error), log *slog.Logger) (*sink.Sink, error) {
 	sc := cfg.Sink
+	// A row it cannot publish goes to the dead-letter or parking topic: on
+	// a cluster that does not create topics, they exist only if it makes
+	// them, as run does (a missing one would hold the row until the end).
+	if err := sink.EnsureOwnTopics(ctx, sc, true, log); err != nil {
+		if pe := ownTopicError(err); pe != nil {
+			return nil, pe
+		}
+		return nil, fmt.Errorf("kafka: check the connector's own topics: %w", err)
+	}
 	sc.Owner = func() bool { return false }
 	sc.Fail = func(err error) { fail(notCompacted(err)) }
 	return startSink(ctx, cfg.Source, sc, log)

@@ -125,6 +125,32 @@ func TestOwnTopicsOnLockedDownBroker(t *testing.T) {
 		}
 	})
 
+	// verify --repair republishes through a sink of its own: a row it
+	// cannot publish goes to the dead-letter topic, which on this cluster
+	// exists only if the repair creates it, as run does.
+	t.Run("created by verify --repair", func(t *testing.T) {
+		dsn := newDatabase(t)
+		createOutbox(t, dsn, "outbox", "jsonb")
+		cfg := testConfig(t, dsn, "public.outbox", "lockedrepair")
+		cfg.Kafka.Brokers = k.Brokers()
+		conn := pgConnect(t, dsn)
+		var since time.Time
+		if err := conn.QueryRow(ctx, "SELECT now() - interval '1 second'").Scan(&since); err != nil {
+			t.Fatal(err)
+		}
+		committed(t, conn, func(tx pgx.Tx) { // the topic of "locked" (made above) takes 1 KiB
+			insert(t, tx, "outbox", "locked", "r", "Big", `{"blob": "`+strings.Repeat("x", 2000)+`"}`)
+		})
+		code, out := runBinary(t, 2*time.Minute, nil, "verify", "--config", writeConfig(t, ownTopicsYAML(dsn, cfg)),
+			"--since", since.UTC().Format(time.RFC3339Nano), "--repair")
+		t.Logf("verify --repair: exit %d\n%s", code, out)
+		got := consumeFrom(t, k.Brokers(), []string{cfg.Kafka.DLQTopic}, 1, 30*time.Second, time.Second)
+		if code != 0 || len(got) != 1 {
+			t.Fatalf("verify --repair exit %d; %d records in the dead-letter topic %s, want exit 0 and the oversize row there:\n%s",
+				code, len(got), cfg.Kafka.DLQTopic, out)
+		}
+	})
+
 	t.Run("finite parking retention warned", func(t *testing.T) {
 		dsn := newDatabase(t)
 		createOutbox(t, dsn, "outbox", "jsonb")
