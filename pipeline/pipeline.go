@@ -143,7 +143,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 		cfg.QueueSize = 1024
 	}
 	if cfg.DrainTimeout <= 0 {
-		cfg.DrainTimeout = 30 * time.Second
+		cfg.DrainTimeout = sink.DefaultDrainTimeout
 	}
 	if cfg.MonitorInterval <= 0 {
 		cfg.MonitorInterval = 10 * time.Second

@@ -48,7 +48,8 @@ func TestTxnPositionsTopicCompactListAccepted(t *testing.T) {
 func TestDefaultsOneDefinition(t *testing.T) {
 	d := config.Default()
 	if d.Kafka.MaxBufferedRecords != sink.DefaultMaxBufferedRecords || d.DLQ.MaxQuarantined != sink.DefaultMaxQuarantined ||
-		d.Kafka.UnknownTopicTimeout != sink.DefaultUnknownTopicTimeout {
+		d.Kafka.UnknownTopicTimeout != sink.DefaultUnknownTopicTimeout || d.Kafka.DrainTimeout != sink.DefaultDrainTimeout ||
+		d.Kafka.TransactionInterval != sink.DefaultTxnInterval {
 		t.Fatalf("config defaults %d, %d, %v; sink defaults %d, %d, %v", d.Kafka.MaxBufferedRecords, d.DLQ.MaxQuarantined,
 			d.Kafka.UnknownTopicTimeout, sink.DefaultMaxBufferedRecords, sink.DefaultMaxQuarantined, sink.DefaultUnknownTopicTimeout)
 	}

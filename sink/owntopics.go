@@ -60,11 +60,9 @@ func ownTopics(cfg Config) []ownTopic {
 			configs: map[string]string{"retention.ms": keepForever}, keep: true})
 	}
 	if quarantine && cfg.QuarantineTopic != "" {
-		// As ensureStateTopic creates it: compacted, tombstones kept for
-		// ever, one partition.
+		// As ensureStateTopic creates it: one partition.
 		out = append(out, ownTopic{name: cfg.QuarantineTopic, role: "quarantine state", partitions: 1,
-			configs:   map[string]string{"cleanup.policy": "compact", "delete.retention.ms": "9223372036854775807"},
-			compacted: true})
+			configs: stateTopicConfigs, compacted: true})
 	}
 	return out
 }

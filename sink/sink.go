@@ -111,6 +111,9 @@ const (
 	// DefaultUnknownTopicTimeout is UnknownTopicTimeout when 0, and
 	// kafka.unknown_topic_timeout's default.
 	DefaultUnknownTopicTimeout = 2 * time.Minute
+	// DefaultDrainTimeout is how long a stop waits for the records in
+	// flight: kafka.drain_timeout's default, and the pipeline's when 0.
+	DefaultDrainTimeout = 30 * time.Second
 	// defaultBatchMax is franz-go's default batch cap, Kafka's default
 	// max.message.bytes; used while a topic's limit is unknown.
 	defaultBatchMax = 1_000_012

@@ -246,19 +246,25 @@ func (s *Sink) ensureStateTopic(ctx context.Context) error {
 	if !errors.Is(err, kerr.UnknownTopicOrPartition) {
 		return fmt.Errorf("describe quarantine topic %s: %w", name, err)
 	}
-	// Tombstones kept for ever: a start reads the topic up to the last
-	// offset listed, which would never come if a tombstone there were
-	// cleaned away. One record per key ever quarantined is small.
-	policy, keep := "compact", "9223372036854775807"
+	configs := map[string]*string{}
+	for k, v := range stateTopicConfigs {
+		configs[k] = &v
+	}
 	// One partition: a handful of records, each key's in one order.
-	_, err = s.adm.CreateTopic(ctx, 1, s.replication,
-		map[string]*string{"cleanup.policy": &policy, "delete.retention.ms": &keep}, name)
+	_, err = s.adm.CreateTopic(ctx, 1, s.replication, configs, name)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("create quarantine topic %s: %w", name, err)
 	}
-	s.log.Info("kafka: created the quarantine topic", "topic", name, "cleanup.policy", policy)
+	s.log.Info("kafka: created the quarantine topic", "topic", name, "cleanup.policy", stateTopicConfigs["cleanup.policy"])
 	return nil
 }
+
+// stateTopicConfigs are the quarantine state topic's settings, as the sink
+// and EnsureOwnTopics create it: compacted, and tombstones kept for ever (a
+// start reads the topic up to the last offset listed, which would never
+// come if a tombstone there were cleaned away; one record per key ever
+// quarantined is small).
+var stateTopicConfigs = map[string]string{"cleanup.policy": "compact", "delete.retention.ms": "9223372036854775807"}
 
 // stateAt is a state record and its offset.
 type stateAt struct {

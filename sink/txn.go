@@ -142,12 +142,14 @@ type txnTopic struct {
 	missingSince time.Time
 }
 
-const defaultTxnInterval = 5 * time.Millisecond
+// DefaultTxnInterval is TxnConfig.Interval when 0, and
+// kafka.transaction_interval's default.
+const DefaultTxnInterval = 5 * time.Millisecond
 
 // NewTxn creates the transactional producer. Call Start before Produce.
 func NewTxn(cfg TxnConfig, log *slog.Logger) (*Txn, error) {
 	if cfg.Interval <= 0 {
-		cfg.Interval = defaultTxnInterval
+		cfg.Interval = DefaultTxnInterval
 	}
 	if cfg.MaxRecords <= 0 {
 		cfg.MaxRecords = cfg.Sink.MaxBufferedRecords
