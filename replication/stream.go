@@ -5,12 +5,10 @@ package replication
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +16,6 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -369,7 +366,8 @@ func (s *Stream) identify(ctx context.Context, conn *pgconn.PgConn, start lsn.LS
 	return nil
 }
 
-// session is one connection: connect, start replication, loop.
+// session is one connection: connect, check the server, start
+// replication, then read until the session ends (sessionLoop.run).
 func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) error {
 	conn, err := s.cfg.DB.replication(ctx)
 	if err != nil {
@@ -384,219 +382,44 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) 
 	if err := s.identify(ctx, conn, start); err != nil {
 		return err
 	}
-
-	args := pluginArgs(s.cfg.Publication, s.cfg.Messages)
 	if s.cfg.CopyOf != "" {
-		// A temporary slot belongs to the session that made it.
-		sql := fmt.Sprintf("SELECT * FROM pg_copy_logical_replication_slot(%s, %s, true)", quoteLiteral(s.cfg.CopyOf), quoteLiteral(s.cfg.Slot))
-		res, err := conn.Exec(ctx, sql).ReadAll()
-		if err != nil {
-			return fmt.Errorf("copy slot %s: %w", s.cfg.CopyOf, classify(err))
-		}
-		// The range was checked against the original slot before the copy;
-		// the original may have moved on since, and a copy that starts after
-		// the range's first LSN would skip the events before it, silently.
-		if err := copyCovers(res, s.cfg.CopyOf, start); err != nil {
+		if err := s.copySlot(ctx, conn, start); err != nil {
 			return err
 		}
 	}
 	if err := pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, pglogrepl.LSN(start),
-		pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		pglogrepl.StartReplicationOptions{PluginArgs: pluginArgs(s.cfg.Publication, s.cfg.Messages)}); err != nil {
 		return fmt.Errorf("start replication: %w", classify(err))
 	}
 	s.connected(true)
 	s.log.Info("replication started", "slot", s.cfg.Slot, "from", start)
 
-	st := &status{conn: conn, timeout: s.cfg.ReceiveTimeout}
+	l := &sessionLoop{s: s, conn: conn, nc: conn.Conn(), out: out, st: &status{conn: conn, timeout: s.cfg.ReceiveTimeout},
+		live: liveness{heard: time.Now()}}
+	defer l.releasePending()
 	// Reads wait on the socket's deadline: ReceiveMessage with a context
 	// other than Background arms pgconn's context watcher, and a deadline
 	// context costs a timer, for every message (docs/performance.md).
-	// StopReading ends a read by moving the deadline to now.
-	nc := conn.Conn()
-	// So does the end of ctx: the last status update then goes at once.
-	wakeRead := func() { _ = nc.SetReadDeadline(time.Now()) }
+	// StopReading ends a read by moving the deadline to now; so does the
+	// end of ctx: the last status update then goes at once.
+	wakeRead := func() { _ = l.nc.SetReadDeadline(time.Now()) }
 	defer context.AfterFunc(s.readCtx, wakeRead)()
 	defer context.AfterFunc(ctx, wakeRead)()
-	var armed time.Time // the socket's read deadline
-	var wal walCopy
-	var received lsn.LSN
-	replyNow := false
-	// pend holds messages read and not yet handed over. It goes when a
-	// transaction is complete and nothing more has already arrived (if some
-	// has, the read below only takes what the connection buffered), when it
-	// is full, or when a read times out. Inside a transaction it waits up to
-	// holdMax for the rest: the walsender sends a decoded transaction back to
-	// back (protocol version 1 decodes it only after its commit), but it may
-	// pass over many changes of unpublished tables between two messages.
-	var pend *Batch
-	var pendAt time.Time
-	inTxn := false
-	defer func() {
-		if pend != nil {
-			pend.Release()
-		}
-	}()
-	flush := func() error {
-		b := pend
-		pend = nil
-		return s.push(ctx, st, out, b, &received)
-	}
-	// Liveness, as PostgreSQL's walreceiver does it (walreceiver.c,
-	// wal_receiver_timeout): the walsender only sends keepalives when it has
-	// not heard from us for wal_sender_timeout/2, which our status updates
-	// prevent, so an idle server may rightly say nothing. After half the
-	// timeout without a message, a status update requests a reply, which the
-	// walsender answers at once (walsender.c, ProcessStandbyReplyMessage).
-	// heard is taken after the message is handled, so the time a push waited
-	// on a full queue (not reading) does not count as silence.
-	heard, pinged, fresh := time.Now(), false, false
-	for {
-		now := time.Now()
-		if fresh {
-			heard, pinged, fresh = now, false, false
-		}
-		acked := s.pos.Acked()
-		if ctx.Err() != nil {
-			// Shutting down: confirm what was delivered, once more.
-			s.m.ConfirmedLSN.Set(float64(acked))
-			return st.send(received, acked, now, false)
-		}
-		reading := s.reading()
-		if silent := now.Sub(heard); reading && silent >= s.cfg.ReceiveTimeout {
-			return fmt.Errorf("receive: %w for %v", errSilent, silent.Round(time.Millisecond))
-		}
-		ping := reading && !pinged && now.Sub(heard) >= s.cfg.ReceiveTimeout/2
-		if ping || replyNow || now.Sub(st.at) >= s.cfg.StatusInterval ||
-			(acked != st.flush && now.Sub(st.at) >= s.cfg.ConfirmDelay) {
-			if err := st.send(received, acked, now, ping); err != nil {
-				return err
-			}
-			s.m.ConfirmedLSN.Set(float64(acked))
-			replyNow = false
-			pinged = pinged || ping
-		}
-		deadline := st.at.Add(s.cfg.StatusInterval)
-		if s.pos.InFlight() > 0 || acked != st.flush {
-			deadline = now.Add(s.cfg.ConfirmDelay)
-		}
-		if !reading {
-			if pend != nil { // not taken: the WAL is read again on the next start
-				pend.Release()
-				pend = nil
-			}
-			// Draining: no new WAL; keep confirming as acks arrive.
-			t := time.NewTimer(time.Until(deadline))
-			select {
-			case <-ctx.Done():
-			case <-s.pos.Advanced():
-			case <-t.C:
-			}
-			t.Stop()
-			continue
-		}
+	return l.run(ctx)
+}
 
-		wake := heard.Add(s.cfg.ReceiveTimeout)
-		if !pinged {
-			wake = heard.Add(s.cfg.ReceiveTimeout / 2)
-		}
-		if wake.Before(deadline) {
-			deadline = wake
-		}
-		if pend != nil {
-			if !inTxn {
-				deadline = burstEnd // more was buffered: take it, but do not wait
-			} else if held := pendAt.Add(holdMax); held.Before(deadline) {
-				deadline = held
-			}
-		}
-		// A deadline sooner than needed only wakes the loop early, so the
-		// socket's moves only when it must come sooner or has passed.
-		if armed.IsZero() || deadline.Before(armed) || !armed.After(now) {
-			if err := nc.SetReadDeadline(deadline); err != nil {
-				return fmt.Errorf("receive: %w", err)
-			}
-			armed = deadline
-		}
-		if s.readCtx.Err() != nil || ctx.Err() != nil {
-			continue // stopped before the deadline above was set: it would not end the read
-		}
-		msg, err := conn.ReceiveMessage(context.Background())
-		if err != nil {
-			if pgconn.Timeout(err) || s.readCtx.Err() != nil {
-				if pend != nil && s.readCtx.Err() == nil {
-					if err := flush(); err != nil {
-						return err
-					}
-				}
-				continue
-			}
-			return fmt.Errorf("receive: %w", classify(err))
-		}
-		fresh = true
-		switch msg := msg.(type) {
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				return fatalf("empty CopyData message from server")
-			}
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return fatalf("parse keepalive: %v", err)
-				}
-				end := lsn.LSN(ka.ServerWALEnd)
-				received = max(received, end)
-				s.observe(received)
-				replyNow = ka.ReplyRequested
-				k := Message{Kind: Keepalive, WALEnd: end}
-				if pend != nil {
-					pend.add(k)
-					break
-				}
-				// Best effort: a full queue means data is pending anyway.
-				b := NewBatch(k)
-				select {
-				case out <- b:
-				default:
-					b.Release()
-				}
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return fatalf("parse XLogData: %v", err)
-				}
-				// The connection reuses its read buffer: copy once, here.
-				m := Message{Kind: Data, WALStart: lsn.LSN(xld.WALStart), WALEnd: lsn.LSN(xld.ServerWALEnd),
-					Data: wal.copy(xld.WALData)}
-				received = max(received, m.WALStart)
-				s.observe(received)
-				if pend == nil {
-					pend, pendAt = NewBatch(), time.Now() // not now: that was before the read
-				}
-				pend.add(m)
-				// Begin and Commit bracket a transaction (PG docs 55.9); any
-				// other message outside them (a non-transactional logical
-				// message) is complete by itself.
-				switch {
-				case len(m.Data) > 0 && m.Data[0] == 'B':
-					inTxn = true
-				case len(m.Data) > 0 && m.Data[0] == 'C':
-					inTxn = false
-				}
-			}
-			// A complete batch goes now when nothing more is buffered (the
-			// common case at steady rates: no read is tried for it).
-			if pend != nil && (pend.full(s.batchMsgs, s.batchBytes) || !inTxn && conn.Frontend().ReadBufferLen() == 0) {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication: %w", classify(pgconn.ErrorResponseToPgError(msg)))
-		case *pgproto3.CopyDone:
-			return errors.New("server ended the replication stream")
-		}
+// copySlot makes the session's temporary copy of the slot a replay reads
+// (a temporary slot belongs to the session that made it).
+func (s *Stream) copySlot(ctx context.Context, conn *pgconn.PgConn, start lsn.LSN) error {
+	sql := fmt.Sprintf("SELECT * FROM pg_copy_logical_replication_slot(%s, %s, true)", quoteLiteral(s.cfg.CopyOf), quoteLiteral(s.cfg.Slot))
+	res, err := conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return fmt.Errorf("copy slot %s: %w", s.cfg.CopyOf, classify(err))
 	}
+	// The range was checked against the original slot before the copy;
+	// the original may have moved on since, and a copy that starts after
+	// the range's first LSN would skip the events before it, silently.
+	return copyCovers(res, s.cfg.CopyOf, start)
 }
 
 // walCopy copies WAL data out of the connection's read buffer. Begin and
@@ -707,110 +530,3 @@ func (s *Stream) connected(up bool) {
 // the stream's to write: it is read from the slot (see metrics.LagBytes),
 // which keeps moving while this connection is down.
 func (s *Stream) observe(received lsn.LSN) { s.m.ReceivedLSN.Set(float64(received)) }
-
-// status sends standby status updates (PG docs 55.4, "Standby status update (F)").
-type status struct {
-	conn    *pgconn.PgConn
-	timeout time.Duration // a write blocked this long means a dead peer
-	flush   lsn.LSN
-	at      time.Time
-	buf     [1 + 8 + 8 + 8 + 8 + 1]byte
-	tick    *time.Ticker // push's, while the queue is full
-}
-
-// send reports write = what was received and flush = apply = acked. For a
-// logical slot PostgreSQL confirms the flush position
-// (LogicalConfirmReceivedLocation), so flush is set explicitly and never
-// derived from write.
-//
-// Flush is reported only when it moved since the last update, and as zero
-// ("invalid": confirms nothing, PostgreSQL keeps the highest one it got)
-// otherwise. A server shutting down waits until the client's flush, or its
-// write when flush is invalid, reaches what was sent (walsender.c,
-// WalSndDone); with events stuck behind an unreachable broker a repeated
-// flush would hold a fast shutdown for as long as Kafka is down.
-//
-// ping asks the server to reply at once (the last byte, "reply requested").
-func (st *status) send(received, acked lsn.LSN, now time.Time, ping bool) error {
-	flush := acked
-	if acked == st.flush {
-		flush = 0
-	}
-	b := st.buf[:0]
-	b = append(b, pglogrepl.StandbyStatusUpdateByteID)
-	b = binary.BigEndian.AppendUint64(b, uint64(max(received, acked)))
-	b = binary.BigEndian.AppendUint64(b, uint64(flush))
-	b = binary.BigEndian.AppendUint64(b, uint64(flush))
-	b = binary.BigEndian.AppendUint64(b, uint64(now.Sub(pgEpoch).Microseconds()))
-	if ping {
-		b = append(b, 1)
-	} else {
-		b = append(b, 0)
-	}
-	wire, err := (&pgproto3.CopyData{Data: b}).Encode(nil)
-	if err != nil {
-		return fatalf("encode status update: %v", err)
-	}
-	// A peer that stopped reading fills the socket buffers at last; then the
-	// write would block for ever, here or in a push waiting on Kafka.
-	if st.timeout > 0 {
-		_ = st.conn.Conn().SetWriteDeadline(time.Now().Add(st.timeout))
-	}
-	err = st.conn.Frontend().SendUnbufferedEncodedCopyData(wire)
-	if st.timeout > 0 {
-		_ = st.conn.Conn().SetWriteDeadline(time.Time{})
-	}
-	if err != nil {
-		return fmt.Errorf("send status update: %w", err)
-	}
-	st.flush, st.at = acked, now
-	return nil
-}
-
-var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// FatalError is an error that retrying cannot fix.
-type FatalError struct {
-	Err error
-	// Reason is a short label for metrics: slot_missing, slot_invalidated, ...
-	Reason string
-}
-
-func (e *FatalError) Error() string { return e.Err.Error() }
-func (e *FatalError) Unwrap() error { return e.Err }
-
-func fatalf(format string, args ...any) error {
-	return &FatalError{Err: fmt.Errorf(format, args...)}
-}
-
-// IsFatal reports whether err must stop the connector rather than be retried.
-func IsFatal(err error) bool {
-	var f *FatalError
-	var p *PrerequisiteError
-	return errors.As(err, &f) || errors.As(err, &p)
-}
-
-// classify marks server errors that retrying cannot fix as fatal, with a
-// hint. Network errors, shutdowns and a slot held by another connector
-// (standby) stay retryable.
-func classify(err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return err
-	}
-	switch {
-	case pgErr.Code == "55006": // object_in_use: another connector holds the slot
-		return err
-	case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "57P"),
-		strings.HasPrefix(pgErr.Code, "53"), strings.HasPrefix(pgErr.Code, "58"):
-		return err
-	case pgErr.Code == "42704": // undefined_object: slot or publication
-		return &FatalError{Reason: "slot_or_publication_missing", Err: fmt.Errorf("%w (the slot or the publication was dropped: "+
-			"restart to recreate it; if the same error returns, the WAL written while the publication was missing cannot be decoded: "+
-			"drop the slot, restart, and reconcile events committed after the checkpoint LSN (docs/operations.md))", err)}
-	case pgErr.Code == "55000": // object_not_in_prerequisite_state, e.g. an invalidated slot
-		return &FatalError{Reason: "slot_invalidated", Err: fmt.Errorf("%w (the slot was invalidated, likely by max_slot_wal_keep_size: "+
-			"drop and recreate it, then reconcile events after the checkpoint LSN)", err)}
-	}
-	return &FatalError{Reason: "server_error", Err: err}
-}
