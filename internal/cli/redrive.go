@@ -11,8 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/internal/config"
-	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
@@ -48,7 +46,8 @@ func (o *redriveOpts) problem() string {
 // redrive lists quarantines or asks the connector to lift one: the
 // connector, the only writer of the aggregate's events, carries it out
 // (sink/redrive.go).
-func redrive(ctx context.Context, cfg *config.Config, pc pipeline.Config, o redriveOpts, stdout, stderr io.Writer) int {
+func (o *redriveOpts) run(ctx context.Context, e env) int {
+	cfg, pc, stdout, stderr := e.cfg, e.pc, e.stdout, e.stderr
 	if cfg.QuarantineTopic() == "" {
 		fmt.Fprintln(stderr, "outbox-cdc redrive: dlq.mode is skip: nothing is quarantined")
 		return ExitUsage

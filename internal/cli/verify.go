@@ -108,7 +108,9 @@ func (p *verifyProgress) print(w io.Writer) {
 		p.phase.Load(), p.rows.Load(), p.records.Load(), p.checked.Load(), p.resends.Load())
 }
 
-func verifyCmd(ctx context.Context, pc pipeline.Config, o verifyOpts, log *slog.Logger, stdout, stderr io.Writer) int {
+// run compares the outbox rows of the range with Kafka.
+func (o *verifyOpts) run(ctx context.Context, e env) int {
+	pc, log, stdout, stderr := e.pc, e.log, e.stdout, e.stderr
 	start := time.Now()
 	tables := []pipeline.Table{{Mapping: pc.Mapping, Routes: pc.Routes}}
 	tables = append(tables, pc.More...)
@@ -158,7 +160,7 @@ func verifyCmd(ctx context.Context, pc pipeline.Config, o verifyOpts, log *slog.
 			}
 		}
 	}()
-	rep, err := runVerify(ctx, pc, o, vts, &pr, log)
+	rep, err := runVerify(ctx, pc, *o, vts, &pr, log)
 	close(stop)
 	wg.Wait()
 	if err != nil {

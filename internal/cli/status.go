@@ -4,37 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/internal/config"
-	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
-	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
-// lsnFlag parses an LSN flag.
-type lsnFlag struct{ lsn.LSN }
-
-func (f *lsnFlag) Set(s string) error {
-	v, err := lsn.Parse(s)
-	if err != nil {
-		return err
-	}
-	f.LSN = v
-	return nil
-}
-
-type replayOpts struct {
-	from, to lsnFlag
-	prefix   string
-}
-
+// statusOpts is outbox-cdc status.
 type statusOpts struct {
 	json bool
 	lsn  lsnFlag
@@ -73,7 +54,15 @@ type FailoverStatus struct {
 	Fix          string   `json:"fix,omitempty"`
 }
 
-func status(ctx context.Context, cfg *config.Config, pc pipeline.Config, o statusOpts, stdout, stderr io.Writer) int {
+func (o *statusOpts) register(fs *flag.FlagSet) {
+	fs.BoolVar(&o.json, "json", false, "print JSON")
+	fs.Var(&o.lsn, "lsn", "report whether the replay window covers this LSN")
+}
+
+func (*statusOpts) problem() string { return "" }
+
+func (o *statusOpts) run(ctx context.Context, e env) int {
+	cfg, pc, stdout, stderr := e.cfg, e.pc, e.stdout, e.stderr
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	st := Status{Slot: cfg.Postgres.Slot}
@@ -177,32 +166,4 @@ func bytesText(n int64) string {
 		return fmt.Sprintf("%.2f MiB (%d bytes)", float64(n)/(1<<20), n)
 	}
 	return fmt.Sprintf("%d bytes", n)
-}
-
-func replay(ctx context.Context, pc pipeline.Config, o replayOpts, log *slog.Logger, stdout, stderr io.Writer) int {
-	pc.Checkpoints = nil // a replay never moves the connector's checkpoint
-	pc.Snapshot = "none"
-	pc.Replay = &pipeline.Replay{From: o.from.LSN, To: o.to.LSN, TopicPrefix: o.prefix,
-		Progress: func(pr pipeline.ReplayProgress) {
-			pct := 0.0
-			if pr.To > pr.From && pr.At > pr.From {
-				pct = min(100, 100*float64(pr.At-pr.From)/float64(pr.To-pr.From))
-			}
-			if pr.Done {
-				pct = 100
-				fmt.Fprintf(stdout, "replay done: %d events from %v to %v\n", pr.Events, pr.From, pr.To)
-				return
-			}
-			fmt.Fprintf(stdout, "replay: %5.1f%% at %v, %d events\n", pct, pr.At, pr.Events)
-		}}
-	p, err := pipeline.New(pc, metrics.New(), log)
-	if err != nil {
-		fmt.Fprintf(stderr, "outbox-cdc: %v\n", err)
-		return ExitUsage
-	}
-	if err := p.Run(ctx); err != nil {
-		fmt.Fprintf(stderr, "outbox-cdc replay: %v\n", err)
-		return ExitFailure
-	}
-	return ExitOK
 }
