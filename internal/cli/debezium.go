@@ -77,30 +77,52 @@ func readProperties(r io.Reader) (map[string]string, error) {
 // fromDebezium translates connector properties into outbox-cdc YAML and the
 // notes on what does not carry over.
 func fromDebezium(p map[string]string) (yaml string, notes []string, err error) {
-	prefix := ""
+	t := &dbzTranslation{p: p}
 	for _, name := range strings.Split(p["transforms"], ",") {
 		if name = strings.TrimSpace(name); name != "" && p["transforms."+name+".type"] == eventRouterClass {
-			prefix = "transforms." + name + "."
+			t.prefix = "transforms." + name + "."
 		}
 	}
-	if prefix == "" {
+	if t.prefix == "" {
 		return "", nil, fmt.Errorf("no transform of type %s in transforms", eventRouterClass)
 	}
-	opt := func(key, def string) string {
-		if v, ok := p[prefix+key]; ok {
-			return v
-		}
-		return def
+	t.postgres()
+	if err := t.outbox(); err != nil {
+		return "", nil, err
 	}
-	var b strings.Builder
-	q := func(s string) string { // a JSON string is a YAML scalar
-		var j bytes.Buffer
-		enc := json.NewEncoder(&j)
-		enc.SetEscapeHTML(false)
-		_ = enc.Encode(s)
-		return strings.TrimSuffix(j.String(), "\n")
-	}
+	t.kafka()
+	t.unsupported()
+	return t.b.String(), t.notes, nil
+}
 
+// dbzTranslation is one translation under way: the properties, the
+// EventRouter's key prefix, the YAML written so far and the notes.
+type dbzTranslation struct {
+	p      map[string]string
+	prefix string // "transforms.<name>."
+	b      strings.Builder
+	notes  []string
+}
+
+// opt is the EventRouter option key, or def when it is not set.
+func (t *dbzTranslation) opt(key, def string) string {
+	if v, ok := t.p[t.prefix+key]; ok {
+		return v
+	}
+	return def
+}
+
+// yamlQuote quotes s for YAML: a JSON string is a YAML scalar.
+func yamlQuote(s string) string {
+	var j bytes.Buffer
+	enc := json.NewEncoder(&j)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s)
+	return strings.TrimSuffix(j.String(), "\n")
+}
+
+func (t *dbzTranslation) postgres() {
+	p, b := t.p, &t.b
 	b.WriteString("postgres:\n")
 	dsn := url.URL{Scheme: "postgres", Host: p["database.hostname"], Path: "/" + p["database.dbname"]}
 	if port := p["database.port"]; port != "" {
@@ -112,100 +134,110 @@ func fromDebezium(p map[string]string) (yaml string, notes []string, err error) 
 	if dsn.Host == "" {
 		b.WriteString("  dsn: \"\"  # database.hostname, port, user and dbname were not in the file\n")
 	} else {
-		fmt.Fprintf(&b, "  dsn: %s\n", q(dsn.String()))
+		fmt.Fprintf(b, "  dsn: %s\n", yamlQuote(dsn.String()))
 	}
 	if _, ok := p["database.password"]; ok {
-		notes = append(notes, "database.password is not copied: set postgres.password_file or OUTBOX_CDC_POSTGRES_DSN")
+		t.notes = append(t.notes, "database.password is not copied: set postgres.password_file or OUTBOX_CDC_POSTGRES_DSN")
 	}
 	for _, kv := range [][2]string{{"slot.name", "slot"}, {"publication.name", "publication"}} {
 		if v := p[kv[0]]; v != "" {
-			fmt.Fprintf(&b, "  %s: %s\n", kv[1], q(v))
+			fmt.Fprintf(b, "  %s: %s\n", kv[1], yamlQuote(v))
 		}
 	}
 	if ms := p["heartbeat.interval.ms"]; ms != "" {
 		if n, err := strconv.Atoi(ms); err == nil && n > 0 {
-			fmt.Fprintf(&b, "  heartbeat_interval: %s\n", time.Duration(n)*time.Millisecond)
+			fmt.Fprintf(b, "  heartbeat_interval: %s\n", time.Duration(n)*time.Millisecond)
 		}
 	}
+}
 
+func (t *dbzTranslation) outbox() error {
+	b := &t.b
 	b.WriteString("outbox:\n")
 	var tables []string
-	for _, t := range strings.Split(p["table.include.list"], ",") {
-		if t = strings.TrimSpace(t); t != "" {
-			tables = append(tables, t)
+	for _, tb := range strings.Split(t.p["table.include.list"], ",") {
+		if tb = strings.TrimSpace(tb); tb != "" {
+			tables = append(tables, tb)
 		}
 	}
 	switch len(tables) {
 	case 0:
-		return "", nil, fmt.Errorf("table.include.list must name the outbox tables, it is %q", p["table.include.list"])
+		return fmt.Errorf("table.include.list must name the outbox tables, it is %q", t.p["table.include.list"])
 	case 1:
-		fmt.Fprintf(&b, "  table: %s\n", q(tables[0]))
+		fmt.Fprintf(b, "  table: %s\n", yamlQuote(tables[0]))
 	default:
 		// One EventRouter for every table: they share the mapping and the
 		// routing below, which each entry of outbox.tables inherits.
 		b.WriteString("  tables:\n")
-		for _, t := range tables {
-			fmt.Fprintf(&b, "    - table: %s\n", q(t))
+		for _, tb := range tables {
+			fmt.Fprintf(b, "    - table: %s\n", yamlQuote(tb))
 		}
 	}
-	fmt.Fprintf(&b, "  columns:\n    id: %s\n    aggregate_id: %s\n    aggregate_type: %s\n    event_type: %s\n    payload: %s\n",
-		q(opt("table.field.event.id", "id")), q(opt("table.field.event.key", "aggregateid")),
-		q(opt("route.by.field", "aggregatetype")), q(opt("table.field.event.type", "type")),
-		q(opt("table.field.event.payload", "payload")))
+	fmt.Fprintf(b, "  columns:\n    id: %s\n    aggregate_id: %s\n    aggregate_type: %s\n    event_type: %s\n    payload: %s\n",
+		yamlQuote(t.opt("table.field.event.id", "id")), yamlQuote(t.opt("table.field.event.key", "aggregateid")),
+		yamlQuote(t.opt("route.by.field", "aggregatetype")), yamlQuote(t.opt("table.field.event.type", "type")),
+		yamlQuote(t.opt("table.field.event.payload", "payload")))
 	b.WriteString("  standard_headers: [id]\n")
-	if v := opt("table.fields.additional.placement", ""); v != "" {
+	if v := t.opt("table.fields.additional.placement", ""); v != "" {
 		var fs []string
 		for _, f := range strings.Split(v, ",") {
-			fs = append(fs, q(strings.TrimSpace(f)))
+			fs = append(fs, yamlQuote(strings.TrimSpace(f)))
 		}
-		fmt.Fprintf(&b, "  fields: [%s]\n", strings.Join(fs, ", "))
+		fmt.Fprintf(b, "  fields: [%s]\n", strings.Join(fs, ", "))
 	}
-	if v := opt("table.field.event.timestamp", ""); v != "" {
-		fmt.Fprintf(&b, "  timestamp_column: %s\n", q(v))
+	if v := t.opt("table.field.event.timestamp", ""); v != "" {
+		fmt.Fprintf(b, "  timestamp_column: %s\n", yamlQuote(v))
 	}
-	if strings.EqualFold(opt("route.tombstone.on.empty.payload", "false"), "true") {
+	if strings.EqualFold(t.opt("route.tombstone.on.empty.payload", "false"), "true") {
 		b.WriteString("  tombstone_on_empty_payload: true\n")
 	}
+	return nil
+}
 
+func (t *dbzTranslation) kafka() {
+	b := &t.b
 	b.WriteString("kafka:\n  brokers: []  # the Kafka Connect worker's bootstrap.servers\n")
-	regex := opt("route.topic.regex", "(?<routedByValue>.*)")
-	repl := opt("route.topic.replacement", "outbox.event.${routedByValue}")
+	regex := t.opt("route.topic.regex", "(?<routedByValue>.*)")
+	repl := t.opt("route.topic.replacement", "outbox.event.${routedByValue}")
 	if regex == "(?<routedByValue>.*)" && !strings.ContainsAny(strings.ReplaceAll(repl, "${routedByValue}", ""), `$\{}`) {
-		fmt.Fprintf(&b, "  topic: %s\n", q(strings.ReplaceAll(repl, "${routedByValue}", "{aggregate_type}")))
+		fmt.Fprintf(b, "  topic: %s\n", yamlQuote(strings.ReplaceAll(repl, "${routedByValue}", "{aggregate_type}")))
 	} else {
-		fmt.Fprintf(&b, "  topic: \"{aggregate_type}\"\n  topic_regex: %s\n  topic_replacement: %s\n", q(regex), q(repl))
+		fmt.Fprintf(b, "  topic: \"{aggregate_type}\"\n  topic_regex: %s\n  topic_replacement: %s\n", yamlQuote(regex), yamlQuote(repl))
 	}
-	if v := p["errors.deadletterqueue.topic.name"]; v != "" {
-		fmt.Fprintf(&b, "  dlq_topic: %s\n", q(v))
+	if v := t.p["errors.deadletterqueue.topic.name"]; v != "" {
+		fmt.Fprintf(b, "  dlq_topic: %s\n", yamlQuote(v))
 	}
+}
 
+// unsupported notes what has no equivalent.
+func (t *dbzTranslation) unsupported() {
+	p, prefix := t.p, t.prefix
 	for _, k := range []string{"table.expand.json.payload", "table.field.event.schema.version", "table.json.payload.null.behavior",
 		"table.json.payload.empty.array.behavior", "tracing.span.context.field", "tracing.operation.name", "tracing.with.context.field.only"} {
 		if v, ok := p[prefix+k]; ok && !(k == "table.expand.json.payload" && strings.EqualFold(v, "false")) {
-			notes = append(notes, fmt.Sprintf("%s%s=%s has no equivalent (docs/operations.md)", prefix, k, v))
+			t.notes = append(t.notes, fmt.Sprintf("%s%s=%s has no equivalent (docs/operations.md)", prefix, k, v))
 		}
 	}
-	if strings.EqualFold(opt("table.field.additional.missing", "error"), "ignore") {
-		notes = append(notes, prefix+"table.field.additional.missing=ignore: outbox-cdc stops on a missing column instead")
+	if strings.EqualFold(t.opt("table.field.additional.missing", "error"), "ignore") {
+		t.notes = append(t.notes, prefix+"table.field.additional.missing=ignore: outbox-cdc stops on a missing column instead")
 	}
 	switch vc := p["value.converter"]; vc {
 	case "", "org.apache.kafka.connect.storage.StringConverter", "io.debezium.converters.BinaryDataConverter":
 	case "org.apache.kafka.connect.json.JsonConverter":
 		if !strings.EqualFold(p["value.converter.schemas.enable"], "false") {
-			notes = append(notes, "value.converter JsonConverter with schemas: outbox-cdc writes the envelope without schemas")
+			t.notes = append(t.notes, "value.converter JsonConverter with schemas: outbox-cdc writes the envelope without schemas")
 		}
-		if !strings.Contains(opt("table.fields.additional.placement", ""), ":envelope") {
-			notes = append(notes, "value.converter JsonConverter without an envelope quotes the payload as a JSON string; outbox-cdc sends it as is")
+		if !strings.Contains(t.opt("table.fields.additional.placement", ""), ":envelope") {
+			t.notes = append(t.notes, "value.converter JsonConverter without an envelope quotes the payload as a JSON string; outbox-cdc sends it as is")
 		}
 	default:
-		notes = append(notes, "value.converter="+vc+" has no equivalent: values are the payload bytes or the JSON envelope")
+		t.notes = append(t.notes, "value.converter="+vc+" has no equivalent: values are the payload bytes or the JSON envelope")
 	}
 	if !strings.EqualFold(p["extended.headers.enabled"], "false") {
 		// On by default in Debezium: every record carries them there.
-		notes = append(notes, "extended.headers.enabled: Debezium's __debezium.context.* headers are not sent (docs/operations.md)")
+		t.notes = append(t.notes, "extended.headers.enabled: Debezium's __debezium.context.* headers are not sent (docs/operations.md)")
 	}
 	if p["snapshot.mode"] != "" {
-		notes = append(notes, "snapshot.mode is not copied: resuming from Debezium's slot needs no snapshot (snapshot.mode: pending otherwise)")
+		t.notes = append(t.notes, "snapshot.mode is not copied: resuming from Debezium's slot needs no snapshot (snapshot.mode: pending otherwise)")
 	}
-	return b.String(), notes, nil
 }
