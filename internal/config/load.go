@@ -224,120 +224,179 @@ func convert(l *leaf, v any, env string) (reflect.Value, *FieldError) {
 	if reflect.TypeOf(v) == l.typ { // a YAML int or boolean, or a converted variable
 		return reflect.ValueOf(v), nil
 	}
-	bad := func(problem string) (reflect.Value, *FieldError) {
-		fe := &FieldError{Key: l.key, Problem: problem, Fix: strings.ReplaceAll(l.kind.howTo, "ENV", l.env)}
-		if env != "" {
-			fe.Problem = "invalid " + env + ": " + problem
-		}
-		if !l.secret {
-			fe.Value = fmt.Sprint(v)
-		}
-		return reflect.Value{}, fe
-	}
-	badItem := func(key, what string, x any) (reflect.Value, *FieldError) { // of a list or mapping
-		got, _, _ := yamlValue(x)
-		return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
-			Problem: "expected a string, got " + got, Fix: "each " + what + " of " + l.key + " is a plain string"}
-	}
-	got, str, scalar := yamlValue(v)
-	s, isString := v.(string)
-	fromEnv := isString && env != ""
+	c := conversion{l: l, v: v, env: env}
+	var out reflect.Value
+	var fe *FieldError
+	matched := true
 	switch l.kind {
 	case kindTables:
 		return convertTables(l, v, env)
 	case kindString:
-		if scalar {
+		if _, str, scalar := yamlValue(v); scalar {
 			return reflect.ValueOf(str).Convert(l.typ), nil
 		}
+		matched = false
 	case kindInt:
-		n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
-		_, isBool := v.(bool)
-		switch _, isFloat := v.(float64); {
-		case !scalar || isBool || err != nil && isString && !fromEnv: // a quoted number is unambiguous; nothing else is
-		case err != nil && fromEnv:
-			return bad("not an integer")
-		case err != nil && isFloat:
-			return bad("not an integer, or out of range")
-		case err != nil || l.typ.Kind() == reflect.Int && int64(int(n)) != n:
-			return bad("out of range")
-		default:
-			return reflect.ValueOf(n).Convert(l.typ), nil
-		}
+		out, fe, matched = c.integer()
 	case kindDuration:
-		switch x := v.(type) {
-		case string:
-			if d, err := time.ParseDuration(strings.TrimSpace(x)); err == nil {
-				return reflect.ValueOf(d), nil
-			}
-			return bad("not a duration")
-		case int, int64, uint64, float64:
-			if x == 0 { // 0 needs no unit
-				return reflect.ValueOf(time.Duration(0)), nil
-			}
-			return bad("a number without a unit is ambiguous")
-		}
+		out, fe, matched = c.duration()
 	case kindStrings:
-		if fromEnv {
-			out := []string{}
-			for item := range strings.SplitSeq(s, ",") {
-				if strings.TrimSpace(s) != "" {
-					out = append(out, strings.TrimSpace(item))
-				}
-			}
-			return reflect.ValueOf(out), nil
-		}
-		if list, ok := v.([]any); ok {
-			out := make([]string, 0, len(list))
-			for i, x := range list {
-				_, text, ok := yamlValue(x)
-				if !ok {
-					return badItem(fmt.Sprintf("%s[%d]", l.key, i), "item", x)
-				}
-				out = append(out, text)
-			}
-			return reflect.ValueOf(out), nil
-		}
+		out, fe, matched = c.strings()
 	case kindStringMap:
-		if fromEnv {
-			out := map[string]string{}
-			for item := range strings.SplitSeq(s, ",") {
-				k, val, found := strings.Cut(item, "=")
-				k = strings.TrimSpace(k)
-				switch _, dup := out[k]; {
-				case strings.TrimSpace(s) == "":
-				case !found || k == "":
-					return bad(fmt.Sprintf("entry %q is not key=value", strings.TrimSpace(item)))
-				case dup:
-					return bad(fmt.Sprintf("key %q is given twice", k))
-				default:
-					out[k] = strings.TrimSpace(val)
-				}
-			}
-			return reflect.ValueOf(out), nil
-		}
-		if m, ok := v.(map[string]any); ok {
-			out := make(map[string]string, len(m))
-			for _, k := range slices.Sorted(maps.Keys(m)) {
-				_, text, ok := yamlValue(m[k])
-				if !ok {
-					return badItem(fmt.Sprintf("%s[%q]", l.key, k), "value", m[k])
-				}
-				out[k] = text
-			}
-			return reflect.ValueOf(out), nil
-		}
+		out, fe, matched = c.stringMap()
 	case kindBool:
-		if isString { // quoted in the file: the same words as in the environment
-			switch strings.ToLower(strings.TrimSpace(s)) {
-			case "true", "1":
-				return reflect.ValueOf(true), nil
-			case "false", "0":
-				return reflect.ValueOf(false), nil
-			}
-			return bad("not true, false, 1 or 0")
-		}
+		out, fe, matched = c.boolean()
 	}
-	return bad("expected " + l.kind.expected + ", got " + got)
+	if !matched {
+		got, _, _ := yamlValue(v)
+		return c.bad("expected " + l.kind.expected + ", got " + got)
+	}
+	return out, fe
+}
+
+// conversion is one value under conversion to its leaf's type. Each kind's
+// method returns matched false for a value of another shape altogether,
+// which convert reports as "expected ..., got ...".
+type conversion struct {
+	l   *leaf
+	v   any
+	env string // the variable the value came from, or ""
+}
+
+// fromEnv reports whether the value is an environment variable's text.
+func (c conversion) fromEnv() (string, bool) {
+	s, ok := c.v.(string)
+	return s, ok && c.env != ""
+}
+
+func (c conversion) bad(problem string) (reflect.Value, *FieldError) {
+	fe := &FieldError{Key: c.l.key, Problem: problem, Fix: strings.ReplaceAll(c.l.kind.howTo, "ENV", c.l.env)}
+	if c.env != "" {
+		fe.Problem = "invalid " + c.env + ": " + problem
+	}
+	if !c.l.secret {
+		fe.Value = fmt.Sprint(c.v)
+	}
+	return reflect.Value{}, fe
+}
+
+// badItem is an item of a list or mapping that is not a plain string.
+func (c conversion) badItem(key, what string, x any) (reflect.Value, *FieldError, bool) {
+	got, _, _ := yamlValue(x)
+	return reflect.Value{}, &FieldError{Key: key, Value: fmt.Sprint(x),
+		Problem: "expected a string, got " + got, Fix: "each " + what + " of " + c.l.key + " is a plain string"}, true
+}
+
+func (c conversion) failed(problem string) (reflect.Value, *FieldError, bool) {
+	v, fe := c.bad(problem)
+	return v, fe, true
+}
+
+func (c conversion) integer() (reflect.Value, *FieldError, bool) {
+	_, str, scalar := yamlValue(c.v)
+	_, isString := c.v.(string)
+	_, fromEnv := c.fromEnv()
+	n, err := strconv.ParseInt(strings.TrimSpace(str), 10, 64)
+	_, isBool := c.v.(bool)
+	switch _, isFloat := c.v.(float64); {
+	case !scalar || isBool || err != nil && isString && !fromEnv: // a quoted number is unambiguous; nothing else is
+		return reflect.Value{}, nil, false
+	case err != nil && fromEnv:
+		return c.failed("not an integer")
+	case err != nil && isFloat:
+		return c.failed("not an integer, or out of range")
+	case err != nil || c.l.typ.Kind() == reflect.Int && int64(int(n)) != n:
+		return c.failed("out of range")
+	}
+	return reflect.ValueOf(n).Convert(c.l.typ), nil, true
+}
+
+func (c conversion) duration() (reflect.Value, *FieldError, bool) {
+	switch x := c.v.(type) {
+	case string:
+		if d, err := time.ParseDuration(strings.TrimSpace(x)); err == nil {
+			return reflect.ValueOf(d), nil, true
+		}
+		return c.failed("not a duration")
+	case int, int64, uint64, float64:
+		if x == 0 { // 0 needs no unit
+			return reflect.ValueOf(time.Duration(0)), nil, true
+		}
+		return c.failed("a number without a unit is ambiguous")
+	}
+	return reflect.Value{}, nil, false
+}
+
+func (c conversion) strings() (reflect.Value, *FieldError, bool) {
+	if s, ok := c.fromEnv(); ok {
+		out := []string{}
+		for item := range strings.SplitSeq(s, ",") {
+			if strings.TrimSpace(s) != "" {
+				out = append(out, strings.TrimSpace(item))
+			}
+		}
+		return reflect.ValueOf(out), nil, true
+	}
+	list, ok := c.v.([]any)
+	if !ok {
+		return reflect.Value{}, nil, false
+	}
+	out := make([]string, 0, len(list))
+	for i, x := range list {
+		_, text, ok := yamlValue(x)
+		if !ok {
+			return c.badItem(fmt.Sprintf("%s[%d]", c.l.key, i), "item", x)
+		}
+		out = append(out, text)
+	}
+	return reflect.ValueOf(out), nil, true
+}
+
+func (c conversion) stringMap() (reflect.Value, *FieldError, bool) {
+	if s, ok := c.fromEnv(); ok {
+		out := map[string]string{}
+		for item := range strings.SplitSeq(s, ",") {
+			k, val, found := strings.Cut(item, "=")
+			k = strings.TrimSpace(k)
+			switch _, dup := out[k]; {
+			case strings.TrimSpace(s) == "":
+			case !found || k == "":
+				return c.failed(fmt.Sprintf("entry %q is not key=value", strings.TrimSpace(item)))
+			case dup:
+				return c.failed(fmt.Sprintf("key %q is given twice", k))
+			default:
+				out[k] = strings.TrimSpace(val)
+			}
+		}
+		return reflect.ValueOf(out), nil, true
+	}
+	m, ok := c.v.(map[string]any)
+	if !ok {
+		return reflect.Value{}, nil, false
+	}
+	out := make(map[string]string, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		_, text, ok := yamlValue(m[k])
+		if !ok {
+			return c.badItem(fmt.Sprintf("%s[%q]", c.l.key, k), "value", m[k])
+		}
+		out[k] = text
+	}
+	return reflect.ValueOf(out), nil, true
+}
+
+func (c conversion) boolean() (reflect.Value, *FieldError, bool) {
+	s, isString := c.v.(string)
+	if !isString { // quoted in the file: the same words as in the environment
+		return reflect.Value{}, nil, false
+	}
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "true", "1":
+		return reflect.ValueOf(true), nil, true
+	case "false", "0":
+		return reflect.ValueOf(false), nil, true
+	}
+	return c.failed("not true, false, 1 or 0")
 }
 
 // yamlValue names the type of a YAML value for messages and gives the text
