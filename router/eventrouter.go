@@ -69,33 +69,66 @@ func (r *Router) RouteFrom(ev *decode.Event, src Source, rec *Record) (reason st
 	rec.Partition, rec.HasPartition = 0, false
 	rec.Timestamp = src.Commit
 	x := &r.x
-	if x.tsColumn != "" {
-		v, typ := column(ev, x.tsColumn)
-		if !v.Null { // NULL falls back to the commit time, as Debezium falls back to ts_ms
-			ts, err := parseTimestamp(string(v.Bytes), typ)
-			if err != nil {
-				return fmt.Sprintf("outbox.timestamp_column %q: %v", x.tsColumn, err)
-			}
-			rec.Timestamp = ts
-		}
+	if reason := x.timestamp(ev, rec); reason != "" {
+		return reason
 	}
-	h := rec.Headers[:0]
-	add := func(key string, v decode.Value) {
-		if !v.Null {
-			h = append(h, Header{key, v.Bytes})
-		}
+	h, reason := x.headers(ev, src, rec)
+	if reason != "" {
+		return reason
 	}
+	rec.Headers = h
+	if r.traceColumn != "" {
+		rec.Headers = r.traceHeaders(rec.Headers, ev)
+	}
+	switch {
+	case x.tombstone && emptyPayload(ev.Payload):
+		rec.Value = nil
+	case x.envelope:
+		rec.Value = r.envelope(ev)
+	default:
+		rec.Value = valueOf(ev.Payload)
+	}
+	if r.ce != nil {
+		return r.ce.shape(ev, src.Commit, rec)
+	}
+	return ""
+}
+
+// timestamp sets rec's timestamp from outbox.timestamp_column, if set and
+// not NULL (NULL falls back to the commit time, as Debezium falls back to
+// ts_ms).
+func (x *extras) timestamp(ev *decode.Event, rec *Record) (reason string) {
+	if x.tsColumn == "" {
+		return ""
+	}
+	v, typ := column(ev, x.tsColumn)
+	if v.Null {
+		return ""
+	}
+	ts, err := parseTimestamp(string(v.Bytes), typ)
+	if err != nil {
+		return fmt.Sprintf("outbox.timestamp_column %q: %v", x.tsColumn, err)
+	}
+	rec.Timestamp = ts
+	return ""
+}
+
+// headers builds rec's headers in their order (standard, the event's own,
+// the fields placed as headers, the source headers) in rec.Headers' array,
+// and sets rec's partition from a field placed there.
+func (x *extras) headers(ev *decode.Event, src Source, rec *Record) (h []Header, reason string) {
+	h = rec.Headers[:0]
 	if x.std[0] {
-		add(wire.HeaderID, ev.ID)
+		h = appendValue(h, wire.HeaderID, ev.ID)
 	}
 	if x.std[1] {
-		add(wire.HeaderEventType, ev.EventType)
+		h = appendValue(h, wire.HeaderEventType, ev.EventType)
 	}
 	if x.std[2] {
-		add(wire.HeaderAggregateType, ev.AggregateType)
+		h = appendValue(h, wire.HeaderAggregateType, ev.AggregateType)
 	}
 	for _, c := range ev.Headers {
-		add(c.Name, c.Value)
+		h = appendValue(h, c.Name, c.Value)
 	}
 	for _, f := range x.fields {
 		v, typ := column(ev, f.Column)
@@ -110,7 +143,7 @@ func (r *Router) RouteFrom(ev *decode.Event, src Source, rec *Record) (reason st
 			}
 			p, err := strconv.ParseInt(string(v.Bytes), 10, 32)
 			if err != nil || p < 0 {
-				return fmt.Sprintf("partition column %q holds %q, not a partition number", f.Column, v.Bytes)
+				return h, fmt.Sprintf("partition column %q holds %q, not a partition number", f.Column, v.Bytes)
 			}
 			rec.Partition, rec.HasPartition = int32(p), true
 		}
@@ -129,22 +162,15 @@ func (r *Router) RouteFrom(ev *decode.Event, src Source, rec *Record) (reason st
 			h = append(h, Header{wire.HeaderCommitTime, src.Commit.UTC().AppendFormat(nil, "2006-01-02T15:04:05.000000Z07:00")})
 		}
 	}
-	rec.Headers = h
-	if r.traceColumn != "" {
-		rec.Headers = r.traceHeaders(rec.Headers, ev)
+	return h, ""
+}
+
+// appendValue appends a header for v unless it is NULL.
+func appendValue(h []Header, key string, v decode.Value) []Header {
+	if v.Null {
+		return h
 	}
-	switch {
-	case x.tombstone && emptyPayload(ev.Payload):
-		rec.Value = nil
-	case x.envelope:
-		rec.Value = r.envelope(ev)
-	default:
-		rec.Value = valueOf(ev.Payload)
-	}
-	if r.ce != nil {
-		return r.ce.shape(ev, src.Commit, rec)
-	}
-	return ""
+	return append(h, Header{key, v.Bytes})
 }
 
 // emptyPayload is Debezium's route.tombstone.on.empty.payload test: NULL, or
