@@ -199,45 +199,9 @@ type Consumer struct {
 
 // New validates cfg and creates the Kafka client (it connects lazily).
 func New(cfg Config) (*Consumer, error) {
-	var missing []string
-	if len(cfg.Brokers) == 0 {
-		missing = append(missing, "Brokers")
-	}
-	if cfg.Group == "" {
-		missing = append(missing, "Group")
-	}
-	if len(cfg.Topics) == 0 {
-		missing = append(missing, "Topics")
-	}
-	if cfg.DB == nil {
-		missing = append(missing, "DB")
-	}
-	if _, ok := cfg.DB.(*pgx.Conn); ok {
-		return nil, errors.New("inbox: config: DB is a *pgx.Conn, which never reconnects once the server closed it (a restart stalls the consumer for good): pass a *pgxpool.Pool")
-	}
-	if cfg.Handler == nil {
-		missing = append(missing, "Handler")
-	}
-	if len(missing) > 0 {
-		return nil, fmt.Errorf("inbox: config: missing %s", strings.Join(missing, ", "))
-	}
-	if cfg.Consumer == "" {
-		cfg.Consumer = cfg.Group
-	}
-	if cfg.Table == "" {
-		cfg.Table = DefaultTable
-	}
-	if cfg.MaxPollRecords <= 0 {
-		cfg.MaxPollRecords = DefaultMaxPollRecords
-	}
-	if cfg.RetryBackoff <= 0 {
-		cfg.RetryBackoff = DefaultRetryBackoff
-	}
-	if cfg.MaxRetryBackoff < cfg.RetryBackoff {
-		cfg.MaxRetryBackoff = max(DefaultMaxRetryBackoff, cfg.RetryBackoff)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	table, err := quoteTable(cfg.Table)
 	if err != nil {
@@ -301,6 +265,51 @@ func New(cfg Config) (*Consumer, error) {
 		c.cfg.HandlerTimeout = cmp.Or(rt, 60*time.Second) / 2
 	}
 	return c, nil
+}
+
+// withDefaults checks the required fields and fills in the defaults.
+func (cfg Config) withDefaults() (Config, error) {
+	var missing []string
+	if len(cfg.Brokers) == 0 {
+		missing = append(missing, "Brokers")
+	}
+	if cfg.Group == "" {
+		missing = append(missing, "Group")
+	}
+	if len(cfg.Topics) == 0 {
+		missing = append(missing, "Topics")
+	}
+	if cfg.DB == nil {
+		missing = append(missing, "DB")
+	}
+	if _, ok := cfg.DB.(*pgx.Conn); ok {
+		return cfg, errors.New("inbox: config: DB is a *pgx.Conn, which never reconnects once the server closed it (a restart stalls the consumer for good): pass a *pgxpool.Pool")
+	}
+	if cfg.Handler == nil {
+		missing = append(missing, "Handler")
+	}
+	if len(missing) > 0 {
+		return cfg, fmt.Errorf("inbox: config: missing %s", strings.Join(missing, ", "))
+	}
+	if cfg.Consumer == "" {
+		cfg.Consumer = cfg.Group
+	}
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	if cfg.MaxPollRecords <= 0 {
+		cfg.MaxPollRecords = DefaultMaxPollRecords
+	}
+	if cfg.RetryBackoff <= 0 {
+		cfg.RetryBackoff = DefaultRetryBackoff
+	}
+	if cfg.MaxRetryBackoff < cfg.RetryBackoff {
+		cfg.MaxRetryBackoff = max(DefaultMaxRetryBackoff, cfg.RetryBackoff)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg, nil
 }
 
 // Client returns the Kafka client, for inspection (do not poll it).
