@@ -110,70 +110,32 @@ func (p *verifyProgress) print(w io.Writer) {
 
 // run compares the outbox rows of the range with Kafka.
 func (o *verifyOpts) run(ctx context.Context, e env) int {
-	pc, log, stdout, stderr := e.pc, e.log, e.stdout, e.stderr
 	start := time.Now()
-	tables := []pipeline.Table{{Mapping: pc.Mapping, Routes: pc.Routes}}
-	tables = append(tables, pc.More...)
-	var vts []verifyTable
+	vts, code := o.openTables(ctx, e.pc, e.stderr)
 	defer func() {
 		for _, vt := range vts {
 			vt.rr.Close()
 		}
 	}()
-	for i, src := range pc.Source.Tables() {
-		rt, err := router.New(tables[i].Routes)
-		if err != nil {
-			fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
-			return ExitUsage
-		}
-		spec := replication.RowSpec{Mapping: tables[i].Mapping, OrderBy: pc.SnapshotOrderBy, Table: i}
-		rr, err := src.ReadRange(ctx, spec, o.since.Time, o.until.Time)
-		var pre *replication.PrerequisiteError
-		switch {
-		case errors.As(err, &pre):
-			// The table cannot be read by time: fix the configuration or the
-			// table; exit 1 stays "rows are missing".
-			fmt.Fprintf(stderr, "outbox-cdc verify: %s\n  fix: %s\n", pre.Problem, pre.Fix)
-			return ExitUsage
-		case err != nil:
-			fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
-			return ExitFailure
-		}
-		vts = append(vts, verifyTable{rt: rt, rr: rr})
+	if code != ExitOK {
+		return code
 	}
-
 	var pr verifyProgress
 	pr.phase.Store("reading rows")
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(progressEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				pr.print(stderr)
-			}
-		}
-	}()
-	rep, err := runVerify(ctx, pc, *o, vts, &pr, log)
-	close(stop)
-	wg.Wait()
+	stop := printProgress(&pr, e.stderr)
+	rep, err := (&verifyRun{pc: e.pc, o: *o, vts: vts, pr: &pr, log: e.log}).run(ctx)
+	stop()
 	if err != nil {
-		fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
+		fmt.Fprintf(e.stderr, "outbox-cdc verify: %v\n", err)
 		return ExitFailure
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	if o.json {
-		enc := json.NewEncoder(stdout)
+		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
 	} else {
-		printVerify(stdout, rep)
+		printVerify(e.stdout, rep)
 	}
 	if r := rep.Repair; r != nil {
 		if r.Failed > 0 || r.Error != "" || r.Published+r.DeadLettered+r.Parked != rep.Missing.Count {
@@ -185,6 +147,61 @@ func (o *verifyOpts) run(ctx context.Context, e env) int {
 		return ExitFailure
 	}
 	return ExitOK
+}
+
+// openTables opens the range read of every outbox table; the exit code is
+// ExitOK or the failure's (whatever it opened is in the tables returned).
+func (o *verifyOpts) openTables(ctx context.Context, pc pipeline.Config, stderr io.Writer) ([]verifyTable, int) {
+	tables := []pipeline.Table{{Mapping: pc.Mapping, Routes: pc.Routes}}
+	tables = append(tables, pc.More...)
+	var vts []verifyTable
+	for i, src := range pc.Source.Tables() {
+		rt, err := router.New(tables[i].Routes)
+		if err != nil {
+			fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
+			return vts, ExitUsage
+		}
+		spec := replication.RowSpec{Mapping: tables[i].Mapping, OrderBy: pc.SnapshotOrderBy, Table: i}
+		rr, err := src.ReadRange(ctx, spec, o.since.Time, o.until.Time)
+		var pre *replication.PrerequisiteError
+		switch {
+		case errors.As(err, &pre):
+			// The table cannot be read by time: fix the configuration or the
+			// table; exit 1 stays "rows are missing".
+			fmt.Fprintf(stderr, "outbox-cdc verify: %s\n  fix: %s\n", pre.Problem, pre.Fix)
+			return vts, ExitUsage
+		case err != nil:
+			fmt.Fprintf(stderr, "outbox-cdc verify: %v\n", err)
+			return vts, ExitFailure
+		}
+		vts = append(vts, verifyTable{rt: rt, rr: rr})
+	}
+	return vts, ExitOK
+}
+
+// printProgress prints pr every progressEvery until the returned stop is
+// called (which waits for the printer to end).
+func printProgress(pr *verifyProgress, w io.Writer) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				pr.print(w)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }
 
 // verifyTable is one outbox table's rows and the router of its records.
@@ -214,58 +231,81 @@ func eachRow(ctx context.Context, vts []verifyTable, f func(vt verifyTable, ev *
 	return nil
 }
 
-// runVerify reads the rows (pass 1), the records, and the rows again (pass
+// verifyRun reads the rows (pass 1), the records, and the rows again (pass
 // 3), republishing the missing ones with --repair. With several outbox
 // tables the rows are each table's in turn, each routed by its own table.
-func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []verifyTable,
-	pr *verifyProgress, log *slog.Logger) (*VerifyReport, error) {
+type verifyRun struct {
+	pc  pipeline.Config
+	o   verifyOpts
+	vts []verifyTable
+	pr  *verifyProgress
+	log *slog.Logger
+
+	c   *verify.Checker
+	rec router.Record
+}
+
+func (v *verifyRun) run(ctx context.Context) (*VerifyReport, error) {
 	var cols []string
-	for _, vt := range vts {
+	for _, vt := range v.vts {
 		if !slices.Contains(cols, vt.rr.Column) {
 			cols = append(cols, vt.rr.Column)
 		}
 	}
-	rep := &VerifyReport{Since: o.since.Time, Column: strings.Join(cols, ",")}
-	if !o.until.IsZero() {
-		rep.Until = &o.until.Time
+	rep := &VerifyReport{Since: v.o.since.Time, Column: strings.Join(cols, ",")}
+	if !v.o.until.IsZero() {
+		rep.Until = &v.o.until.Time
 	}
-	c := verify.New()
-	var rec router.Record
-	route := func(rt *router.Router, ev *decode.Event, at time.Time) {
-		if reason := rt.Route(ev, at, &rec); reason != "" {
-			rt.DeadLetter(ev, at, reason, &rec)
-		}
-	}
-	err := eachRow(ctx, vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
-		route(vt.rt, ev, at)
-		c.AddRow(verify.Row{ID: ev.ID.Bytes, Topic: rec.Topic})
-		pr.rows.Add(1)
+	v.c = verify.New()
+	err := eachRow(ctx, v.vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
+		v.route(vt.rt, ev, at)
+		v.c.AddRow(verify.Row{ID: ev.ID.Bytes, Topic: v.rec.Topic})
+		v.pr.rows.Add(1)
 	})
 	if err != nil {
 		return nil, err
 	}
-	c.Seal()
+	v.c.Seal()
+	rep.Topics = v.c.Topics()
+	if rep.MissingTopics, err = v.readRecords(ctx, rep.Topics); err != nil {
+		return nil, err
+	}
+	if rep.Repair, err = v.checkRows(ctx); err != nil {
+		return nil, err
+	}
+	rep.Result = v.c.Result()
+	return rep, nil
+}
 
-	// The dead-letter topic always, and the parking topic in dlq.mode
-	// quarantine: rows the sink dead-lettered (a topic that refused them)
-	// or parked (their aggregate is quarantined) were handled, not lost;
-	// republishing a parked row would overtake its dead letter.
-	rep.Topics = c.Topics()
-	side := []string{pc.Routes.DLQTopic}
-	if p := pc.Sink.ParkingTopic; p != "" {
+// route gives ev's record (in v.rec): its topic, or the dead-letter one.
+func (v *verifyRun) route(rt *router.Router, ev *decode.Event, at time.Time) {
+	if reason := rt.Route(ev, at, &v.rec); reason != "" {
+		rt.DeadLetter(ev, at, reason, &v.rec)
+	}
+}
+
+// readRecords reads the records of the rows' topics, and returns the
+// topics that do not exist. The dead-letter topic always, and the parking
+// topic in dlq.mode quarantine, are read too: rows the sink dead-lettered
+// (a topic that refused them) or parked (their aggregate is quarantined)
+// were handled, not lost; republishing a parked row would overtake its
+// dead letter.
+func (v *verifyRun) readRecords(ctx context.Context, rowTopics []string) (missing []string, err error) {
+	side := []string{v.pc.Routes.DLQTopic}
+	if p := v.pc.Sink.ParkingTopic; p != "" {
 		side = append(side, p)
 	}
-	topics := slices.Clone(rep.Topics)
+	topics := slices.Clone(rowTopics)
 	for _, t := range side {
 		if !slices.Contains(topics, t) {
 			topics = append(topics, t)
 		}
 	}
-	pr.phase.Store("reading records")
-	st, err := sink.ReadRange(ctx, pc.Sink, topics, o.since.Add(-o.margin), func(r sink.ReadRecord) error {
-		c.AddRecord(verify.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
+	v.pr.phase.Store("reading records")
+	st, err := sink.ReadRange(ctx, v.pc.Sink, topics, v.o.since.Add(-v.o.margin), func(r sink.ReadRecord) error {
+		v.c.AddRecord(verify.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
 			ID: r.ID, HasID: r.HasID, DeadLetter: slices.Contains(side, r.Topic)})
-		pr.records.Add(1)
+		v.pr.records.Add(1)
 		return nil
 	})
 	if err != nil {
@@ -273,41 +313,46 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []veri
 	}
 	for _, t := range st.MissingTopics {
 		if !slices.Contains(side, t) {
-			rep.MissingTopics = append(rep.MissingTopics, t)
+			missing = append(missing, t)
 		}
 	}
+	return missing, nil
+}
 
-	pr.phase.Store("checking rows")
+// checkRows reads the rows again, checks each against the records and,
+// with --repair, republishes the missing ones (nil report without it).
+func (v *verifyRun) checkRows(ctx context.Context) (*RepairReport, error) {
+	v.pr.phase.Store("checking rows")
 	var rp *repairer
-	if o.repair {
-		pr.phase.Store("checking rows and republishing the missing ones")
+	if v.o.repair {
+		v.pr.phase.Store("checking rows and republishing the missing ones")
 		// A quarantine topic found not compacted later stops the repair.
 		var stop context.CancelCauseFunc
 		ctx, stop = context.WithCancelCause(ctx)
 		defer stop(nil)
-		s, err := pipeline.OpenRepairSink(ctx, pc, stop, log)
+		s, err := pipeline.OpenRepairSink(ctx, v.pc, stop, v.log)
 		if err != nil {
 			return nil, err
 		}
-		rp = &repairer{s: s, pr: pr}
+		rp = &repairer{s: s, pr: v.pr}
 		defer s.Close()
 	}
 	var differs error
-	err = eachRow(ctx, vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
+	err := eachRow(ctx, v.vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
 		if differs != nil {
 			return
 		}
-		missing, ok := c.Check(verify.Row{ID: ev.ID.Bytes})
+		missing, ok := v.c.Check(verify.Row{ID: ev.ID.Bytes})
 		if !ok {
-			differs = fmt.Errorf("the second read of the rows differs from the first at row %d", c.Checked()+1)
+			differs = fmt.Errorf("the second read of the rows differs from the first at row %d", v.c.Checked()+1)
 			return
 		}
-		pr.checked.Add(1)
+		v.pr.checked.Add(1)
 		if missing && rp != nil {
 			// The row's time column stands in for the commit time, which
 			// is gone.
-			route(vt.rt, ev, at)
-			rp.produce(ctx, &rec)
+			v.route(vt.rt, ev, at)
+			rp.produce(ctx, &v.rec)
 		}
 	})
 	if err == nil {
@@ -319,14 +364,13 @@ func runVerify(ctx context.Context, pc pipeline.Config, o verifyOpts, vts []veri
 	if err != nil {
 		return nil, err
 	}
-	if c.Checked() != c.Result().Rows {
-		return nil, fmt.Errorf("the second read of the rows returned %d rows, the first %d", c.Checked(), c.Result().Rows)
+	if v.c.Checked() != v.c.Result().Rows {
+		return nil, fmt.Errorf("the second read of the rows returned %d rows, the first %d", v.c.Checked(), v.c.Result().Rows)
 	}
-	rep.Result = c.Result()
-	if rp != nil {
-		rep.Repair = rp.finish(ctx)
+	if rp == nil {
+		return nil, nil
 	}
-	return rep, nil
+	return rp.finish(ctx), nil
 }
 
 // repairer republishes missing rows through the sink and counts outcomes.
