@@ -39,41 +39,86 @@ func main() {
 	}
 }
 
+// demo is the running demo: the servers, the shop database and the
+// connector's metrics.
+type demo struct {
+	pg    *testenv.Postgres
+	kafka *testenv.Kafka
+	dsn   string
+	conn  *pgx.Conn
+	m     *metrics.Metrics
+}
+
 func run(ctx context.Context) error {
+	d := &demo{}
+	defer d.close()
+	if err := d.setup(ctx); err != nil {
+		return err
+	}
+	runCtx, stopConnector := context.WithCancel(ctx)
+	defer stopConnector()
+	done, err := d.startConnector(runCtx)
+	if err != nil {
+		return err
+	}
+	for _, step := range []func(context.Context) error{d.fiveEvents, d.burst, d.steady} {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	if err := adoptionKit(ctx, d.pg, d.kafka.Brokers(), d.dsn); err != nil {
+		return fmt.Errorf("adoption kit: %w", err)
+	}
+	stopConnector()
+	if err := <-done; err != nil {
+		return err
+	}
+	say("\nconnector stopped cleanly; confirmed LSN is the last acknowledged transaction.")
+	return nil
+}
+
+func (d *demo) close() {
+	if d.conn != nil {
+		d.conn.Close(context.Background())
+	}
+	if d.kafka != nil {
+		d.kafka.Close()
+	}
+	if d.pg != nil {
+		d.pg.Close()
+	}
+}
+
+// setup starts the servers, creates the outbox and the topics.
+func (d *demo) setup(ctx context.Context) error {
+	var err error
 	say("starting PostgreSQL (wal_level=logical) and Apache Kafka (KRaft) ...")
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
+	if d.pg, err = testenv.StartPostgres(ctx, testenv.PostgresOptions{}); err != nil {
 		return err
 	}
-	defer pg.Close()
-	kafka, err := testenv.StartKafka(ctx, testenv.KafkaOptions{})
-	if err != nil {
+	if d.kafka, err = testenv.StartKafka(ctx, testenv.KafkaOptions{}); err != nil {
 		return err
 	}
-	defer kafka.Close()
-	dsn, err := pg.CreateDatabase(ctx, "shop")
-	if err != nil {
+	if d.dsn, err = d.pg.CreateDatabase(ctx, "shop"); err != nil {
 		return err
 	}
-	say("PostgreSQL %s at %s, Kafka %s at %s", pg.Version(), strings.Split(strings.Split(dsn, "@")[1], "/")[0], kafka.Version(), kafka.Brokers()[0])
+	say("PostgreSQL %s at %s, Kafka %s at %s", d.pg.Version(), strings.Split(strings.Split(d.dsn, "@")[1], "/")[0], d.kafka.Version(), d.kafka.Brokers()[0])
 
 	sql, err := os.ReadFile("sql/outbox.sql")
 	if err != nil {
 		return fmt.Errorf("read sql/outbox.sql (run from the repository root): %w", err)
 	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
+	if d.conn, err = pgx.Connect(ctx, d.dsn); err != nil {
 		return err
 	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, string(sql)); err != nil {
+	if _, err := d.conn.Exec(ctx, string(sql)); err != nil {
 		return fmt.Errorf("create outbox: %w", err)
 	}
 
 	// Create the topics up front: auto-creation on first use adds a few
 	// hundred milliseconds to the first records, which would hide the
 	// steady-state latency this demo prints.
-	adm, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers()...))
+	adm, err := kgo.NewClient(kgo.SeedBrokers(d.kafka.Brokers()...))
 	if err != nil {
 		return err
 	}
@@ -83,30 +128,37 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create topics: %w", err)
 	}
+	return nil
+}
 
+// startConnector runs the connector until ctx ends; done gets Run's result.
+func (d *demo) startConnector(ctx context.Context) (done chan error, err error) {
 	cfg := config.Default()
-	cfg.Postgres.DSN = config.DSN(dsn)
-	cfg.Kafka.Brokers = kafka.Brokers()
+	cfg.Postgres.DSN = config.DSN(d.dsn)
+	cfg.Kafka.Brokers = d.kafka.Brokers()
 	pc, err := cli.PipelineConfig(&cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	m := metrics.New()
-	p, err := pipeline.New(pc, m, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	d.m = metrics.New()
+	p, err := pipeline.New(pc, d.m, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	runCtx, stopConnector := context.WithCancel(ctx)
-	defer stopConnector()
-	done := make(chan error, 1)
-	go func() { done <- p.Run(runCtx) }()
+	done = make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
 	select {
 	case <-p.Ready():
 	case err := <-done:
-		return err
+		return nil, err
 	}
 	say("connector running: slot %s, publication %s, topic template %s", cfg.Postgres.Slot, cfg.Postgres.Publication, cfg.Kafka.Topic)
 
+	return done, nil
+}
+
+// fiveEvents inserts five events and prints them as consumed.
+func (d *demo) fiveEvents(ctx context.Context) error {
 	say("\ninserting 5 events, each in its own business transaction ...")
 	events := [][3]string{
 		{"order", "order-1001", "OrderCreated"}, {"order", "order-1001", "OrderPaid"},
@@ -114,12 +166,12 @@ func run(ctx context.Context) error {
 	}
 	for i, e := range events {
 		payload := fmt.Sprintf(`{"n": %d, "note": "event %d of the demo"}`, i+1, i+1)
-		if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4)`,
+		if _, err := d.conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4)`,
 			e[0], e[1], e[2], payload); err != nil {
 			return err
 		}
 	}
-	recs, err := consume(ctx, kafka.Brokers(), []string{"outbox.event.order", "outbox.event.customer"}, len(events), 30*time.Second)
+	recs, err := consume(ctx, d.kafka.Brokers(), []string{"outbox.event.order", "outbox.event.customer"}, len(events), 30*time.Second)
 	if err != nil {
 		return err
 	}
@@ -134,6 +186,12 @@ func run(ctx context.Context) error {
 		say("  %-22s p%d@%-3d key=%-10s %-19s %s", r.Topic, r.Partition, r.Offset, r.Key, et, r.Value)
 	}
 
+	return nil
+}
+
+// burst commits many one-row transactions from several writers and prints
+// the throughput and the connector's commit-to-ack quantiles.
+func (d *demo) burst(ctx context.Context) error {
 	const writers, perWriter = 8, 2500
 	say("\nburst: %d writers x %d one-row transactions ...", writers, perWriter)
 	start := time.Now()
@@ -141,7 +199,7 @@ func run(ctx context.Context) error {
 	errs := make(chan error, writers)
 	for w := 0; w < writers; w++ {
 		wg.Go(func() {
-			c, err := pgx.Connect(ctx, dsn)
+			c, err := pgx.Connect(ctx, d.dsn)
 			if err != nil {
 				errs <- err
 				return
@@ -162,7 +220,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	wrote := time.Since(start)
-	burst, err := consume(ctx, kafka.Brokers(), []string{"outbox.event.burst"}, writers*perWriter, 2*time.Minute)
+	burst, err := consume(ctx, d.kafka.Brokers(), []string{"outbox.event.burst"}, writers*perWriter, 2*time.Minute)
 	if err != nil {
 		return err
 	}
@@ -173,13 +231,18 @@ func run(ctx context.Context) error {
 	say("  %d events committed in %v (%.0f/s), all in Kafka after %v (%.0f events/s end to end)",
 		writers*perWriter, wrote.Round(time.Millisecond), float64(writers*perWriter)/wrote.Seconds(),
 		total.Round(time.Millisecond), float64(writers*perWriter)/total.Seconds())
-	p50, p99, n := quantiles(m)
+	p50, p99, n := quantiles(d.m)
 	say("  commit-to-ack (connector histogram, %d events): p50 <= %s, p99 <= %s", n, p50, p99)
 
-	// Steady: one event every 5 ms, latency seen by a live consumer.
+	return nil
+}
+
+// steady writes one event every 5 ms and prints the commit-to-consume
+// latency a live consumer sees.
+func (d *demo) steady(ctx context.Context) error {
 	const steady = 400
 	say("\nsteady: %d events at 200/s, commit-to-consume measured by a live consumer ...", steady)
-	lc, err := kgo.NewClient(kgo.SeedBrokers(kafka.Brokers()...), kgo.ConsumeTopics("outbox.event.steady"),
+	lc, err := kgo.NewClient(kgo.SeedBrokers(d.kafka.Brokers()...), kgo.ConsumeTopics("outbox.event.steady"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.AllowAutoTopicCreation(), kgo.FetchMaxWait(10*time.Millisecond))
 	if err != nil {
 		return err
@@ -200,7 +263,7 @@ func run(ctx context.Context) error {
 	tick := time.NewTicker(5 * time.Millisecond)
 	for i := 0; i < steady; i++ {
 		<-tick.C
-		if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		if _, err := d.conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 			VALUES ('steady', $1, 'Tick', '{}')`, fmt.Sprintf("s-%d", i%10)); err != nil {
 			return err
 		}
@@ -214,15 +277,6 @@ func run(ctx context.Context) error {
 	say("  commit-to-consume p50 %v, p99 %v, max %v (record timestamps are ms, so +-1ms)",
 		ls[len(ls)/2].Round(100*time.Microsecond), ls[len(ls)*99/100].Round(100*time.Microsecond), ls[len(ls)-1].Round(100*time.Microsecond))
 
-	if err := adoptionKit(ctx, pg, kafka.Brokers(), dsn); err != nil {
-		return fmt.Errorf("adoption kit: %w", err)
-	}
-
-	stopConnector()
-	if err := <-done; err != nil {
-		return err
-	}
-	say("\nconnector stopped cleanly; confirmed LSN is the last acknowledged transaction.")
 	return nil
 }
 

@@ -84,35 +84,13 @@ func (d drainSlots) all() []string {
 // and, if asked, with the in-process connector under the profiler.
 func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.Logger) (*DrainResult, error) {
 	n := opts.Events
-	aggType := fmt.Sprintf("drain_tx%d", txSize)
-	var slots drainSlots
-	var topics []string
-	for i := range opts.DrainRepeats {
-		slots.recv = append(slots.recv, fmt.Sprintf("recv%d_%s", i+1, aggType))
-		slots.cdc = append(slots.cdc, fmt.Sprintf("cdc%d_%s", i+1, aggType))
-		topics = append(topics, fmt.Sprintf("drain%d.%s", i+1, aggType))
-	}
-	// exactly_once topics come after the others: topics[i] stays run i's.
-	var positions []string
-	if opts.eos() {
-		for i := range opts.DrainRepeats {
-			slots.eos = append(slots.eos, fmt.Sprintf("eos%d_%s", i+1, aggType))
-			topics = append(topics, fmt.Sprintf("eos%d.%s", i+1, aggType))
-			positions = append(positions, fmt.Sprintf("bench-positions.eos%d.%s", i+1, aggType))
-		}
-	}
-	slots.prof = "prof_" + aggType
-	topics = append(topics, "prof."+aggType)
-	if e.debeziumLibs != "" {
-		slots.dbz = "dbz_" + aggType
-		topics = append(topics, "dbz."+aggType)
-	}
+	d := newDrainNames(opts, txSize, e.debeziumLibs != "")
 	log = log.With("scenario", "drain", "tx_size", txSize)
 	res := &DrainResult{TxSize: txSize, Events: n, Transactions: n / txSize}
 
 	defer func() {
-		e.dropSlots(ctx, slots.all()...)
-		e.deleteTopics(ctx, append(topics, positions...)...)
+		e.dropSlots(ctx, d.slots.all()...)
+		e.deleteTopics(ctx, append(d.topics, d.positions...)...)
 		if err := e.exec(context.WithoutCancel(ctx), "TRUNCATE "+outboxTable); err != nil {
 			log.Warn("truncate", "err", err)
 		}
@@ -120,67 +98,29 @@ func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.L
 	if err := e.exec(ctx, "TRUNCATE "+outboxTable); err != nil {
 		return nil, err
 	}
-	if err := e.createTopics(ctx, topics...); err != nil {
+	if err := e.createTopics(ctx, d.topics...); err != nil {
 		return nil, err
 	}
-	for _, s := range slots.all() {
+	for _, s := range d.slots.all() {
 		if _, err := e.createSlot(ctx, s); err != nil {
 			return nil, err
 		}
 	}
-	endpos, err := e.preloadDrain(ctx, opts, aggType, res, log)
+	endpos, err := e.preloadDrain(ctx, opts, d.aggType, res, log)
 	if err != nil {
 		return nil, err
 	}
-
 	for i := range opts.DrainRepeats {
-		e.waitQuiet(ctx, "pg_recvlogical drain")
-		rr, err := e.recvLogical(ctx, slots.recv[i], endpos, n, opts.DrainTimeout)
-		if err != nil {
+		if err := drainRound(ctx, e, opts, d, i, endpos, res, log); err != nil {
 			return res, err
-		}
-		res.RecvLogicalRuns = append(res.RecvLogicalRuns, rr)
-		log.Info("pg_recvlogical drained", "run", i+1, "seconds", round(rr.Seconds, 2), "events_per_sec", int(rr.EventsPerSec))
-
-		e.waitQuiet(ctx, "connector drain")
-		template := fmt.Sprintf("drain%d.{aggregate_type}", i+1)
-		cr, err := drainConnector(ctx, e, opts, connectorConfig{Slot: slots.cdc[i], Topic: template}, n, log)
-		if err != nil {
-			return res, err
-		}
-		log.Info("connector drained", "run", i+1, "seconds", round(cr.Seconds, 2), "events_per_sec", int(cr.EventsPerSec),
-			"peak_rss_mb", cr.PeakRSSBytes>>20)
-		err = verifyTopic(ctx, e, topics[i], n, &cr.Verified, false, log)
-		res.ConnectorRuns = append(res.ConnectorRuns, cr)
-		if err != nil {
-			return res, err
-		}
-		res.summarize()
-
-		if opts.eos() {
-			e.waitQuiet(ctx, "exactly_once connector drain")
-			cfg := connectorConfig{Slot: slots.eos[i], Topic: fmt.Sprintf("eos%d.{aggregate_type}", i+1),
-				Delivery: exactlyOnce, Positions: positions[i]}
-			xr, err := drainConnector(ctx, e, opts, cfg, n, log)
-			if err != nil {
-				return res, fmt.Errorf("exactly_once: %w", err)
-			}
-			log.Info("exactly_once connector drained", "run", i+1, "seconds", round(xr.Seconds, 2),
-				"events_per_sec", int(xr.EventsPerSec), "peak_rss_mb", xr.PeakRSSBytes>>20)
-			err = verifyTopic(ctx, e, fmt.Sprintf("eos%d.%s", i+1, aggType), n, &xr.Verified, true, log)
-			res.ExactlyOnceRuns = append(res.ExactlyOnceRuns, xr)
-			if err != nil {
-				return res, fmt.Errorf("exactly_once: %w", err)
-			}
-			res.summarize()
 		}
 	}
 	log.Info("drain rates", "pg_recvlogical", int(res.RecvLogical.EventsPerSec), "connector", int(res.Connector.EventsPerSec),
 		"ratio", round(res.Ratio, 3))
 
-	if slots.dbz != "" {
+	if d.slots.dbz != "" {
 		e.waitQuiet(ctx, "debezium drain")
-		dr, err := drainDebezium(ctx, e, opts, slots.dbz, "dbz."+aggType, n, log)
+		dr, err := drainDebezium(ctx, e, opts, d.slots.dbz, "dbz."+d.aggType, n, log)
 		if err != nil {
 			return res, fmt.Errorf("debezium: %w", err)
 		}
@@ -193,7 +133,7 @@ func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.L
 	}
 
 	if opts.Profile {
-		p, err := e.profileDrain(ctx, opts, slots.prof, aggType, n, log)
+		p, err := e.profileDrain(ctx, opts, d.slots.prof, d.aggType, n, log)
 		if err != nil {
 			return res, fmt.Errorf("profiled drain: %w", err)
 		}
@@ -201,6 +141,86 @@ func runDrain(ctx context.Context, e *env, opts options, txSize int, log *slog.L
 		log.Info("profiled in-process drain", "seconds", round(p.Seconds, 2), "events_per_sec", int(p.EventsPerSec))
 	}
 	return res, nil
+}
+
+// drainNames are one transaction size's slots, topics and positions
+// topics: topics[i] is run i's connector topic; the exactly_once ones come
+// after the others.
+type drainNames struct {
+	aggType   string
+	slots     drainSlots
+	topics    []string
+	positions []string
+}
+
+func newDrainNames(opts options, txSize int, debezium bool) drainNames {
+	d := drainNames{aggType: fmt.Sprintf("drain_tx%d", txSize)}
+	for i := range opts.DrainRepeats {
+		d.slots.recv = append(d.slots.recv, fmt.Sprintf("recv%d_%s", i+1, d.aggType))
+		d.slots.cdc = append(d.slots.cdc, fmt.Sprintf("cdc%d_%s", i+1, d.aggType))
+		d.topics = append(d.topics, fmt.Sprintf("drain%d.%s", i+1, d.aggType))
+	}
+	if opts.eos() {
+		for i := range opts.DrainRepeats {
+			d.slots.eos = append(d.slots.eos, fmt.Sprintf("eos%d_%s", i+1, d.aggType))
+			d.topics = append(d.topics, fmt.Sprintf("eos%d.%s", i+1, d.aggType))
+			d.positions = append(d.positions, fmt.Sprintf("bench-positions.eos%d.%s", i+1, d.aggType))
+		}
+	}
+	d.slots.prof = "prof_" + d.aggType
+	d.topics = append(d.topics, "prof."+d.aggType)
+	if debezium {
+		d.slots.dbz = "dbz_" + d.aggType
+		d.topics = append(d.topics, "dbz."+d.aggType)
+	}
+	return d
+}
+
+// drainRound is run i of each reader: pg_recvlogical, the connector and,
+// with exactly_once, the transactional connector.
+func drainRound(ctx context.Context, e *env, opts options, d drainNames, i int, endpos string, res *DrainResult, log *slog.Logger) error {
+	n := opts.Events
+	e.waitQuiet(ctx, "pg_recvlogical drain")
+	rr, err := e.recvLogical(ctx, d.slots.recv[i], endpos, n, opts.DrainTimeout)
+	if err != nil {
+		return err
+	}
+	res.RecvLogicalRuns = append(res.RecvLogicalRuns, rr)
+	log.Info("pg_recvlogical drained", "run", i+1, "seconds", round(rr.Seconds, 2), "events_per_sec", int(rr.EventsPerSec))
+
+	e.waitQuiet(ctx, "connector drain")
+	template := fmt.Sprintf("drain%d.{aggregate_type}", i+1)
+	cr, err := drainConnector(ctx, e, opts, connectorConfig{Slot: d.slots.cdc[i], Topic: template}, n, log)
+	if err != nil {
+		return err
+	}
+	log.Info("connector drained", "run", i+1, "seconds", round(cr.Seconds, 2), "events_per_sec", int(cr.EventsPerSec),
+		"peak_rss_mb", cr.PeakRSSBytes>>20)
+	err = verifyTopic(ctx, e, d.topics[i], n, &cr.Verified, false, log)
+	res.ConnectorRuns = append(res.ConnectorRuns, cr)
+	if err != nil {
+		return err
+	}
+	res.summarize()
+	if !opts.eos() {
+		return nil
+	}
+	e.waitQuiet(ctx, "exactly_once connector drain")
+	cfg := connectorConfig{Slot: d.slots.eos[i], Topic: fmt.Sprintf("eos%d.{aggregate_type}", i+1),
+		Delivery: exactlyOnce, Positions: d.positions[i]}
+	xr, err := drainConnector(ctx, e, opts, cfg, n, log)
+	if err != nil {
+		return fmt.Errorf("exactly_once: %w", err)
+	}
+	log.Info("exactly_once connector drained", "run", i+1, "seconds", round(xr.Seconds, 2),
+		"events_per_sec", int(xr.EventsPerSec), "peak_rss_mb", xr.PeakRSSBytes>>20)
+	err = verifyTopic(ctx, e, fmt.Sprintf("eos%d.%s", i+1, d.aggType), n, &xr.Verified, true, log)
+	res.ExactlyOnceRuns = append(res.ExactlyOnceRuns, xr)
+	if err != nil {
+		return fmt.Errorf("exactly_once: %w", err)
+	}
+	res.summarize()
+	return nil
 }
 
 // summarize picks each reader's fastest run and the peak RSS.

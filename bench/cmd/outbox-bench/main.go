@@ -114,63 +114,83 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	l := listFlags{txSizes: *txSizes, rates: *rates, dbzRates: *dbzRates, deliveries: *deliveries,
+		intervals: *intervals, lingers: *lingers, scenarios: *scenarios}
+	if err := o.setLists(l); err != nil {
+		return o, err
+	}
+	return o, o.validate()
+}
+
+// listFlags are the comma-list flags as given.
+type listFlags struct {
+	txSizes, rates, dbzRates, deliveries, intervals, lingers, scenarios string
+}
+
+// setLists parses the comma-list flags into o.
+func (o *options) setLists(l listFlags) error {
 	var err error
-	if o.TxSizes, err = parseInts("tx-sizes", *txSizes); err != nil {
-		return o, err
+	if o.TxSizes, err = parseInts("tx-sizes", l.txSizes); err != nil {
+		return err
 	}
-	if o.Rates, err = parseInts("rates", *rates); err != nil {
-		return o, err
+	if o.Rates, err = parseInts("rates", l.rates); err != nil {
+		return err
 	}
-	if o.DebeziumRates, err = parseInts("debezium-rates", *dbzRates); err != nil {
-		return o, err
+	if o.DebeziumRates, err = parseInts("debezium-rates", l.dbzRates); err != nil {
+		return err
 	}
-	if o.Deliveries, err = parseDeliveries(*deliveries); err != nil {
-		return o, err
+	if o.Deliveries, err = parseDeliveries(l.deliveries); err != nil {
+		return err
 	}
-	for _, s := range splitList(*intervals) {
+	for _, s := range splitList(l.intervals) {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {
-			return o, fmt.Errorf("-relay-intervals: %q is not a positive duration", s)
+			return fmt.Errorf("-relay-intervals: %q is not a positive duration", s)
 		}
 		o.RelayIntervals = append(o.RelayIntervals, d)
 	}
-	for _, s := range splitList(*lingers) {
+	for _, s := range splitList(l.lingers) {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {
-			return o, fmt.Errorf("-cdc-lingers: %q is not a positive duration", s)
+			return fmt.Errorf("-cdc-lingers: %q is not a positive duration", s)
 		}
 		o.Lingers = append(o.Lingers, d)
 	}
-	for _, s := range splitList(*scenarios) {
+	for _, s := range splitList(l.scenarios) {
 		if s != "drain" && s != "steady" {
-			return o, fmt.Errorf("-scenarios: unknown scenario %q (want drain, steady)", s)
+			return fmt.Errorf("-scenarios: unknown scenario %q (want drain, steady)", s)
 		}
 		o.Scenarios = append(o.Scenarios, s)
 	}
+	return nil
+}
+
+// validate checks the values that must be positive or consistent.
+func (o *options) validate() error {
 	switch {
 	case o.Events <= 0:
-		return o, fmt.Errorf("-events %d: must be positive", o.Events)
+		return fmt.Errorf("-events %d: must be positive", o.Events)
 	case o.Duration < time.Second:
-		return o, fmt.Errorf("-duration %v: must be at least 1s", o.Duration)
+		return fmt.Errorf("-duration %v: must be at least 1s", o.Duration)
 	case o.Writers <= 0:
-		return o, fmt.Errorf("-writers %d: must be positive", o.Writers)
+		return fmt.Errorf("-writers %d: must be positive", o.Writers)
 	case o.Partitions <= 0:
-		return o, fmt.Errorf("-partitions %d: must be positive", o.Partitions)
+		return fmt.Errorf("-partitions %d: must be positive", o.Partitions)
 	case o.DrainRepeats <= 0:
-		return o, fmt.Errorf("-drain-repeats %d: must be positive", o.DrainRepeats)
+		return fmt.Errorf("-drain-repeats %d: must be positive", o.DrainRepeats)
 	case o.RelayBatch <= 0:
-		return o, fmt.Errorf("-relay-batch %d: must be positive", o.RelayBatch)
+		return fmt.Errorf("-relay-batch %d: must be positive", o.RelayBatch)
 	}
 	for _, n := range o.TxSizes {
 		if o.Events%n != 0 {
-			return o, fmt.Errorf("-events %d is not a multiple of transaction size %d", o.Events, n)
+			return fmt.Errorf("-events %d is not a multiple of transaction size %d", o.Events, n)
 		}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.LogLevel)); err != nil {
-		return o, fmt.Errorf("-log-level: %w", err)
+		return fmt.Errorf("-log-level: %w", err)
 	}
-	return o, nil
+	return nil
 }
 
 func splitList(s string) []string {

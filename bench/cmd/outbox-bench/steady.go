@@ -144,18 +144,7 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 	car.account(&probe)
 
 	// Warm-up, then the measured run.
-	for i := range warmup {
-		if err := e.exec(ctx, insertSQL(table), insertArgs(aggType, n+i)...); err != nil {
-			return nil, fmt.Errorf("warm-up: %w", err)
-		}
-	}
-	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-	err = arr.waitDistinct(wctx, warmup)
-	wcancel()
-	if err != nil {
-		return nil, fmt.Errorf("warm-up: %w", errors.Join(err, car.failed()))
-	}
-	if err := car.mark(ctx); err != nil {
+	if err := warmUp(ctx, e, table, aggType, n, arr, car); err != nil {
 		return nil, err
 	}
 	commitNs := make([]int64, n)
@@ -168,39 +157,66 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 	}
 	log.Info("written", "committed", committed, "achieved_rate", int(res.AchievedRate))
 
+	return res, settle(ctx, e, opts, aggType, topic, committed, commitNs, arr, car, cons, probe, a, res, log)
+}
+
+// warmUp inserts the warm-up events and waits for them, then marks the
+// carrier's counters: the measured run starts from there.
+func warmUp(ctx context.Context, e *env, table, aggType string, n int, arr *arrivals, car carrier) error {
+	for i := range warmup {
+		if err := e.exec(ctx, insertSQL(table), insertArgs(aggType, n+i)...); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	err := arr.waitDistinct(wctx, warmup)
+	wcancel()
+	if err != nil {
+		return fmt.Errorf("warm-up: %w", errors.Join(err, car.failed()))
+	}
+	if err := car.mark(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
+// settle waits for every committed event, then takes the CPU, the
+// duplicates and the latencies into res.
+func settle(ctx context.Context, e *env, opts options, aggType, topic string, committed int, commitNs []int64,
+	arr *arrivals, car carrier, cons *consumer, probe cpuProbe, a cpuSnap, res *SteadyResult, log *slog.Logger) error {
 	// Every committed event must arrive.
 	sctx, scancel := context.WithTimeout(ctx, opts.SettleWait)
-	err = arr.waitDistinct(sctx, int64(committed+warmup))
+	err := arr.waitDistinct(sctx, int64(committed+warmup))
 	scancel()
 	waitReaped(e.pgPID, 2*time.Second) // the writers' backends, so their time is counted
 	res.CPU = usage(a, probe.snap())
 	res.Received = arr.distinct.Load() - warmup
 	if ferr := car.failed(); ferr != nil {
-		return res, ferr
+		return ferr
 	}
 	if err != nil {
-		return res, fmt.Errorf("%w: %v", errLost, err)
+		return fmt.Errorf("%w: %v", errLost, err)
 	}
 	if err := car.finish(ctx, res); err != nil {
-		return res, err
+		return err
 	}
 	if err := cons.stop(); err != nil {
-		return res, err
+		return err
 	}
 	res.Duplicates = arr.records.Load() - arr.distinct.Load()
 	if f := arr.foreign.Load(); f != 0 {
-		return res, fmt.Errorf("%d records on %s that are not benchmark events", f, topic)
+		return fmt.Errorf("%d records on %s that are not benchmark events", f, topic)
 	}
 	if opts.LatencyCSV != "" {
 		if err := writeLatencyCSV(filepath.Join(opts.LatencyCSV, aggType+".csv"), commitNs, arr); err != nil {
-			return res, err
+			return err
 		}
 	}
 	exact, ts := latencies(commitNs, arr)
 	res.CommitToConsume, res.CommitToConsumeTS = percentiles(exact), percentiles(ts)
 	log.Info("steady run", "p50_ms", round(res.CommitToConsume.P50Ms, 2), "p99_ms", round(res.CommitToConsume.P99Ms, 2),
 		"max_ms", round(res.CommitToConsume.MaxMs, 1), "pg_cpu_s", round(res.CPU.Postgres, 2))
-	return res, nil
+	return nil
 }
 
 // latencies pairs each committed event with its arrival, in ms.
