@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -143,7 +144,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 		cfg.QueueSize = 1024
 	}
 	if cfg.DrainTimeout <= 0 {
-		cfg.DrainTimeout = sink.DefaultDrainTimeout
+		cfg.DrainTimeout = kafkaopt.DefaultDrainTimeout
 	}
 	if cfg.MonitorInterval <= 0 {
 		cfg.MonitorInterval = 10 * time.Second

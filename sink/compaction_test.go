@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
@@ -47,11 +48,11 @@ func TestTxnPositionsTopicCompactListAccepted(t *testing.T) {
 // buffer was franz-go's 10,000 while internal/config said 4,000).
 func TestDefaultsOneDefinition(t *testing.T) {
 	d := config.Default()
-	if d.Kafka.MaxBufferedRecords != sink.DefaultMaxBufferedRecords || d.DLQ.MaxQuarantined != sink.DefaultMaxQuarantined ||
-		d.Kafka.UnknownTopicTimeout != sink.DefaultUnknownTopicTimeout || d.Kafka.DrainTimeout != sink.DefaultDrainTimeout ||
-		d.Kafka.TransactionInterval != sink.DefaultTxnInterval {
+	if d.Kafka.MaxBufferedRecords != kafkaopt.DefaultMaxBufferedRecords || d.DLQ.MaxQuarantined != kafkaopt.DefaultMaxQuarantined ||
+		d.Kafka.UnknownTopicTimeout != kafkaopt.DefaultUnknownTopicTimeout || d.Kafka.DrainTimeout != kafkaopt.DefaultDrainTimeout ||
+		d.Kafka.TransactionInterval != kafkaopt.DefaultTxnInterval {
 		t.Fatalf("config defaults %d, %d, %v; sink defaults %d, %d, %v", d.Kafka.MaxBufferedRecords, d.DLQ.MaxQuarantined,
-			d.Kafka.UnknownTopicTimeout, sink.DefaultMaxBufferedRecords, sink.DefaultMaxQuarantined, sink.DefaultUnknownTopicTimeout)
+			d.Kafka.UnknownTopicTimeout, kafkaopt.DefaultMaxBufferedRecords, kafkaopt.DefaultMaxQuarantined, kafkaopt.DefaultUnknownTopicTimeout)
 	}
 	s := sinkOf(t, newCluster(t))
 	if got := s.Client().OptValue(kgo.MaxBufferedRecords); got != int64(d.Kafka.MaxBufferedRecords) {

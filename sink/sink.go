@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +34,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
@@ -107,26 +107,9 @@ type Outcome struct {
 // not block.
 type Done interface{ Delivered(Outcome) }
 
-const (
-	// DefaultUnknownTopicTimeout is UnknownTopicTimeout when 0, and
-	// kafka.unknown_topic_timeout's default.
-	DefaultUnknownTopicTimeout = 2 * time.Minute
-	// DefaultDrainTimeout is how long a stop waits for the records in
-	// flight: kafka.drain_timeout's default, and the pipeline's when 0.
-	DefaultDrainTimeout = 30 * time.Second
-	// defaultBatchMax is franz-go's default batch cap, Kafka's default
-	// max.message.bytes; used while a topic's limit is unknown.
-	defaultBatchMax = 1_000_012
-	// DefaultMaxBufferedRecords is kafka.max_buffered_records' default, the
-	// one definition: internal/config's default and a Config with 0 both
-	// take it (for the client's buffer, the held records and exactly_once's
-	// commit bound). 4,000 rather than franz-go's 10,000 bounds the peak
-	// memory of a drain (docs/performance.md).
-	DefaultMaxBufferedRecords = 4_000
-	// DefaultMaxQuarantined bounds quarantined keys when MaxQuarantined is 0
-	// (dlq.max_quarantined's default too).
-	DefaultMaxQuarantined = 10_000
-)
+// defaultBatchMax is franz-go's default batch cap, Kafka's default
+// max.message.bytes; used while a topic's limit is unknown.
+const defaultBatchMax = 1_000_012
 
 // Sink wraps one idempotent producer.
 type Sink struct {
@@ -178,7 +161,7 @@ type Sink struct {
 // New creates the producer. It does not contact the brokers: use Ping for
 // that.
 func New(cfg Config, log *slog.Logger) (*Sink, error) {
-	codec, err := codecFor(cfg.Compression)
+	codec, err := kafkaopt.CodecFor(cfg.Compression)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +171,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		topics: make(map[string]*topicState), space: make(chan struct{}),
 		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*quarantined)}
 	if s.maxQuarantined <= 0 {
-		s.maxQuarantined = DefaultMaxQuarantined
+		s.maxQuarantined = kafkaopt.DefaultMaxQuarantined
 	}
 	s.restored, s.fail, s.onQuarantines = make(chan struct{}), cfg.Fail, cfg.Redrives
 	if cfg.QuarantineTopic != "" && s.parking != "" {
@@ -206,11 +189,11 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		s.replication = -1
 	}
 	if s.unknownTimeout <= 0 {
-		s.unknownTimeout = DefaultUnknownTopicTimeout
+		s.unknownTimeout = kafkaopt.DefaultUnknownTopicTimeout
 	}
 	s.poll = min(max(s.unknownTimeout/20, 50*time.Millisecond), time.Second)
 	if s.maxHeld <= 0 {
-		s.maxHeld = DefaultMaxBufferedRecords
+		s.maxHeld = kafkaopt.DefaultMaxBufferedRecords
 	}
 	s.gate = newGate(s.maxHeld, s.maxHeldBytes)
 	opts := []kgo.Opt{
@@ -260,42 +243,6 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	s.wg.Add(1)
 	go s.releaser()
 	return s, nil
-}
-
-func codecFor(name string) (kgo.CompressionCodec, error) {
-	if name == "" {
-		return kgo.NoCompression(), nil
-	}
-	for _, c := range codecs {
-		if c.name == name {
-			return c.codec, nil
-		}
-	}
-	names := Compressions()
-	return kgo.CompressionCodec{}, fmt.Errorf("kafka.compression %q: use %s or %s", name,
-		strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
-}
-
-// codecs are the kafka.compression values and their codecs.
-var codecs = []struct {
-	name  string
-	codec kgo.CompressionCodec
-}{
-	{"none", kgo.NoCompression()},
-	{"gzip", kgo.GzipCompression()},
-	{"snappy", kgo.SnappyCompression()},
-	{"lz4", kgo.Lz4Compression()},
-	{"zstd", kgo.ZstdCompression()},
-}
-
-// Compressions lists the kafka.compression values the sink accepts ("" is
-// none too).
-func Compressions() []string {
-	names := make([]string, len(codecs))
-	for i, c := range codecs {
-		names[i] = c.name
-	}
-	return names
 }
 
 // Ping checks that a broker answers.

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
@@ -31,7 +32,7 @@ type TxnConfig struct {
 	// their Kafka transaction; 0 means 5ms.
 	Interval time.Duration
 	// MaxRecords commits at once when this many events wait; 0 means
-	// Sink.MaxBufferedRecords, or DefaultMaxBufferedRecords when that is 0.
+	// Sink.MaxBufferedRecords, or kafkaopt.DefaultMaxBufferedRecords when that is 0.
 	MaxRecords int
 	// TransactionTimeout is the broker's bound on an open transaction;
 	// 0 means one minute.
@@ -142,20 +143,16 @@ type txnTopic struct {
 	missingSince time.Time
 }
 
-// DefaultTxnInterval is TxnConfig.Interval when 0, and
-// kafka.transaction_interval's default.
-const DefaultTxnInterval = 5 * time.Millisecond
-
 // NewTxn creates the transactional producer. Call Start before Produce.
 func NewTxn(cfg TxnConfig, log *slog.Logger) (*Txn, error) {
 	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultTxnInterval
+		cfg.Interval = kafkaopt.DefaultTxnInterval
 	}
 	if cfg.MaxRecords <= 0 {
 		cfg.MaxRecords = cfg.Sink.MaxBufferedRecords
 	}
 	if cfg.MaxRecords <= 0 {
-		cfg.MaxRecords = DefaultMaxBufferedRecords
+		cfg.MaxRecords = kafkaopt.DefaultMaxBufferedRecords
 	}
 	if cfg.TransactionTimeout <= 0 {
 		cfg.TransactionTimeout = time.Minute

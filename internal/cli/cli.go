@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
-	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 // Version is set at build time with -ldflags "-X .../internal/cli.Version=...".
@@ -143,7 +143,7 @@ func load(path string, environ []string, stdout, stderr io.Writer) (env, bool) {
 	pc.ConfigPath = path
 	// The client retries TLS and SASL failures like any connection failure;
 	// this says why nothing gets out.
-	pc.Sink.Opts = append(pc.Sink.Opts, sink.SecurityFailureLog(log, time.Minute))
+	pc.Sink.Opts = append(pc.Sink.Opts, kafkaopt.SecurityFailureLog(log, time.Minute))
 	return env{cfg: cfg, pc: pc, log: log, stdout: stdout, stderr: stderr}, true
 }
 

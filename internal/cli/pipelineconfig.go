@@ -5,6 +5,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -40,7 +41,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	if err != nil {
 		return pipeline.Config{}, err
 	}
-	kafkaOpts, err := sink.SecurityOpts(sec)
+	kafkaOpts, err := kafkaopt.SecurityOpts(sec)
 	if err != nil {
 		return pipeline.Config{}, err
 	}
@@ -108,19 +109,19 @@ func outboxTable(tc *config.Config, db *replication.DB) (pipeline.Table, replica
 // kafkaSecurity translates kafka.tls and kafka.sasl for the sink. The
 // password file is read here (OAUTHBEARER token files and client secret
 // files at each use), and the CA, certificate and key files by
-// sink.SecurityOpts, at start.
-func kafkaSecurity(k config.Kafka) (sink.Security, error) {
-	sec := sink.Security{TLS: k.TLS.Sink()}
+// kafkaopt.SecurityOpts, at start.
+func kafkaSecurity(k config.Kafka) (kafkaopt.Security, error) {
+	sec := kafkaopt.Security{TLS: k.TLS.Sink()}
 	switch k.SASL.Mechanism {
 	case "":
-	case sink.MechanismOAuthBearer, sink.MechanismAWSMSKIAM:
-		sec.SASL = &sink.SASL{Mechanism: k.SASL.Mechanism, OAuth: k.SASL.OAuth.Sink()}
+	case kafkaopt.MechanismOAuthBearer, kafkaopt.MechanismAWSMSKIAM:
+		sec.SASL = &kafkaopt.SASL{Mechanism: k.SASL.Mechanism, OAuth: k.SASL.OAuth.Sink()}
 	default:
 		pw, err := k.SASL.Secret()
 		if err != nil {
-			return sink.Security{}, err
+			return kafkaopt.Security{}, err
 		}
-		sec.SASL = &sink.SASL{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: sink.Secret(pw)}
+		sec.SASL = &kafkaopt.SASL{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: kafkaopt.Secret(pw)}
 	}
 	return sec, nil
 }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
-	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 // runCmd is outbox-cdc run: the connector.
@@ -25,7 +25,7 @@ func (*runCmd) problem() string        { return "" }
 
 func (*runCmd) run(ctx context.Context, e env) int {
 	cfg, pc, log, stderr := e.cfg, e.pc, e.log, e.stderr
-	pc.Sink.Opts = append(pc.Sink.Opts, sink.RetryEOF())
+	pc.Sink.Opts = append(pc.Sink.Opts, kafkaopt.RetryEOF())
 	m := metrics.New()
 	tp, stopTracing, err := startTracing(ctx, cfg.OTel, m, log)
 	if err != nil {

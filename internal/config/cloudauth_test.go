@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 )
 
 func TestValidateCloudAuth(t *testing.T) {
@@ -20,15 +20,15 @@ func TestValidateCloudAuth(t *testing.T) {
 
 	cc := func(c *Config) {
 		c.Kafka.TLS.Enabled = true
-		c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismOAuthBearer, OAuth: KafkaOAuth{
+		c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismOAuthBearer, OAuth: KafkaOAuth{
 			TokenURL: "https://idp.example.com/oauth2/token", ClientID: "outbox", ClientSecret: "cs-inline", Scope: "kafka"}}
 	}
 	file := func(c *Config) {
-		c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismOAuthBearer, OAuth: KafkaOAuth{TokenFile: tokenFile}}
+		c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismOAuthBearer, OAuth: KafkaOAuth{TokenFile: tokenFile}}
 	}
 	iam := func(c *Config) {
 		c.Kafka.TLS.Enabled = true
-		c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismAWSMSKIAM}
+		c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismAWSMSKIAM}
 	}
 	tests := []struct {
 		name   string
@@ -75,7 +75,7 @@ func TestValidateCloudAuth(t *testing.T) {
 		{"username with oauthbearer", func(c *Config) { cc(c); c.Kafka.SASL.Username = "alice" }, "kafka.sasl.username",
 			[]string{"not used with kafka.sasl.mechanism OAUTHBEARER"}},
 		{"oauth keys with scram", func(c *Config) {
-			c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismScramSHA512, Username: "u", Password: "p", OAuth: KafkaOAuth{TokenFile: tokenFile}}
+			c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismScramSHA512, Username: "u", Password: "p", OAuth: KafkaOAuth{TokenFile: tokenFile}}
 		}, "kafka.sasl.oauth", []string{"would be ignored", "mechanism: OAUTHBEARER"}},
 		{"oauth keys without mechanism", func(c *Config) { c.Kafka.SASL.OAuth.TokenURL = "https://idp/token" },
 			"kafka.sasl.oauth", []string{"would be ignored"}},
@@ -93,8 +93,8 @@ func TestValidateCloudAuth(t *testing.T) {
 			c.Postgres.PasswordCommand, c.Postgres.PasswordCommandTimeout = "echo pw", time.Hour
 		}, "postgres.password_command_timeout", []string{"between 100ms and 5m0s"}},
 	}
-	t.Setenv(sink.EnvAWSAccessKeyID, "AKID")
-	t.Setenv(sink.EnvAWSSecretAccessKey, "secret")
+	t.Setenv(kafkaopt.EnvAWSAccessKeyID, "AKID")
+	t.Setenv(kafkaopt.EnvAWSSecretAccessKey, "secret")
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := withRequired()
@@ -115,9 +115,9 @@ func TestValidateCloudAuth(t *testing.T) {
 		})
 	}
 	t.Run("msk iam with web identity", func(t *testing.T) {
-		t.Setenv(sink.EnvAWSAccessKeyID, "")
-		t.Setenv(sink.EnvAWSWebIdentityTokenFile, tokenFile)
-		t.Setenv(sink.EnvAWSRoleARN, "arn:aws:iam::123456789012:role/x")
+		t.Setenv(kafkaopt.EnvAWSAccessKeyID, "")
+		t.Setenv(kafkaopt.EnvAWSWebIdentityTokenFile, tokenFile)
+		t.Setenv(kafkaopt.EnvAWSRoleARN, "arn:aws:iam::123456789012:role/x")
 		c := withRequired()
 		iam(&c)
 		if err := c.Validate(); err != nil {
@@ -125,8 +125,8 @@ func TestValidateCloudAuth(t *testing.T) {
 		}
 	})
 	t.Run("msk iam without credentials", func(t *testing.T) {
-		t.Setenv(sink.EnvAWSAccessKeyID, "")
-		t.Setenv(sink.EnvAWSWebIdentityTokenFile, "")
+		t.Setenv(kafkaopt.EnvAWSAccessKeyID, "")
+		t.Setenv(kafkaopt.EnvAWSWebIdentityTokenFile, "")
 		c := withRequired()
 		iam(&c)
 		hasKey(t, c.Validate(), "kafka.sasl.mechanism", "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, must be set", "AWS_SESSION_TOKEN")
@@ -135,7 +135,7 @@ func TestValidateCloudAuth(t *testing.T) {
 
 func TestOAuthBearerWarning(t *testing.T) {
 	c := withRequired()
-	c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismOAuthBearer, OAuth: KafkaOAuth{TokenFile: "/t"}}
+	c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismOAuthBearer, OAuth: KafkaOAuth{TokenFile: "/t"}}
 	if w := c.Warnings(); len(w) != 1 || w[0].Key != "kafka.sasl.mechanism" || !strings.Contains(w[0].Problem, "bearer token in clear text") {
 		t.Errorf("OAUTHBEARER without TLS: %v", w)
 	}

@@ -10,7 +10,7 @@
 // is a FieldError naming the key; Load and Validate return all of them at
 // once, joined into one error that prints a line each.
 //
-// Secrets have types of their own, DSN and sink.Secret, that print redacted
+// Secrets have types of their own, DSN and kafkaopt.Secret, that print redacted
 // whatever prints them, so a Config is safe to print or log.
 //
 // Names of tables and columns are exact catalog names (unquoted SQL
@@ -25,8 +25,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/router"
-	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 const (
@@ -179,24 +179,24 @@ type KafkaTLS struct {
 	InsecureSkipVerify bool   `koanf:"insecure_skip_verify"` // tests only; warned about
 }
 
-// Sink returns the settings the sink connects with (sink.TLS), nil when
+// Sink returns the settings the sink connects with (kafkaopt.TLS), nil when
 // TLS is off.
-func (t KafkaTLS) Sink() *sink.TLS {
+func (t KafkaTLS) Sink() *kafkaopt.TLS {
 	if !t.Enabled {
 		return nil
 	}
-	return &sink.TLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile,
+	return &kafkaopt.TLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile,
 		ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
 }
 
 // KafkaSASL configures SASL authentication towards the brokers
 // (docs/security.md).
 type KafkaSASL struct {
-	Mechanism    string      `koanf:"mechanism"` // "" (no SASL) or one of sink.Mechanisms
-	Username     string      `koanf:"username"`
-	Password     sink.Secret `koanf:"password"`
-	PasswordFile string      `koanf:"password_file"` // not with Password; see Secret
-	OAuth        KafkaOAuth  `koanf:"oauth"`         // with OAUTHBEARER
+	Mechanism    string          `koanf:"mechanism"` // "" (no SASL) or one of kafkaopt.Mechanisms
+	Username     string          `koanf:"username"`
+	Password     kafkaopt.Secret `koanf:"password"`
+	PasswordFile string          `koanf:"password_file"` // not with Password; see Secret
+	OAuth        KafkaOAuth      `koanf:"oauth"`         // with OAUTHBEARER
 }
 
 // HTTP is the metrics and health endpoint.
@@ -255,19 +255,19 @@ func Default() Config {
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq", ParkingTopic: "outbox.parking",
-			ClientID: "outbox-cdc", MaxBufferedRecords: sink.DefaultMaxBufferedRecords, MaxBufferedBytes: 64 << 20,
-			RequestTimeout: 30 * time.Second, DrainTimeout: sink.DefaultDrainTimeout, Compression: "none",
+			ClientID: "outbox-cdc", MaxBufferedRecords: kafkaopt.DefaultMaxBufferedRecords, MaxBufferedBytes: 64 << 20,
+			RequestTimeout: 30 * time.Second, DrainTimeout: kafkaopt.DefaultDrainTimeout, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
-			UnknownTopicTimeout: sink.DefaultUnknownTopicTimeout, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
+			UnknownTopicTimeout: kafkaopt.DefaultUnknownTopicTimeout, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
 			Format: router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
 			QuarantineTopic: "outbox.quarantine",
-			Delivery:        DeliveryAtLeastOnce, TransactionInterval: sink.DefaultTxnInterval, PositionsTopic: "outbox-cdc.positions",
+			Delivery:        DeliveryAtLeastOnce, TransactionInterval: kafkaopt.DefaultTxnInterval, PositionsTopic: "outbox-cdc.positions",
 		},
 		HTTP:       HTTP{Listen: "127.0.0.1:9187"},
 		Log:        Log{Level: "info", Format: "text"},
 		Checkpoint: Checkpoint{Store: "table", Table: "outbox_cdc.checkpoints"},
 		Snapshot:   Snapshot{Mode: "none"},
-		DLQ:        DLQ{Mode: DLQQuarantine, MaxQuarantined: sink.DefaultMaxQuarantined},
+		DLQ:        DLQ{Mode: DLQQuarantine, MaxQuarantined: kafkaopt.DefaultMaxQuarantined},
 	}
 }
 
@@ -290,7 +290,7 @@ func passwordFrom(key, file, inline string) (string, error) {
 	if file == "" {
 		return inline, nil
 	}
-	pw, err := sink.ReadSecretFile(file)
+	pw, err := kafkaopt.ReadSecretFile(file)
 	if err != nil {
 		return "", fmt.Errorf("%s %s: %w", key, file, err)
 	}
@@ -307,11 +307,11 @@ func (c *Config) Warnings() []FieldError {
 		out = append(out, FieldError{Key: "kafka.tls.insecure_skip_verify",
 			Problem: "broker certificates are not verified: anyone on the network path can impersonate the brokers; set a CA with kafka.tls.ca_file instead"})
 	}
-	if s.Mechanism == sink.MechanismPlain && !t.Enabled {
+	if s.Mechanism == kafkaopt.MechanismPlain && !t.Enabled {
 		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
 			Problem: "SASL PLAIN without TLS sends the password in clear text; set kafka.tls.enabled: true"})
 	}
-	if s.Mechanism == sink.MechanismOAuthBearer && !t.Enabled {
+	if s.Mechanism == kafkaopt.MechanismOAuthBearer && !t.Enabled {
 		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
 			Problem: "OAUTHBEARER without TLS sends the bearer token in clear text; set kafka.tls.enabled: true"})
 	}

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 )
 
 // KafkaOAuth is where OAUTHBEARER tokens come from (docs/security.md):
@@ -17,7 +17,7 @@ import (
 type KafkaOAuth struct {
 	TokenURL         string            `koanf:"token_url"`
 	ClientID         string            `koanf:"client_id"`
-	ClientSecret     sink.Secret       `koanf:"client_secret"`
+	ClientSecret     kafkaopt.Secret  `koanf:"client_secret"`
 	ClientSecretFile string            `koanf:"client_secret_file"` // read at every token request
 	Scope            string            `koanf:"scope"`
 	Extensions       map[string]string `koanf:"extensions"`
@@ -30,8 +30,8 @@ func (o KafkaOAuth) set() bool {
 }
 
 // Sink returns the token source settings for the sink.
-func (o KafkaOAuth) Sink() sink.OAuth {
-	return sink.OAuth{TokenURL: o.TokenURL, ClientID: o.ClientID, ClientSecret: o.ClientSecret,
+func (o KafkaOAuth) Sink() kafkaopt.OAuth {
+	return kafkaopt.OAuth{TokenURL: o.TokenURL, ClientID: o.ClientID, ClientSecret: o.ClientSecret,
 		ClientSecretFile: o.ClientSecretFile, Scope: o.Scope, Extensions: o.Extensions, TokenFile: o.TokenFile}
 }
 
@@ -44,11 +44,11 @@ var saslExtensionKeyRE = regexp.MustCompile(`^[A-Za-z]+$`)
 func (v *validator) kafkaTokenSASL(s KafkaSASL) bool {
 	o := s.OAuth
 	switch s.Mechanism {
-	case sink.MechanismOAuthBearer, sink.MechanismAWSMSKIAM:
+	case kafkaopt.MechanismOAuthBearer, kafkaopt.MechanismAWSMSKIAM:
 	default:
 		if o.set() {
-			v.add("kafka.sasl.oauth", "", "set while kafka.sasl.mechanism is not "+sink.MechanismOAuthBearer+", so it would be ignored",
-				"set kafka.sasl.mechanism: "+sink.MechanismOAuthBearer+", or remove the kafka.sasl.oauth keys")
+			v.add("kafka.sasl.oauth", "", "set while kafka.sasl.mechanism is not "+kafkaopt.MechanismOAuthBearer+", so it would be ignored",
+				"set kafka.sasl.mechanism: "+kafkaopt.MechanismOAuthBearer+", or remove the kafka.sasl.oauth keys")
 		}
 		return false
 	}
@@ -58,13 +58,13 @@ func (v *validator) kafkaTokenSASL(s KafkaSASL) bool {
 			v.add(key, "", "not used with kafka.sasl.mechanism "+s.Mechanism, "remove it")
 		}
 	}
-	if s.Mechanism == sink.MechanismAWSMSKIAM {
+	if s.Mechanism == kafkaopt.MechanismAWSMSKIAM {
 		if o.set() {
-			v.add("kafka.sasl.oauth", "", "not used with kafka.sasl.mechanism "+sink.MechanismAWSMSKIAM, "remove the kafka.sasl.oauth keys")
+			v.add("kafka.sasl.oauth", "", "not used with kafka.sasl.mechanism "+kafkaopt.MechanismAWSMSKIAM, "remove the kafka.sasl.oauth keys")
 		}
-		if p := sink.AWSCredentialsProblem(os.Getenv); p != "" {
+		if p := kafkaopt.AWSCredentialsProblem(os.Getenv); p != "" {
 			v.add("kafka.sasl.mechanism", s.Mechanism, p,
-				"export them (with "+sink.EnvAWSSessionToken+" for temporary keys) in the connector's environment")
+				"export them (with "+kafkaopt.EnvAWSSessionToken+" for temporary keys) in the connector's environment")
 		}
 		return true
 	}
@@ -76,7 +76,7 @@ func (v *validator) kafkaTokenSASL(s KafkaSASL) bool {
 		v.add("kafka.sasl.oauth.token_file", o.TokenFile, "set together with kafka.sasl.oauth.token_url",
 			"keep one: a token endpoint (client credentials) or a token file")
 	case o.TokenFile != "":
-		if _, err := sink.ReadSecretFile(o.TokenFile); err != nil {
+		if _, err := kafkaopt.ReadSecretFile(o.TokenFile); err != nil {
 			v.add("kafka.sasl.oauth.token_file", o.TokenFile, err.Error(), "give a file readable by this process that holds the token")
 		}
 		if o.ClientID != "" || o.ClientSecret != "" || o.ClientSecretFile != "" || o.Scope != "" {
@@ -129,7 +129,7 @@ func (v *validator) secretOrFile(key string, inline bool, file, required, what s
 	case !inline && file == "":
 		v.add(key, "", required, "set "+fileKey+" to a file holding it, or "+envName(key))
 	case file != "":
-		if _, err := sink.ReadSecretFile(file); err != nil {
+		if _, err := kafkaopt.ReadSecretFile(file); err != nil {
 			v.add(fileKey, file, err.Error(), "give a file readable by this process that holds only the "+what)
 		}
 	}

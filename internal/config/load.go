@@ -17,7 +17,7 @@ import (
 	"github.com/knadh/koanf/providers/env/v2"
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/v2"
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 )
 
 // Load builds the configuration from the defaults, the YAML file at path (none
@@ -117,7 +117,7 @@ type leaf struct {
 	index  []int  // reflect field path from Config
 	typ    reflect.Type
 	kind   *kind
-	secret bool // a DSN or a sink.Secret: its value is never shown
+	secret bool // a DSN or a kafkaopt.Secret: its value is never shown
 }
 
 var (
@@ -155,7 +155,7 @@ func walkSchema(t reflect.Type, prefix string, index []int) {
 			continue
 		}
 		l := &leaf{key: key, env: envName(key), index: idx, typ: f.Type, kind: cmp.Or(kinds[f.Type], kindString),
-			secret: f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[sink.Secret]()}
+			secret: f.Type == reflect.TypeFor[DSN]() || f.Type == reflect.TypeFor[kafkaopt.Secret]()}
 		leaves, envNames = append(leaves, l), append(envNames, l.env)
 		leafByKey[key], leafByEnv[l.env] = l, l
 	}

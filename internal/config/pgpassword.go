@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 )
 
 // maxCommandStderr bounds the stderr a failed password command leaves in
@@ -36,13 +36,13 @@ func (p Postgres) PasswordSource() func(context.Context) (string, error) {
 
 // runPasswordCommand runs command with sh -c and returns its standard
 // output without surrounding white space. A failure carries the exit status
-// and the end of its standard error, filtered (sink.LogText), never its
+// and the end of its standard error, filtered (kafkaopt.LogText), never its
 // output.
 func runPasswordCommand(ctx context.Context, command string, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
-	stdout := &capped{max: sink.MaxSecretSize + 1}
+	stdout := &capped{max: kafkaopt.MaxSecretSize + 1}
 	stderr := &capped{max: 64 << 10}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	ownGroup(cmd)
@@ -51,7 +51,7 @@ func runPasswordCommand(ctx context.Context, command string, timeout time.Durati
 	cmd.WaitDelay = time.Second
 	err := cmd.Run()
 	if err != nil {
-		msg := sink.LogText(stderr.String())
+		msg := kafkaopt.LogText(stderr.String())
 		if len(msg) > maxCommandStderr {
 			msg = "…" + msg[len(msg)-maxCommandStderr:]
 		}
@@ -68,8 +68,8 @@ func runPasswordCommand(ctx context.Context, command string, timeout time.Durati
 	if pw == "" {
 		return "", errors.New("postgres.password_command: printed nothing on standard output")
 	}
-	if stdout.Len() > sink.MaxSecretSize {
-		return "", fmt.Errorf("postgres.password_command: printed more than %d bytes, not a password", sink.MaxSecretSize)
+	if stdout.Len() > kafkaopt.MaxSecretSize {
+		return "", fmt.Errorf("postgres.password_command: printed more than %d bytes, not a password", kafkaopt.MaxSecretSize)
 	}
 	return pw, nil
 }

@@ -7,12 +7,12 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 )
 
 // DSN is a libpq connection string. However it is printed (every fmt verb,
 // %#v included; encoding/json, YAML and other TextMarshaler users; slog) it
-// shows as RedactDSN makes it, like sink.Secret. string(d) is the connection
+// shows as RedactDSN makes it, like kafkaopt.Secret. string(d) is the connection
 // string itself, for the code that connects.
 type DSN string
 
@@ -50,19 +50,19 @@ func isURLForm(dsn string) bool {
 // print; it is not meant to be used to connect.
 func RedactDSN(dsn string) string {
 	if !isURLForm(dsn) {
-		return keywordPasswordRE.ReplaceAllString(dsn, "${1}"+sink.Redacted)
+		return keywordPasswordRE.ReplaceAllString(dsn, "${1}"+kafkaopt.Redacted)
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
 		scheme, rest, _ := strings.Cut(dsn, "://")
 		if i := strings.LastIndexByte(rest, '@'); i >= 0 {
-			rest = sink.Redacted + rest[i:]
+			rest = kafkaopt.Redacted + rest[i:]
 		}
-		return scheme + "://" + queryPasswordRE.ReplaceAllString(rest, "${1}"+sink.Redacted)
+		return scheme + "://" + queryPasswordRE.ReplaceAllString(rest, "${1}"+kafkaopt.Redacted)
 	}
-	u.RawQuery = queryPasswordRE.ReplaceAllString(u.RawQuery, "${1}"+sink.Redacted)
+	u.RawQuery = queryPasswordRE.ReplaceAllString(u.RawQuery, "${1}"+kafkaopt.Redacted)
 	u.Fragment, u.RawFragment = "", ""
-	return u.Redacted() // its password as xxxxx, like sink.Redacted
+	return u.Redacted() // its password as xxxxx, like kafkaopt.Redacted
 }
 
 // dsnProblem checks that dsn is a well-formed connection string. It never

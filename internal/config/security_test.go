@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 )
 
 // selfSigned writes a self-signed certificate and its key to dir and
@@ -204,7 +204,7 @@ func TestValidateSecurity(t *testing.T) {
 
 	tlsOn := func(c *Config) { c.Kafka.TLS.Enabled = true }
 	scram := func(c *Config) {
-		c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismScramSHA512, Username: "alice", Password: "pw"}
+		c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismScramSHA512, Username: "alice", Password: "pw"}
 	}
 	tests := []struct {
 		name   string
@@ -292,11 +292,11 @@ func TestValidateSecurity(t *testing.T) {
 		{"tls with system roots", tlsOn},
 		{"full tls and scram from file", func(c *Config) {
 			c.Kafka.TLS = KafkaTLS{Enabled: true, CAFile: ca, CertFile: cert, KeyFile: key, ServerName: "kafka.internal"}
-			c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismScramSHA256, Username: "alice", PasswordFile: pwFile}
+			c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismScramSHA256, Username: "alice", PasswordFile: pwFile}
 		}},
 		{"ip server name", func(c *Config) { tlsOn(c); c.Kafka.TLS.ServerName = "::1" }},
 		{"plain without tls", func(c *Config) {
-			c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismPlain, Username: "u", Password: "p"}
+			c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismPlain, Username: "u", Password: "p"}
 		}},
 		{"pg password file", func(c *Config) { c.Postgres.PasswordFile = pwFile }},
 		{"pg password file, sslpassword in dsn", func(c *Config) {
@@ -331,12 +331,12 @@ func TestSecurityWarnings(t *testing.T) {
 		t.Errorf("defaults warn: %v", w)
 	}
 	c.Kafka.TLS = KafkaTLS{Enabled: true, InsecureSkipVerify: true}
-	c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismScramSHA512, Username: "u", Password: "p"}
+	c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismScramSHA512, Username: "u", Password: "p"}
 	if w := c.Warnings(); len(w) != 1 || w[0].Key != "kafka.tls.insecure_skip_verify" || !strings.Contains(w[0].Problem, "not verified") {
 		t.Errorf("insecure_skip_verify: %v", w)
 	}
 	c.Kafka.TLS = KafkaTLS{}
-	c.Kafka.SASL.Mechanism = sink.MechanismPlain
+	c.Kafka.SASL.Mechanism = kafkaopt.MechanismPlain
 	if w := c.Warnings(); len(w) != 1 || w[0].Key != "kafka.sasl.mechanism" || !strings.Contains(w[0].Problem, "clear text") {
 		t.Errorf("PLAIN without TLS: %v", w)
 	}
@@ -403,7 +403,7 @@ func TestSASLPasswordNeverPrinted(t *testing.T) {
 	}
 	// Every way a valid configuration is printed.
 	c := withRequired()
-	c.Kafka.SASL = KafkaSASL{Mechanism: sink.MechanismScramSHA512, Username: "alice", Password: secret}
+	c.Kafka.SASL = KafkaSASL{Mechanism: kafkaopt.MechanismScramSHA512, Username: "alice", Password: secret}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}

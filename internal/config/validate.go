@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
-	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 var (
@@ -189,7 +189,7 @@ func (v *validator) postgres(pg Postgres) {
 		v.durationRange("postgres.heartbeat_interval", pg.HeartbeatInterval, 100*time.Millisecond, time.Hour, "0 disables it")
 	}
 	if pg.PasswordFile != "" {
-		if _, err := sink.ReadSecretFile(pg.PasswordFile); err != nil {
+		if _, err := kafkaopt.ReadSecretFile(pg.PasswordFile); err != nil {
 			v.add("postgres.password_file", pg.PasswordFile, err.Error(),
 				"give a file readable by this process that holds only the password")
 		}
@@ -280,7 +280,7 @@ func (v *validator) kafka(k Kafka) {
 	v.durationRange("kafka.linger", k.ProducerLinger, 0, time.Minute, "")
 	v.durationRange("kafka.request_timeout", k.RequestTimeout, 100*time.Millisecond, 15*time.Minute, "")
 	v.durationRange("kafka.drain_timeout", k.DrainTimeout, time.Second, 15*time.Minute, "")
-	v.oneOf("kafka.compression", k.Compression, sink.Compressions())
+	v.oneOf("kafka.compression", k.Compression, kafkaopt.Compressions())
 	// CreateTopics takes int32 partitions and an int16 replication factor.
 	if n := k.TopicPartitions; n == 0 || n < -1 || n > 1<<20 {
 		v.add("kafka.topic_partitions", strconv.Itoa(n), fmt.Sprintf("must be -1 or 1 to %d", 1<<20),
@@ -310,10 +310,10 @@ func (v *validator) routes(k Kafka) {
 }
 
 // kafkaTLS checks the kafka.tls section: keys that TLS off would ignore, and
-// what sink.CheckTLS finds, reading the files as the connection will.
+// what kafkaopt.CheckTLS finds, reading the files as the connection will.
 func (v *validator) kafkaTLS(t KafkaTLS) {
 	if t.Enabled {
-		for _, p := range sink.CheckTLS(*t.Sink()) {
+		for _, p := range kafkaopt.CheckTLS(*t.Sink()) {
 			v.add(p.Key, p.Value, p.Problem, p.Fix)
 		}
 		return
@@ -337,11 +337,11 @@ func (v *validator) kafkaSASL(s KafkaSASL) {
 	if s.Mechanism == "" {
 		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
 			v.add("kafka.sasl.mechanism", "", "empty while other kafka.sasl keys are set, so the connection would not authenticate",
-				"set it to one of "+strings.Join(sink.Mechanisms(), ", ")+" ("+envName("kafka.sasl.mechanism")+"), or remove the other kafka.sasl keys")
+				"set it to one of "+strings.Join(kafkaopt.Mechanisms(), ", ")+" ("+envName("kafka.sasl.mechanism")+"), or remove the other kafka.sasl keys")
 		}
 		return
 	}
-	if known := sink.Mechanisms(); !slices.Contains(known, s.Mechanism) {
+	if known := kafkaopt.Mechanisms(); !slices.Contains(known, s.Mechanism) {
 		fix := "use one of " + strings.Join(known, ", ") + `, or "" for no SASL`
 		if up := strings.ToUpper(s.Mechanism); slices.Contains(known, up) {
 			fix = "write it in upper case: " + up

@@ -1,4 +1,4 @@
-package sink_test
+package kafkaopt_test
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 )
 
 // pki is a CA with a server certificate for 127.0.0.1 and a client
@@ -65,6 +65,32 @@ func newPKI(t *testing.T, hosts ...string) pki {
 	return p
 }
 
+// authTopic is the fake clusters' topic.
+const authTopic = "auth-test"
+
+// newCluster is a one-broker fake cluster with opts, closed with the test.
+func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(1, authTopic)}, opts...)...)
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// newClient is a client of c with opts, closed with the test; its
+// requests are not retried for long.
+func newClient(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.ClientID("auth-test")}, opts...)...)
+	if err != nil {
+		t.Fatalf("kgo.NewClient: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
 // serverTLS is the broker side: the server certificate, and client
 // certificates required and verified when mutual is set.
 func (p pki) serverTLS(mutual bool) *tls.Config {
@@ -76,27 +102,26 @@ func (p pki) serverTLS(mutual bool) *tls.Config {
 	return c
 }
 
-// securePing creates a sink with sec against c and pings it with a short
-// timeout (failures are not retried for long).
-func securePing(t *testing.T, c *kfake.Cluster, sec sink.Security) error {
+// securePing creates a client with sec's options against c and pings it
+// with a short timeout (failures are not retried for long).
+func securePing(t *testing.T, c *kfake.Cluster, sec kafkaopt.Security) error {
 	t.Helper()
-	opts, err := sink.SecurityOpts(sec)
+	opts, err := kafkaopt.SecurityOpts(sec)
 	if err != nil {
 		t.Fatalf("SecurityOpts: %v", err)
 	}
-	s, err := sink.New(sink.Config{Brokers: c.ListenAddrs(), ClientID: "sink-test", DLQTopic: dlq,
-		Opts: append(opts, kgo.RequestRetries(1))}, nil)
+	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers(c.ListenAddrs()...), kgo.ClientID("auth-test"), kgo.RequestRetries(1))...)
 	if err != nil {
-		t.Fatalf("sink.New: %v", err)
+		t.Fatalf("kgo.NewClient: %v", err)
 	}
-	defer s.Close()
+	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return s.Ping(ctx)
+	return cl.Ping(ctx)
 }
 
 func TestSecurityOptsNone(t *testing.T) {
-	opts, err := sink.SecurityOpts(sink.Security{})
+	opts, err := kafkaopt.SecurityOpts(kafkaopt.Security{})
 	if err != nil || len(opts) != 0 {
 		t.Fatalf("SecurityOpts(zero) = %d options, %v", len(opts), err)
 	}
@@ -104,7 +129,7 @@ func TestSecurityOptsNone(t *testing.T) {
 
 func TestTLSConfig(t *testing.T) {
 	p := newPKI(t)
-	cfg, err := sink.TLSConfig(sink.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey, ServerName: "kafka.internal"})
+	cfg, err := kafkaopt.TLSConfig(kafkaopt.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey, ServerName: "kafka.internal"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +138,7 @@ func TestTLSConfig(t *testing.T) {
 		t.Errorf("unexpected config %+v", cfg)
 	}
 	// No CA file: the system roots (RootCAs nil).
-	cfg, err = sink.TLSConfig(sink.TLS{InsecureSkipVerify: true})
+	cfg, err = kafkaopt.TLSConfig(kafkaopt.TLS{InsecureSkipVerify: true})
 	if err != nil || cfg.RootCAs != nil || !cfg.InsecureSkipVerify || len(cfg.Certificates) != 0 {
 		t.Errorf("TLSConfig(skip verify) = %+v, %v", cfg, err)
 	}
@@ -125,17 +150,17 @@ func TestTLSConfig(t *testing.T) {
 	}
 	other := newPKI(t)
 	for name, tc := range map[string]struct {
-		tls  sink.TLS
+		tls  kafkaopt.TLS
 		want string
 	}{
-		"missing CA":       {sink.TLS{CAFile: "/nonexistent/ca.pem"}, "kafka.tls.ca_file"},
-		"CA not PEM":       {sink.TLS{CAFile: notPEM}, "no PEM certificate"},
-		"cert without key": {sink.TLS{CertFile: p.clientCert}, "kafka.tls.key_file: required when kafka.tls.cert_file is set"},
-		"key without cert": {sink.TLS{KeyFile: p.clientKey}, "kafka.tls.cert_file: required when kafka.tls.key_file is set"},
-		"key mismatch":     {sink.TLS{CertFile: p.clientCert, KeyFile: other.clientKey}, "kafka.tls.key_file"},
-		"key as cert":      {sink.TLS{CertFile: p.clientKey, KeyFile: p.clientKey}, "kafka.tls.cert_file"},
+		"missing CA":       {kafkaopt.TLS{CAFile: "/nonexistent/ca.pem"}, "kafka.tls.ca_file"},
+		"CA not PEM":       {kafkaopt.TLS{CAFile: notPEM}, "no PEM certificate"},
+		"cert without key": {kafkaopt.TLS{CertFile: p.clientCert}, "kafka.tls.key_file: required when kafka.tls.cert_file is set"},
+		"key without cert": {kafkaopt.TLS{KeyFile: p.clientKey}, "kafka.tls.cert_file: required when kafka.tls.key_file is set"},
+		"key mismatch":     {kafkaopt.TLS{CertFile: p.clientCert, KeyFile: other.clientKey}, "kafka.tls.key_file"},
+		"key as cert":      {kafkaopt.TLS{CertFile: p.clientKey, KeyFile: p.clientKey}, "kafka.tls.cert_file"},
 	} {
-		_, err := sink.TLSConfig(tc.tls)
+		_, err := kafkaopt.TLSConfig(tc.tls)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v, want one mentioning %q", name, err, tc.want)
 			continue
@@ -150,13 +175,13 @@ func TestTLSConfig(t *testing.T) {
 // that holds it, and what TLSConfig accepts CheckTLS does too.
 func TestCheckTLS(t *testing.T) {
 	p := newPKI(t)
-	if got := sink.CheckTLS(sink.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}); len(got) != 0 {
+	if got := kafkaopt.CheckTLS(kafkaopt.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}); len(got) != 0 {
 		t.Errorf("good files: %v", got)
 	}
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "missing.pem")
-	got := sink.CheckTLS(sink.TLS{CAFile: dir, CertFile: missing, KeyFile: p.caFile})
-	want := []sink.TLSProblem{
+	got := kafkaopt.CheckTLS(kafkaopt.TLS{CAFile: dir, CertFile: missing, KeyFile: p.caFile})
+	want := []kafkaopt.TLSProblem{
 		{Key: "kafka.tls.ca_file", Value: dir, Problem: "not a regular file"},
 		{Key: "kafka.tls.cert_file", Value: missing, Problem: "file does not exist"},
 		{Key: "kafka.tls.key_file", Value: p.caFile, Problem: "holds no PEM private key (PKCS#1, PKCS#8 or EC; encrypted keys are not supported)"},
@@ -170,16 +195,16 @@ func TestCheckTLS(t *testing.T) {
 		}
 	}
 	other := newPKI(t)
-	got = sink.CheckTLS(sink.TLS{CertFile: p.clientCert, KeyFile: other.clientKey})
+	got = kafkaopt.CheckTLS(kafkaopt.TLS{CertFile: p.clientCert, KeyFile: other.clientKey})
 	if len(got) != 1 || got[0].Key != "kafka.tls.key_file" || !strings.HasPrefix(got[0].Problem, "does not go with kafka.tls.cert_file: ") {
 		t.Errorf("mismatched key: %v", got)
 	}
-	got = sink.CheckTLS(sink.TLS{CertFile: p.clientCert, ServerName: "kafka:9093"})
+	got = kafkaopt.CheckTLS(kafkaopt.TLS{CertFile: p.clientCert, ServerName: "kafka:9093"})
 	if len(got) != 2 || got[0].Key != "kafka.tls.key_file" || got[0].Value != "" || got[1].Key != "kafka.tls.server_name" ||
 		got[1].Value != "kafka:9093" || got[1].Problem != "not a host name" {
 		t.Errorf("certificate without key, server name with port: %v", got)
 	}
-	if got := sink.CheckTLS(sink.TLS{ServerName: "::1"}); len(got) != 0 {
+	if got := kafkaopt.CheckTLS(kafkaopt.TLS{ServerName: "::1"}); len(got) != 0 {
 		t.Errorf("IP address as server name: %v", got)
 	}
 }
@@ -193,7 +218,7 @@ func TestReadSecretFile(t *testing.T) {
 		}
 		return path
 	}
-	if pw, err := sink.ReadSecretFile(write("pw", "s3cret\r\n\n")); pw != "s3cret" || err != nil {
+	if pw, err := kafkaopt.ReadSecretFile(write("pw", "s3cret\r\n\n")); pw != "s3cret" || err != nil {
 		t.Errorf("ReadSecretFile = %q, %v", string(pw), err)
 	}
 	for path, want := range map[string]string{
@@ -202,7 +227,7 @@ func TestReadSecretFile(t *testing.T) {
 		filepath.Join(dir, "missing"):               "file does not exist",
 		dir:                                         "not a regular file",
 	} {
-		if _, err := sink.ReadSecretFile(path); err == nil || err.Error() != want {
+		if _, err := kafkaopt.ReadSecretFile(path); err == nil || err.Error() != want {
 			t.Errorf("ReadSecretFile(%s) = %v, want %q", path, err, want)
 		}
 	}
@@ -210,31 +235,31 @@ func TestReadSecretFile(t *testing.T) {
 
 func TestSASLMechanism(t *testing.T) {
 	const pw = "sasl-secret-4242"
-	for _, m := range []string{sink.MechanismPlain, sink.MechanismScramSHA256, sink.MechanismScramSHA512} {
-		mech, err := sink.SASLMechanism(sink.SASL{Mechanism: m, Username: "alice", Password: pw})
+	for _, m := range []string{kafkaopt.MechanismPlain, kafkaopt.MechanismScramSHA256, kafkaopt.MechanismScramSHA512} {
+		mech, err := kafkaopt.SASLMechanism(kafkaopt.SASL{Mechanism: m, Username: "alice", Password: pw})
 		if err != nil || mech.Name() != m {
 			t.Errorf("%s: mechanism %v, %v", m, mech, err)
 		}
 	}
-	for name, s := range map[string]sink.SASL{
+	for name, s := range map[string]kafkaopt.SASL{
 		"unknown":     {Mechanism: "GSSAPI", Username: "alice", Password: pw},
 		"lower case":  {Mechanism: "scram-sha-512", Username: "alice", Password: pw},
-		"no user":     {Mechanism: sink.MechanismPlain, Password: pw},
-		"no password": {Mechanism: sink.MechanismPlain, Username: "alice"},
+		"no user":     {Mechanism: kafkaopt.MechanismPlain, Password: pw},
+		"no password": {Mechanism: kafkaopt.MechanismPlain, Username: "alice"},
 	} {
-		_, err := sink.SASLMechanism(s)
+		_, err := kafkaopt.SASLMechanism(s)
 		if err == nil {
 			t.Errorf("%s: accepted", name)
 		} else if strings.Contains(err.Error(), pw) {
 			t.Errorf("%s: error shows the password: %v", name, err)
 		}
-		if _, err := sink.SecurityOpts(sink.Security{SASL: &s}); err == nil {
+		if _, err := kafkaopt.SecurityOpts(kafkaopt.Security{SASL: &s}); err == nil {
 			t.Errorf("%s: SecurityOpts accepted", name)
 		}
 	}
-	s := sink.SASL{Mechanism: sink.MechanismScramSHA512, Username: "alice", Password: pw}
+	s := kafkaopt.SASL{Mechanism: kafkaopt.MechanismScramSHA512, Username: "alice", Password: pw}
 	for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
-		for _, v := range []any{s, &s, sink.Security{SASL: &s}} {
+		for _, v := range []any{s, &s, kafkaopt.Security{SASL: &s}} {
 			if out := fmt.Sprintf(verb, v); strings.Contains(out, pw) {
 				t.Errorf("%s of %T shows the password: %s", verb, v, out)
 			}
@@ -251,29 +276,27 @@ func TestSASLMechanism(t *testing.T) {
 func TestSecureProduce(t *testing.T) {
 	const pw = "sasl-secret-8086"
 	p := newPKI(t)
-	trusted := &sink.TLS{CAFile: p.caFile}
-	for _, m := range []string{sink.MechanismPlain, sink.MechanismScramSHA256, sink.MechanismScramSHA512} {
+	trusted := &kafkaopt.TLS{CAFile: p.caFile}
+	for _, m := range []string{kafkaopt.MechanismPlain, kafkaopt.MechanismScramSHA256, kafkaopt.MechanismScramSHA512} {
 		t.Run(m, func(t *testing.T) {
 			c := newCluster(t, kfake.TLS(p.serverTLS(false)), kfake.EnableSASL(), kfake.Superuser(m, "alice", pw))
-			good := sink.Security{TLS: trusted, SASL: &sink.SASL{Mechanism: m, Username: "alice", Password: pw}}
-			opts, err := sink.SecurityOpts(good)
+			good := kafkaopt.Security{TLS: trusted, SASL: &kafkaopt.SASL{Mechanism: m, Username: "alice", Password: pw}}
+			opts, err := kafkaopt.SecurityOpts(good)
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := newSink(t, c, nil, opts...)
-			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			cl := newClient(t, c, opts...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := s.Ping(ctx); err != nil {
+			if err := cl.Ping(ctx); err != nil {
 				t.Fatalf("ping: %v", err)
 			}
-			o := newOutcomes()
-			produce(ctx, t, s, baseRecord(topic, []byte(`{"secure":true}`)), o)
-			if got := o.wait(ctx, t); got.Err != nil || got.DeadLettered {
-				t.Fatalf("outcome %+v", got)
+			if err := cl.ProduceSync(ctx, &kgo.Record{Topic: authTopic, Value: []byte(`{"secure":true}`)}).FirstErr(); err != nil {
+				t.Fatalf("produce: %v", err)
 			}
 
 			wrong := good
-			wrong.SASL = &sink.SASL{Mechanism: m, Username: "alice", Password: "wrong-" + pw}
+			wrong.SASL = &kafkaopt.SASL{Mechanism: m, Username: "alice", Password: "wrong-" + pw}
 			err = securePing(t, c, wrong)
 			if err == nil {
 				t.Fatal("wrong password: ping succeeded")
@@ -285,17 +308,17 @@ func TestSecureProduce(t *testing.T) {
 		})
 	}
 
-	c := newCluster(t, kfake.TLS(p.serverTLS(false)), kfake.EnableSASL(), kfake.Superuser(sink.MechanismScramSHA512, "alice", pw))
-	saslOK := &sink.SASL{Mechanism: sink.MechanismScramSHA512, Username: "alice", Password: pw}
+	c := newCluster(t, kfake.TLS(p.serverTLS(false)), kfake.EnableSASL(), kfake.Superuser(kafkaopt.MechanismScramSHA512, "alice", pw))
+	saslOK := &kafkaopt.SASL{Mechanism: kafkaopt.MechanismScramSHA512, Username: "alice", Password: pw}
 	other := newPKI(t)
-	err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: other.caFile}, SASL: saslOK})
+	err := securePing(t, c, kafkaopt.Security{TLS: &kafkaopt.TLS{CAFile: other.caFile}, SASL: saslOK})
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("unknown CA: %v", err)
 	}
-	if err := securePing(t, c, sink.Security{TLS: &sink.TLS{InsecureSkipVerify: true}, SASL: saslOK}); err != nil {
+	if err := securePing(t, c, kafkaopt.Security{TLS: &kafkaopt.TLS{InsecureSkipVerify: true}, SASL: saslOK}); err != nil {
 		t.Errorf("insecure_skip_verify: %v", err)
 	}
-	if err := securePing(t, c, sink.Security{SASL: saslOK}); err == nil {
+	if err := securePing(t, c, kafkaopt.Security{SASL: saslOK}); err == nil {
 		t.Error("SASL without TLS reached a TLS listener")
 	}
 }
@@ -303,10 +326,10 @@ func TestSecureProduce(t *testing.T) {
 func TestSecureProduceMutualTLS(t *testing.T) {
 	p := newPKI(t)
 	c := newCluster(t, kfake.TLS(p.serverTLS(true)))
-	if err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}}); err != nil {
+	if err := securePing(t, c, kafkaopt.Security{TLS: &kafkaopt.TLS{CAFile: p.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}}); err != nil {
 		t.Errorf("with a client certificate: %v", err)
 	}
-	if err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: p.caFile}}); err == nil {
+	if err := securePing(t, c, kafkaopt.Security{TLS: &kafkaopt.TLS{CAFile: p.caFile}}); err == nil {
 		t.Error("without a client certificate: ping succeeded")
 	}
 }
@@ -316,12 +339,12 @@ func TestSecureServerName(t *testing.T) {
 	// 127.0.0.1, which is what franz-go verifies unless told otherwise.
 	p := newPKI(t, "kafka.test")
 	c := newCluster(t, kfake.TLS(p.serverTLS(false)))
-	err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: p.caFile}})
+	err := securePing(t, c, kafkaopt.Security{TLS: &kafkaopt.TLS{CAFile: p.caFile}})
 	var hn x509.HostnameError
 	if !errors.As(err, &hn) {
 		t.Errorf("without server_name: %v", err)
 	}
-	if err := securePing(t, c, sink.Security{TLS: &sink.TLS{CAFile: p.caFile, ServerName: "kafka.test"}}); err != nil {
+	if err := securePing(t, c, kafkaopt.Security{TLS: &kafkaopt.TLS{CAFile: p.caFile, ServerName: "kafka.test"}}); err != nil {
 		t.Errorf("with server_name: %v", err)
 	}
 }
@@ -341,7 +364,7 @@ func TestSecurityFailure(t *testing.T) {
 		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), ""},
 		{kerr.NotLeaderForPartition, ""},
 	} {
-		if got := sink.SecurityFailure(tc.err); (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+		if got := kafkaopt.SecurityFailure(tc.err); (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("SecurityFailure(%v) = %q, want one naming %q", tc.err, got, tc.want)
 		}
 	}
@@ -354,26 +377,26 @@ func TestSecurityFailureLog(t *testing.T) {
 	other := newPKI(t)
 	c := newCluster(t, kfake.TLS(p.serverTLS(true)))
 	for name, tc := range map[string]struct {
-		tls  sink.TLS
+		tls  kafkaopt.TLS
 		want string
 	}{
-		"unknown CA":            {sink.TLS{CAFile: other.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}, "kafka.tls.ca_file"},
-		"no client certificate": {sink.TLS{CAFile: p.caFile}, "kafka.tls.cert_file"},
+		"unknown CA":            {kafkaopt.TLS{CAFile: other.caFile, CertFile: p.clientCert, KeyFile: p.clientKey}, "kafka.tls.ca_file"},
+		"no client certificate": {kafkaopt.TLS{CAFile: p.caFile}, "kafka.tls.cert_file"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var buf syncBuffer
 			log := slog.New(slog.NewTextHandler(&buf, nil))
-			opts, err := sink.SecurityOpts(sink.Security{TLS: &tc.tls})
+			opts, err := kafkaopt.SecurityOpts(kafkaopt.Security{TLS: &tc.tls})
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := newSink(t, c, log, append(opts, sink.SecurityFailureLog(log, time.Hour))...)
+			cl := newClient(t, c, append(opts, kafkaopt.SecurityFailureLog(log, time.Hour))...)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			for ctx.Err() == nil && strings.Count(buf.String(), "\n") < 1 {
-				_ = s.Ping(ctx)
+				_ = cl.Ping(ctx)
 			}
-			_ = s.Ping(ctx) // more failures within the interval are not logged
+			_ = cl.Ping(ctx) // more failures within the interval are not logged
 			out := buf.String()
 			if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, tc.want) || !strings.Contains(out, "retrying") {
 				t.Fatalf("log lacks an error naming %s:\n%s", tc.want, out)
@@ -428,24 +451,24 @@ func TestSecurityFailureTextContracts(t *testing.T) {
 		}
 	}()
 	plain := pingAddr(t, ln.Addr().String())
-	if got := sink.SecurityFailure(plain); !strings.Contains(got, "expects TLS") {
+	if got := kafkaopt.SecurityFailure(plain); !strings.Contains(got, "expects TLS") {
 		t.Errorf("plaintext to a TLS listener: %v classified %q, want it to say the broker expects TLS", plain, got)
 	}
-	noCert := securePing(t, newCluster(t, kfake.TLS(p.serverTLS(true))), sink.Security{TLS: &sink.TLS{CAFile: p.caFile}})
-	if got := sink.SecurityFailure(noCert); !strings.Contains(got, "kafka.tls.cert_file") {
+	noCert := securePing(t, newCluster(t, kfake.TLS(p.serverTLS(true))), kafkaopt.Security{TLS: &kafkaopt.TLS{CAFile: p.caFile}})
+	if got := kafkaopt.SecurityFailure(noCert); !strings.Contains(got, "kafka.tls.cert_file") {
 		t.Errorf("no client certificate: %v classified %q, want kafka.tls.cert_file named", noCert, got)
 	}
 }
 
-// pingAddr pings a plaintext sink at addr with a short timeout.
+// pingAddr pings a plaintext client at addr with a short timeout.
 func pingAddr(t *testing.T, addr string) error {
 	t.Helper()
-	s, err := sink.New(sink.Config{Brokers: []string{addr}, ClientID: "sink-test", DLQTopic: dlq, Opts: []kgo.Opt{kgo.RequestRetries(1)}}, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ClientID("auth-test"), kgo.RequestRetries(1))
 	if err != nil {
-		t.Fatalf("sink.New: %v", err)
+		t.Fatalf("kgo.NewClient: %v", err)
 	}
-	defer s.Close()
+	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return s.Ping(ctx)
+	return cl.Ping(ctx)
 }
