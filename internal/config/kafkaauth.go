@@ -17,7 +17,7 @@ import (
 type KafkaOAuth struct {
 	TokenURL         string            `koanf:"token_url"`
 	ClientID         string            `koanf:"client_id"`
-	ClientSecret     kafkaopt.Secret  `koanf:"client_secret"`
+	ClientSecret     kafkaopt.Secret   `koanf:"client_secret"`
 	ClientSecretFile string            `koanf:"client_secret_file"` // read at every token request
 	Scope            string            `koanf:"scope"`
 	Extensions       map[string]string `koanf:"extensions"`
