@@ -105,7 +105,7 @@ func newPipeline(t *testing.T, c *kfake.Cluster, pl *plan, tune func(*Config)) *
 			AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"},
 		Routes: router.Config{TopicTemplate: "outbox.event.{aggregate_type}", DLQTopic: dlqTopic},
 		Sink: sink.Config{Brokers: c.ListenAddrs(), DLQTopic: dlqTopic,
-			Opts: []kgo.Opt{kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}},
+			TestOpts: []kgo.Opt{kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}},
 	}
 	if tune != nil {
 		tune(&cfg)

@@ -12,9 +12,12 @@ import (
 // SASL), no group, and the raw log with its transaction markers, which
 // readLog resolves itself.
 func newLogClient(cfg Config, opts ...kgo.Opt) (*kgo.Client, error) {
-	all := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID),
-		kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.KeepControlRecords()}, opts...)
-	cl, err := kgo.NewClient(append(all, cfg.Opts...)...)
+	all, err := cfg.connOpts()
+	if err != nil {
+		return nil, err
+	}
+	all = append(all, kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.KeepControlRecords())
+	cl, err := kgo.NewClient(append(append(all, opts...), cfg.TestOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}

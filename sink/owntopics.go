@@ -117,7 +117,11 @@ func EnsureOwnTopics(ctx context.Context, cfg Config, create bool, log *slog.Log
 	if len(topics) == 0 {
 		return nil
 	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID)}, cfg.Opts...)...)
+	opts, err := cfg.connOpts()
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(append(opts, cfg.TestOpts...)...)
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
 	}

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,8 +85,40 @@ type Config struct {
 	// Fail, when set, is told of an error that stops the sink from working
 	// after New: the quarantine topic found not compacted once Kafka answered.
 	Fail func(error)
-	// Opts are extra client options (TLS, SASL, test hooks).
-	Opts []kgo.Opt
+	// Security is kafka.tls and kafka.sasl, for every client of the sink.
+	Security kafkaopt.Security
+	// SecurityLog, when set, is told (at most once a minute per client) why
+	// connections fail on TLS or SASL: the client retries those failures
+	// like any connection failure, so nothing else would say why nothing
+	// gets out.
+	SecurityLog *slog.Logger
+	// RetryEOF retries a request whose connection the broker closed (run:
+	// a broker restarting; the one-shot commands fail fast instead).
+	RetryEOF bool
+	// TestOpts are extra franz-go options for tests (a dialer, short
+	// backoffs), applied after the sink's own; production settings are the
+	// fields above.
+	TestOpts []kgo.Opt
+	// extra are options of the package's own producers (the transactional
+	// one), applied after the sink's and before TestOpts.
+	extra []kgo.Opt
+}
+
+// connOpts are what every client of cfg's cluster takes: its brokers, the
+// client id, authentication and the security log.
+func (cfg Config) connOpts() ([]kgo.Opt, error) {
+	sec, err := kafkaopt.SecurityOpts(cfg.Security)
+	if err != nil {
+		return nil, err
+	}
+	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID)}, sec...)
+	if cfg.SecurityLog != nil {
+		opts = append(opts, kafkaopt.SecurityFailureLog(cfg.SecurityLog, time.Minute))
+	}
+	if cfg.RetryEOF {
+		opts = append(opts, kafkaopt.RetryEOF())
+	}
+	return opts, nil
 }
 
 // Outcome is the final state of one produced record.
@@ -180,7 +213,11 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	} else {
 		close(s.restored) // nothing to restore
 	}
-	s.connOpts = append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID)}, cfg.Opts...)
+	base, err := cfg.connOpts()
+	if err != nil {
+		return nil, err
+	}
+	s.connOpts = append(slices.Clip(base), cfg.TestOpts...)
 	s.codec = codec
 	if s.partitions == 0 {
 		s.partitions = -1
@@ -196,9 +233,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		s.maxHeld = kafkaopt.DefaultMaxBufferedRecords
 	}
 	s.gate = newGate(s.maxHeld, s.maxHeldBytes)
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.ClientID(cfg.ClientID),
+	opts := append(slices.Clip(base),
 		// acks=all is required by, and the default of, the idempotent producer;
 		// said explicitly because guarantee 4 rests on it.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -222,7 +257,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 			d := min(100*time.Millisecond<<min(tries, 4), time.Second)
 			return d/2 + rand.N(d/2+1)
 		}),
-	}
+	)
 	opts = append(opts, kgo.MaxBufferedRecords(s.maxHeld))
 	if cfg.MaxBufferedBytes > 0 {
 		opts = append(opts, kgo.MaxBufferedBytes(int(cfg.MaxBufferedBytes)))
@@ -230,7 +265,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if cfg.RequestTimeout > 0 {
 		opts = append(opts, kgo.ProduceRequestTimeout(cfg.RequestTimeout))
 	}
-	opts = append(opts, cfg.Opts...)
+	opts = append(append(opts, cfg.extra...), cfg.TestOpts...)
 	// Last, so that no option replaces it: the sink's order guarantee after
 	// a refusal rests on it.
 	opts = append(opts, kgo.WithLogger(clientLog{hold: s.holdBack}))

@@ -117,7 +117,7 @@ func newSinkTuned(t *testing.T, c *kfake.Cluster, log *slog.Logger, tune func(*s
 		ClientID: "sink-test",
 		DLQTopic: dlq,
 		// Fast metadata refreshes keep the unknown-topic test short.
-		Opts: append([]kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
+		TestOpts: append([]kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
 			kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}, opts...),
 	}
 	if tune != nil {

@@ -25,9 +25,13 @@ type StateClient struct {
 func NewStateClient(cfg Config) (*StateClient, error) {
 	// The sink's partitioner: a request lands in its key's partition, where
 	// the connector's answer follows it.
-	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID),
-		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
-		kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil))}, cfg.Opts...)
+	opts, err := cfg.connOpts()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil)))
+	opts = append(opts, cfg.TestOpts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)

@@ -164,7 +164,7 @@ func NewTxn(cfg TxnConfig, log *slog.Logger) (*Txn, error) {
 		kick: make(chan struct{}, 1)}
 	sc := cfg.Sink
 	sc.ParkingTopic = "" // quarantine is refused with exactly_once (config)
-	sc.Opts = append(append([]kgo.Opt(nil), sc.Opts...),
+	sc.extra = append(append([]kgo.Opt(nil), sc.extra...),
 		kgo.TransactionalID(t.txnID),
 		kgo.TransactionTimeout(cfg.TransactionTimeout),
 		// Batches are capped at the limits this sink reads (prepare).

@@ -31,7 +31,7 @@ func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, 
 	t.Helper()
 	cfg := sink.TxnConfig{
 		Sink: sink.Config{Brokers: c.ListenAddrs(), ClientID: "txn-test", DLQTopic: dlq,
-			Opts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
+			TestOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
 				kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}},
 		Positions: positions, Source: source, Interval: interval,
 		FenceCheck: time.Hour, // tests that want the idle check set it
@@ -431,7 +431,7 @@ func TestTxnUnconfirmedCommit(t *testing.T) {
 			c := newCluster(t, kfake.SeedTopics(1, "one"))
 			d := &cutEndTxn{lose: tt.lose, refusal: time.Second}
 			tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
-				cfg.Sink.Opts = append(cfg.Sink.Opts, kgo.Dialer(d.dial))
+				cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 			})
 			done := newOutcomes()
 			ok := func(n int) {

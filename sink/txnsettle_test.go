@@ -46,7 +46,7 @@ func TestTxnRetriableCommitAnswer(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	f := &txnFaults{forgeCode: kerr.CoordinatorLoadInProgress.Code}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
-		cfg.Sink.Opts = append(cfg.Sink.Opts, kgo.Dialer(f.dial), kgo.RequestRetries(2))
+		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(f.dial), kgo.RequestRetries(2))
 	})
 	done := newOutcomes()
 	produceTxn(ctx, t, tx, done, 100, "one", "a1")
@@ -75,7 +75,7 @@ func TestTxnAbortCut(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	f := &txnFaults{}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
-		cfg.Sink.Opts = append(cfg.Sink.Opts, kgo.Dialer(f.dial))
+		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(f.dial))
 	})
 	names := topicNames(ctx, t, sinkOf(t, c), "one")
 	refuse(c, names, nil, func(tp string, b []byte) int16 {
@@ -113,7 +113,7 @@ func TestTxnSettleSamePosition(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	d := &cutEndTxn{lose: true, refusal: 500 * time.Millisecond}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
-		cfg.Sink.Opts = append(cfg.Sink.Opts, kgo.Dialer(d.dial))
+		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 	})
 	done := newOutcomes()
 	produceTxn(ctx, t, tx, done, 100, "one", "a1")
@@ -136,7 +136,7 @@ func TestTxnProbeAfterFlushGaveUp(t *testing.T) {
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	d := &cutEndTxn{refusal: 800 * time.Millisecond}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Hour, func(cfg *sink.TxnConfig) {
-		cfg.Sink.Opts = append(cfg.Sink.Opts, kgo.Dialer(d.dial))
+		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 		cfg.FenceCheck = 200 * time.Millisecond
 	})
 	done := newOutcomes()

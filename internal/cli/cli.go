@@ -10,10 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
-	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
 
@@ -143,7 +141,7 @@ func load(path string, environ []string, stdout, stderr io.Writer) (env, bool) {
 	pc.ConfigPath = path
 	// The client retries TLS and SASL failures like any connection failure;
 	// this says why nothing gets out.
-	pc.Sink.Opts = append(pc.Sink.Opts, kafkaopt.SecurityFailureLog(log, time.Minute))
+	pc.Sink.SecurityLog = log
 	return env{cfg: cfg, pc: pc, log: log, stdout: stdout, stderr: stderr}, true
 }
 

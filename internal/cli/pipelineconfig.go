@@ -41,8 +41,9 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	if err != nil {
 		return pipeline.Config{}, err
 	}
-	kafkaOpts, err := kafkaopt.SecurityOpts(sec)
-	if err != nil {
+	// Checked here (the files read, the mechanism known), so that a bad
+	// one is a configuration error; each client builds its own options.
+	if _, err := kafkaopt.SecurityOpts(sec); err != nil {
 		return pipeline.Config{}, err
 	}
 	src := replication.Source{
@@ -62,7 +63,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 			AutoCreateTopics: cfg.Kafka.AutoCreateTopics, TopicPartitions: int32(cfg.Kafka.TopicPartitions),
 			TopicReplicationFactor: int16(cfg.Kafka.TopicReplicationFactor), UnknownTopicTimeout: cfg.Kafka.UnknownTopicTimeout,
 			ParkingTopic: cfg.ParkingTopic(), MaxQuarantined: cfg.DLQ.MaxQuarantined, QuarantineTopic: cfg.QuarantineTopic(),
-			Opts: kafkaOpts,
+			Security: sec,
 		},
 		DrainTimeout:    cfg.Kafka.DrainTimeout,
 		StatusInterval:  cfg.Postgres.StatusInterval,

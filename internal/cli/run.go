@@ -13,7 +13,6 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
-	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 )
 
@@ -25,7 +24,7 @@ func (*runCmd) problem() string        { return "" }
 
 func (*runCmd) run(ctx context.Context, e env) int {
 	cfg, pc, log, stderr := e.cfg, e.pc, e.log, e.stderr
-	pc.Sink.Opts = append(pc.Sink.Opts, kafkaopt.RetryEOF())
+	pc.Sink.RetryEOF = true
 	m := metrics.New()
 	tp, stopTracing, err := startTracing(ctx, cfg.OTel, m, log)
 	if err != nil {
