@@ -102,22 +102,15 @@ func (p pki) serverTLS(mutual bool) *tls.Config {
 	return c
 }
 
-// securePing creates a client with sec's options against c and pings it
-// with a short timeout (failures are not retried for long).
+// securePing pings c with sec's options and a short timeout (failures
+// are not retried for long).
 func securePing(t *testing.T, c *kfake.Cluster, sec kafkaopt.Security) error {
 	t.Helper()
 	opts, err := kafkaopt.SecurityOpts(sec)
 	if err != nil {
 		t.Fatalf("SecurityOpts: %v", err)
 	}
-	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers(c.ListenAddrs()...), kgo.ClientID("auth-test"), kgo.RequestRetries(1))...)
-	if err != nil {
-		t.Fatalf("kgo.NewClient: %v", err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return cl.Ping(ctx)
+	return pingAddr(t, c.ListenAddrs()[0], opts...)
 }
 
 func TestSecurityOptsNone(t *testing.T) {
@@ -460,10 +453,10 @@ func TestSecurityFailureTextContracts(t *testing.T) {
 	}
 }
 
-// pingAddr pings a plaintext client at addr with a short timeout.
-func pingAddr(t *testing.T, addr string) error {
+// pingAddr pings the broker at addr with opts and a short timeout.
+func pingAddr(t *testing.T, addr string, opts ...kgo.Opt) error {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ClientID("auth-test"), kgo.RequestRetries(1))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addr), kgo.ClientID("auth-test"), kgo.RequestRetries(1)}, opts...)...)
 	if err != nil {
 		t.Fatalf("kgo.NewClient: %v", err)
 	}
