@@ -30,3 +30,26 @@ func newRecord(rec *router.Record, dlq string) *record {
 	r.size = batchSize(&r.Record)
 	return r
 }
+
+// Outcome is the final state of one produced record.
+type Outcome struct {
+	// DeadLettered is true when the record was delivered to the dead-letter
+	// topic instead of its own.
+	DeadLettered bool
+	// Reason says why it was dead-lettered.
+	Reason string
+	// Parked is true when the record was delivered to the parking topic
+	// because its key is quarantined.
+	Parked bool
+	// Err is a fatal error: the record was not delivered anywhere and the
+	// pipeline must stop without confirming it.
+	Err error
+}
+
+// Done receives a record's outcome, on a client goroutine. Delivered must
+// not block.
+type Done interface{ Delivered(Outcome) }
+
+// defaultBatchMax is franz-go's default batch cap, Kafka's default
+// max.message.bytes; used while a topic's limit is unknown.
+const defaultBatchMax = 1_000_012

@@ -32,117 +32,12 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
-
-// Config is the producer configuration (the kafka section of the config file).
-type Config struct {
-	Brokers            []string
-	ClientID           string
-	DLQTopic           string
-	MaxBufferedRecords int
-	MaxBufferedBytes   int64
-	Linger             time.Duration
-	RequestTimeout     time.Duration
-	Compression        string // none, gzip, snappy, lz4, zstd
-	// AutoCreateTopics creates a missing topic, with TopicPartitions and
-	// TopicReplicationFactor, unless the broker forbids auto-creation
-	// (auto.create.topics.enable=false).
-	AutoCreateTopics bool
-	// TopicPartitions and TopicReplicationFactor apply to topics the sink
-	// creates; 0 or -1 leaves them to the broker's defaults.
-	TopicPartitions        int32
-	TopicReplicationFactor int16
-	// UnknownTopicTimeout is how long records wait for a missing topic
-	// before they are dead-lettered; 0 means 2m.
-	UnknownTopicTimeout time.Duration
-	// ParkingTopic turns quarantine on (dlq.mode quarantine): once a record
-	// is dead-lettered, later records with its key go to this topic
-	// (quarantine.go). "" keeps dlq.mode skip.
-	ParkingTopic string
-	// MaxQuarantined bounds the quarantined keys; 0 means 10000.
-	MaxQuarantined int
-	// QuarantineTopic, with ParkingTopic, saves quarantines on this
-	// compacted topic under QuarantineSource's keys and carries out
-	// redrive requests (state.go, redrive.go); "" keeps them in memory.
-	QuarantineTopic  string
-	QuarantineSource string
-	// Redrives, when set, is told each redrive's result (RedriveDone, …;
-	// "" when the set changed otherwise: a quarantine started, restored,
-	// lifted) and how many keys are quarantined: the one source of the
-	// quarantined count. It may run with the sink's lock held: it must not
-	// call the sink.
-	Redrives func(result string, quarantined int)
-	// Owner, when set, says whether this process may carry out redrive
-	// requests now: only the one streaming from the slot writes the keys'
-	// events (an active-standby pair shares the state topic's keys).
-	Owner func() bool
-	// Fail, when set, is told of an error that stops the sink from working
-	// after New: the quarantine topic found not compacted once Kafka answered.
-	Fail func(error)
-	// Security is kafka.tls and kafka.sasl, for every client of the sink.
-	Security kafkaopt.Security
-	// SecurityLog, when set, is told (at most once a minute per client) why
-	// connections fail on TLS or SASL: the client retries those failures
-	// like any connection failure, so nothing else would say why nothing
-	// gets out.
-	SecurityLog *slog.Logger
-	// RetryEOF retries a request whose connection the broker closed (run:
-	// a broker restarting; the one-shot commands fail fast instead).
-	RetryEOF bool
-	// TestOpts are extra franz-go options for tests (a dialer, short
-	// backoffs), applied after the sink's own; production settings are the
-	// fields above.
-	TestOpts []kgo.Opt
-	// extra are options of the package's own producers (the transactional
-	// one), applied after the sink's and before TestOpts.
-	extra []kgo.Opt
-}
-
-// connOpts are what every client of cfg's cluster takes: its brokers, the
-// client id, authentication and the security log.
-func (cfg Config) connOpts() ([]kgo.Opt, error) {
-	sec, err := kafkaopt.SecurityOpts(cfg.Security)
-	if err != nil {
-		return nil, err
-	}
-	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.ClientID(cfg.ClientID)}, sec...)
-	if cfg.SecurityLog != nil {
-		opts = append(opts, kafkaopt.SecurityFailureLog(cfg.SecurityLog, time.Minute))
-	}
-	if cfg.RetryEOF {
-		opts = append(opts, kafkaopt.RetryEOF())
-	}
-	return opts, nil
-}
-
-// Outcome is the final state of one produced record.
-type Outcome struct {
-	// DeadLettered is true when the record was delivered to the dead-letter
-	// topic instead of its own.
-	DeadLettered bool
-	// Reason says why it was dead-lettered.
-	Reason string
-	// Parked is true when the record was delivered to the parking topic
-	// because its key is quarantined.
-	Parked bool
-	// Err is a fatal error: the record was not delivered anywhere and the
-	// pipeline must stop without confirming it.
-	Err error
-}
-
-// Done receives a record's outcome, on a client goroutine. Delivered must
-// not block.
-type Done interface{ Delivered(Outcome) }
-
-// defaultBatchMax is franz-go's default batch cap, Kafka's default
-// max.message.bytes; used while a topic's limit is unknown.
-const defaultBatchMax = 1_000_012
 
 // Sink wraps one idempotent producer.
 type Sink struct {
@@ -592,46 +487,6 @@ func (s *Sink) Close() {
 // Client exposes the underlying client to tests and tools in this module
 // that need admin or consume access to the same cluster.
 func (s *Sink) Client() *kgo.Client { return s.cl }
-
-// Class is what to do about a produce error.
-type Class int
-
-const (
-	// ClassFatal: stop the pipeline; the record is re-delivered after restart.
-	ClassFatal Class = iota
-	// ClassUnpublishable: the broker refused the record (or the batch it was
-	// in); the sink finds out whether it is refused on its own and then
-	// dead-letters it.
-	ClassUnpublishable
-	// ClassShutdown: the client is closing; not an error of the record.
-	ClassShutdown
-)
-
-// Classify decides, once, what a produce error means. Retriable broker
-// errors never reach it: the client retries those without limit.
-func Classify(err error) Class {
-	switch {
-	case errors.Is(err, kgo.ErrClientClosed), errors.Is(err, kgo.ErrAborting),
-		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return ClassShutdown
-	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge),
-		errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.UnknownTopicOrPartition),
-		errors.Is(err, kerr.UnknownTopicID), errors.Is(err, kerr.InvalidRecord),
-		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.PolicyViolation),
-		errors.Is(err, kerr.InvalidTimestamp):
-		return ClassUnpublishable
-	}
-	return ClassFatal
-}
-
-// topicWide reports a refusal that concerns the topic, not the record:
-// sending the record alone again would only be refused again.
-func topicWide(err error) bool { return errors.Is(err, kerr.InvalidTopicException) }
-
-// unknownTopic reports a refusal that means the topic does not exist (yet).
-func unknownTopic(err error) bool {
-	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
-}
 
 func headerValue(rec *kgo.Record, key string) string {
 	for _, h := range rec.Headers {
