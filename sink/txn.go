@@ -2,7 +2,6 @@ package sink
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
@@ -48,32 +46,6 @@ type TxnConfig struct {
 	// (replication.PrerequisiteError in the connector; the sink does not
 	// import the replication package).
 	Prerequisite func(problem, fix string) error
-}
-
-// PositionKey is the source identity the position is kept under: the
-// cluster's system identifier, the database and the slot. The timeline is
-// left out: positions stay comparable across a promotion.
-func PositionKey(systemID, database, slot string) string {
-	return systemID + "/" + database + "/" + slot
-}
-
-// Position is the value of a position record. Its key (PositionKey) is the
-// identity a checkpoint has; the timeline completes it, so that a start can
-// tell a position this server never had (a restore, a promoted standby that
-// was behind) from one it has (replication.CheckCommitted).
-type Position struct {
-	LSN       lsn.LSN   `json:"lsn"` // end of the last PostgreSQL transaction committed
-	Source    string    `json:"source"`
-	Committed time.Time `json:"committed_at"`
-	// Timeline is the one the stream was on when the position was
-	// committed; 0 in records of versions before it.
-	Timeline int32 `json:"timeline,omitempty"`
-	// Txn numbers the Kafka transactions of the transactional id, strictly
-	// increasing across attempts and instances: a commit whose answer was
-	// lost committed if and only if the committed record carries its number
-	// (settle). The end LSN cannot tell: a snapshot's or a gap repair's
-	// transaction carries a position already committed.
-	Txn uint64 `json:"txn,omitempty"`
 }
 
 // Txn is the exactly-once sink. The pipeline hands it each PostgreSQL
@@ -424,14 +396,6 @@ func (t *Txn) commit(ctx context.Context) error {
 	return err
 }
 
-// errBegin: the client cannot begin a transaction (its producer id failed
-// for good); only a new client, after a restart, can.
-var errBegin = errors.New("begin transaction")
-
-// errRefused: the broker refused a record; the transaction is aborted and
-// done again with it sent alone or dead-lettered.
-var errRefused = errors.New("kafka refused a record of the transaction")
-
 // attempt is one Kafka transaction: the events of b, then the position end.
 func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 	for _, e := range b {
@@ -492,40 +456,3 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 }
 
 func (e *entry) promise(_ *kgo.Record, err error) { e.err = err }
-
-// positionRecord is the record that commits end with transaction txn.
-func (t *Txn) positionRecord(end lsn.LSN, txn uint64) (*kgo.Record, error) {
-	v, err := json.Marshal(Position{LSN: end, Source: t.cfg.Source, Committed: time.Now().UTC(),
-		Timeline: t.timeline.Load(), Txn: txn})
-	if err != nil {
-		return nil, fmt.Errorf("position record: %w", err)
-	}
-	return &kgo.Record{Topic: t.cfg.Positions, Key: []byte(t.cfg.Source), Value: v, Partition: -1}, nil
-}
-
-// isFatalTxn: the transactional id was taken over (or is not ours to use);
-// nothing this instance does can commit again.
-func isFatalTxn(err error) bool {
-	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
-		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
-}
-
-// FencedError is a transactional producer another instance took over.
-type FencedError struct {
-	TransactionalID string
-	Err             error
-}
-
-func (e *FencedError) Error() string {
-	return fmt.Sprintf("fenced: another outbox-cdc instance with transactional id %s took over this source "+
-		"(a standby took over, or a second connector runs on the same slot); this instance stops and commits nothing more: %v",
-		e.TransactionalID, e.Err)
-}
-func (e *FencedError) Unwrap() error { return e.Err }
-
-func fatalTxnError(id string, err error) error {
-	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
-		return &FencedError{TransactionalID: id, Err: err}
-	}
-	return fmt.Errorf("transactional id %s: %w", id, err)
-}

@@ -1,0 +1,223 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// lookup learns whether t exists (creating it when allowed) and its
+// max.message.bytes. Failing requests are retried for ever, as the client
+// retries produce requests: the records wait.
+func (s *Sink) lookup(t *topicState) {
+	var (
+		exists bool
+		err    error
+	)
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		exists, err = s.exists(t.name)
+		if err == nil && !exists && s.mayCreate() {
+			exists, err = s.create(t.name)
+		}
+		if err == nil {
+			break
+		}
+		s.log.Warn("kafka: cannot look up topic; retrying", "topic", t.name, "err", err)
+		if s.sleep(backoff); s.ctx.Err() != nil {
+			return
+		}
+	}
+	var limit int32
+	if exists {
+		limit = s.maxMessageBytes(t.name)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.known, t.stale, t.checked = true, false, time.Now()
+	if limit > 0 {
+		t.limit.Store(limit)
+	}
+	switch {
+	case exists && t.missing:
+		s.log.Info("kafka: topic exists now; sending its records", "topic", t.name, "waited", time.Since(t.missingSince).Round(time.Millisecond))
+		t.missing, t.expired = false, false
+	case !exists && !t.missing:
+		t.missing, t.missingSince = true, time.Now()
+		s.log.Warn("kafka: topic does not exist; its records wait for it", "topic", t.name, "timeout", s.unknownTimeout)
+	}
+}
+
+// exists asks a broker for name's metadata, never auto-creating it.
+func (s *Sink) exists(name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(name)
+	req.Topics = append(req.Topics, rt)
+	req.AllowAutoTopicCreation = false
+	resp, err := req.RequestWith(ctx, s.cl)
+	if err != nil {
+		return false, fmt.Errorf("metadata: %w", err)
+	}
+	if len(resp.Brokers) > 0 {
+		s.mu.Lock()
+		s.broker.node = resp.Brokers[0].NodeID
+		s.mu.Unlock()
+	}
+	for _, rt := range resp.Topics {
+		if rt.Topic != nil && *rt.Topic == name {
+			// Any other error (not authorized, say) is for producing to
+			// report: the topic is not missing.
+			return !errors.Is(kerr.ErrorForCode(rt.ErrorCode), kerr.UnknownTopicOrPartition), nil
+		}
+	}
+	return false, fmt.Errorf("metadata: no answer for topic %s", name)
+}
+
+// create creates name with the configured partitions and replication factor.
+// It reports false, without error, when the cluster refuses (a policy, a
+// replication factor it cannot meet, no permission): the topic stays missing
+// and its records wait for it.
+func (s *Sink) create(name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+	defer cancel()
+	resp, err := s.adm.CreateTopic(ctx, s.partitions, s.replication, nil, name)
+	var ke *kerr.Error
+	switch {
+	case err == nil:
+		s.log.Info("kafka: created topic", "topic", name, "partitions", resp.NumPartitions,
+			"replication_factor", resp.ReplicationFactor,
+			"requested", fmt.Sprintf("partitions %s, replication factor %s", orDefault(int(s.partitions)), orDefault(int(s.replication))))
+		return true, nil
+	case errors.Is(err, kerr.TopicAlreadyExists):
+		return true, nil
+	case errors.As(err, &ke):
+		s.log.Error("kafka: cannot create topic; its records wait for it", "topic", name,
+			"partitions", s.partitions, "replication_factor", s.replication, "err", err)
+		return false, nil
+	}
+	return false, fmt.Errorf("create topic: %w", err)
+}
+
+func orDefault(n int) string {
+	if n < 0 {
+		return "broker default"
+	}
+	return strconv.Itoa(n)
+}
+
+// mayCreate: kafka.auto_create_topics is on and the broker does not forbid
+// auto-creation, so the sink creates exactly the topics the broker's own
+// auto-creation would have, with the stated settings.
+func (s *Sink) mayCreate() bool {
+	if !s.autoCreate {
+		return false
+	}
+	b := s.brokerConfig()
+	return b.autoCreate == nil || *b.autoCreate
+}
+
+// brokerInfo holds broker settings read once.
+type brokerInfo struct {
+	node       int32 // a broker to ask
+	read       time.Time
+	ok         bool
+	maxBytes   int32 // message.max.bytes, 0 if unknown
+	autoCreate *bool // auto.create.topics.enable, nil if unknown
+}
+
+// brokerConfig reads a broker's message.max.bytes and
+// auto.create.topics.enable, once, retrying at most once a minute.
+func (s *Sink) brokerConfig() brokerInfo {
+	s.mu.Lock()
+	b := s.broker
+	s.mu.Unlock()
+	if b.ok || time.Since(b.read) < time.Minute {
+		return b
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+	defer cancel()
+	rcs, err := s.adm.DescribeBrokerConfigs(ctx, b.node)
+	b.read = time.Now()
+	if err == nil && len(rcs) == 1 && rcs[0].Err == nil {
+		b.ok = true
+		for _, c := range rcs[0].Configs {
+			switch c.Key {
+			case "message.max.bytes":
+				b.maxBytes = parseLimit(c.MaybeValue())
+			case "auto.create.topics.enable":
+				v := c.MaybeValue() == "true"
+				b.autoCreate = &v
+			}
+		}
+	} else {
+		s.log.Info("kafka: cannot read the broker's configuration; topic limits are learned from the topics only", "err", err)
+	}
+	s.mu.Lock()
+	node := s.broker.node
+	s.broker = b
+	s.broker.node = node
+	s.mu.Unlock()
+	return b
+}
+
+// maxMessageBytes is name's max.message.bytes, or the broker's
+// message.max.bytes if the topic's cannot be read, or 0.
+func (s *Sink) maxMessageBytes(name string) int32 {
+	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+	defer cancel()
+	rcs, err := s.adm.DescribeTopicConfigs(ctx, name)
+	if err == nil {
+		if rc, err := rcs.On(name, nil); err == nil && rc.Err == nil {
+			for _, c := range rc.Configs {
+				if c.Key == "max.message.bytes" {
+					if n := parseLimit(c.MaybeValue()); n > 0 {
+						return n
+					}
+				}
+			}
+		}
+	}
+	return s.brokerConfig().maxBytes
+}
+
+func parseLimit(v string) int32 {
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return int32(n)
+}
+
+// batchMax is franz-go's batch cap for topic (ProducerBatchMaxBytesFn),
+// asked when the client first produces to one of its partitions, which is
+// after the lookup. franz-go counts a batch with a length prefix the broker
+// does not count: 4 bytes until it knows the produce version, a uvarint (1
+// to 3 bytes here) after. Allowing 4 lets every record that passed the size
+// check through; the rare batch that ends up 1 to 3 bytes over is refused
+// and repaired, which beats dead-lettering a record that fits.
+func (s *Sink) batchMax(topic string) int32 {
+	var limit int32
+	if topic != "" {
+		s.mu.Lock()
+		if t := s.topics[topic]; t != nil {
+			limit = t.limit.Load()
+		}
+		s.mu.Unlock()
+	}
+	return batchCap(limit)
+}
+
+// batchCap is the batch cap for a topic limit (0: unknown).
+func batchCap(limit int32) int32 {
+	if limit <= 0 {
+		return defaultBatchMax
+	}
+	return min(max(limit+4, 512), 1<<30)
+}
