@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -20,10 +24,7 @@ func (s *Sink) lookup(t *topicState) {
 		err    error
 	)
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		exists, err = s.exists(t.name)
-		if err == nil && !exists && s.mayCreate() {
-			exists, err = s.create(t.name)
-		}
+		exists, err = s.meta.existsOrCreate(s.ctx, t.name)
 		if err == nil {
 			break
 		}
@@ -34,7 +35,7 @@ func (s *Sink) lookup(t *topicState) {
 	}
 	var limit int32
 	if exists {
-		limit = s.maxMessageBytes(t.name)
+		limit = s.meta.maxMessageBytes(s.ctx, t.name)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -52,23 +53,59 @@ func (s *Sink) lookup(t *topicState) {
 	}
 }
 
+// metadata answers what both producers ask of a topic before its records
+// go: does it exist (creating it when allowed), and what record size it
+// takes. It reads the broker's settings once.
+type metadata struct {
+	cl          *kgo.Client
+	adm         *kadm.Client
+	log         *slog.Logger
+	autoCreate  bool  // kafka.auto_create_topics
+	partitions  int32 // -1: the broker's default
+	replication int16 // -1: the broker's default
+
+	mu     sync.Mutex
+	broker brokerInfo
+}
+
+func newMetadata(cl *kgo.Client, cfg Config, log *slog.Logger) *metadata {
+	m := &metadata{cl: cl, adm: kadm.NewClient(cl), log: log, autoCreate: cfg.AutoCreateTopics,
+		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor}
+	if m.partitions == 0 {
+		m.partitions = -1
+	}
+	if m.replication == 0 {
+		m.replication = -1
+	}
+	return m
+}
+
+// existsOrCreate reports whether name exists, creating it when allowed.
+func (m *metadata) existsOrCreate(ctx context.Context, name string) (bool, error) {
+	ok, err := m.exists(ctx, name)
+	if err == nil && !ok && m.mayCreate(ctx) {
+		ok, err = m.create(ctx, name)
+	}
+	return ok, err
+}
+
 // exists asks a broker for name's metadata, never auto-creating it.
-func (s *Sink) exists(name string) (bool, error) {
-	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+func (m *metadata) exists(ctx context.Context, name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	req := kmsg.NewPtrMetadataRequest()
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(name)
 	req.Topics = append(req.Topics, rt)
 	req.AllowAutoTopicCreation = false
-	resp, err := req.RequestWith(ctx, s.cl)
+	resp, err := req.RequestWith(ctx, m.cl)
 	if err != nil {
 		return false, fmt.Errorf("metadata: %w", err)
 	}
 	if len(resp.Brokers) > 0 {
-		s.mu.Lock()
-		s.broker.node = resp.Brokers[0].NodeID
-		s.mu.Unlock()
+		m.mu.Lock()
+		m.broker.node = resp.Brokers[0].NodeID
+		m.mu.Unlock()
 	}
 	for _, rt := range resp.Topics {
 		if rt.Topic != nil && *rt.Topic == name {
@@ -84,22 +121,22 @@ func (s *Sink) exists(name string) (bool, error) {
 // It reports false, without error, when the cluster refuses (a policy, a
 // replication factor it cannot meet, no permission): the topic stays missing
 // and its records wait for it.
-func (s *Sink) create(name string) (bool, error) {
-	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+func (m *metadata) create(ctx context.Context, name string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := s.adm.CreateTopic(ctx, s.partitions, s.replication, nil, name)
+	resp, err := m.adm.CreateTopic(ctx, m.partitions, m.replication, nil, name)
 	var ke *kerr.Error
 	switch {
 	case err == nil:
-		s.log.Info("kafka: created topic", "topic", name, "partitions", resp.NumPartitions,
+		m.log.Info("kafka: created topic", "topic", name, "partitions", resp.NumPartitions,
 			"replication_factor", resp.ReplicationFactor,
-			"requested", fmt.Sprintf("partitions %s, replication factor %s", orDefault(int(s.partitions)), orDefault(int(s.replication))))
+			"requested", fmt.Sprintf("partitions %s, replication factor %s", orDefault(int(m.partitions)), orDefault(int(m.replication))))
 		return true, nil
 	case errors.Is(err, kerr.TopicAlreadyExists):
 		return true, nil
 	case errors.As(err, &ke):
-		s.log.Error("kafka: cannot create topic; its records wait for it", "topic", name,
-			"partitions", s.partitions, "replication_factor", s.replication, "err", err)
+		m.log.Error("kafka: cannot create topic; its records wait for it", "topic", name,
+			"partitions", m.partitions, "replication_factor", m.replication, "err", err)
 		return false, nil
 	}
 	return false, fmt.Errorf("create topic: %w", err)
@@ -115,11 +152,11 @@ func orDefault(n int) string {
 // mayCreate: kafka.auto_create_topics is on and the broker does not forbid
 // auto-creation, so the sink creates exactly the topics the broker's own
 // auto-creation would have, with the stated settings.
-func (s *Sink) mayCreate() bool {
-	if !s.autoCreate {
+func (m *metadata) mayCreate(ctx context.Context) bool {
+	if !m.autoCreate {
 		return false
 	}
-	b := s.brokerConfig()
+	b := m.brokerConfig(ctx)
 	return b.autoCreate == nil || *b.autoCreate
 }
 
@@ -134,16 +171,16 @@ type brokerInfo struct {
 
 // brokerConfig reads a broker's message.max.bytes and
 // auto.create.topics.enable, once, retrying at most once a minute.
-func (s *Sink) brokerConfig() brokerInfo {
-	s.mu.Lock()
-	b := s.broker
-	s.mu.Unlock()
+func (m *metadata) brokerConfig(ctx context.Context) brokerInfo {
+	m.mu.Lock()
+	b := m.broker
+	m.mu.Unlock()
 	if b.ok || time.Since(b.read) < time.Minute {
 		return b
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	rcs, err := s.adm.DescribeBrokerConfigs(ctx, b.node)
+	rcs, err := m.adm.DescribeBrokerConfigs(ctx, b.node)
 	b.read = time.Now()
 	if err == nil && len(rcs) == 1 && rcs[0].Err == nil {
 		b.ok = true
@@ -157,22 +194,22 @@ func (s *Sink) brokerConfig() brokerInfo {
 			}
 		}
 	} else {
-		s.log.Info("kafka: cannot read the broker's configuration; topic limits are learned from the topics only", "err", err)
+		m.log.Info("kafka: cannot read the broker's configuration; topic limits are learned from the topics only", "err", err)
 	}
-	s.mu.Lock()
-	node := s.broker.node
-	s.broker = b
-	s.broker.node = node
-	s.mu.Unlock()
+	m.mu.Lock()
+	node := m.broker.node
+	m.broker = b
+	m.broker.node = node
+	m.mu.Unlock()
 	return b
 }
 
 // maxMessageBytes is name's max.message.bytes, or the broker's
 // message.max.bytes if the topic's cannot be read, or 0.
-func (s *Sink) maxMessageBytes(name string) int32 {
-	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Second)
+func (m *metadata) maxMessageBytes(ctx context.Context, name string) int32 {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	rcs, err := s.adm.DescribeTopicConfigs(ctx, name)
+	rcs, err := m.adm.DescribeTopicConfigs(ctx, name)
 	if err == nil {
 		if rc, err := rcs.On(name, nil); err == nil && rc.Err == nil {
 			for _, c := range rc.Configs {
@@ -184,7 +221,7 @@ func (s *Sink) maxMessageBytes(name string) int32 {
 			}
 		}
 	}
-	return s.brokerConfig().maxBytes
+	return m.brokerConfig(ctx).maxBytes
 }
 
 func parseLimit(v string) int32 {

@@ -46,9 +46,7 @@ type Sink struct {
 	dlq string
 	log *slog.Logger
 
-	autoCreate     bool
-	partitions     int32
-	replication    int16
+	meta           *metadata
 	unknownTimeout time.Duration
 	poll           time.Duration // how often a missing topic is looked for
 	maxHeld        int
@@ -66,7 +64,6 @@ type Sink struct {
 	heldBytes   int64
 	space       chan struct{} // closed when held room frees up
 	spaceWanted bool
-	broker      brokerInfo
 	closed      bool
 
 	parking        string // "" in dlq.mode skip
@@ -93,8 +90,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{dlq: cfg.DLQTopic, log: log, autoCreate: cfg.AutoCreateTopics,
-		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor,
+	s := &Sink{dlq: cfg.DLQTopic, log: log,
 		unknownTimeout: cfg.UnknownTopicTimeout, maxHeld: cfg.MaxBufferedRecords, maxHeldBytes: cfg.MaxBufferedBytes,
 		topics: make(map[string]*topicState), space: make(chan struct{}),
 		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*quarantined)}
@@ -114,12 +110,6 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	}
 	s.connOpts = append(slices.Clip(base), cfg.TestOpts...)
 	s.codec = codec
-	if s.partitions == 0 {
-		s.partitions = -1
-	}
-	if s.replication == 0 {
-		s.replication = -1
-	}
 	if s.unknownTimeout <= 0 {
 		s.unknownTimeout = kafkaopt.DefaultUnknownTopicTimeout
 	}
@@ -168,7 +158,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	s.cl, s.adm = cl, kadm.NewClient(cl)
+	s.cl, s.adm, s.meta = cl, kadm.NewClient(cl), newMetadata(cl, cfg, log)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.releaser()

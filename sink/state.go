@@ -251,7 +251,7 @@ func (s *Sink) ensureStateTopic(ctx context.Context) error {
 		configs[k] = &v
 	}
 	// One partition: a handful of records, each key's in one order.
-	_, err = s.adm.CreateTopic(ctx, 1, s.replication, configs, name)
+	_, err = s.adm.CreateTopic(ctx, 1, s.meta.replication, configs, name)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("create quarantine topic %s: %w", name, err)
 	}

@@ -112,14 +112,9 @@ func (t *Txn) lookup(ctx context.Context, topic string) (*txnTopic, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ok, err := t.s.exists(topic)
+	ok, err := t.s.meta.existsOrCreate(ctx, topic)
 	if err != nil {
 		return nil, err
-	}
-	if !ok && t.s.mayCreate() {
-		if ok, err = t.s.create(topic); err != nil {
-			return nil, err
-		}
 	}
 	switch {
 	case !ok && !tp.missing:
@@ -127,7 +122,7 @@ func (t *Txn) lookup(ctx context.Context, topic string) (*txnTopic, error) {
 		t.log.Warn("kafka: topic does not exist; its transaction waits for it", "topic", topic, "timeout", t.s.unknownTimeout)
 	case ok:
 		tp.missing = false
-		tp.limit = t.s.maxMessageBytes(topic)
+		tp.limit = t.s.meta.maxMessageBytes(ctx, topic)
 		t.limits.Store(topic, tp.limit)
 	}
 	tp.known, tp.stale = true, false

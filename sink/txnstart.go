@@ -94,7 +94,7 @@ func (t *Txn) ensurePositions(ctx context.Context) error {
 	switch {
 	case errors.Is(err, kerr.UnknownTopicOrPartition):
 		compact := "compact"
-		_, err := t.s.adm.CreateTopic(ctx, 1, t.s.replication, map[string]*string{"cleanup.policy": &compact}, name)
+		_, err := t.s.adm.CreateTopic(ctx, 1, t.s.meta.replication, map[string]*string{"cleanup.policy": &compact}, name)
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 			return t.prerequisite(
 				fmt.Sprintf("cannot create the positions topic %s: %v", name, err),
