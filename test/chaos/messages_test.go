@@ -124,6 +124,9 @@ func (r *run) awaitMixed(ctx context.Context, evs []event) string {
 		case <-time.After(time.Until(deadline)): // the minute the catch-up may take
 		case <-ctx.Done():
 		}
+		if _, ok := r.live.seenAt(e.ID); ok { // seen, though the deadline had passed when its turn came
+			continue
+		}
 		kind := "row"
 		if e.Message {
 			kind = "message"
