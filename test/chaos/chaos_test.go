@@ -70,11 +70,15 @@ const (
 	fOpsPubGap      = "ops-publication-gap"
 	fOpsForeignCkpt = "ops-foreign-checkpoint"
 	fOpsOversize    = "ops-oversize"
+	// Table-less events in a publication gap; redrive, and parking-topic
+	// retention before one (messages_test.go, redrive_test.go).
+	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention = "ops-publication-gap-messages", "ops-redrive", "ops-parking-retention"
 )
 
 var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate,
 	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
-	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize}
+	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize,
+	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention}
 
 // faultClass groups the kinds for the report.
 func faultClass(kind string) string {
@@ -133,6 +137,7 @@ var shortMode = mode{
 		fNetPGDrop: 1, fNetPGStall: 1, fNetPGSlow: 1, fNetPGReset: 1,
 		fNetKafkaForge: 1, fNetKafkaSwallow: 1, fNetKafkaAbort: 1,
 		fOpsPartition: 1, fOpsAddColumn: 1, fOpsDropMapped: 1, fOpsPubGap: 1, fOpsForeignCkpt: 1, fOpsOversize: 1,
+		fOpsPubGapMsg: 1, fOpsRedrive: 1, fOpsParkingRetention: 1,
 	},
 	GapMin: 300 * time.Millisecond, GapMax: 1500 * time.Millisecond, WaitProb: 0.6,
 	Budget: 5 * time.Minute, CatchUp: time.Minute,
@@ -148,6 +153,7 @@ var longMode = mode{
 		fNetPGDrop: 3, fNetPGStall: 3, fNetPGSlow: 3, fNetPGReset: 3,
 		fNetKafkaForge: 3, fNetKafkaSwallow: 3, fNetKafkaAbort: 2,
 		fOpsPartition: 4, fOpsAddColumn: 3, fOpsDropMapped: 2, fOpsPubGap: 3, fOpsForeignCkpt: 2, fOpsOversize: 3,
+		fOpsPubGapMsg: 2, fOpsRedrive: 2, fOpsParkingRetention: 2,
 	},
 	MinChaos: 9 * time.Minute, MinFaults: 100,
 	GapMin: 500 * time.Millisecond, GapMax: 4 * time.Second, WaitProb: 0.6,
@@ -207,6 +213,8 @@ type run struct {
 	wstats *writerStats
 	burst  *writer
 	big    *writer // ops-oversize
+	mixer  *writer // ops-publication-gap-messages (messages_test.go)
+	rd     redriveState
 	faults []faultRecord
 	exits  []string // unexpected connector exits, with evidence
 	hangs  []string // catch-up timeouts
@@ -264,6 +272,7 @@ func TestChaos(t *testing.T) {
 	// The live consumer reads the big, dead-letter and parking topics too:
 	// the events ops-oversize writes end there (on the big topic after the
 	// dead letter in dlq.mode skip, the exactly_once run).
+	r.live.keepCopies(r.parkingTopic(), r.bigTopic) // redrive_test.go
 	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.bigTopic, r.dlq, r.parkingTopic()), ready) })
 	if err := <-ready; err != nil {
 		t.Fatalf("live consumer: %v", err)
@@ -283,6 +292,7 @@ func TestChaos(t *testing.T) {
 		}
 		wr := newWriter(w, r.dsn, aggs, m.Multi, seed, r.ledger, r.wstats)
 		wr.bucket = &r.bucket
+		wr.msgAggs, wr.msgProb = messageAggs(w), messageProb // table-less events (messages_test.go)
 		wWG.Go(func() {
 			if err := wr.run(ctx, stopWriters, m.Interval); err != nil {
 				r.workers <- fmt.Errorf("writer %d: %w", w, err)
@@ -577,7 +587,7 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		}
 		sleepCtx(ctx, kafkaStopDowntime) // the outage under test
 		return fmt.Sprintf("SIGTERM, down %v before restart", kafkaStopDowntime), restartKafka(ctx)
-	case fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize:
+	case fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize, fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention:
 		return r.doOps(ctx, kind, f)
 	case fPGFast, fPGCrash, fPGImmediate:
 		var err error

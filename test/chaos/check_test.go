@@ -44,6 +44,10 @@ type copyRec struct {
 	LogAppend bool      // the timestamp is the broker's append time
 	Err       string    // the error header (dead-letter records)
 	HasErr    bool
+	// Deleted: a parked record the live consumer read that the parking
+	// topic's retention deleted before the final read. It was appended
+	// (the watermark and duplicate checks count it) but is no delivery.
+	Deleted bool
 }
 
 // Report is what a run found; it is written to results/last-run.json.
@@ -55,6 +59,7 @@ type Report struct {
 	ChaosSeconds float64 `json:"chaos_seconds"`
 
 	EventsWritten    int   `json:"events_written"`
+	MessageEvents    int   `json:"table_less_events_written"` // of EventsWritten (messages_test.go)
 	Transactions     int64 `json:"transactions"`
 	WriterRetries    int64 `json:"writer_retries"`
 	UnknownCommits   int64 `json:"commits_with_unknown_outcome"`
@@ -144,6 +149,14 @@ type Report struct {
 	// order across the topic, the dead-letter and the parking topics.
 	Parked               int `json:"parked"`
 	QuarantineViolations int `json:"quarantine_order_violations"`
+	// ParkedDeleted: parked records retention deleted (ops-parking-retention);
+	// LostToRetention: events whose only copies those were, each named by
+	// the refused redrive (LostToRetentionIDs: id and offset); Redriven:
+	// copies republished by a redrive, not held to the duplicate rules.
+	ParkedDeleted      int      `json:"parked_deleted_by_retention"`
+	LostToRetention    int      `json:"lost_to_retention_named_by_redrive"`
+	LostToRetentionIDs []string `json:"lost_to_retention,omitempty"`
+	Redriven           int      `json:"redriven_copies"`
 	// ExactlyOnce holds the exactly_once run's checks (eos_test.go).
 	ExactlyOnce *eosReport `json:"exactly_once,omitempty"`
 	// GapReplayJumps: delivered events replayed, by a process started after
@@ -200,6 +213,11 @@ func (r *run) analyze(ctx context.Context) *Report {
 
 	events := r.ledger.all()
 	rep.EventsWritten = len(events)
+	for _, e := range events {
+		if e.Message {
+			rep.MessageEvents++
+		}
+	}
 	rep.Transactions = r.wstats.txns.Load()
 	rep.WriterRetries = r.wstats.retries.Load()
 	rep.UnknownCommits = r.wstats.unknown.Load()
@@ -255,7 +273,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	}
 	if err == nil {
 		for id, e := range byID {
-			if _, ok := table[id]; !ok {
+			if _, ok := table[id]; !ok && !e.Message { // a table-less event has no row
 				rep.TableMismatches++
 				fail("event %s (%s seq %d) counted committed but not in the table", id, e.Agg, e.Seq)
 			}
@@ -283,7 +301,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 			createTime++
 		}
 		e := byID[c.ID]
-		if e != nil && e.Oversize {
+		if e != nil && e.Oversize && !r.rd.republished[c.ID] { // a redrive republishes it with the limit raised
 			rep.UnexpectedRecords++
 			fail("record %s/%d@%d is event %s, written larger (%d-byte pad) than its topic's max.message.bytes (%d): the broker accepted it",
 				c.Topic, c.Partition, c.Offset, c.ID, oversizePad, bigTopicMaxBytes)
@@ -312,12 +330,13 @@ func (r *run) analyze(ctx context.Context) *Report {
 		fail("%d unexpected records in all", rep.UnexpectedRecords)
 	}
 	r.checkParking(rctx, rep, recs, dlq, byID, copies, fail)
-	checkLoss(rep, events, copies, fail)
+	checkLoss(rep, events, copies, r.rd.lost, fail)
 
 	r.noteBackfills(rep)
 	dead := deadLettered(dlq)
+	dead.add(byID, r.rd.lost, r.rd.republished)
 	r.checkOrder(rep, recs, dead, fail)
-	r.checkDuplicates(rep, copies, byID, fail)
+	r.checkDuplicates(rep, r.withoutRedriven(rep, copies), byID, fail)
 	r.checkExactlyOnce(rep, recs, copies, byID, dead, fail)
 	r.checkWatermark(rep, events, copies, fail)
 	r.recoveries(rep, events)
@@ -352,14 +371,43 @@ func (r *run) noteBackfills(rep *Report) {
 	}
 }
 
+// withoutRedriven leaves out of copies, for the duplicate checks, the
+// copies on their topic of the events a redrive republished: the redrive
+// sends again on purpose what was parked (or dead-lettered) earlier.
+func (r *run) withoutRedriven(rep *Report, copies map[string][]copyRec) map[string][]copyRec {
+	out := make(map[string][]copyRec, len(copies))
+	for id, cs := range copies {
+		if !r.rd.republished[id] {
+			out[id] = cs
+			continue
+		}
+		for _, c := range cs {
+			if c.Topic == r.parkingTopic() || c.Topic == r.dlq {
+				out[id] = append(out[id], c)
+			} else {
+				rep.Redriven++
+			}
+		}
+	}
+	return out
+}
+
 // checkLoss: every committed event has a copy (on its topic, or on the
-// dead-letter topic for an event written oversize on purpose).
-func checkLoss(rep *Report, events []event, copies map[string][]copyRec, fail func(string, ...any)) {
+// dead-letter topic for an event written oversize on purpose), except the
+// events a redrive named as deleted by the parking topic's retention
+// (lost, event id → where): those are counted apart, and any other event
+// without a copy is lost.
+func checkLoss(rep *Report, events []event, copies map[string][]copyRec, lost map[string]string, fail func(string, ...any)) {
 	for _, e := range events {
 		if e.Oversize {
 			rep.OversizeEvents++
 		}
-		if len(copies[e.ID]) == 0 {
+		if !slices.ContainsFunc(copies[e.ID], func(c copyRec) bool { return !c.Deleted }) {
+			if at := lost[e.ID]; at != "" {
+				rep.LostToRetention++
+				rep.LostToRetentionIDs = append(rep.LostToRetentionIDs, fmt.Sprintf("%s (%s seq %d, parking %s)", e.ID, e.Agg, e.Seq, at))
+				continue
+			}
 			rep.EventsLost++
 			if len(rep.LostExamples) < 20 {
 				where := ""
@@ -490,15 +538,7 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 				}
 				return
 			}
-			c := copyRec{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key),
-				Producer: r.ProducerID, Epoch: r.ProducerEpoch, Append: r.Timestamp}
-			c.ID, _ = header(r, "id")
-			c.Err, c.HasErr = header(r, "error")
-			c.LogAppend = r.Attrs.TimestampType() == 1
-			var v struct{ Seq int }
-			if json.Unmarshal(r.Value, &v) == nil {
-				c.Seq = v.Seq
-			}
+			c := toCopy(r)
 			if r.Topic == dlq {
 				dead = append(dead, c)
 			} else {
@@ -523,16 +563,29 @@ func readAll(ctx context.Context, topics []string, dlq string) (recs, dead []cop
 	return recs, dead, nil
 }
 
+// toCopy is r as the checks see it.
+func toCopy(r *kgo.Record) copyRec {
+	c := copyRec{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key),
+		Producer: r.ProducerID, Epoch: r.ProducerEpoch, Append: r.Timestamp}
+	c.ID, _ = header(r, "id")
+	c.Err, c.HasErr = header(r, "error")
+	c.LogAppend = r.Attrs.TimestampType() == 1
+	var v struct{ Seq int }
+	if json.Unmarshal(r.Value, &v) == nil {
+		c.Seq = v.Seq
+	}
+	return c
+}
+
 // deadSeqs are the dead-lettered events by key and seq. In dlq.mode skip
 // (the exactly_once run) a key's later events go on to its topic past its
-// dead letter: the order checks step over these seqs. Nil in dlq.mode
-// quarantine, where nothing may pass a dead letter (quarantine_test.go).
+// dead letter: the order checks step over these seqs. In dlq.mode
+// quarantine nothing may pass a dead letter (quarantine_test.go) until a
+// redrive lifts the quarantine: with --skip its later events then follow
+// on the topic without it.
 type deadSeqs map[string]map[int]bool
 
 func deadLettered(dlq []copyRec) deadSeqs {
-	if !exactlyOnce() {
-		return nil
-	}
 	d := deadSeqs{}
 	for _, c := range dlq {
 		if d[c.Key] == nil {
@@ -541,6 +594,26 @@ func deadLettered(dlq []copyRec) deadSeqs {
 		d[c.Key][c.Seq] = true
 	}
 	return d
+}
+
+// add adds the events named in lost (parked events the parking topic's
+// retention deleted before the redrive that lifted their quarantine with
+// --skip): they never reach the topic either; and removes the dead letters
+// a redrive republished (in republished) to their topic.
+func (d deadSeqs) add(byID map[string]*event, lost map[string]string, republished map[string]bool) {
+	for id := range republished {
+		if e := byID[id]; e != nil && e.Oversize {
+			delete(d[e.Agg], e.Seq)
+		}
+	}
+	for id := range lost {
+		if e := byID[id]; e != nil {
+			if d[e.Agg] == nil {
+				d[e.Agg] = map[int]bool{}
+			}
+			d[e.Agg][e.Seq] = true
+		}
+	}
 }
 
 // next is the seq that follows last for key: last+1, past dead letters.
@@ -570,7 +643,7 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(s
 	// stream, so its replay of delivered events jumps over them.
 	var gapAt time.Time
 	for _, f := range r.faults {
-		if f.Kind == fOpsPubGap {
+		if f.Kind == fOpsPubGap || f.Kind == fOpsPubGapMsg {
 			gapAt = f.Start
 			break
 		}
@@ -1084,6 +1157,8 @@ func (r *run) report(rep *Report) {
 			rep.LongestFirstDelivery.Millis, rep.LongestFirstDelivery.Fault, rep.LongestFirstDelivery.At,
 			rep.LongestCaughtUp.Millis, rep.LongestCaughtUp.Fault, rep.LongestCaughtUp.At, rep.UnmeasuredRecoveries),
 		fmt.Sprintf("connector processes %d, unexpected exits %d, hangs %d", len(rep.Incarnations), len(rep.UnexpectedExits), len(rep.Hangs)),
+		fmt.Sprintf("table-less events (messages) written %d; parked records %d (%d deleted by retention); lost to retention, named by the redrive's refusal: %d %v; copies republished by redrives %d; quarantine order violations %d",
+			rep.MessageEvents, rep.Parked, rep.ParkedDeleted, rep.LostToRetention, rep.LostToRetentionIDs, rep.Redriven, rep.QuarantineViolations),
 	}
 	if er := rep.ExactlyOnce; er != nil {
 		lines = append(lines, er.String())

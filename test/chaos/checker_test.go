@@ -240,7 +240,7 @@ func TestCheckDeadLetters(t *testing.T) {
 		f, big := newBig(t)
 		rep := &Report{}
 		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, &tooLarge)}, f.byID, f.copies, f.fail)
-		checkLoss(rep, f.events, f.copies, f.fail)
+		checkLoss(rep, f.events, f.copies, nil, f.fail)
 		if len(f.fails) != 0 || rep.DeadLetteredIntended != 1 || rep.DeadLetteredUnexpected != 0 || rep.EventsLost != 0 || rep.OversizeEvents != 1 {
 			t.Fatalf("intended %d, unexpected %d, lost %d, fails %v", rep.DeadLetteredIntended, rep.DeadLetteredUnexpected, rep.EventsLost, f.fails)
 		}
@@ -282,7 +282,7 @@ func TestCheckDeadLetters(t *testing.T) {
 		f, _ := newBig(t)
 		rep := &Report{}
 		f.r.checkDeadLetters(rep, nil, f.byID, f.copies, f.fail)
-		checkLoss(rep, f.events, f.copies, f.fail)
+		checkLoss(rep, f.events, f.copies, nil, f.fail)
 		if rep.EventsLost != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "big1") {
 			t.Fatalf("lost %d, fails %v", rep.EventsLost, f.fails)
 		}
@@ -412,20 +412,28 @@ func TestQuarantineViolations(t *testing.T) {
 		name              string
 		recs, dlq, parked []copyRec
 		want              string // in the one violation; "" for none
+		lifted            map[string]map[int]bool
 	}{
-		{"quarantined in order", on(1, 2), dead(3), parked(4, 5, 6), ""},
-		{"replays allowed", on(1, 2, 1), dead(3, 3), parked(3, 4, 5, 4, 6), ""},
-		{"other keys untouched", append(on(1), c("p.order", "a", 7)), dead(2), parked(3), ""},
-		{"nothing dead-lettered, nothing parked", on(1, 2, 3), nil, nil, ""},
-		{"overtook on the topic", on(1, 4), dead(3), parked(5), "big seq 4 on p.big/0@0 overtook its dead-lettered seq 3"},
-		{"later one dead-lettered", on(1), dead(2, 4), parked(3), "big seq 4 dead-lettered after its quarantine began at seq 2"},
-		{"parked out of order", on(1), dead(2), parked(3, 5, 4), "big seq 4 parked (p.parking/0@0) after seq 5"},
-		{"parked before the dead letter", nil, dead(2), parked(1, 3), "big seq 1 parked (p.parking/0@0), before its dead-lettered seq 2"},
-		{"parked without a dead letter", on(1), nil, parked(2), "big seq 2 parked (p.parking/0@0) but nothing of the key was dead-lettered"},
+		{"quarantined in order", on(1, 2), dead(3), parked(4, 5, 6), "", nil},
+		{"replays allowed", on(1, 2, 1), dead(3, 3), parked(3, 4, 5, 4, 6), "", nil},
+		{"other keys untouched", append(on(1), c("p.order", "a", 7)), dead(2), parked(3), "", nil},
+		{"nothing dead-lettered, nothing parked", on(1, 2, 3), nil, nil, "", nil},
+		{"overtook on the topic", on(1, 4), dead(3), parked(5), "big seq 4 on p.big/0@0 overtook its dead-lettered seq 3", nil},
+		{"later one dead-lettered", on(1), dead(2, 4), parked(3), "big seq 4 dead-lettered after its quarantine began at seq 2", nil},
+		{"parked out of order", on(1), dead(2), parked(3, 5, 4), "big seq 4 parked (p.parking/0@0) after seq 5", nil},
+		{"parked before the dead letter", nil, dead(2), parked(1, 3), "big seq 1 parked (p.parking/0@0), before its dead-lettered seq 2", nil},
+		{"parked without a dead letter", on(1), nil, parked(2), "big seq 2 parked (p.parking/0@0) but nothing of the key was dead-lettered", nil},
+		// A redrive lifted the quarantine that began at seq 2 (--skip: the
+		// dead letter stays where it is); seq 5 began the next one.
+		{"redriven, then quarantined again", on(1, 3, 4), dead(2, 5), parked(3, 4, 6), "", map[string]map[int]bool{"big": {2: true}}},
+		{"redriven with the dead letter", on(1, 2, 3), dead(2), parked(3), "", map[string]map[int]bool{"big": {2: true}}},
+		{"replayed after a redrive", on(1, 3, 4, 3, 4), dead(2, 5), parked(3, 4, 3, 6), "", map[string]map[int]bool{"big": {2: true}}},
+		{"overtook the next quarantine", on(1, 3, 6), dead(2, 5), parked(3, 6), "big seq 6 on p.big/0@0 overtook its dead-lettered seq 5", map[string]map[int]bool{"big": {2: true}}},
+		{"another quarantine's lift", on(1, 4), dead(3), parked(4), "big seq 4 on p.big/0@0 overtook its dead-lettered seq 3", map[string]map[int]bool{"big": {2: true}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := quarantineViolations(tt.recs, tt.dlq, tt.parked)
+			got := quarantineViolations(tt.recs, tt.dlq, tt.parked, tt.lifted)
 			switch {
 			case tt.want == "" && len(got) != 0:
 				t.Errorf("violations %q, want none", got)
@@ -433,5 +441,55 @@ func TestQuarantineViolations(t *testing.T) {
 				t.Errorf("violations %q, want one with %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestLostToRetention: an event whose only copies are parked records that
+// retention deleted is lost, unless the redrive's refusal named it (then it
+// is counted apart); withDeleted marks those copies; the order checks step
+// over the named events and over dead letters not republished.
+func TestLostToRetention(t *testing.T) {
+	evs := []event{{ID: "e1", Agg: "big", Seq: 1}, {ID: "e2", Agg: "big", Seq: 2}, {ID: "e3", Agg: "big", Seq: 3}}
+	parked := func(id string, off int64) copyRec {
+		return copyRec{Topic: "p-parking", Key: "big", ID: id, Offset: off}
+	}
+	all := withDeleted([]copyRec{parked("e3", 2)}, []copyRec{parked("e1", 0), parked("e2", 1), parked("e3", 2)})
+	if len(all) != 3 || !all[0].Deleted || !all[1].Deleted || all[2].Deleted || all[0].Offset != 0 || all[2].Offset != 2 {
+		t.Fatalf("withDeleted: %+v", all)
+	}
+	copies := map[string][]copyRec{}
+	for _, c := range all {
+		copies[c.ID] = append(copies[c.ID], c)
+	}
+	for _, tc := range []struct {
+		name        string
+		lost        map[string]string
+		named, lose int
+	}{
+		{"both named", map[string]string{"e1": "partition 0 offset 0", "e2": "partition 0 offset 1"}, 2, 0},
+		{"one named", map[string]string{"e1": "partition 0 offset 0"}, 1, 1},
+		{"none named", nil, 0, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := &Report{}
+			var fails []string
+			checkLoss(rep, evs, copies, tc.lost, func(f string, a ...any) { fails = append(fails, fmt.Sprintf(f, a...)) })
+			if rep.LostToRetention != tc.named || rep.EventsLost != tc.lose || (len(fails) > 0) != (tc.lose > 0) {
+				t.Fatalf("named %d lost %d fails %v, want named %d lost %d", rep.LostToRetention, rep.EventsLost, fails, tc.named, tc.lose)
+			}
+		})
+	}
+	byID := map[string]*event{"e2": &evs[1], "big5": {ID: "big5", Agg: "big", Seq: 5, Oversize: true}}
+	d := deadLettered([]copyRec{{Key: "big", Seq: 5}})
+	d.add(byID, map[string]string{"e2": "partition 0 offset 1"}, nil)
+	if n := d.next("big", 1); n != 3 {
+		t.Fatalf("after seq 1 with seq 2 lost: next %d, want 3", n)
+	}
+	if n := d.next("big", 4); n != 6 {
+		t.Fatalf("after seq 4 with seq 5 dead-lettered: next %d, want 6", n)
+	}
+	d.add(byID, nil, map[string]bool{"big5": true})
+	if n := d.next("big", 4); n != 5 {
+		t.Fatalf("after seq 4 with dead letter 5 republished: next %d, want 5", n)
 	}
 }

@@ -43,8 +43,11 @@ func eosSkip(t *testing.T, skip map[string]bool) {
 	if v := os.Getenv(EnvDelivery); v != "exactly_once" && v != "" && v != "at_least_once" {
 		t.Fatalf("%s=%q: use exactly_once or at_least_once", EnvDelivery, v)
 	}
-	skip[fOpsPubGap] = true
-	t.Logf("chaos: exactly_once run; %s left out (its repair is at least once)", fOpsPubGap)
+	skip[fOpsPubGap], skip[fOpsPubGapMsg] = true, true
+	t.Logf("chaos: exactly_once run; %s and %s left out (their repair is at least once)", fOpsPubGap, fOpsPubGapMsg)
+	// dlq.mode is skip in this run: nothing is parked, nothing to redrive.
+	skip[fOpsRedrive], skip[fOpsParkingRetention] = true, true
+	t.Logf("chaos: exactly_once run (dlq.mode skip); %s and %s left out (no parking topic)", fOpsRedrive, fOpsParkingRetention)
 }
 
 // withDelivery adds the exactly_once keys to the connector's configuration.

@@ -85,6 +85,9 @@ func runSuite(m *testing.M) int {
 	env.kafka, kErr = testenv.StartKafka(ctx, testenv.KafkaOptions{Properties: map[string]string{
 		"advertised.listeners":      "PLAINTEXT://" + env.brokerProxy.Addr(),
 		"auto.create.topics.enable": "false",
+		// ops-parking-retention waits for retention to delete parked
+		// records; the default check runs every 5 minutes.
+		"log.retention.check.interval.ms": "1000",
 	}})
 	kTook := time.Since(kStart)
 	stopDisc()

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,38 @@ type liveConsumer struct {
 	watches   map[string]chan struct{}
 	records   atomic.Int64
 	fetchErrs atomic.Int64
+	// copies keeps every record read of the topics keepCopies named, in
+	// the order read: the parking topic (its retention may delete records
+	// before the final read) and the big topic (redrive_test.go).
+	copies map[string][]copyRec
+}
+
+// keepCopies makes the consumer keep the records of topics; call it before run.
+func (lc *liveConsumer) keepCopies(topics ...string) {
+	lc.copies = map[string][]copyRec{}
+	for _, t := range topics {
+		lc.copies[t] = nil
+	}
+}
+
+// kept returns the records read of topic (keepCopies), in the order read.
+func (lc *liveConsumer) kept(topic string) []copyRec {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	return slices.Clone(lc.copies[topic])
+}
+
+// copiesOf returns the records of id read on topic (keepCopies).
+func (lc *liveConsumer) copiesOf(topic, id string) []copyRec {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	var out []copyRec
+	for _, c := range lc.copies[topic] {
+		if c.ID == id {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func newLiveConsumer() *liveConsumer {
@@ -66,6 +99,9 @@ func (lc *liveConsumer) run(ctx context.Context, topics []string, ready chan<- e
 			id, ok := header(r, "id")
 			if !ok {
 				return
+			}
+			if cs, keep := lc.copies[r.Topic]; keep {
+				lc.copies[r.Topic] = append(cs, toCopy(r))
 			}
 			if _, dup := lc.seen[id]; dup {
 				return

@@ -124,12 +124,16 @@ func (r *run) doOps(ctx context.Context, kind string, f *faultRecord) (string, e
 		return r.opsAddColumn(ctx)
 	case fOpsDropMapped:
 		return r.opsDropMapped(ctx, f)
-	case fOpsPubGap:
-		return r.opsPublicationGap(ctx, f)
+	case fOpsPubGap, fOpsPubGapMsg:
+		return r.opsPublicationGap(ctx, f, kind)
 	case fOpsForeignCkpt:
 		return r.opsForeignCheckpoint(ctx, f)
 	case fOpsOversize:
 		return r.opsOversize(ctx)
+	case fOpsRedrive:
+		return r.opsRedrive(ctx)
+	case fOpsParkingRetention:
+		return r.opsParkingRetention(ctx)
 	}
 	return "", fmt.Errorf("unknown operations fault %q", kind)
 }
@@ -246,7 +250,7 @@ func (r *run) opsPartition(ctx context.Context) (string, error) {
 	for time.Now().Before(deadline) {
 		var first *event
 		for _, e := range r.ledger.since(mark) {
-			if e.Bucket == int(n) {
+			if e.Bucket == int(n) && !e.Message {
 				first = &e
 				break
 			}
@@ -359,7 +363,10 @@ func (r *run) afterExpectedExit(ctx context.Context, f *faultRecord, kind, reaso
 // decoded; the connector must notice, stop before confirming past the gap
 // (exit 1, naming the publication), and after the restart publish the rows
 // of the gap from the table. The re-add may come before or after the exit.
-func (r *run) opsPublicationGap(ctx context.Context, f *faultRecord) (string, error) {
+// ops-publication-gap-messages commits mixed transactions (rows and
+// table-less events, messages_test.go) during the gap and waits for all of
+// them after the restart.
+func (r *run) opsPublicationGap(ctx context.Context, f *faultRecord, kind string) (string, error) {
 	in := r.conn.current()
 	pub := pgx.Identifier{r.pub}.Sanitize()
 	if err := r.ddl(ctx, fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE public.outbox", pub)); err != nil {
@@ -368,19 +375,27 @@ func (r *run) opsPublicationGap(ctx context.Context, f *faultRecord) (string, er
 	removed := time.Now()
 	pause := r.between(300*time.Millisecond, 2500*time.Millisecond)
 	type readd struct {
-		at  time.Time
-		err error
+		at    time.Time
+		err   error
+		mixed []event // ops-publication-gap-messages: committed in the gap
 	}
 	readded := make(chan readd, 1)
 	rctx, cancel := context.WithTimeout(ctx, pause+time.Minute)
 	defer cancel()
 	go func() {
-		if !sleepCtx(rctx, pause) { // how long the outbox stays out of the publication
+		var mixed []event
+		if kind == fOpsPubGapMsg {
+			var err error
+			if mixed, err = r.mixDuring(rctx, pause); err != nil {
+				readded <- readd{err: fmt.Errorf("mixed transactions in the gap: %w", err)}
+				return
+			}
+		} else if !sleepCtx(rctx, pause) { // how long the outbox stays out of the publication
 			readded <- readd{err: rctx.Err()}
 			return
 		}
 		err := r.addToPublication(rctx)
-		readded <- readd{time.Now(), err}
+		readded <- readd{time.Now(), err, mixed}
 	}()
 	want := regexp.MustCompile(regexp.QuoteMeta(r.pub))
 	took, line, exitErr := r.conn.expectExit(ctx, in, removed, opsExitTimeout, want)
@@ -398,7 +413,11 @@ func (r *run) opsPublicationGap(ctx context.Context, f *faultRecord) (string, er
 		order = "re-added after the exit"
 	}
 	desc := fmt.Sprintf("ALTER PUBLICATION DROP TABLE, ADD TABLE %v later (%s)", ra.at.Sub(removed).Round(time.Millisecond), order)
-	return r.afterExpectedExit(ctx, f, fOpsPubGap, reasonAfterGap, in, took, line, exitErr, desc)
+	desc, err := r.afterExpectedExit(ctx, f, kind, reasonAfterGap, in, took, line, exitErr, desc)
+	if err == nil && kind == fOpsPubGapMsg {
+		desc += r.awaitMixed(ctx, ra.mixed)
+	}
+	return desc, err
 }
 
 // reasonAfterGap is the reason of a process started after an
@@ -544,6 +563,7 @@ func (r *run) opsOversize(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	r.noteBig(evs) // the quarantine it begins, or joins (redrive_test.go)
 	e := evs[0]
 	committed := time.Now()
 	if err := r.commitAfterOversize(ctx); err != nil {

@@ -26,15 +26,7 @@ const afterOversize = 3
 // commitAfterOversize commits the events of "big" that follow an oversize
 // one: they are parked, not dead-lettered.
 func (r *run) commitAfterOversize(ctx context.Context) error {
-	pad := r.big.pad
-	r.big.pad = 0
-	defer func() { r.big.pad = pad }()
-	for range afterOversize {
-		if _, err := r.big.commitNext(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
+	return r.commitBig(ctx, afterOversize)
 }
 
 // checkParking reads the parking topic, counts its records as deliveries
@@ -50,6 +42,12 @@ func (r *run) checkParking(ctx context.Context, rep *Report, recs, dlq []copyRec
 		fail("read the parking topic: %v", err)
 		return
 	}
+	parked = withDeleted(parked, r.live.kept(r.parkingTopic()))
+	for _, c := range parked {
+		if c.Deleted {
+			rep.ParkedDeleted++
+		}
+	}
 	rep.Parked = len(parked)
 	for _, c := range parked {
 		e := byID[c.ID]
@@ -60,47 +58,90 @@ func (r *run) checkParking(ctx context.Context, rep *Report, recs, dlq []copyRec
 		}
 		copies[c.ID] = append(copies[c.ID], c)
 	}
-	for _, v := range quarantineViolations(recs, dlq, parked) {
+	for _, v := range quarantineViolations(recs, dlq, parked, r.rd.lifted) {
 		rep.QuarantineViolations++
 		fail("dlq.mode quarantine: %s", v)
 	}
 }
 
-// quarantineViolations checks the order across the event topics (recs),
-// the dead-letter topic and the parking topic, each in partition order. A
-// key's quarantine starts at its first dead-lettered seq: after it nothing
-// of the key is on its topic, the dead-letter topic holds that event only
-// (again after a replay), and the parking topic holds the later events,
-// their first occurrences in seq order. A key without a dead letter has
-// nothing parked. Loss is checkLoss's, across the three.
-func quarantineViolations(recs, dlq, parked []copyRec) []string {
-	var out []string
-	first := map[string]int{} // key → first dead-lettered seq
-	for _, c := range dlq {
-		if s, ok := first[c.Key]; !ok || c.Seq < s {
-			first[c.Key] = c.Seq
+// withDeleted adds to parked (the final read) the parked records the live
+// consumer read (live) that are no longer there: retention deleted them.
+// They are marked Deleted and the result is in offset order.
+func withDeleted(parked, live []copyRec) []copyRec {
+	have := map[[2]int64]bool{}
+	for _, c := range parked {
+		have[[2]int64{int64(c.Partition), c.Offset}] = true
+	}
+	out := slices.Clone(parked)
+	for _, c := range live {
+		if !have[[2]int64{int64(c.Partition), c.Offset}] {
+			c.Deleted = true
+			out = append(out, c)
 		}
 	}
+	slices.SortStableFunc(out, func(a, b copyRec) int {
+		if a.Partition != b.Partition {
+			return int(a.Partition - b.Partition)
+		}
+		return int(a.Offset - b.Offset)
+	})
+	return out
+}
+
+// quarantineViolations checks the order across the event topics (recs),
+// the dead-letter topic and the parking topic, each in partition order. A
+// key's quarantine starts at a dead-lettered seq: after it nothing of the
+// key is on its topic, the dead-letter topic holds that event only (again
+// after a replay), and the parking topic holds the later events, their
+// first occurrences in seq order; until a redrive lifts it (lifted: key →
+// the first seqs of the quarantines lifted), after which its events may be
+// on the topic and a later dead letter begins the next quarantine. A key
+// without a dead letter has nothing parked. Loss is checkLoss's, order on
+// the topic checkOrder's.
+func quarantineViolations(recs, dlq, parked []copyRec, lifted map[string]map[int]bool) []string {
+	var out []string
+	starts := map[string][]int{} // key → its dead-lettered seqs, ascending
 	for _, c := range dlq {
-		if c.Seq != first[c.Key] {
+		if !slices.Contains(starts[c.Key], c.Seq) {
+			starts[c.Key] = append(starts[c.Key], c.Seq)
+		}
+	}
+	for k := range starts {
+		slices.Sort(starts[k])
+	}
+	// began is the start of the quarantine seq of key falls in: the
+	// largest dead-lettered seq at or below it.
+	began := func(key string, seq int) (int, bool) {
+		ss := starts[key]
+		i, found := slices.BinarySearch(ss, seq)
+		if found {
+			return ss[i], true
+		}
+		if i == 0 {
+			return 0, false
+		}
+		return ss[i-1], true
+	}
+	for _, c := range dlq {
+		if s, ok := began(c.Key, c.Seq-1); ok && !lifted[c.Key][s] {
 			out = append(out, fmt.Sprintf("%s seq %d dead-lettered after its quarantine began at seq %d (%s/%d@%d): it should be parked",
-				c.Key, c.Seq, first[c.Key], c.Topic, c.Partition, c.Offset))
+				c.Key, c.Seq, s, c.Topic, c.Partition, c.Offset))
 		}
 	}
 	for _, c := range recs {
-		if s, ok := first[c.Key]; ok && c.Seq > s {
+		if s, ok := began(c.Key, c.Seq); ok && !lifted[c.Key][s] && c.Seq > s {
 			out = append(out, fmt.Sprintf("%s seq %d on %s/%d@%d overtook its dead-lettered seq %d", c.Key, c.Seq, c.Topic, c.Partition, c.Offset, s))
 		}
 	}
 	seen := map[string][]int{} // key → first occurrences parked, in order
 	for _, c := range parked {
-		s, ok := first[c.Key]
+		s, ok := began(c.Key, c.Seq)
 		switch {
-		case !ok:
+		case !ok && len(starts[c.Key]) == 0:
 			out = append(out, fmt.Sprintf("%s seq %d parked (%s/%d@%d) but nothing of the key was dead-lettered", c.Key, c.Seq, c.Topic, c.Partition, c.Offset))
 			continue
-		case c.Seq < s:
-			out = append(out, fmt.Sprintf("%s seq %d parked (%s/%d@%d), before its dead-lettered seq %d", c.Key, c.Seq, c.Topic, c.Partition, c.Offset, s))
+		case !ok:
+			out = append(out, fmt.Sprintf("%s seq %d parked (%s/%d@%d), before its dead-lettered seq %d", c.Key, c.Seq, c.Topic, c.Partition, c.Offset, starts[c.Key][0]))
 			continue
 		case c.Seq == s || slices.Contains(seen[c.Key], c.Seq): // a replay
 			continue

@@ -42,7 +42,7 @@ func secondTopic(prefix string) string { return prefix + "." + secondTablePrefix
 // with its own mapping, header column and topic.
 func outboxSection(prefix string) string {
 	return fmt.Sprintf(`outbox:
-  tables:
+`+messageSection()+`  tables:
     - table: public.outbox
     - table: billing.events
       columns: {id: event_id, aggregate_type: kind, aggregate_id: invoice_id, event_type: name, payload: body}

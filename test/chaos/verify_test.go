@@ -15,17 +15,22 @@ import (
 // whole run (the command the lost-slot runbook prints), after the last
 // connector stopped.
 type verifyJSON struct {
-	Exit    int     `json:"exit"`
-	Rows    int64   `json:"rows"`
-	Found   int64   `json:"found"`
-	Missing int64   `json:"missing"`
-	Seconds float64 `json:"seconds"`
-	Error   string  `json:"error,omitempty"`
+	Exit    int   `json:"exit"`
+	Rows    int64 `json:"rows"`
+	Found   int64 `json:"found"`
+	Missing int64 `json:"missing"`
+	// LostToRetention of Missing are rows ops-parking-retention's refused
+	// redrive named as deleted from the parking topic: they are missing
+	// from Kafka, accounted, and verify must say so (exit 1).
+	LostToRetention int64   `json:"missing_lost_to_retention,omitempty"`
+	Unnamed         string  `json:"missing_not_named_by_a_redrive,omitempty"`
+	Seconds         float64 `json:"seconds"`
+	Error           string  `json:"error,omitempty"`
 }
 
 // verifyRun runs `outbox-cdc verify --json` over the rows written since
 // since, with the connector's configuration; it must finish and find
-// every row in Kafka.
+// every row in Kafka but those a redrive named lost to parking retention.
 func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, ...any)) *verifyJSON {
 	vctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
 	defer cancel()
@@ -53,12 +58,23 @@ func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, 
 		}
 	}
 	v.Rows, v.Found, v.Missing = rep.Rows, rep.Found, rep.Missing.Count
-	if v.Error != "" || v.Exit != 0 || v.Missing != 0 || v.Rows == 0 {
+	v.LostToRetention = int64(len(r.rd.lost))
+	for _, id := range rep.Missing.First {
+		if r.rd.lost[id] == "" {
+			v.Unnamed += id + " "
+		}
+	}
+	wantExit := 0
+	if v.LostToRetention > 0 {
+		wantExit = 1 // something missing
+	}
+	if v.Error != "" || v.Exit != wantExit || v.Missing != v.LostToRetention || v.Unnamed != "" || v.Rows == 0 {
 		tail := stderr.String()
 		if len(tail) > 4000 {
 			tail = tail[len(tail)-4000:]
 		}
-		fail("verify over the run: exit %d, %d rows, %d found, %d missing, %s\n%s", v.Exit, v.Rows, v.Found, v.Missing, v.Error, tail)
+		fail("verify over the run: exit %d (want %d), %d rows, %d found, %d missing (%d lost to parking retention, named; not named: %s), %s\n%s",
+			v.Exit, wantExit, v.Rows, v.Found, v.Missing, v.LostToRetention, v.Unnamed, v.Error, tail)
 	}
 	return v
 }

@@ -37,6 +37,11 @@ type event struct {
 	// Oversize marks an event written larger than its topic's
 	// max.message.bytes on purpose: it must end on the dead-letter topic.
 	Oversize bool
+	// Message marks a table-less event: a transactional logical decoding
+	// message (pg_logical_emit_message, outbox.message_prefix), no row. The
+	// table checks (the ledger against the table, verify) skip it; the
+	// topic checks treat it as any event.
+	Message bool
 }
 
 // ledger collects committed events from all writers.
@@ -105,6 +110,13 @@ type writer struct {
 	// rows (tables_test.go).
 	ins    func(ctx context.Context, q execer, e event) error
 	lookup string
+	// msgAggs, when set, are aggregates of table-less events: with
+	// probability msgProb a transaction also emits one message event of
+	// one of them (messages.go). They are not the row aggregates, so the
+	// per-key order rule holds across a gap repair, which publishes the
+	// gap's rows ahead of the stream's messages.
+	msgAggs []*aggregate
+	msgProb float64
 }
 
 type aggregate struct {
@@ -160,6 +172,7 @@ func (w *writer) commitNext(ctx context.Context) ([]event, error) {
 		evs[i] = event{ID: newUUID(), Agg: a.id, Type: a.typ, Seq: next[a], Writer: w.n, Txn: w.txn, Bucket: bucket, Oversize: w.pad > 0}
 		next[a]++
 	}
+	evs = w.addMessage(evs, next, bucket)
 	if err := w.commit(ctx, evs); err != nil {
 		return nil, err
 	}
@@ -205,7 +218,7 @@ func (w *writer) commit(ctx context.Context, evs []event) error {
 			w.stats.unknown.Add(1)
 			w.closeConn()
 			var err error
-			if res, err = w.resolve(ctx, evs[0].ID); err != nil {
+			if res, err = w.resolve(ctx, firstRow(evs).ID); err != nil {
 				return err
 			}
 			if res == committedNoLSN {
@@ -256,6 +269,9 @@ type execer interface {
 }
 
 func (w *writer) insert(ctx context.Context, q execer, e event) error {
+	if e.Message {
+		return emitMessage(ctx, q, e)
+	}
 	if w.ins != nil {
 		return w.ins(ctx, q, e)
 	}
