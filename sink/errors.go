@@ -3,10 +3,15 @@ package sink
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
+
+// The Kafka boundary's error classes, in one place (as franz-go keeps its
+// errors.go): what a produce error means, which transactional errors are
+// fatal or retriable, and the errors of the transactional producer.
 
 // Class is what to do about a produce error.
 type Class int
@@ -46,4 +51,56 @@ func topicWide(err error) bool { return errors.Is(err, kerr.InvalidTopicExceptio
 // unknownTopic reports a refusal that means the topic does not exist (yet).
 func unknownTopic(err error) bool {
 	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
+}
+
+// shutdownError keeps a client-closing or context error as it is (it
+// classifies as shutdown) and marks anything else as cut short by one.
+func shutdownError(err error) error {
+	if Classify(err) == ClassShutdown {
+		return err
+	}
+	return fmt.Errorf("%w (after: %v)", kgo.ErrClientClosed, err)
+}
+
+// isRetriable: a transactional request may be sent again (the
+// coordinator is loading or moving, another transaction of the id is still
+// ending).
+func isRetriable(err error) bool {
+	var ke *kerr.Error
+	return errors.As(err, &ke) && ke.Retriable || errors.Is(err, kerr.ConcurrentTransactions)
+}
+
+// errBegin: the client cannot begin a transaction (its producer id failed
+// for good); only a new client, after a restart, can.
+var errBegin = errors.New("begin transaction")
+
+// errRefused: the broker refused a record; the transaction is aborted and
+// done again with it sent alone or dead-lettered.
+var errRefused = errors.New("kafka refused a record of the transaction")
+
+// isFatalTxn: the transactional id was taken over (or is not ours to use);
+// nothing this instance does can commit again.
+func isFatalTxn(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
+		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// FencedError is a transactional producer another instance took over.
+type FencedError struct {
+	TransactionalID string
+	Err             error
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("fenced: another outbox-cdc instance with transactional id %s took over this source "+
+		"(a standby took over, or a second connector runs on the same slot); this instance stops and commits nothing more: %v",
+		e.TransactionalID, e.Err)
+}
+func (e *FencedError) Unwrap() error { return e.Err }
+
+func fatalTxnError(id string, err error) error {
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		return &FencedError{TransactionalID: id, Err: err}
+	}
+	return fmt.Errorf("transactional id %s: %w", id, err)
 }

@@ -410,15 +410,6 @@ func (s *Sink) settle(r *record, err error) {
 	}
 }
 
-// shutdownError keeps a client-closing or context error as it is (it
-// classifies as shutdown) and marks anything else as cut short by one.
-func shutdownError(err error) error {
-	if Classify(err) == ClassShutdown {
-		return err
-	}
-	return fmt.Errorf("%w (after: %v)", kgo.ErrClientClosed, err)
-}
-
 // Flush waits until everything produced has an outcome or ctx ends.
 func (s *Sink) Flush(ctx context.Context) error {
 	for {

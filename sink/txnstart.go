@@ -156,11 +156,6 @@ func (t *Txn) fence(parent context.Context) error {
 	}
 }
 
-func isRetriable(err error) bool {
-	var ke *kerr.Error
-	return errors.As(err, &ke) && ke.Retriable || errors.Is(err, kerr.ConcurrentTransactions)
-}
-
 // readPosition reads the positions topic to its end (readLog: committed
 // records only) and returns the last position of this source; a tombstone
 // for it (an operator forgetting the position) is none.
