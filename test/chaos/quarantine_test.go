@@ -50,6 +50,7 @@ func (r *run) checkParking(ctx context.Context, rep *Report, recs, dlq []copyRec
 		fail("read the parking topic: %v", err)
 		return
 	}
+	parked = dropUndone(rep, parked, r.ledger.undoneIDs())
 	rep.Parked = len(parked)
 	for _, c := range parked {
 		e := byID[c.ID]
