@@ -38,6 +38,12 @@ func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, erro
 	r.t.Cleanup(func() { _ = sb.Close() })
 	synced := time.Now()
 	sleepCtx(ctx, r.between(200*time.Millisecond, time.Second)) // the standby streams under load
+	failover := sb.Major() >= 17
+	if failover {
+		if err := r.waitSlotSynced(ctx, sb); err != nil {
+			return "", err
+		}
+	}
 	if err := sb.CutReplication(ctx); err != nil {
 		return "", err
 	}
@@ -47,7 +53,7 @@ func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, erro
 	r.ledger.gate.Lock()
 	defer r.ledger.gate.Unlock()
 	in := r.conn.current()
-	f.Rewound, f.NewStream = time.Now(), true
+	f.Rewound, f.NewStream = time.Now(), !failover // a synchronized failover slot goes on with the old stream
 	if err := old.Crash(); err != nil {
 		return "", err
 	}
@@ -70,7 +76,58 @@ func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, erro
 	}
 	desc := fmt.Sprintf("standby (PostgreSQL %s) streamed %v, cut off %v before the primary's crash, promoted: %d events undone (%d of them consumed)",
 		sb.Version(), time.Since(synced).Round(time.Millisecond), behind, undone, seen)
+	if failover {
+		return r.followedPromotion(ctx, f, in, seen, desc)
+	}
 	return r.afterRewind(ctx, f, fPGPromote, reasonAfterPromote, in, wantPromoted, true, opsExitTimeout, desc)
+}
+
+// waitSlotSynced waits until the standby holds the connector's slot as a
+// synchronized failover slot that survives a promotion (synced and not
+// temporary: docs/operations.md, "Failover").
+func (r *run) waitSlotSynced(ctx context.Context, sb *testenv.Postgres) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, sb.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("standby: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for {
+		var synced, temporary bool
+		err := conn.QueryRow(ctx, "SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = $1", r.conn.slot).Scan(&synced, &temporary)
+		if err == nil && synced && !temporary {
+			return nil
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) { // poll interval of the standby's slot sync
+			return fmt.Errorf("slot %s not synchronized to the standby within a minute (synced %v, temporary %v, %v)", r.conn.slot, synced, temporary, err)
+		}
+	}
+}
+
+// followedPromotion: on PostgreSQL 17+ with a failover slot and
+// synchronized_standby_slots, the connector published nothing the standby
+// lacked (seen: undone events consumed) and follows the promotion on the
+// synchronized slot without stopping (docs/operations.md, "Failover").
+func (r *run) followedPromotion(ctx context.Context, f *faultRecord, in *incarnation, seen int, desc string) (string, error) {
+	if seen > 0 {
+		r.opsFailed(fPGPromote, "%d events the standby never received reached Kafka although synchronized_standby_slots names it", seen)
+	}
+	t := time.NewTimer(15 * time.Second) // long enough for the reconnect (backoff up to 1s) and its checks
+	defer t.Stop()
+	select {
+	case <-in.done:
+		r.opsFailed(fPGPromote, "connector #%d stopped after the promotion although the promoted server has its failover slot: %v", in.N, in.err)
+		next, err := r.conn.start(ctx, reasonAfterPromote)
+		if next != nil {
+			f.restarted = next.Start
+		}
+		return desc + "; connector stopped", err
+	case <-t.C:
+	case <-ctx.Done():
+		return desc, ctx.Err()
+	}
+	return desc + fmt.Sprintf("; connector #%d followed the promotion on the synchronized failover slot", in.N), nil
 }
 
 // unpromote gives the package its first server back once the run is over:
