@@ -53,10 +53,12 @@ func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, erro
 	r.ledger.gate.Lock()
 	defer r.ledger.gate.Unlock()
 	in := r.conn.current()
-	f.Rewound, f.NewStream = time.Now(), !failover // a synchronized failover slot goes on with the old stream
 	if err := old.Crash(); err != nil {
 		return "", err
 	}
+	// Only now: until Crash returned the sampler may still read the old
+	// primary. A synchronized failover slot goes on with the old stream.
+	f.Rewound, f.NewStream = time.Now(), !failover
 	if err := sb.Promote(ctx); err != nil {
 		return "", err
 	}

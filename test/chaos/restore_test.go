@@ -131,10 +131,21 @@ func (r *run) pgRestore(ctx context.Context, f *faultRecord) (string, error) {
 	r.ledger.gate.Lock()
 	defer r.ledger.gate.Unlock()
 	in := r.conn.current()
-	f.Rewound = time.Now()
+	how := "connector running"
+	if r.rng.IntN(3) == 0 {
+		// A third of the time the connector is stopped first and started on
+		// the restored server: its start checks decide.
+		if err := r.conn.stop(time.Minute); err != nil {
+			r.opsFailed(fPGRestore, "clean stop before the restore: %v", err)
+		}
+		in, how = nil, "connector stopped (SIGTERM) before it"
+	}
 	if err := stopPG(ctx); err != nil {
 		return "", err
 	}
+	// Only now: until the stop returned the sampler may still read the
+	// old server, whose history ends here.
+	f.Rewound = time.Now()
 	if err := env.pg.RestoreData(ctx, copyDir); err != nil {
 		return "", err
 	}
@@ -145,8 +156,8 @@ func (r *run) pgRestore(ctx context.Context, f *faultRecord) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	desc := fmt.Sprintf("copied, workload on for %v, restored %v after the copy: %d events undone (%d of them consumed)",
-		on, f.Rewound.Sub(copied).Round(time.Millisecond), undone, seen)
+	desc := fmt.Sprintf("copied, workload on for %v, restored %v after the copy (%s): %d events undone (%d of them consumed)",
+		on, f.Rewound.Sub(copied).Round(time.Millisecond), how, undone, seen)
 	// A connector that was sent WAL past the restored end must stop; the
 	// proof it was: an undone event reached the consumer.
 	wait := opsExitTimeout
@@ -184,6 +195,18 @@ func (r *run) undoLedger(ctx context.Context) (undone, seen int, err error) {
 // process printed one, is run. The writers are still paused (the caller
 // holds the gate).
 func (r *run) afterRewind(ctx context.Context, f *faultRecord, kind, reason string, in *incarnation, want *regexp.Regexp, must bool, wait time.Duration, desc string) (string, error) {
+	if in != nil {
+		var done bool
+		if desc, done = r.rewindExit(ctx, f, kind, in, want, must, wait, desc); done {
+			return desc, nil
+		}
+	}
+	return r.launchAfterRewind(ctx, f, kind, reason, must, desc)
+}
+
+// rewindExit checks how the running connector in stopped after the rewind;
+// done: it went on, as it may when must is false.
+func (r *run) rewindExit(ctx context.Context, f *faultRecord, kind string, in *incarnation, want *regexp.Regexp, must bool, wait time.Duration, desc string) (string, bool) {
 	took, line, exitErr := r.conn.expectExit(ctx, in, f.Rewound, wait, want)
 	switch {
 	case exitErr == nil:
@@ -192,7 +215,7 @@ func (r *run) afterRewind(ctx context.Context, f *faultRecord, kind, reason stri
 		desc += fmt.Sprintf("; connector #%d exited 1 after %v", in.N, took.Round(time.Millisecond))
 	case !in.exited() && !must:
 		desc += fmt.Sprintf("; connector #%d went on (it had not been sent WAL past the server's end)", in.N)
-		return desc, nil
+		return desc, true
 	default:
 		r.opsFailed(kind, "%v", exitErr)
 		desc += "; " + exitErr.Error()
@@ -200,6 +223,11 @@ func (r *run) afterRewind(ctx context.Context, f *faultRecord, kind, reason stri
 			_ = r.conn.stop(time.Minute)
 		}
 	}
+	return desc, false
+}
+
+// launchAfterRewind is the rest of afterRewind: the runbook.
+func (r *run) launchAfterRewind(ctx context.Context, f *faultRecord, kind, reason string, must bool, desc string) (string, error) {
 	next, err := r.conn.launch(ctx, reason)
 	if err != nil {
 		return desc, err
