@@ -164,3 +164,29 @@ func TestLedgerUndo(t *testing.T) {
 		t.Fatalf("undone ids %v", u)
 	}
 }
+
+// TestCheckDuplicatesAfterRestore: the restored slot is behind what was
+// confirmed before the restore, so a copy sent after it of an event a
+// sample had confirmed before it is no "resent below a confirmed position"
+// of the same PostgreSQL lifetime; the lifetime ends at the rewind, not at
+// the fault's start (the copy is taken then, and the server runs on).
+func TestCheckDuplicatesAfterRestore(t *testing.T) {
+	f := newRewindFixture(t, false)
+	f.sample(f.rewound.Add(-500*time.Millisecond), 200) // after the fault began, before the rewind
+	at := f.rewound.Add(time.Second)
+	f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: reasonAfterRestore, Start: at, SlotAtStart: 100})
+	f.addCopy(f.events[1], at.Add(10*time.Millisecond), 9) // e2, LSN 200, again
+	rep := &Report{DuplicatesByIncarnation: map[string]int{}}
+	f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+	if rep.Duplicates != 1 || rep.DupsBelowEarlierSample != 0 || rep.DupsBelowConfirmed != 0 || len(f.fails) != 0 {
+		t.Fatalf("dups %d, below earlier sample %d, below confirmed %d, fails %v", rep.Duplicates, rep.DupsBelowEarlierSample, rep.DupsBelowConfirmed, f.fails)
+	}
+	// Split at the fault's start only (the checker before the rewind), the
+	// copy counts as resent below a position confirmed in its lifetime.
+	f.r.faults[0].Rewound = time.Time{}
+	rep = &Report{DuplicatesByIncarnation: map[string]int{}}
+	f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+	if rep.DupsBelowEarlierSample != 1 || len(f.fails) != 1 {
+		t.Fatalf("without the split: below earlier sample %d, fails %v", rep.DupsBelowEarlierSample, f.fails)
+	}
+}
