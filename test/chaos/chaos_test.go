@@ -177,9 +177,9 @@ type faultRecord struct {
 	// ExpectedExit describes the exit an operations fault required of the
 	// connector (exit code 1 and the message), when it did.
 	ExpectedExit string
-	// Rewound is when a restore or a promotion began to undo committed
-	// transactions (restore_test.go); NewStream: the server after it has a
-	// new slot (a promotion below PostgreSQL 17).
+	// Rewound: a restore or a promotion undid committed transactions, and
+	// the old server was down from then on (restore_test.go); NewStream:
+	// the server after it has a new slot (a promotion below PostgreSQL 17).
 	Rewound   time.Time
 	NewStream bool
 }
