@@ -300,3 +300,34 @@ func serverMajor(ctx context.Context, conn *pgx.Conn) (int, error) {
 }
 
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// CutReplication stops a standby's WAL receiver for good: primary_conninfo
+// emptied, which PostgreSQL 13+ applies on reload (PG docs 20.6.3; the
+// walreceiver restarts with the new value, and with none it does not
+// start). The standby then lacks everything its primary commits from now
+// on, as an asynchronous standby cut off by the network would; Promote
+// still ends its recovery. It returns once no walreceiver runs.
+func (pg *Postgres) CutReplication(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("cut replication: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, q := range []string{"ALTER SYSTEM SET primary_conninfo = ''", "SELECT pg_reload_conf()"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("cut replication: %s: %w", q, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		var n int
+		err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_wal_receiver").Scan(&n)
+		if err == nil && n == 0 {
+			return nil
+		}
+		if serr := sleepCtx(ctx, 20*time.Millisecond); serr != nil {
+			return fmt.Errorf("cut replication: the walreceiver still runs: %w (last error: %v)", serr, err)
+		}
+	}
+}

@@ -82,6 +82,69 @@ func TestStandby(t *testing.T) {
 	}
 }
 
+// TestCutReplication: a standby cut off by CutReplication lacks what the
+// primary commits afterwards, and once promoted holds only what it had:
+// what an asynchronous standby that was behind loses.
+func TestCutReplication(t *testing.T) {
+	if os.Getenv(EnvPGDSN) != "" {
+		t.Skip("a standby needs a managed primary; " + EnvPGDSN + " is set")
+	}
+	if testing.Short() {
+		t.Skip("starts two servers")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	primary, err := StartPostgres(ctx, PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close()
+	pc := mustConnect(ctx, t, primary.DSN("postgres"))
+	if _, err := pc.Exec(ctx, "CREATE TABLE t (n int)"); err != nil {
+		t.Fatal(err)
+	}
+	standby, err := StartStandby(ctx, primary, StandbyOptions{NoSyncStandbySlots: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Close()
+	if _, err := pc.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	sc := mustConnect(ctx, t, standby.DSN("postgres"))
+	poll(ctx, t, "the insert replayed on the standby", func() bool {
+		var n int
+		return sc.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n) == nil && n == 1
+	})
+	if err := standby.CutReplication(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pc.Exec(ctx, "INSERT INTO t VALUES (2)"); err != nil {
+		t.Fatal(err)
+	}
+	// Give a walreceiver that was still running the time to bring it.
+	time.Sleep(500 * time.Millisecond) // the window in which a live walreceiver would replay the insert
+	var active bool
+	if err := pc.QueryRow(ctx, "SELECT count(*) > 0 FROM pg_stat_replication").Scan(&active); err != nil || active {
+		t.Fatalf("primary still streams to a walreceiver after the cut (%v)", err)
+	}
+	if err := primary.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	rows, err := sc.Query(ctx, "SELECT n FROM t ORDER BY n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil || len(got) != 1 || got[0] != 1 {
+		t.Fatalf("promoted standby holds %v (%v), want [1]: the insert after the cut must be lost", got, err)
+	}
+}
+
 func mustConnect(ctx context.Context, t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, dsn)

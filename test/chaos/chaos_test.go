@@ -47,6 +47,8 @@ const (
 	fPGFast          = "pg-fast-restart"
 	fPGCrash         = "pg-crash-restart"
 	fPGImmediate     = "pg-immediate-restart"
+	fPGRestore       = "pg-restore"        // restore_test.go
+	fPGPromote       = "pg-promote-behind" // promote_test.go
 	fNetKafkaDrop    = "net-kafka-drop"
 	fNetKafkaStall   = "net-kafka-stall"
 	fNetKafkaSlow    = "net-kafka-slow"
@@ -75,7 +77,7 @@ const (
 	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention = "ops-publication-gap-messages", "ops-redrive", "ops-parking-retention"
 )
 
-var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate,
+var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate, fPGRestore, fPGPromote,
 	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
 	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize,
 	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention}
@@ -132,7 +134,7 @@ var shortMode = mode{
 	Deck: map[string]int{
 		fConnKill: 4, fConnKillAck: 3, fStandbyTakeover: 1,
 		fKafkaKill: 3, fKafkaStop: 2,
-		fPGFast: 3, fPGCrash: 2, fPGImmediate: 1,
+		fPGFast: 3, fPGCrash: 2, fPGImmediate: 1, fPGRestore: 1, fPGPromote: 1,
 		fNetKafkaDrop: 1, fNetKafkaStall: 1, fNetKafkaSlow: 1, fNetKafkaReset: 1,
 		fNetPGDrop: 1, fNetPGStall: 1, fNetPGSlow: 1, fNetPGReset: 1,
 		fNetKafkaForge: 1, fNetKafkaSwallow: 1, fNetKafkaAbort: 1,
@@ -140,7 +142,7 @@ var shortMode = mode{
 		fOpsPubGapMsg: 1, fOpsRedrive: 1, fOpsParkingRetention: 1,
 	},
 	GapMin: 300 * time.Millisecond, GapMax: 1500 * time.Millisecond, WaitProb: 0.6,
-	Budget: 5 * time.Minute, CatchUp: time.Minute,
+	Budget: 6 * time.Minute, CatchUp: time.Minute, // short runs with pg-restore and pg-promote-behind used 282–287 s of 5 min
 }
 
 var longMode = mode{
@@ -148,7 +150,7 @@ var longMode = mode{
 	Deck: map[string]int{
 		fConnKill: 12, fConnKillAck: 10, fStandbyTakeover: 5,
 		fKafkaKill: 4, fKafkaStop: 3,
-		fPGFast: 4, fPGCrash: 4, fPGImmediate: 2,
+		fPGFast: 4, fPGCrash: 4, fPGImmediate: 2, fPGRestore: 2, fPGPromote: 2,
 		fNetKafkaDrop: 3, fNetKafkaStall: 3, fNetKafkaSlow: 3, fNetKafkaReset: 3,
 		fNetPGDrop: 3, fNetPGStall: 3, fNetPGSlow: 3, fNetPGReset: 3,
 		fNetKafkaForge: 3, fNetKafkaSwallow: 3, fNetKafkaAbort: 2,
@@ -181,6 +183,11 @@ type faultRecord struct {
 	// ExpectedExit describes the exit an operations fault required of the
 	// connector (exit code 1 and the message), when it did.
 	ExpectedExit string
+	// Rewound: a restore or a promotion undid committed transactions, and
+	// the old server was down from then on (restore_test.go); NewStream:
+	// the server after it has a new slot (a promotion below PostgreSQL 17).
+	Rewound   time.Time
+	NewStream bool
 }
 
 // run is one chaos run.
@@ -227,6 +234,8 @@ type run struct {
 	// flowStart: the writers run from before it; verify checks the rows
 	// written since.
 	flowStart time.Time
+	// firstPrimary is env.pg before the first promotion (promote_test.go).
+	firstPrimary *testenv.Postgres
 }
 
 func TestChaos(t *testing.T) {
@@ -587,6 +596,10 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		}
 		sleepCtx(ctx, kafkaStopDowntime) // the outage under test
 		return fmt.Sprintf("SIGTERM, down %v before restart", kafkaStopDowntime), restartKafka(ctx)
+	case fPGRestore:
+		return r.pgRestore(ctx, f)
+	case fPGPromote:
+		return r.pgPromoteBehind(ctx, f)
 	case fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize, fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention:
 		return r.doOps(ctx, kind, f)
 	case fPGFast, fPGCrash, fPGImmediate:

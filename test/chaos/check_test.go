@@ -164,6 +164,10 @@ type Report struct {
 	GapReplayJumps int `json:"gap_replay_jumps,omitempty"`
 	// Verify is outbox-cdc verify over the run, after the last stop.
 	Verify *verifyJSON `json:"verify,omitempty"`
+	// Events a restore or a promotion undid (restore_test.go), and their
+	// copies in Kafka: expected, neither lost nor unexpected records.
+	EventsUndone int `json:"events_undone_by_restore_or_promotion"`
+	UndoneCopies int `json:"records_of_undone_events"`
 }
 
 type recovery struct {
@@ -257,7 +261,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	}
 
 	// The table is the ground truth of what committed.
-	table, err := readTable(rctx, r.dsn)
+	table, err := readTable(rctx, direct(r.dsn))
 	if err != nil {
 		fail("read outbox table: %v", err)
 	}
@@ -285,6 +289,9 @@ func (r *run) analyze(ctx context.Context) *Report {
 		fail("read topics: %v", err)
 	}
 	rep.RecordsInKafka = len(recs)
+	undone := r.ledger.undoneIDs()
+	rep.EventsUndone = len(undone)
+	recs, dlq = dropUndone(rep, recs, undone), dropUndone(rep, dlq, undone)
 
 	// Copies per event, in partition order; the dead-letter copies of the
 	// events written oversize on purpose count as their delivery.
@@ -764,7 +771,13 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 		if strings.HasPrefix(f.Kind, "pg-") {
 			pgStarts = append(pgStarts, f.Start)
 		}
+		if !f.Rewound.IsZero() {
+			// The restored slot, or the promoted server's new one, is behind
+			// what was confirmed before.
+			pgStarts = append(pgStarts, f.Rewound)
+		}
 	}
+	slices.SortFunc(pgStarts, func(a, b time.Time) int { return a.Compare(b) })
 	epochOf := func(t time.Time) int {
 		return sort.Search(len(pgStarts), func(i int) bool { return pgStarts[i].After(t) })
 	}
@@ -926,7 +939,31 @@ func (r *run) checkWatermark(rep *Report, events []event, copies map[string][]co
 		rep.ConsumerLagP99Millis = lags[len(lags)*99/100].Milliseconds()
 		rep.ConsumerLagMaxMillis = lags[len(lags)-1].Milliseconds()
 	}
-	evs := slices.Clone(events)
+	// Each history of the server's WAL (a restore or a promotion starts a
+	// new one, walEpochs) is checked on its own: a sample covers only the
+	// events that history holds.
+	var clags []time.Duration
+	reported := map[string]bool{}
+	for _, ep := range r.walEpochs(events, samples) {
+		r.watermarkEpoch(rep, ep.events, ep.samples, copies, seen, reported, &clags)
+	}
+	if len(clags) > 0 {
+		slices.Sort(clags)
+		rep.ConfirmLagP50Millis = clags[len(clags)/2].Milliseconds()
+		rep.ConfirmLagP99Millis = clags[len(clags)*99/100].Milliseconds()
+		rep.ConfirmLagMaxMillis = clags[len(clags)-1].Milliseconds()
+	}
+	if rep.WatermarkViolations > 0 {
+		fail("%d samples confirm events the broker had not acknowledged; first: %s",
+			rep.WatermarkViolations, strings.Join(rep.WatermarkExamples, "; "))
+	}
+}
+
+// watermarkEpoch runs the watermark check over the samples and events of
+// one history of the server's WAL; clags collects the confirmation lags.
+func (r *run) watermarkEpoch(rep *Report, events []event, samples []sample, copies map[string][]copyRec, seen map[string]time.Time,
+	reported map[string]bool, clags *[]time.Duration) {
+	evs := slices.Clone(events) // this history's events
 	sort.Slice(evs, func(i, j int) bool { return evs[i].PostLSN < evs[j].PostLSN })
 	far := time.Unix(math.MaxInt32, 0)
 	type pmax struct {
@@ -960,25 +997,17 @@ func (r *run) checkWatermark(rep *Report, events []event, copies map[string][]co
 	}
 	// How long after the broker appended an event the slot's confirmed
 	// position covered it (to the 50ms sampling), away from faults.
-	var clags []time.Duration
 	next := 0
 	for _, s := range samples {
 		for next < len(evs) && evs[next].PostLSN <= s.Slot {
 			e := evs[next]
 			next++
 			if cs := copies[e.ID]; len(cs) > 0 && !r.inFault(cs[0].Append) && !r.inFault(s.T) {
-				clags = append(clags, s.T.Sub(cs[0].Append))
+				*clags = append(*clags, s.T.Sub(cs[0].Append))
 			}
 		}
 	}
-	if len(clags) > 0 {
-		slices.Sort(clags)
-		rep.ConfirmLagP50Millis = clags[len(clags)/2].Milliseconds()
-		rep.ConfirmLagP99Millis = clags[len(clags)*99/100].Milliseconds()
-		rep.ConfirmLagMaxMillis = clags[len(clags)-1].Milliseconds()
-	}
 
-	reported := map[string]bool{}
 	describe := func(what string, s sample, c lsn.LSN, e event) string {
 		cons, app := "never", "never"
 		if ts, ok := seen[e.ID]; ok {
@@ -1025,10 +1054,6 @@ func (r *run) checkWatermark(rep *Report, events []event, copies map[string][]co
 		if s.Ckpt != 0 {
 			check(s, s.Ckpt, "checkpoint")
 		}
-	}
-	if rep.WatermarkViolations > 0 {
-		fail("%d samples confirm events the broker had not acknowledged; first: %s",
-			rep.WatermarkViolations, strings.Join(rep.WatermarkExamples, "; "))
 	}
 }
 
@@ -1159,6 +1184,8 @@ func (r *run) report(rep *Report) {
 		fmt.Sprintf("connector processes %d, unexpected exits %d, hangs %d", len(rep.Incarnations), len(rep.UnexpectedExits), len(rep.Hangs)),
 		fmt.Sprintf("table-less events (messages) written %d; parked records %d (%d deleted by retention); lost to retention, named by the redrive's refusal: %d %v; copies republished by redrives %d; quarantine order violations %d",
 			rep.MessageEvents, rep.Parked, rep.ParkedDeleted, rep.LostToRetention, rep.LostToRetentionIDs, rep.Redriven, rep.QuarantineViolations),
+		fmt.Sprintf("undone by a restore or a promotion: %d events, %d of their records in Kafka (expected, not counted as delivered or unexpected)",
+			rep.EventsUndone, rep.UndoneCopies),
 	}
 	if er := rep.ExactlyOnce; er != nil {
 		lines = append(lines, er.String())

@@ -435,7 +435,7 @@ func (c *connector) slotPosition(ctx context.Context, released func(pid *int32) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, c.dsn)
+	conn, err := pgx.Connect(ctx, direct(c.dsn))
 	if err != nil {
 		return 0, 0, fmt.Errorf("read slot: %w", err)
 	}

@@ -193,7 +193,7 @@ func (s *sampler) run(ctx context.Context, interval time.Duration) {
 		}
 		if conn == nil || conn.IsClosed() {
 			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			c, err := pgx.Connect(cctx, s.dsn)
+			c, err := pgx.Connect(cctx, direct(s.dsn))
 			cancel()
 			if err != nil {
 				s.failed.Add(1)

@@ -156,7 +156,7 @@ func (r *run) ddl(ctx context.Context, stmts ...string) error {
 	for {
 		var err error
 		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-		conn, err = pgx.Connect(cctx, r.dsn)
+		conn, err = pgx.Connect(cctx, direct(r.dsn))
 		ccancel()
 		if err == nil {
 			break
@@ -189,7 +189,7 @@ func (r *run) ddl(ctx context.Context, stmts ...string) error {
 func (r *run) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, r.dsn)
+	conn, err := pgx.Connect(ctx, direct(r.dsn))
 	if err != nil {
 		return err
 	}

@@ -43,6 +43,7 @@ func (r *run) checkParking(ctx context.Context, rep *Report, recs, dlq []copyRec
 		return
 	}
 	parked = withDeleted(parked, r.live.kept(r.parkingTopic()))
+	parked = dropUndone(rep, parked, r.ledger.undoneIDs())
 	for _, c := range parked {
 		if c.Deleted {
 			rep.ParkedDeleted++

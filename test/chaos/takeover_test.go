@@ -97,7 +97,7 @@ func (c *connector) promote(in *incarnation, gone time.Time, slot, ckpt lsn.LSN)
 
 // activePID is the walsender serving the slot now, 0 when none.
 func (c *connector) activePID(ctx context.Context) (int32, error) {
-	conn, err := pgx.Connect(ctx, c.dsn)
+	conn, err := pgx.Connect(ctx, direct(c.dsn))
 	if err != nil {
 		return 0, fmt.Errorf("read slot: %w", err)
 	}

@@ -48,6 +48,15 @@ type event struct {
 type ledger struct {
 	mu     sync.Mutex
 	events []event
+	// undone are events that committed and were then undone by the
+	// database itself (restore_test.go: a restore from an older copy, a
+	// promotion of a standby that was behind); they may be in Kafka.
+	undone []event
+	// writers are the writers that record here; gate pauses them between
+	// transactions (each holds it for reading while it commits one) so
+	// that a restore can rewrite their state.
+	writers []*writer
+	gate    sync.RWMutex
 }
 
 func (l *ledger) add(evs []event) {
@@ -125,7 +134,11 @@ type aggregate struct {
 }
 
 func newWriter(n int, dsn string, aggs []*aggregate, multi float64, seed uint64, l *ledger, st *writerStats) *writer {
-	return &writer{n: n, dsn: dsn, aggs: aggs, multi: multi, rng: mrand.New(mrand.NewPCG(seed, uint64(n))), ledger: l, stats: st}
+	w := &writer{n: n, dsn: dsn, aggs: aggs, multi: multi, rng: mrand.New(mrand.NewPCG(seed, uint64(n))), ledger: l, stats: st}
+	l.mu.Lock()
+	l.writers = append(l.writers, w)
+	l.mu.Unlock()
+	return w
 }
 
 // run writes until stop is closed (between transactions, so the last one is
@@ -153,6 +166,8 @@ func (w *writer) run(ctx context.Context, stop <-chan struct{}, interval time.Du
 // commitNext builds the next transaction, commits it (retrying as long as
 // it takes) and records it in the ledger.
 func (w *writer) commitNext(ctx context.Context) ([]event, error) {
+	w.ledger.gate.RLock()
+	defer w.ledger.gate.RUnlock()
 	k := 1
 	if w.rng.Float64() < w.multi {
 		k = 2 + w.rng.IntN(3)
@@ -392,7 +407,7 @@ func (w *writer) connect(ctx context.Context) error {
 		return nil
 	}
 	w.closeConn()
-	cfg, err := pgx.ParseConfig(w.dsn)
+	cfg, err := pgx.ParseConfig(direct(w.dsn))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,192 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// The checks after a restore or a promotion (restore_test.go), fed made-up
+// runs: the newFixture run (e1..e4 of "a", LSNs 100..400), whose e3 and e4
+// a rewind undid after they reached Kafka; the writer then wrote seq 3 and
+// 4 again (n3, n4) at the same LSNs, the server's WAL having been rewound.
+
+type rewindFixture struct {
+	*checkFixture
+	rewound time.Time
+	undone  map[string]bool
+}
+
+func newRewindFixture(t *testing.T, newStream bool) *rewindFixture {
+	f := &rewindFixture{checkFixture: newFixture(t)}
+	f.r.m = shortMode
+	f.rewound = f.events[3].Committed.Add(100 * time.Millisecond)
+	f.r.faults = []faultRecord{{Kind: fPGRestore, Start: f.rewound.Add(-time.Second), Rewound: f.rewound, NewStream: newStream,
+		End: f.rewound.Add(time.Second)}}
+	f.undone = map[string]bool{"e3": true, "e4": true}
+	f.events = f.events[:2]
+	f.byID = map[string]*event{}
+	for i, n := range []string{"n3", "n4"} {
+		e := event{ID: n, Agg: "a", Type: "order", Seq: 3 + i, Txn: int64(10 + i), PostLSN: lsn.LSN(300 + 100*i),
+			Committed: f.rewound.Add(2*time.Second + time.Duration(i)*10*time.Millisecond)}
+		f.events = append(f.events, e)
+		f.addCopy(e, e.Committed.Add(5*time.Millisecond), 8)
+		f.r.live.seen[e.ID] = e.Committed.Add(20 * time.Millisecond)
+	}
+	for i := range f.events {
+		f.byID[f.events[i].ID] = &f.events[i]
+	}
+	return f
+}
+
+func TestCheckAfterRewind(t *testing.T) {
+	t.Run("a sample before the restore does not cover what was written after it", func(t *testing.T) {
+		f := newRewindFixture(t, false)
+		f.sample(f.events[1].Committed.Add(50*time.Millisecond), 400) // e4 (undone) had been confirmed
+		rep := &Report{}
+		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		if rep.WatermarkViolations != 0 || len(f.fails) != 0 {
+			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
+		}
+		// Without the split at the rewind (the checker before it), n3 and n4
+		// (LSNs 300 and 400, written after the restore) count as confirmed
+		// early.
+		f.r.faults[0].Rewound = time.Time{}
+		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		if rep.WatermarkViolations != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "event n4") {
+			t.Fatalf("without the split: violations %d, fails %v", rep.WatermarkViolations, f.fails)
+		}
+	})
+	t.Run("after the restore the rule holds for the new history", func(t *testing.T) {
+		f := newRewindFixture(t, false)
+		f.sample(f.events[2].Committed.Add(time.Millisecond), 300) // n3 appended 4ms later
+		rep := &Report{}
+		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		if rep.WatermarkViolations != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "event n3") {
+			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
+		}
+	})
+	t.Run("a restored slot covers the surviving events", func(t *testing.T) {
+		f := newRewindFixture(t, false)
+		f.copies["e2"] = nil // e2 survived the restore but never reached Kafka
+		f.sample(f.rewound.Add(time.Second), 200)
+		rep := &Report{}
+		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		if rep.WatermarkViolations != 1 || !strings.Contains(strings.Join(f.fails, ";"), "event e2") {
+			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
+		}
+	})
+	t.Run("a promoted server's new slot says nothing of the old timeline", func(t *testing.T) {
+		f := newRewindFixture(t, true)
+		f.copies["e2"] = nil // left to the lost slot's repair
+		f.sample(f.rewound.Add(time.Second), 200)
+		rep := &Report{}
+		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		if rep.WatermarkViolations != 0 || len(f.fails) != 0 {
+			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
+		}
+	})
+	t.Run("undone copies are counted apart and the order restarts after them", func(t *testing.T) {
+		t.Setenv(EnvDelivery, "exactly_once")
+		f := newRewindFixture(t, false)
+		// Partition order: e1 e2 e3 e4 (undone) n3 n4.
+		recs := []copyRec{f.recs[0], f.recs[1], f.recs[2], f.recs[3], f.recs[4], f.recs[5]}
+		rep := &Report{}
+		kept := dropUndone(rep, recs, f.undone)
+		f.r.checkOrder(rep, kept, nil, f.fail)
+		f.r.checkExactlyOnce(rep, kept, f.copies, f.byID, nil, f.fail)
+		if rep.UndoneCopies != 2 || rep.OrderViolations != 0 || rep.ExactlyOnce.OrderBreaks != 0 || len(f.fails) != 0 {
+			t.Fatalf("undone %d, order violations %d, breaks %d, fails %v", rep.UndoneCopies, rep.OrderViolations, rep.ExactlyOnce.OrderBreaks, f.fails)
+		}
+		// A ledger that kept the undone events (the suite before undo)
+		// sees seq 3 after 4: an order break.
+		for _, id := range []string{"e3", "e4"} {
+			f.byID[id] = &event{ID: id, Agg: "a", Type: "order", Seq: int(id[1] - '0'), Txn: 99}
+		}
+		f.r.checkExactlyOnce(rep, recs, f.copies, f.byID, nil, f.fail)
+		if rep.ExactlyOnce.OrderBreaks != 1 {
+			t.Fatalf("undone copies kept: breaks %d, fails %v", rep.ExactlyOnce.OrderBreaks, f.fails)
+		}
+	})
+}
+
+// TestCheckRewindRunbook: in exactly_once, a copy sent again by the process
+// started after a restore, in its first catch-up, of an event committed
+// before the restore is counted apart; the same copy from any other process
+// is a duplicate.
+func TestCheckRewindRunbook(t *testing.T) {
+	t.Setenv(EnvDelivery, "exactly_once")
+	for _, tc := range []struct {
+		reason  string
+		after   time.Duration // the copy's append after the process started
+		apart   bool
+		newKind string
+	}{
+		{reasonAfterRestore, 100 * time.Millisecond, true, fPGRestore},
+		{reasonAfterRestore, 2 * time.Minute, false, fPGRestore}, // long after its catch-up
+		{"after-kill", 100 * time.Millisecond, false, fPGRestore},
+		{reasonAfterPromote, 100 * time.Millisecond, false, fPGPromote}, // a new slot replays nothing
+	} {
+		t.Run(tc.reason+"/"+tc.after.String(), func(t *testing.T) {
+			f := newRewindFixture(t, tc.newKind == fPGPromote)
+			f.r.faults[0].Kind = tc.newKind
+			start := f.rewound.Add(500 * time.Millisecond)
+			f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: tc.reason, Start: start})
+			f.addCopy(f.events[1], start.Add(tc.after), 7)                           // e2 again, same producer id (one transactional id)
+			recs := []copyRec{f.recs[0], f.recs[1], f.recs[6], f.recs[4], f.recs[5]} // e1 e2 e2-again n3 n4
+			rep := &Report{}
+			f.r.checkExactlyOnce(rep, recs, f.copies, f.byID, nil, f.fail)
+			er := rep.ExactlyOnce
+			if tc.apart && (er.RewindRunbookDuplicates != 1 || er.Duplicates != 0 || er.OrderBreaks != 0 || len(f.fails) != 0) {
+				t.Fatalf("want counted apart: %+v, fails %v", er, f.fails)
+			}
+			if !tc.apart && (er.RewindRunbookDuplicates != 0 || er.Duplicates != 1 || len(f.fails) == 0) {
+				t.Fatalf("want a duplicate: %+v, fails %v", er, f.fails)
+			}
+		})
+	}
+}
+
+// TestLedgerUndo: the events the server no longer holds leave the ledger,
+// and each aggregate's next seq follows the highest the table holds.
+func TestLedgerUndo(t *testing.T) {
+	l := &ledger{}
+	a, b := &aggregate{id: "a", next: 5}, &aggregate{id: "b", next: 2}
+	newWriter(0, "", []*aggregate{a, b}, 0, 1, l, &writerStats{})
+	l.add([]event{{ID: "e1", Agg: "a", Seq: 1}, {ID: "e2", Agg: "a", Seq: 2}, {ID: "e3", Agg: "a", Seq: 3}, {ID: "e4", Agg: "a", Seq: 4}, {ID: "f1", Agg: "b", Seq: 1}})
+	n := l.undo(map[string]tableRow{"e1": {"a", 1}, "e2": {"a", 2}})
+	if n != 3 || l.len() != 2 || a.next != 3 || b.next != 1 {
+		t.Fatalf("undone %d, kept %d, next a %d b %d", n, l.len(), a.next, b.next)
+	}
+	if u := l.undoneIDs(); len(u) != 3 || !u["e3"] || !u["e4"] || !u["f1"] {
+		t.Fatalf("undone ids %v", u)
+	}
+}
+
+// TestCheckDuplicatesAfterRestore: the restored slot is behind what was
+// confirmed before the restore, so a copy sent after it of an event a
+// sample had confirmed before it is no "resent below a confirmed position"
+// of the same PostgreSQL lifetime; the lifetime ends at the rewind, not at
+// the fault's start (the copy is taken then, and the server runs on).
+func TestCheckDuplicatesAfterRestore(t *testing.T) {
+	f := newRewindFixture(t, false)
+	f.sample(f.rewound.Add(-500*time.Millisecond), 200) // after the fault began, before the rewind
+	at := f.rewound.Add(time.Second)
+	f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: reasonAfterRestore, Start: at, SlotAtStart: 100})
+	f.addCopy(f.events[1], at.Add(10*time.Millisecond), 9) // e2, LSN 200, again
+	rep := &Report{DuplicatesByIncarnation: map[string]int{}}
+	f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+	if rep.Duplicates != 1 || rep.DupsBelowEarlierSample != 0 || rep.DupsBelowConfirmed != 0 || len(f.fails) != 0 {
+		t.Fatalf("dups %d, below earlier sample %d, below confirmed %d, fails %v", rep.Duplicates, rep.DupsBelowEarlierSample, rep.DupsBelowConfirmed, f.fails)
+	}
+	// Split at the fault's start only (the checker before the rewind), the
+	// copy counts as resent below a position confirmed in its lifetime.
+	f.r.faults[0].Rewound = time.Time{}
+	rep = &Report{DuplicatesByIncarnation: map[string]int{}}
+	f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+	if rep.DupsBelowEarlierSample != 1 || len(f.fails) != 1 {
+		t.Fatalf("without the split: below earlier sample %d, fails %v", rep.DupsBelowEarlierSample, f.fails)
+	}
+}
