@@ -68,21 +68,37 @@ func direct(dsn string) string {
 func (l *ledger) undo(table map[string]tableRow) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// A table-less event has no row: it survived if a row of its
+	// transaction did (every transaction that emits one inserts a row too).
+	type txnKey struct {
+		writer int
+		txn    int64
+	}
+	survived := map[txnKey]bool{}
+	for _, e := range l.events {
+		if _, ok := table[e.ID]; ok && !e.Message {
+			survived[txnKey{e.Writer, e.Txn}] = true
+		}
+	}
 	var kept []event
 	n := 0
+	top := map[string]int{}
+	for _, row := range table {
+		top[row.agg] = max(top[row.agg], row.seq)
+	}
 	for _, e := range l.events {
-		if _, ok := table[e.ID]; ok {
+		_, inTable := table[e.ID]
+		if inTable && !e.Message || e.Message && survived[txnKey{e.Writer, e.Txn}] {
 			kept = append(kept, e)
+			if e.Message {
+				top[e.Agg] = max(top[e.Agg], e.Seq)
+			}
 			continue
 		}
 		l.undone = append(l.undone, e)
 		n++
 	}
 	l.events = kept
-	top := map[string]int{}
-	for _, row := range table {
-		top[row.agg] = max(top[row.agg], row.seq)
-	}
 	for _, w := range l.writers {
 		for _, a := range w.aggs {
 			a.next = top[a.id] + 1

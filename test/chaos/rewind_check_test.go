@@ -163,6 +163,18 @@ func TestLedgerUndo(t *testing.T) {
 	if u := l.undoneIDs(); len(u) != 3 || !u["e3"] || !u["e4"] || !u["f1"] {
 		t.Fatalf("undone ids %v", u)
 	}
+
+	// A table-less event has no row: it stays when a row of its transaction
+	// does, and its aggregate's next seq follows it.
+	l = &ledger{}
+	m := &aggregate{id: "m", next: 3}
+	newWriter(0, "", []*aggregate{a, m}, 0, 1, l, &writerStats{})
+	l.add([]event{{ID: "r1", Agg: "a", Seq: 1, Txn: 1}, {ID: "m1", Agg: "m", Seq: 1, Txn: 1, Message: true},
+		{ID: "r2", Agg: "a", Seq: 2, Txn: 2}, {ID: "m2", Agg: "m", Seq: 2, Txn: 2, Message: true}})
+	n = l.undo(map[string]tableRow{"r1": {"a", 1}})
+	if u := l.undoneIDs(); n != 2 || l.len() != 2 || !u["r2"] || !u["m2"] || a.next != 2 || m.next != 2 {
+		t.Fatalf("with messages: undone %d %v, kept %d, next a %d m %d; want r2 and m2 undone, next a 2 m 2", n, u, l.len(), a.next, m.next)
+	}
 }
 
 // TestCheckDuplicatesAfterRestore: the restored slot is behind what was
