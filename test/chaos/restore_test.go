@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -100,7 +101,7 @@ func (l *ledger) undo(table map[string]tableRow) int {
 	}
 	l.events = kept
 	for _, w := range l.writers {
-		for _, a := range w.aggs {
+		for _, a := range append(slices.Clip(w.aggs), w.msgAggs...) {
 			a.next = top[a.id] + 1
 		}
 	}

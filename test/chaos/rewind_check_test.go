@@ -168,7 +168,8 @@ func TestLedgerUndo(t *testing.T) {
 	// does, and its aggregate's next seq follows it.
 	l = &ledger{}
 	m := &aggregate{id: "m", next: 3}
-	newWriter(0, "", []*aggregate{a, m}, 0, 1, l, &writerStats{})
+	w := newWriter(0, "", []*aggregate{a}, 0, 1, l, &writerStats{})
+	w.msgAggs = []*aggregate{m}
 	l.add([]event{{ID: "r1", Agg: "a", Seq: 1, Txn: 1}, {ID: "m1", Agg: "m", Seq: 1, Txn: 1, Message: true},
 		{ID: "r2", Agg: "a", Seq: 2, Txn: 2}, {ID: "m2", Agg: "m", Seq: 2, Txn: 2, Message: true}})
 	n = l.undo(map[string]tableRow{"r1": {"a", 1}})

@@ -58,7 +58,14 @@ func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, 
 		}
 	}
 	v.Rows, v.Found, v.Missing = rep.Rows, rep.Found, rep.Missing.Count
-	v.LostToRetention = int64(len(r.rd.lost))
+	// An event lost to retention that a restore or a promotion undid
+	// later has no row left to miss.
+	undone := r.ledger.undoneIDs()
+	for id := range r.rd.lost {
+		if !undone[id] {
+			v.LostToRetention++
+		}
+	}
 	for _, id := range rep.Missing.First {
 		if r.rd.lost[id] == "" {
 			v.Unnamed += id + " "
