@@ -91,9 +91,8 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 					p.tracker.Commit(t, m.WALEnd)
 					p.endTxn(m.WALEnd)
 					p.backfillCommitted(bf, t, m.WALEnd)
-					dispatched = max(dispatched, m.WALEnd)
+					dispatched, decoded = max(dispatched, m.WALEnd), max(decoded, m.WALEnd)
 				}
-				decoded = max(decoded, m.WALEnd)
 				if p.hold != nil {
 					p.hold.decoded(m.WALEnd)
 				}
