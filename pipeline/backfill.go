@@ -25,6 +25,13 @@ import (
 type backfill struct {
 	gapInfo
 	done bool
+	// seen holds a fingerprint of each row the stream decoded before the
+	// repair ran: published by this run, or skipped as delivered before
+	// (below the start; in exactly_once, committed in Kafka). Those rows
+	// are in Kafka already and the repair leaves them out. In exactly_once
+	// the stream starts early enough to decode every delivered row the
+	// repair reads (hold.go); in at_least_once this only spares copies.
+	seen map[uint64]struct{}
 	// published holds a fingerprint of each row the backfill published:
 	// the stream decodes some of them too (those written while the table
 	// was in the publication), and they are delivered already. Only those
@@ -37,12 +44,47 @@ type backfill struct {
 	// clearAt is past the commit of every row read: a transaction the
 	// stream decodes from there on holds none of them.
 	clearAt lsn.LSN
+	// in is the tracked transaction the repair's rows joined, until it
+	// commits: a reconnect that aborts it aborts the repair too.
+	in *offsets.Txn
 }
 
+func newBackfill(g gapInfo) *backfill {
+	return &backfill{gapInfo: g, seen: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
+}
+
+// pending reports whether the repair has yet to be handed over.
+func (b *backfill) pending() bool { return b != nil && !b.done }
+
 // due reports whether the stream has reached the gap: a transaction that
-// commits at or after its start, or a keepalive past it between
-// transactions.
-func (b *backfill) due(pos lsn.LSN) bool { return b != nil && !b.done && pos >= b.Since }
+// commits at or after its start. The repair's Kafka transaction then ends
+// past Since, and every one before it at or before Since (a transaction
+// whose commit record straddles Since takes the repair in, ends), so in
+// exactly_once a committed position past Since says the repair committed.
+func (b *backfill) due(final lsn.LSN) bool { return b.pending() && final >= b.Since }
+
+// ends reports whether a transaction ending at end, handed over before the
+// repair, would commit a position past Since: the repair joins it.
+func (b *backfill) ends(end lsn.LSN) bool { return b.pending() && end > b.Since }
+
+// idle reports whether a keepalive at pos, between transactions, is past
+// the gap (strictly: the repair alone then commits pos).
+func (b *backfill) idle(pos lsn.LSN) bool { return b.pending() && pos > b.Since }
+
+// note fingerprints a row the stream decoded before the repair.
+func (b *backfill) note(ev *decode.Event) {
+	if b.pending() && !ev.ID.Null {
+		b.seen[b.fingerprint(ev)] = struct{}{}
+	}
+}
+
+// undo forgets a repair whose transaction a reconnect aborted: it runs
+// again when the stream comes back to the gap.
+func (b *backfill) undo(txn *offsets.Txn) {
+	if b != nil && b.in != nil && b.in == txn {
+		b.done, b.in, b.published = false, nil, nil
+	}
+}
 
 // delivered reports whether the backfill published ev, a row of the
 // transaction that commits at final, already.
@@ -91,37 +133,55 @@ func (b *backfill) fingerprint(ev *decode.Event) uint64 {
 	return h.Sum64()
 }
 
-// runBackfill publishes the gap's rows as one tracked pseudo-transaction
-// ending at end (the last position dispatched, so the watermark cannot pass
-// the stream), in the snapshot order.
-func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, end lsn.LSN) error {
+// runBackfill publishes the gap's rows, in the snapshot order, as events
+// of txn: the transaction the stream reached the gap with (the repair's
+// rows go first), or one of their own. The caller commits txn; the rows and
+// the position after them then go in one Kafka transaction in exactly_once.
+// Rows the stream decoded before (seen) are left out.
+func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn *offsets.Txn) error {
 	rows, g, err := p.cfg.Source.GapRows(ctx, b.Xmin, p.rowSpecs())
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	txn := p.tracker.Begin()
-	b.published, b.seed, b.clearAt = map[uint64]struct{}{}, maphash.MakeSeed(), g.ClearAt
-	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Backfilled }, b.record)
+	b.published, b.clearAt = map[uint64]struct{}{}, g.ClearAt
+	skipped := 0
+	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Backfilled },
+		func(ev *decode.Event) bool {
+			if _, ok := b.seen[b.fingerprint(ev)]; ok && !ev.ID.Null {
+				skipped++
+				return false
+			}
+			b.record(ev)
+			return true
+		})
 	if err != nil {
 		return err
 	}
-	p.tracker.Commit(txn, end)
-	p.endTxn(end)
-	b.done = true
-	// Once the watermark passes every backfilled row's commit, the gap is
-	// repaired.
-	p.gapClear.Store(uint64(g.ClearAt))
+	b.done, b.in = true, txn
 	p.log.Warn("published the rows written while the outbox was outside the publication",
-		"rows", n, "since", b.Since, "transactions", len(g.Xids))
+		"rows", n, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped)
 	return nil
+}
+
+// committed is told that the repair's transaction was handed over, ending
+// at end: once the watermark passes every backfilled row's commit, the gap
+// is repaired.
+func (p *Pipeline) backfillCommitted(b *backfill, txn *offsets.Txn, end lsn.LSN) {
+	if b == nil || b.in == nil || b.in != txn {
+		return
+	}
+	b.in = nil
+	p.repairedAt.Store(uint64(end))
+	p.repairPending.Store(false)
+	p.gapClear.Store(uint64(b.clearAt))
 }
 
 // publishRows publishes rows read from the tables as events of txn, stamped
 // at: their commit times are gone. count picks the counter of each row's
-// table; each (nil: none) is told of each row published.
+// table; keep (nil: all) says whether to publish each row.
 func (p *Pipeline) publishRows(ctx context.Context, rows *replication.Rows, txn *offsets.Txn, at time.Time,
-	count func(metrics.TableEvents) prometheus.Counter, each func(*decode.Event)) (int, error) {
+	count func(metrics.TableEvents) prometheus.Counter, keep func(*decode.Event) bool) (int, error) {
 	var rec router.Record
 	n := 0
 	for rows.Next() {
@@ -129,11 +189,11 @@ func (p *Pipeline) publishRows(ctx context.Context, rows *replication.Rows, txn 
 		if err != nil {
 			return n, err
 		}
+		if keep != nil && !keep(&ev) {
+			continue
+		}
 		if err := p.publish(ctx, txn, router.Source{Commit: at}, &ev, nil, &rec); err != nil {
 			return n, err
-		}
-		if each != nil {
-			each(&ev)
 		}
 		count(p.tableMetrics[ev.Table]).Inc()
 		n++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -74,12 +75,47 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
 		"positions_topic", eo.PositionsTopic, "committed", committed.LSN)
 	if committed.LSN > pl.start {
-		// Everything up to it is in Kafka, committed: skip it.
+		// Everything up to it is in Kafka, committed: skip it. The stream
+		// still starts at the slot (or the checkpoint): the hold and a gap
+		// repair need what lies between decoded (hold.go).
 		p.log.Info("resuming after the position committed to Kafka", "committed", committed.LSN,
 			"committed_timeline", committed.Timeline, "slot_or_checkpoint", pl.start)
-		pl.start, pl.stream.StartLSN = committed.LSN, committed.LSN
+		pl.start = committed.LSN
+	}
+	if pl.guard != nil {
+		p.hold = newHoldBack(pl.stream.StartLSN)
+	}
+	p.handover.max = pl.start
+	if b := pl.backfill; b != nil && committed.LSN > b.Since {
+		// Nothing before the repair commits past Since (backfill.due, and
+		// the run that found the gap froze its hand-over at Since, side.go):
+		// the repair committed, with the position, in one Kafka transaction.
+		p.log.Info("the gap's rows were published before the restart; not reading them again", "since", b.Since,
+			"committed", committed.LSN)
+		pl.backfill = nil
+		p.repairPending.Store(false)
+		p.gapClear.Store(uint64(committed.LSN))
 	}
 	return t, nil
+}
+
+// handover is exactly_once's hand-over of ended PostgreSQL transactions to
+// the sink. Once this run records a gap, a restart repairs it where the
+// stream reaches Since and tells a committed repair by a position past
+// Since; so the run freezes the hand-over, raises Since to the highest end
+// handed over (nothing later can commit), and hands nothing more over.
+type handover struct {
+	mu     sync.Mutex
+	frozen bool
+	max    lsn.LSN // highest end handed over (from the position committed at start)
+}
+
+// freeze stops the hand-over and returns the highest end handed over.
+func (h *handover) freeze() lsn.LSN {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.frozen = true
+	return h.max
 }
 
 // trustCommitted applies the checkpoint's trust rule to the position
@@ -154,9 +190,20 @@ func (p *Pipeline) waitSlotFree(ctx context.Context) error {
 // endTxn tells a transactional sink that the PostgreSQL transaction handed
 // over since the last call ends at end.
 func (p *Pipeline) endTxn(end lsn.LSN) {
-	if b, ok := p.out.(txnBoundary); ok {
-		b.EndTxn(end)
+	b, ok := p.out.(txnBoundary)
+	if !ok {
+		return
 	}
+	h := &p.handover
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.frozen {
+		// A gap was recorded: this transaction goes after the restart.
+		b.AbortTxn()
+		return
+	}
+	b.EndTxn(end)
+	h.max = max(h.max, end)
 }
 
 // abortTxn tells a transactional sink to forget the transaction cut short.

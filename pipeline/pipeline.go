@@ -127,11 +127,19 @@ type Pipeline struct {
 	gap       atomic.Pointer[gapInfo] // a gap not yet repaired: recorded in every checkpoint
 	gapClear  atomic.Uint64           // set once the backfill ran: the gap is repaired past it
 	savedGap  *gapInfo                // the gap in the last checkpoint saved (checkpoint writers only)
-	held      *offsets.Stamped        // the checkpoint store (nil: none), for the slot-loss runbook
-	commits   offsets.CommitTimes     // recent commit times, for the checkpoint's CommitTime
-	fatalOnce sync.Once
-	fatal     chan error
-	ready     chan struct{}
+	loadedGap *gapInfo                // the gap the checkpoint held at start, repaired by this run
+	anchored  *gapInfo                // the gap anchorGap raised (checkpoint writers only)
+	// exactly_once: the hold (hold.go), the repair's progress for it, and
+	// the hand-over to the sink that a gap found by this run freezes.
+	hold          *holdBack
+	repairPending atomic.Bool
+	repairedAt    atomic.Uint64 // end of the repair's transaction
+	handover      handover
+	held          *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
+	commits       offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
+	fatalOnce     sync.Once
+	fatal         chan error
+	ready         chan struct{}
 }
 
 // New validates the routing rules; Run does the rest.
@@ -198,6 +206,9 @@ func (p *Pipeline) run(ctx context.Context) error {
 	}
 	if pl.guard != nil {
 		pos = gated{Positions: pos, g: pl.guard}
+	}
+	if p.hold != nil {
+		pos = held{Positions: pos, p: p}
 	}
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)
 	stream.OnConnected = p.streaming.Store

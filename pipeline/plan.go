@@ -220,8 +220,9 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 				"from the table when the stream reaches the gap", "since", g.Since, "xmin", g.Xmin)
 			gi := &gapInfo{Since: g.Since, Xmin: g.Xmin}
 			p.gap.Store(gi)
-			p.savedGap = gi
-			pl.backfill = &backfill{gapInfo: *gi}
+			p.savedGap, p.loadedGap = gi, gi
+			pl.backfill = newBackfill(*gi)
+			p.repairPending.Store(true)
 		}
 	}
 	if pending && res.Snapshot == nil && !hadSnapshot {

@@ -46,8 +46,15 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 		xid        uint32
 		txnFinal   lsn.LSN    // commit LSN of the open transaction
 		dispatched = pl.start // end of the last transaction fully handed to the sink
-		rec        router.Record
-		bf         = pl.backfill
+		// decoded is where the stream resumes after a reconnect: past the
+		// last commit it sent, from its start. Below pl.start (exactly_once
+		// streams from the slot, under the position committed to Kafka)
+		// transactions are skipped, but decoded: the hold and the repair
+		// need them.
+		decoded = pl.stream.StartLSN
+		rows    bool // the open transaction has outbox rows
+		rec     router.Record
+		bf      = pl.backfill
 	)
 	var b *replication.Batch
 	for {
@@ -64,20 +71,30 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 			switch m.Kind {
 			case replication.Reset:
 				if txn != nil {
+					bf.undo(txn)
 					p.tracker.Abort(txn)
 					p.abortTxn()
 					txn = nil
 				}
-				m.Resume(dispatched)
+				m.Resume(decoded)
 				continue
 			case replication.Keepalive:
 				if txn != nil {
 					continue // only a position between transactions is one
 				}
-				if bf.due(m.WALEnd) {
-					if err := p.runBackfill(ctx, produceCtx, bf, dispatched); err != nil {
+				if bf.idle(m.WALEnd) {
+					// The repair alone, committing the keepalive's position.
+					t := p.tracker.Begin()
+					if err := p.runBackfill(ctx, produceCtx, bf, t); err != nil {
 						return err
 					}
+					p.tracker.Commit(t, m.WALEnd)
+					p.endTxn(m.WALEnd)
+					p.backfillCommitted(bf, t, m.WALEnd)
+					dispatched, decoded = max(dispatched, m.WALEnd), max(decoded, m.WALEnd)
+				}
+				if p.hold != nil {
+					p.hold.decoded(m.WALEnd)
 				}
 				if pl.stopAt != 0 && m.WALEnd >= pl.stopAt {
 					return errReplayDone
@@ -98,13 +115,15 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 				if pl.stopAt != 0 && res.Begin.FinalLSN >= pl.stopAt {
 					return errReplayDone
 				}
+				txn = p.tracker.Begin()
 				if bf.due(res.Begin.FinalLSN) {
-					if err := p.runBackfill(ctx, produceCtx, bf, dispatched); err != nil {
+					// The repair's rows first, in this transaction: they were
+					// written before it committed.
+					if err := p.runBackfill(ctx, produceCtx, bf, txn); err != nil {
 						return err
 					}
 				}
-				txn = p.tracker.Begin()
-				txnFinal = res.Begin.FinalLSN
+				txnFinal, rows = res.Begin.FinalLSN, false
 				// PostgreSQL skips these when streaming starts at the checkpoint;
 				// this also covers a reconnect that resumed lower.
 				skip = res.Begin.FinalLSN < pl.start
@@ -114,10 +133,24 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 				if txn == nil {
 					return fmt.Errorf("commit at %v without begin", m.WALStart)
 				}
-				p.tracker.Commit(txn, res.Commit.EndLSN)
-				p.endTxn(res.Commit.EndLSN)
-				p.commits.Add(res.Commit.EndLSN, commitTime)
-				dispatched = max(dispatched, res.Commit.EndLSN)
+				end := res.Commit.EndLSN
+				if bf.ends(end) {
+					// Its commit record straddles Since: the repair joins it.
+					if err := p.runBackfill(ctx, produceCtx, bf, txn); err != nil {
+						return err
+					}
+				}
+				if rows && p.hold != nil {
+					p.hold.add(xid, txnFinal)
+				}
+				p.tracker.Commit(txn, end)
+				p.endTxn(end)
+				p.backfillCommitted(bf, txn, end)
+				p.commits.Add(end, commitTime)
+				dispatched, decoded = max(dispatched, end), max(decoded, end)
+				if p.hold != nil {
+					p.hold.decoded(end)
+				}
 				bf.passed(dispatched)
 				p.replayAt.Store(uint64(res.Commit.EndLSN))
 				txn = nil
@@ -137,6 +170,8 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 				if txn == nil {
 					return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
 				}
+				rows = true
+				bf.note(&res.Event)
 				if skip || bf.delivered(txnFinal, &res.Event) {
 					continue // a row the backfill read: only rows, never the transaction's messages
 				}

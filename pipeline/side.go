@@ -27,7 +27,7 @@ const idleCheckpointInterval = 10 * time.Second
 func (p *Pipeline) checkpointLoop(ctx context.Context) {
 	t := time.NewTicker(checkpointInterval)
 	defer t.Stop()
-	saved := p.plan.start
+	saved := p.plan.stream.StartLSN
 	acks := p.replayed.Load() // events acknowledged so far, in every mode
 	last := time.Now()
 	// A save writes WAL, so after one for acknowledged events the keepalive
@@ -62,11 +62,13 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	// Up to the start position nothing was streamed by this process: a
 	// standby still waiting for the slot would save a position older than
 	// the active connector's.
-	saved = max(saved, p.plan.start)
+	// (In exactly_once the stream starts there too, below the position
+	// committed to Kafka: the hold keeps the checkpoint back, hold.go.)
+	saved = max(saved, p.plan.stream.StartLSN)
 	// Never a position the guard has not vouched for: a restart skips what
 	// lies below the checkpoint.
-	a := p.confirmable()
-	gap := p.recordedGap(a)
+	a := min(p.confirmable(), p.holdAt())
+	gap := p.anchorGap(p.recordedGap(a))
 	if a <= saved && gap == p.savedGap {
 		return saved
 	}
@@ -98,6 +100,26 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 		return saved
 	}
 	return a
+}
+
+// anchorGap returns the gap to record. In exactly_once, a gap this run
+// found is recorded with Since raised to the highest end handed over to the
+// sink, and the hand-over freezes first (exactly_once.go, handover): every
+// Kafka transaction committed before the restart's repair then ends at or
+// before Since, and the repair's own past it. Checkpoint writers only.
+func (p *Pipeline) anchorGap(g *gapInfo) *gapInfo {
+	if g == nil || p.hold == nil || g == p.loadedGap || g == p.anchored {
+		return g
+	}
+	raised := &gapInfo{Since: max(g.Since, p.handover.freeze()), Xmin: g.Xmin}
+	if !p.gap.CompareAndSwap(g, raised) {
+		return g // replaced meanwhile: the next save anchors that one
+	}
+	p.anchored = raised
+	if raised.Since != g.Since {
+		p.log.Info("exactly_once: recording the gap from the last position handed to Kafka", "verified", g.Since, "since", raised.Since)
+	}
+	return raised
 }
 
 func (p *Pipeline) progressLoop(ctx context.Context) {

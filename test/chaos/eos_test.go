@@ -30,9 +30,11 @@ func modeName(m mode) string {
 	return m.Name
 }
 
-// eosSkip leaves out, in the exactly_once run, the kinds whose recovery
-// publishes at least once by design: the publication gap's rows are read
-// back from the table (pipeline/backfill.go) and may be sent again.
+// eosSkip leaves out the kinds a delivery mode cannot have: the EndTxn
+// faults outside exactly_once; in it, the redrive kinds (dlq.mode skip) and,
+// for now, the publication gap with table-less messages. ops-publication-gap
+// runs there: its repair publishes the gap's rows once (pipeline/backfill.go,
+// hold.go).
 func eosSkip(t *testing.T, skip map[string]bool) {
 	if !exactlyOnce() {
 		for _, k := range txnFaults {
@@ -43,8 +45,10 @@ func eosSkip(t *testing.T, skip map[string]bool) {
 	if v := os.Getenv(EnvDelivery); v != "exactly_once" && v != "" && v != "at_least_once" {
 		t.Fatalf("%s=%q: use exactly_once or at_least_once", EnvDelivery, v)
 	}
-	skip[fOpsPubGap], skip[fOpsPubGapMsg] = true, true
-	t.Logf("chaos: exactly_once run; %s and %s left out (their repair is at least once)", fOpsPubGap, fOpsPubGapMsg)
+	// The gap repair publishes once (TestGapRepairExactlyOnce): ops-publication-gap
+	// runs; the messages variant not yet, its mixed transactions unproven there.
+	skip[fOpsPubGapMsg] = true
+	t.Logf("chaos: exactly_once run; %s left out (not yet run against the exactly-once repair)", fOpsPubGapMsg)
 	// dlq.mode is skip in this run: nothing is parked, nothing to redrive.
 	skip[fOpsRedrive], skip[fOpsParkingRetention] = true, true
 	t.Logf("chaos: exactly_once run (dlq.mode skip); %s and %s left out (no parking topic)", fOpsRedrive, fOpsParkingRetention)
