@@ -31,9 +31,10 @@ func modeName(m mode) string {
 }
 
 // eosSkip leaves out the kinds a delivery mode cannot have: the EndTxn
-// faults outside exactly_once, the redrive kinds in it (dlq.mode skip). The
-// publication gaps run there: the repair publishes the gap's rows once
-// (pipeline/backfill.go, hold.go), the messages go with the stream.
+// faults outside exactly_once; in it, the redrive kinds (dlq.mode skip) and,
+// for now, the publication gap with table-less messages. ops-publication-gap
+// runs there: its repair publishes the gap's rows once (pipeline/backfill.go,
+// hold.go).
 func eosSkip(t *testing.T, skip map[string]bool) {
 	if !exactlyOnce() {
 		for _, k := range txnFaults {
@@ -44,6 +45,10 @@ func eosSkip(t *testing.T, skip map[string]bool) {
 	if v := os.Getenv(EnvDelivery); v != "exactly_once" && v != "" && v != "at_least_once" {
 		t.Fatalf("%s=%q: use exactly_once or at_least_once", EnvDelivery, v)
 	}
+	// The gap repair publishes once (TestGapRepairExactlyOnce): ops-publication-gap
+	// runs; the messages variant not yet, its mixed transactions unproven there.
+	skip[fOpsPubGapMsg] = true
+	t.Logf("chaos: exactly_once run; %s left out (not yet run against the exactly-once repair)", fOpsPubGapMsg)
 	// dlq.mode is skip in this run: nothing is parked, nothing to redrive.
 	skip[fOpsRedrive], skip[fOpsParkingRetention] = true, true
 	t.Logf("chaos: exactly_once run (dlq.mode skip); %s and %s left out (no parking topic)", fOpsRedrive, fOpsParkingRetention)
