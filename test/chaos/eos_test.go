@@ -46,9 +46,11 @@ func eosSkip(t *testing.T, skip map[string]bool) {
 		t.Fatalf("%s=%q: use exactly_once or at_least_once", EnvDelivery, v)
 	}
 	// The gap repair publishes once (TestGapRepairExactlyOnce): ops-publication-gap
-	// runs; the messages variant not yet, its mixed transactions unproven there.
+	// runs. The messages variant does not: a gap transaction's messages go
+	// with the stream's Kafka transaction and its rows with the repair's, so
+	// the transaction is split (a focused run: 10 of 648, 0 lost, 0 duplicates).
 	skip[fOpsPubGapMsg] = true
-	t.Logf("chaos: exactly_once run; %s left out (not yet run against the exactly-once repair)", fOpsPubGapMsg)
+	t.Logf("chaos: exactly_once run; %s left out (the repair splits a gap transaction's rows from its messages)", fOpsPubGapMsg)
 	// dlq.mode is skip in this run: nothing is parked, nothing to redrive.
 	skip[fOpsRedrive], skip[fOpsParkingRetention] = true, true
 	t.Logf("chaos: exactly_once run (dlq.mode skip); %s and %s left out (no parking topic)", fOpsRedrive, fOpsParkingRetention)
