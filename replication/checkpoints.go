@@ -25,6 +25,13 @@ type TableStore struct {
 	schema, name string // unquoted
 	table        string // quoted schema.table
 	conn         *pgx.Conn
+	// seen is the highest WAL end the server showed at a save on timeline
+	// seenTLI: a server on that timeline whose WAL ends below it was rewound
+	// (restored from an older copy), and positions acknowledged before mean
+	// nothing in its new history. A promotion starts a new timeline, whose
+	// history the stream checks (followTimeline).
+	seen    lsn.LSN
+	seenTLI int32
 }
 
 // NewTableStore returns a store in table ("schema.table") for slot. The
@@ -175,6 +182,32 @@ func (s *TableStore) Replace(ctx context.Context, c offsets.Checkpoint) error {
 	return s.save(ctx, c, "")
 }
 
+// sameHistory refuses to save on a server whose WAL ends below what it
+// showed at an earlier save. The stream stops the connector when it
+// reconnects there (sameServer), but a save in between would record a
+// position acknowledged in the old history that the new one may have passed
+// with rows never streamed: the restart would skip them. (A server that
+// wrote past the old end before the save cannot be told apart.)
+func (s *TableStore) sameHistory(ctx context.Context, conn *pgx.Conn) error {
+	var end lsn.LSN
+	var tli int32
+	if err := conn.QueryRow(ctx, "SELECT "+walPosition+", CASE WHEN pg_is_in_recovery() THEN 0 ELSE "+serverTimeline+" END").
+		Scan(&end, &tli); err != nil {
+		s.reset(ctx)
+		return fmt.Errorf("checkpoint store: read the WAL end: %w", err)
+	}
+	if tli != s.seenTLI {
+		s.seen, s.seenTLI = 0, tli
+	}
+	if end < s.seen {
+		return fmt.Errorf("checkpoint store: not saved: the server's WAL ends at %v, before %v, which it had reached at an "+
+			"earlier save: it was restored from an older copy or replaced by a server that was behind; the connector stops "+
+			"when its stream reconnects there, and the restart resumes from the restored checkpoint", end, s.seen)
+	}
+	s.seen = end
+	return nil
+}
+
 func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where string) error {
 	conn, err := s.connect(ctx)
 	if err != nil {
@@ -187,6 +220,9 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	var commitTime any
 	if !c.CommitTime.IsZero() {
 		commitTime = c.CommitTime
+	}
+	if err := s.sameHistory(ctx, conn); err != nil {
+		return err
 	}
 	// Never a position beyond the WAL of the server that holds the table:
 	// the server was restored from an older copy while the connector ran,

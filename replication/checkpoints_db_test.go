@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +85,95 @@ func TestTableStoreStampsServerTimeline(t *testing.T) {
 	// is indistinguishable from a restore to before it, and refused.
 	if err := CheckPosition(saved, now, store.Forget()); err == nil {
 		t.Fatalf("a checkpoint stamped timeline %d past its fork %v was trusted", saved.Timeline, fork)
+	}
+}
+
+// TestTableStoreRefusesRewoundServer: the server is restored from a copy
+// older than a save the store made. Its WAL then ends below what the store
+// saw, and a position acknowledged before the restore means nothing in the
+// new history: make test once lost the rows a restored server committed,
+// when a save (capped by the guard at the new WAL end) landed between the
+// restore and the stream's reconnect, and the restart resumed past them.
+func TestTableStoreRefusesRewoundServer(t *testing.T) {
+	if testing.Short() || os.Getenv(testenv.EnvPGDSN) != "" {
+		t.Skip("restores a server of its own")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	db, err := ParseDB(pg.DSN("postgres"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backup, err := pg.CopyData(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string) {
+		t.Helper()
+		c, err := db.connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec("CREATE TABLE filler AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 20000) g") // WAL past the copy
+	srv, err := db.Identify(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := NewTableStore(db, "outbox_cdc.checkpoints", "s")
+	defer store.Close()
+	id := offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline, Database: srv.Database, Slot: "s"}
+	if err := store.Save(ctx, offsets.Checkpoint{LSN: srv.WALEnd, SnapshotDone: true, Identity: id}); err != nil {
+		t.Fatalf("save before the restore: %v", err)
+	}
+
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.RestoreData(ctx, backup); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now, err := db.Identify(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.WALEnd >= srv.WALEnd {
+		t.Fatalf("restored WAL end %v not below %v: the restore shows nothing", now.WALEnd, srv.WALEnd)
+	}
+	// A position the new history has reached, as the guard would vouch for
+	// it. (The first attempt may fail on the connection the restart closed,
+	// as the checkpoint loop's would; it retries.)
+	for i := 0; i < 2; i++ {
+		if err = store.Save(ctx, offsets.Checkpoint{LSN: now.WALEnd, SnapshotDone: true, Identity: id}); err == nil ||
+			!strings.Contains(err.Error(), "SQLSTATE 57P01") {
+			break
+		}
+	}
+	if err == nil || !strings.Contains(err.Error(), "restored from an older copy") {
+		t.Fatalf("save on the restored server: %v, want it refused as a rewound server", err)
+	}
+	// A new store (the restarted connector) starts from what the server holds.
+	fresh := NewTableStore(db, "outbox_cdc.checkpoints", "s")
+	defer fresh.Close()
+	if err := fresh.Save(ctx, offsets.Checkpoint{LSN: now.WALEnd, SnapshotDone: true, Identity: id}); err != nil {
+		t.Fatalf("a new store on the restored server: %v", err)
 	}
 }

@@ -100,7 +100,13 @@ func TestRestoreUnderRunningConnector(t *testing.T) {
 	if out := p.output(); p.err == nil || !strings.Contains(out, "restored from an older copy") {
 		t.Fatalf("exit %v, want exit 1 saying the server was restored:\n%s", p.err, out)
 	}
+	first := p.output()
 	p = runProc(t, cfgPath)
+	defer func() {
+		if t.Failed() {
+			t.Logf("first run:\n%s\nafter the restart:\n%s", first, p.output())
+		}
+	}()
 	waitFor(t, 2*time.Minute, "the 50 rows written after the restore", func() bool {
 		var vals [][]byte
 		for _, r := range consumeN(t, []string{topicFor(s.agg)}, 0, 0, time.Second) {
