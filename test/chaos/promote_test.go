@@ -27,9 +27,14 @@ import (
 // The writers are paused from the crash until then.
 func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, error) {
 	old := env.pg
-	sb, err := testenv.StartStandby(ctx, old, testenv.StandbyOptions{})
+	// Bounded: the make chaos run of 2026-12-02 hung 9 minutes in the second
+	// promotion's StartStandby (a standby of the promoted server never got
+	// ready); a fault must fail, not eat the budget.
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	sb, err := testenv.StartStandby(sctx, old, testenv.StandbyOptions{})
+	cancel()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("standby of the current primary: %w", err)
 	}
 	if r.firstPrimary == nil {
 		r.firstPrimary = old
