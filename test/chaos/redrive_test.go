@@ -190,21 +190,31 @@ func (r *run) firstSeqsOn(topic string, evs []event) []int {
 	return seqs
 }
 
+// parkedQuarantine makes sure "big" is quarantined (ops-oversize first if
+// not) and waits for its parked events; kind names the fault for failures.
+func (r *run) parkedQuarantine(ctx context.Context, kind string) (*episode, string, error) {
+	desc, err := r.ensureQuarantine(ctx)
+	if err != nil {
+		return nil, desc, err
+	}
+	ep := r.rd.cur
+	if ep == nil {
+		return nil, desc, errors.New("big is not quarantined after ops-oversize")
+	}
+	if missing := r.awaitOn(ctx, r.parkingTopic(), ep.parked, 30*time.Second); len(missing) > 0 {
+		r.opsFailed(kind, "%d of %d events of big not parked within 30s", len(missing), len(ep.parked))
+	}
+	return ep, desc, nil
+}
+
 // opsRedrive quarantines "big" if it is not, waits for its parked events,
 // raises the big topic's limit (the fix of an oversize event) and lifts the
 // quarantine with a redrive: nothing deleted, the dead letter and every
 // parked event republished in order. The limit is put back after.
 func (r *run) opsRedrive(ctx context.Context) (string, error) {
-	desc, err := r.ensureQuarantine(ctx)
+	ep, desc, err := r.parkedQuarantine(ctx, fOpsRedrive)
 	if err != nil {
 		return desc, err
-	}
-	ep := r.rd.cur
-	if ep == nil {
-		return desc, errors.New("big is not quarantined after ops-oversize")
-	}
-	if missing := r.awaitOn(ctx, r.parkingTopic(), ep.parked, 30*time.Second); len(missing) > 0 {
-		r.opsFailed(fOpsRedrive, "%d of %d events of big not parked within 30s", len(missing), len(ep.parked))
 	}
 	desc += fmt.Sprintf("; %d parked", len(ep.parked))
 	if err := r.setBigLimit(ctx, 1<<20); err != nil {
@@ -237,16 +247,9 @@ var goneRange = regexp.MustCompile(`partition (\d+) offsets (\d+)-(\d+)`)
 // to retention; --skip then lifts the quarantine and the two parked after
 // the deletion must reach the topic.
 func (r *run) opsParkingRetention(ctx context.Context) (_ string, err error) {
-	desc, err := r.ensureQuarantine(ctx)
+	ep, desc, err := r.parkedQuarantine(ctx, fOpsParkingRetention)
 	if err != nil {
 		return desc, err
-	}
-	ep := r.rd.cur
-	if ep == nil {
-		return desc, errors.New("big is not quarantined after ops-oversize")
-	}
-	if missing := r.awaitOn(ctx, r.parkingTopic(), ep.parked, 30*time.Second); len(missing) > 0 {
-		r.opsFailed(fOpsParkingRetention, "%d of %d events of big not parked within 30s", len(missing), len(ep.parked))
 	}
 	deleted := slices.Clone(ep.parked)
 	start, took, err := r.expireParking(ctx)
