@@ -20,6 +20,7 @@ type ReadRecord struct {
 	Partition int32
 	Offset    int64
 	Key       []byte
+	Value     []byte
 	ID        []byte // the id header's value
 	HasID     bool
 }
@@ -96,7 +97,7 @@ func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time
 		return st, listErr
 	}
 	err = readLog(ctx, cl, from, until, func(r *kgo.Record) error {
-		rr := ReadRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key}
+		rr := ReadRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
 		for _, h := range r.Headers {
 			if h.Key == wire.HeaderID {
 				rr.ID, rr.HasID = h.Value, true
