@@ -159,6 +159,7 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn
 		return err
 	}
 	b.done, b.in = true, txn
+	p.holdRepair(b.clearAt)
 	p.log.Warn("published the rows written while the outbox was outside the publication",
 		"rows", n, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped)
 	return nil

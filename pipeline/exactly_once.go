@@ -31,13 +31,17 @@ type out interface {
 type txnBoundary interface {
 	EndTxn(end lsn.LSN)
 	AbortTxn()
+	// HoldUntil keeps the Kafka transaction open until a PostgreSQL
+	// transaction ending at or past pos is handed over, or Pass(pos).
+	HoldUntil(pos lsn.LSN)
+	Pass(pos lsn.LSN)
 }
 
 // newSink returns the at-least-once sink, or in exactly_once mode the
 // transactional one, started: any other instance of the source is fenced,
-// and the run starts after the last position committed to Kafka when that
-// is later than the slot's and the checkpoint's. A replay publishes at
-// least once: its range is not the source's position.
+// and the last position committed to Kafka, once trusted, is a reading the
+// start is decided from (decideStart). A replay publishes at least once: its
+// range is not the source's position.
 func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	eo := p.cfg.ExactlyOnce
 	if eo == nil || p.cfg.Replay != nil {
@@ -74,18 +78,17 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	}
 	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
 		"positions_topic", eo.PositionsTopic, "committed", committed.LSN)
-	if committed.LSN > pl.start {
-		// Everything up to it is in Kafka, committed: skip it. The stream
-		// still starts at the slot (or the checkpoint): the hold and a gap
-		// repair need what lies between decoded (hold.go).
-		p.log.Info("resuming after the position committed to Kafka", "committed", committed.LSN,
-			"committed_timeline", committed.Timeline, "slot_or_checkpoint", pl.start)
-		pl.start = committed.LSN
+	pl.readings.committed = committed.LSN
+	if committed.LSN == 0 && pl.snapshot == nil {
+		// No position for this source, but a slot that existed: what it
+		// sends first may be in Kafka already (readback.go).
+		p.log.Info("exactly-once: no position committed to Kafka for this source; the first transactions are read back from their topics before they are published",
+			"slot_confirmed", pl.readings.slot, "checkpoint", pl.readings.ckpt)
+		cfg := p.cfg.Sink
+		p.readBack = newReadBack(func(ctx context.Context, topics []string, since time.Time, fn func(sink.ReadRecord) error) (sink.ReadStats, error) {
+			return sink.ReadRange(ctx, cfg, topics, since, fn)
+		}, p.log)
 	}
-	if pl.guard != nil {
-		p.hold = newHoldBack(pl.stream.StartLSN)
-	}
-	p.handover.max = pl.start
 	if b := pl.backfill; b != nil && committed.LSN > b.Since {
 		// Nothing before the repair commits past Since (backfill.due, and
 		// the run that found the gap froze its hand-over at Since, side.go):
@@ -200,10 +203,30 @@ func (p *Pipeline) endTxn(end lsn.LSN) {
 	if h.frozen {
 		// A gap was recorded: this transaction goes after the restart.
 		b.AbortTxn()
+		p.readBack.abort()
 		return
 	}
 	b.EndTxn(end)
 	h.max = max(h.max, end)
+	p.readBack.commit()
+}
+
+// holdRepair keeps the repair's Kafka transaction open until the stream
+// passes clearAt: every PostgreSQL transaction whose rows the repair read
+// commits before it, so its table-less events and its rows of other
+// outbox tables, which the stream decodes later, join the repair's rows.
+func (p *Pipeline) holdRepair(clearAt lsn.LSN) {
+	if b, ok := p.out.(txnBoundary); ok {
+		b.HoldUntil(clearAt)
+	}
+}
+
+// passed tells a transactional sink the stream is at pos between
+// transactions.
+func (p *Pipeline) passed(pos lsn.LSN) {
+	if b, ok := p.out.(txnBoundary); ok {
+		b.Pass(pos)
+	}
 }
 
 // abortTxn tells a transactional sink to forget the transaction cut short.
@@ -211,4 +234,5 @@ func (p *Pipeline) abortTxn() {
 	if b, ok := p.out.(txnBoundary); ok {
 		b.AbortTxn()
 	}
+	p.readBack.abort()
 }

@@ -135,6 +135,7 @@ type Pipeline struct {
 	repairPending atomic.Bool
 	repairedAt    atomic.Uint64 // end of the repair's transaction
 	handover      handover
+	readBack      *readBack           // exactly_once without a committed position: what Kafka holds already
 	held          *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
 	commits       offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
 	fatalOnce     sync.Once
@@ -190,6 +191,11 @@ func (p *Pipeline) run(ctx context.Context) error {
 	}
 	s, err := p.newSink(ctx, pl)
 	if err != nil {
+		pl.close(ctx)
+		return err
+	}
+	if err := p.begin(ctx, pl); err != nil {
+		s.Close()
 		pl.close(ctx)
 		return err
 	}

@@ -47,6 +47,8 @@ type plan struct {
 	// by name).
 	relIDs   []uint32
 	progress func(ReplayProgress)
+	// readings are what the start is decided from (start.go).
+	readings startReadings
 }
 
 // close releases what the plan holds when the run does not start.
@@ -59,7 +61,9 @@ func (pl *plan) close(ctx context.Context) {
 	}
 }
 
-// resolve sets up the slot (and the guard) for the mode and returns the plan.
+// resolve sets up the slot for the mode and returns the plan; the start
+// position is decided later, once (decideStart), when exactly_once has
+// read its committed position.
 func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 	pl := &plan{stream: replication.Config{
 		Source:         p.cfg.Source,
@@ -76,19 +80,43 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 	if err := p.setup(ctx, pl); err != nil {
 		return nil, err
 	}
-	pl.stream.StartLSN, pl.stream.Standby = pl.start, pl.standby
-	g, err := newGuards(ctx, p.cfg.Source, pl.start)
+	pl.stream.Standby = pl.standby
+	return pl, nil
+}
+
+// begin decides where the run starts, from the readings setup and (in
+// exactly_once) the sink took, logs it once, and opens the guard at the
+// stream's start.
+func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
+	if p.cfg.Replay != nil {
+		return nil // the range is the start (setupReplay)
+	}
+	st := decideStart(pl.readings)
+	pl.start, pl.stream.StartLSN = st.skip, st.stream
+	p.logStart(pl.readings, st)
+	g, err := newGuards(ctx, p.cfg.Source, st.stream)
 	if err != nil {
-		pl.close(ctx)
-		return nil, fmt.Errorf("setup: %w", err)
+		return fmt.Errorf("setup: %w", err)
 	}
 	pl.guard, pl.schemaFrom, pl.relIDs = g, g.schemaFrom(), g.relIDs()
-	return pl, nil
+	if p.cfg.ExactlyOnce != nil {
+		p.hold = newHoldBack(st.stream)
+		p.handover.max = st.skip
+	}
+	return nil
+}
+
+// loaded is the checkpoint as setup found it.
+type loaded struct {
+	ckpt   offsets.Checkpoint
+	have   bool // a checkpoint this run trusts so far
+	srv    replication.Server
+	forget string // how to forget it (the store's runbook)
 }
 
 // setup loads the checkpoint and checks it belongs to this server and slot,
 // prepares the slot (and, on its creation in snapshot mode, its exported
-// snapshot) and sets the start position.
+// snapshot) and records the readings the start is decided from.
 func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 	src := p.cfg.Source
 	if err := replication.Check(ctx, src); err != nil {
@@ -102,140 +130,176 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 		return fmt.Errorf("setup: %w", err)
 	}
 	pl.standby = standby
-	var (
-		ckpt     offsets.Checkpoint
-		haveCkpt bool
-		srv      replication.Server
-		forget   string
-	)
-	if store := p.cfg.Checkpoints; store != nil {
-		c, err := store.Load(ctx)
-		switch {
-		case err == nil:
-			ckpt, haveCkpt = c, true
-		case !errors.Is(err, offsets.ErrNoCheckpoint):
-			return fmt.Errorf("load checkpoint: %w", err)
-		}
-		if srv, err = src.DB.Identify(ctx); err != nil {
-			return fmt.Errorf("setup: %w", err)
-		}
-		forget = store.Forget()
-		if haveCkpt {
-			// Before the slot is touched: a refused start changes nothing.
-			if err := replication.ForeignCheckpoint(ckpt, srv, src.Slot, forget); err != nil {
-				return err
-			}
-		}
-		// The one writer of checkpoint_lsn: the position the store holds.
-		pl.checkpoints = offsets.NewStamped(store, offsets.Identity{SystemID: srv.SystemID, Timeline: srv.Timeline,
-			Database: srv.Database, Slot: src.Slot}, func(c offsets.Checkpoint) { p.m.CheckpointLSN.Set(float64(c.LSN)) })
-		p.held = pl.checkpoints
-		if haveCkpt {
-			pl.checkpoints.Holds(ckpt)
-		}
+	l, err := p.loadCheckpoint(ctx, pl)
+	if err != nil {
+		return err
 	}
 	pending := p.cfg.Snapshot == "pending"
-	hadSnapshot := haveCkpt && ckpt.SnapshotDone
+	hadSnapshot := l.have && l.ckpt.SnapshotDone
 	if pending {
-		_, err := src.DB.Slot(ctx, src.Slot)
-		missing := errors.Is(err, replication.ErrNoSlot)
-		if err != nil && !missing {
-			return fmt.Errorf("setup: %w", err)
+		if err := p.prepareSnapshot(ctx, pl, &l); err != nil {
+			return err
 		}
-		if !missing && haveCkpt && !ckpt.SnapshotDone {
-			// The last run died inside the initial snapshot, whose exported
-			// snapshot is gone: start over with a new slot and a new snapshot.
-			p.log.Warn("initial snapshot did not finish; recreating the slot to take it again", "slot", src.Slot)
-			if err := src.DB.DropSlot(ctx, src.Slot); err != nil {
-				return fmt.Errorf("redo snapshot: %w", err)
-			}
-			missing = true
-		}
-		if missing {
-			for _, t := range src.Tables() {
-				if err := t.CheckSnapshotOrder(ctx, p.cfg.SnapshotOrderBy); err != nil {
-					return err
-				}
-			}
-			if haveCkpt {
-				p.log.Warn("ignoring the checkpoint: the slot is missing, so this run creates it and takes the snapshot",
-					"checkpoint", ckpt.LSN, "snapshot_done", ckpt.SnapshotDone, "slot", src.Slot)
-				haveCkpt = false
-			}
-			if pl.checkpoints != nil {
-				// The "snapshot started" marker is durable before the slot
-				// exists, so a crash at any later point takes it again.
-				if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: srv.WALEnd}); err != nil {
-					return fmt.Errorf("save snapshot marker: %w", err)
-				}
-			}
-		}
-	} else if haveCkpt && !ckpt.SnapshotDone {
+	} else if l.have && !l.ckpt.SnapshotDone {
 		p.log.Warn("the checkpoint records an unfinished initial snapshot, which snapshot.mode none does not take again", "slot", src.Slot)
 	}
 	if standby {
-		if _, err := src.DB.Slot(ctx, src.Slot); errors.Is(err, replication.ErrNoSlot) {
-			if src.Primary != nil {
-				p.log.Info("creating the slot on the standby; it waits for a snapshot of running transactions from the primary, "+
-					"which pg_log_standby_snapshot() on the primary writes now", "slot", src.Slot)
-			} else {
-				p.log.Warn("creating the slot on the standby waits for a snapshot of running transactions from the primary, "+
-					"written at the primary's next checkpoint or snapshot (seconds, or minutes on an idle primary); "+
-					"set postgres.primary_dsn to have the connector request one", "slot", src.Slot)
-			}
-		}
+		p.logStandbySlot(ctx)
 	}
 	res, err := replication.Setup(ctx, src, pending)
 	if err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}
 	pl.snapshot = res.Snapshot
-	if res.Created && haveCkpt {
-		// A new slot is a new stream: a position saved for another one must
-		// not skip any of it.
-		p.log.Warn("ignoring the checkpoint: the slot was created by this run; overwriting it. If the slot was lost, "+
-			"events committed after the checkpoint and before now were not streamed: see repair", "checkpoint", ckpt.LSN,
-			"slot", src.Slot, "slot_start", res.Confirmed, "repair", p.repairCommand(ckpt))
-		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: res.Confirmed, SnapshotDone: res.Snapshot == nil}); err != nil {
-			pl.close(ctx)
-			return fmt.Errorf("save checkpoint: %w", err)
-		}
-		haveCkpt = false
-	}
-	if haveCkpt {
-		if err := replication.CheckPosition(ckpt, srv, forget); err != nil {
-			pl.close(ctx)
-			return err
-		}
-		switch {
-		case ckpt.IsZero():
-			p.log.Warn("the checkpoint has no server identity (written by an older version); trusting it as it lies within this server's WAL; "+
-				"the next save records the identity", "checkpoint", ckpt.LSN, "wal_end", srv.WALEnd)
-		case ckpt.Timeline != srv.Timeline:
-			p.log.Info("the checkpoint is from an earlier timeline, before this server's history left it", "checkpoint", ckpt.LSN,
-				"checkpoint_timeline", ckpt.Timeline, "timeline", srv.Timeline)
-		}
-		if g := ckpt.Gap; g != nil {
-			p.log.Warn("the outbox table was outside the stream when the connector stopped: its rows written since are read "+
-				"from the table when the stream reaches the gap", "since", g.Since, "xmin", g.Xmin)
-			gi := &gapInfo{Since: g.Since, Xmin: g.Xmin}
-			p.gap.Store(gi)
-			p.savedGap, p.loadedGap = gi, gi
-			pl.backfill = newBackfill(*gi)
-			p.repairPending.Store(true)
-		}
+	if err := p.useCheckpoint(ctx, pl, res, &l); err != nil {
+		pl.close(ctx)
+		return err
 	}
 	if pending && res.Snapshot == nil && !hadSnapshot {
 		p.log.Info("snapshot.mode pending applies when the slot is created; the slot exists, streaming from it", "slot", src.Slot)
 	}
 	// Only a snapshot taken now decides it: never an older checkpoint's flag.
 	p.snapDone.Store(res.Snapshot == nil)
-	pl.start = res.Confirmed
-	if haveCkpt && ckpt.LSN > pl.start {
-		// The slot went back (PostgreSQL crash, or the replay window): what
-		// lies between was acknowledged already.
-		p.log.Info("resuming after the checkpoint", "checkpoint", ckpt.LSN, "slot_confirmed", res.Confirmed)
-		pl.start = ckpt.LSN
+	pl.readings = startReadings{slot: res.Confirmed, created: res.Created}
+	if l.have {
+		pl.readings.ckpt = l.ckpt.LSN
+	}
+	return nil
+}
+
+// loadCheckpoint loads the checkpoint, refuses one of another server or
+// slot before the slot is touched (a refused start changes nothing), and
+// sets up the plan's store.
+func (p *Pipeline) loadCheckpoint(ctx context.Context, pl *plan) (loaded, error) {
+	var l loaded
+	store, src := p.cfg.Checkpoints, p.cfg.Source
+	if store == nil {
+		return l, nil
+	}
+	c, err := store.Load(ctx)
+	switch {
+	case err == nil:
+		l.ckpt, l.have = c, true
+	case !errors.Is(err, offsets.ErrNoCheckpoint):
+		return l, fmt.Errorf("load checkpoint: %w", err)
+	}
+	if l.srv, err = src.DB.Identify(ctx); err != nil {
+		return l, fmt.Errorf("setup: %w", err)
+	}
+	l.forget = store.Forget()
+	if l.have {
+		if err := replication.ForeignCheckpoint(l.ckpt, l.srv, src.Slot, l.forget); err != nil {
+			return l, err
+		}
+	}
+	// The one writer of checkpoint_lsn: the position the store holds.
+	pl.checkpoints = offsets.NewStamped(store, offsets.Identity{SystemID: l.srv.SystemID, Timeline: l.srv.Timeline,
+		Database: l.srv.Database, Slot: src.Slot}, func(c offsets.Checkpoint) { p.m.CheckpointLSN.Set(float64(c.LSN)) })
+	p.held = pl.checkpoints
+	if l.have {
+		pl.checkpoints.Holds(l.ckpt)
+	}
+	return l, nil
+}
+
+// prepareSnapshot, in snapshot.mode pending: a slot left by a run that died
+// inside the initial snapshot is dropped, and when the slot is to be
+// created the snapshot's order is checked and its marker saved first.
+func (p *Pipeline) prepareSnapshot(ctx context.Context, pl *plan, l *loaded) error {
+	src := p.cfg.Source
+	_, err := src.DB.Slot(ctx, src.Slot)
+	missing := errors.Is(err, replication.ErrNoSlot)
+	if err != nil && !missing {
+		return fmt.Errorf("setup: %w", err)
+	}
+	if !missing && l.have && !l.ckpt.SnapshotDone {
+		// The last run died inside the initial snapshot, whose exported
+		// snapshot is gone: start over with a new slot and a new snapshot.
+		p.log.Warn("initial snapshot did not finish; recreating the slot to take it again", "slot", src.Slot)
+		if err := src.DB.DropSlot(ctx, src.Slot); err != nil {
+			return fmt.Errorf("redo snapshot: %w", err)
+		}
+		missing = true
+	}
+	if !missing {
+		return nil
+	}
+	for _, t := range src.Tables() {
+		if err := t.CheckSnapshotOrder(ctx, p.cfg.SnapshotOrderBy); err != nil {
+			return err
+		}
+	}
+	if l.have {
+		p.log.Warn("ignoring the checkpoint: the slot is missing, so this run creates it and takes the snapshot",
+			"checkpoint", l.ckpt.LSN, "snapshot_done", l.ckpt.SnapshotDone, "slot", src.Slot)
+		l.have = false
+	}
+	if pl.checkpoints != nil {
+		// The "snapshot started" marker is durable before the slot exists,
+		// so a crash at any later point takes it again.
+		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: l.srv.WALEnd}); err != nil {
+			return fmt.Errorf("save snapshot marker: %w", err)
+		}
+	}
+	return nil
+}
+
+// logStandbySlot says what creating the slot on a standby waits for.
+func (p *Pipeline) logStandbySlot(ctx context.Context) {
+	src := p.cfg.Source
+	if _, err := src.DB.Slot(ctx, src.Slot); !errors.Is(err, replication.ErrNoSlot) {
+		return
+	}
+	if src.Primary != nil {
+		p.log.Info("creating the slot on the standby; it waits for a snapshot of running transactions from the primary, "+
+			"which pg_log_standby_snapshot() on the primary writes now", "slot", src.Slot)
+		return
+	}
+	p.log.Warn("creating the slot on the standby waits for a snapshot of running transactions from the primary, "+
+		"written at the primary's next checkpoint or snapshot (seconds, or minutes on an idle primary); "+
+		"set postgres.primary_dsn to have the connector request one", "slot", src.Slot)
+}
+
+// useCheckpoint decides whether the checkpoint counts once the slot is set
+// up: not for a slot this run created (overwritten), and only when the
+// server can have reached it (replication.CheckPosition). A gap it
+// records is repaired by this run.
+func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.SetupResult, l *loaded) error {
+	src := p.cfg.Source
+	if res.Created && l.have {
+		// A new slot is a new stream: a position saved for another one must
+		// not skip any of it.
+		p.log.Warn("ignoring the checkpoint: the slot was created by this run; overwriting it. If the slot was lost, "+
+			"events committed after the checkpoint and before now were not streamed: see repair", "checkpoint", l.ckpt.LSN,
+			"slot", src.Slot, "slot_start", res.Confirmed, "repair", p.repairCommand(l.ckpt))
+		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: res.Confirmed, SnapshotDone: res.Snapshot == nil}); err != nil {
+			return fmt.Errorf("save checkpoint: %w", err)
+		}
+		l.have = false
+	}
+	if !l.have {
+		return nil
+	}
+	ckpt, srv := l.ckpt, l.srv
+	if err := replication.CheckPosition(ckpt, srv, l.forget); err != nil {
+		return err
+	}
+	switch {
+	case ckpt.IsZero():
+		p.log.Warn("the checkpoint has no server identity (written by an older version); trusting it as it lies within this server's WAL; "+
+			"the next save records the identity", "checkpoint", ckpt.LSN, "wal_end", srv.WALEnd)
+	case ckpt.Timeline != srv.Timeline:
+		p.log.Info("the checkpoint is from an earlier timeline, before this server's history left it", "checkpoint", ckpt.LSN,
+			"checkpoint_timeline", ckpt.Timeline, "timeline", srv.Timeline)
+	}
+	if g := ckpt.Gap; g != nil {
+		p.log.Warn("the outbox table was outside the stream when the connector stopped: its rows written since are read "+
+			"from the table when the stream reaches the gap", "since", g.Since, "xmin", g.Xmin)
+		gi := &gapInfo{Since: g.Since, Xmin: g.Xmin}
+		p.gap.Store(gi)
+		p.savedGap, p.loadedGap = gi, gi
+		pl.backfill = newBackfill(*gi)
+		p.repairPending.Store(true)
 	}
 	return nil
 }

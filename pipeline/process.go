@@ -38,24 +38,8 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 			return err
 		}
 	}
-	dec := decode.NewTablesDecoder(p.mappings(pl.relIDs))
-	var (
-		txn        *offsets.Txn
-		skip       bool // transaction delivered before (below the start)
-		commitTime time.Time
-		xid        uint32
-		txnFinal   lsn.LSN    // commit LSN of the open transaction
-		dispatched = pl.start // end of the last transaction fully handed to the sink
-		// decoded is where the stream resumes after a reconnect: past the
-		// last commit it sent, from its start. Below pl.start (exactly_once
-		// streams from the slot, under the position committed to Kafka)
-		// transactions are skipped, but decoded: the hold and the repair
-		// need them.
-		decoded = pl.stream.StartLSN
-		rows    bool // the open transaction has outbox rows
-		rec     router.Record
-		bf      = pl.backfill
-	)
+	w := &walReader{p: p, pl: pl, ctx: ctx, produceCtx: produceCtx, dec: decode.NewTablesDecoder(p.mappings(pl.relIDs)),
+		bf: pl.backfill, dispatched: pl.start, decoded: pl.stream.StartLSN}
 	var b *replication.Batch
 	for {
 		if b != nil {
@@ -67,137 +51,191 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 		case b = <-queue:
 		}
 		for i := range b.Msgs {
-			m := &b.Msgs[i]
-			switch m.Kind {
-			case replication.Reset:
-				if txn != nil {
-					bf.undo(txn)
-					p.tracker.Abort(txn)
-					p.abortTxn()
-					txn = nil
-				}
-				m.Resume(decoded)
-				continue
-			case replication.Keepalive:
-				if txn != nil {
-					continue // only a position between transactions is one
-				}
-				if bf.idle(m.WALEnd) {
-					// The repair alone, committing the keepalive's position.
-					t := p.tracker.Begin()
-					if err := p.runBackfill(ctx, produceCtx, bf, t); err != nil {
-						return err
-					}
-					p.tracker.Commit(t, m.WALEnd)
-					p.endTxn(m.WALEnd)
-					p.backfillCommitted(bf, t, m.WALEnd)
-					dispatched, decoded = max(dispatched, m.WALEnd), max(decoded, m.WALEnd)
-				}
-				if p.hold != nil {
-					p.hold.decoded(m.WALEnd)
-				}
-				if pl.stopAt != 0 && m.WALEnd >= pl.stopAt {
-					return errReplayDone
-				}
-				p.tracker.Idle(m.WALEnd)
-				continue
-			}
-			res, err := dec.Decode(m.Data)
-			if errors.Is(err, decode.ErrTableRenamed) { // replay: no known OID
-				return fmt.Errorf("%w: set outbox.table to the new name (and update the publication), or rename it back; "+
-					"rows inserted under the new name were not published", err)
-			}
-			if err != nil {
-				return fmt.Errorf("decode message at %v: %w", m.WALStart, err)
-			}
-			switch res.Kind {
-			case decode.KindBegin:
-				if pl.stopAt != 0 && res.Begin.FinalLSN >= pl.stopAt {
-					return errReplayDone
-				}
-				txn = p.tracker.Begin()
-				if bf.due(res.Begin.FinalLSN) {
-					// The repair's rows first, in this transaction: they were
-					// written before it committed.
-					if err := p.runBackfill(ctx, produceCtx, bf, txn); err != nil {
-						return err
-					}
-				}
-				txnFinal, rows = res.Begin.FinalLSN, false
-				// PostgreSQL skips these when streaming starts at the checkpoint;
-				// this also covers a reconnect that resumed lower.
-				skip = res.Begin.FinalLSN < pl.start
-				commitTime, xid = res.Begin.CommitTime, res.Begin.Xid
-				p.m.Transactions.Inc()
-			case decode.KindCommit:
-				if txn == nil {
-					return fmt.Errorf("commit at %v without begin", m.WALStart)
-				}
-				end := res.Commit.EndLSN
-				if bf.ends(end) {
-					// Its commit record straddles Since: the repair joins it.
-					if err := p.runBackfill(ctx, produceCtx, bf, txn); err != nil {
-						return err
-					}
-				}
-				if rows && p.hold != nil {
-					p.hold.add(xid, txnFinal)
-				}
-				p.tracker.Commit(txn, end)
-				p.endTxn(end)
-				p.backfillCommitted(bf, txn, end)
-				p.commits.Add(end, commitTime)
-				dispatched, decoded = max(dispatched, end), max(decoded, end)
-				if p.hold != nil {
-					p.hold.decoded(end)
-				}
-				bf.passed(dispatched)
-				p.replayAt.Store(uint64(res.Commit.EndLSN))
-				txn = nil
-			case decode.KindRelation:
-				if res.Relation.Outbox && res.Relation.Invalid != "" {
-					// A table that lacks a mapped column now is a schema problem
-					// and blocks; one that lacked it only when this transaction was
-					// written (fixed since, as the start-up check found) leaves
-					// rows that can never be mapped: those are dead-lettered.
-					if t := res.Relation.Table; t >= len(pl.schemaFrom) || txnFinal >= pl.schemaFrom[t] {
-						return schemaError(res.Relation.Invalid)
-					}
-					p.log.Error("rows written while the outbox table lacked a mapped column go to the dead-letter topic",
-						"table", res.Relation.Namespace+"."+res.Relation.Name, "problem", res.Relation.Invalid)
-				}
-			case decode.KindEvent:
-				if txn == nil {
-					return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
-				}
-				rows = true
-				bf.note(&res.Event)
-				if skip || bf.delivered(txnFinal, &res.Event) {
-					continue // a row the backfill read: only rows, never the transaction's messages
-				}
-				src := router.Source{Commit: commitTime, Xid: xid, LSN: m.WALStart}
-				if err := p.publish(produceCtx, txn, src, &res.Event, m.Data, &rec); err != nil {
-					return err
-				}
-			case decode.KindMessage:
-				msg := &res.Message
-				if !p.publishable(msg) {
-					continue // heartbeats and other applications' messages
-				}
-				if txn == nil {
-					return fmt.Errorf("transactional message at %v outside a transaction", m.WALStart)
-				}
-				if skip {
-					continue
-				}
-				ev := decode.ParseMessage(msg.Content)
-				src := router.Source{Commit: commitTime, Xid: xid, LSN: msg.LSN}
-				if err := p.publish(produceCtx, txn, src, &ev, msg.Content, &rec); err != nil {
-					return err
-				}
+			if err := w.handle(&b.Msgs[i]); err != nil {
+				return err
 			}
 		}
 	}
+}
+
+// walReader is the processor's state between messages: the open
+// transaction and how far the stream was handled.
+type walReader struct {
+	p               *Pipeline
+	pl              *plan
+	ctx, produceCtx context.Context
+	dec             *decode.Decoder
+	bf              *backfill
+
+	txn        *offsets.Txn
+	skip       bool // transaction delivered before (below the start)
+	commitTime time.Time
+	xid        uint32
+	txnFinal   lsn.LSN // commit LSN of the open transaction
+	rows       bool    // the open transaction has outbox rows
+	dispatched lsn.LSN // end of the last transaction fully handed to the sink
+	// decoded is where the stream resumes after a reconnect: past the last
+	// commit it sent, from its start. Below pl.start (exactly_once streams
+	// from the slot, under the position committed to Kafka) transactions are
+	// skipped, but decoded: the hold and the repair need them.
+	decoded lsn.LSN
+	rec     router.Record
+}
+
+// handle handles one message of the stream.
+func (w *walReader) handle(m *replication.Message) error {
+	switch m.Kind {
+	case replication.Reset:
+		if w.txn != nil {
+			w.bf.undo(w.txn)
+			w.p.tracker.Abort(w.txn)
+			w.p.abortTxn()
+			w.txn = nil
+		}
+		m.Resume(w.decoded)
+		return nil
+	case replication.Keepalive:
+		return w.keepalive(m.WALEnd)
+	}
+	res, err := w.dec.Decode(m.Data)
+	if errors.Is(err, decode.ErrTableRenamed) { // replay: no known OID
+		return fmt.Errorf("%w: set outbox.table to the new name (and update the publication), or rename it back; "+
+			"rows inserted under the new name were not published", err)
+	}
+	if err != nil {
+		return fmt.Errorf("decode message at %v: %w", m.WALStart, err)
+	}
+	switch res.Kind {
+	case decode.KindBegin:
+		return w.begin(&res.Begin)
+	case decode.KindCommit:
+		if w.txn == nil {
+			return fmt.Errorf("commit at %v without begin", m.WALStart)
+		}
+		return w.commit(res.Commit.EndLSN)
+	case decode.KindRelation:
+		return w.relation(&res.Relation)
+	case decode.KindEvent:
+		if w.txn == nil {
+			return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
+		}
+		w.rows = true
+		w.bf.note(&res.Event)
+		if w.skip || w.bf.delivered(w.txnFinal, &res.Event) {
+			return nil // a row the backfill read: only rows, never the transaction's messages
+		}
+		src := router.Source{Commit: w.commitTime, Xid: w.xid, LSN: m.WALStart}
+		return w.p.publish(w.produceCtx, w.txn, src, &res.Event, m.Data, &w.rec)
+	case decode.KindMessage:
+		return w.message(m, &res.Message)
+	}
+	return nil
+}
+
+// keepalive is a position between transactions (none open) or inside one.
+func (w *walReader) keepalive(end lsn.LSN) error {
+	p := w.p
+	if w.txn != nil {
+		return nil // only a position between transactions is one
+	}
+	if w.bf.idle(end) {
+		// The repair alone, committing the keepalive's position.
+		t := p.tracker.Begin()
+		if err := p.runBackfill(w.ctx, w.produceCtx, w.bf, t); err != nil {
+			return err
+		}
+		p.tracker.Commit(t, end)
+		p.endTxn(end)
+		p.backfillCommitted(w.bf, t, end)
+		w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
+	}
+	if p.hold != nil {
+		p.hold.decoded(end)
+	}
+	p.passed(end)
+	if w.pl.stopAt != 0 && end >= w.pl.stopAt {
+		return errReplayDone
+	}
+	p.tracker.Idle(end)
+	return nil
+}
+
+func (w *walReader) begin(b *decode.Begin) error {
+	p := w.p
+	if w.pl.stopAt != 0 && b.FinalLSN >= w.pl.stopAt {
+		return errReplayDone
+	}
+	w.txn = p.tracker.Begin()
+	if w.bf.due(b.FinalLSN) {
+		// The repair's rows first, in this transaction: they were written
+		// before it committed.
+		if err := p.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
+			return err
+		}
+	}
+	w.txnFinal, w.rows = b.FinalLSN, false
+	// PostgreSQL skips these when streaming starts at the checkpoint; this
+	// also covers a reconnect that resumed lower.
+	w.skip = b.FinalLSN < w.pl.start
+	w.commitTime, w.xid = b.CommitTime, b.Xid
+	p.m.Transactions.Inc()
+	return nil
+}
+
+func (w *walReader) commit(end lsn.LSN) error {
+	p := w.p
+	if w.bf.ends(end) {
+		// Its commit record straddles Since: the repair joins it.
+		if err := p.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
+			return err
+		}
+	}
+	if w.rows && p.hold != nil {
+		p.hold.add(w.xid, w.txnFinal)
+	}
+	p.tracker.Commit(w.txn, end)
+	p.endTxn(end)
+	p.backfillCommitted(w.bf, w.txn, end)
+	p.commits.Add(end, w.commitTime)
+	w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
+	if p.hold != nil {
+		p.hold.decoded(end)
+	}
+	w.bf.passed(w.dispatched)
+	p.replayAt.Store(uint64(end))
+	w.txn = nil
+	return nil
+}
+
+func (w *walReader) relation(r *decode.RelationInfo) error {
+	if !r.Outbox || r.Invalid == "" {
+		return nil
+	}
+	// A table that lacks a mapped column now is a schema problem and
+	// blocks; one that lacked it only when this transaction was written
+	// (fixed since, as the start-up check found) leaves rows that can never
+	// be mapped: those are dead-lettered.
+	if t := r.Table; t >= len(w.pl.schemaFrom) || w.txnFinal >= w.pl.schemaFrom[t] {
+		return schemaError(r.Invalid)
+	}
+	w.p.log.Error("rows written while the outbox table lacked a mapped column go to the dead-letter topic",
+		"table", r.Namespace+"."+r.Name, "problem", r.Invalid)
+	return nil
+}
+
+func (w *walReader) message(m *replication.Message, msg *decode.Message) error {
+	if !w.p.publishable(msg) {
+		return nil // heartbeats and other applications' messages
+	}
+	if w.txn == nil {
+		return fmt.Errorf("transactional message at %v outside a transaction", m.WALStart)
+	}
+	if w.skip {
+		return nil
+	}
+	ev := decode.ParseMessage(msg.Content)
+	src := router.Source{Commit: w.commitTime, Xid: w.xid, LSN: msg.LSN}
+	return w.p.publish(w.produceCtx, w.txn, src, &ev, msg.Content, &w.rec)
 }
 
 // publish routes one event and hands it to the producer.
@@ -210,6 +248,11 @@ func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, src router.Sou
 		d.reason, d.id = reason, string(ev.ID.Bytes)
 	}
 	rec.Topic = p.plan.topicPrefix + rec.Topic
+	if held, err := p.readBack.inKafka(ctx, rec, src.Commit); err != nil || held {
+		*d = delivery{}
+		deliveries.Put(d)
+		return err // held: published before, not again (readback.go)
+	}
 	// The record must outlive this message's decoding: slices outside msg
 	// (bytea values decoded into the decoder's buffer) are copied.
 	rec.Key = own(rec.Key, msg)

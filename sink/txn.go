@@ -67,11 +67,14 @@ type Txn struct {
 
 	limits sync.Map // topic → int32 max.message.bytes, read by franz-go (batchMax)
 
-	mu     sync.Mutex
-	open   []*entry // the PostgreSQL transaction being handed over
-	batch  []*entry // whole PostgreSQL transactions waiting for a Kafka transaction
-	end    lsn.LSN  // end of the last of them
-	since  time.Time
+	mu    sync.Mutex
+	open  []*entry // the PostgreSQL transaction being handed over
+	batch []*entry // whole PostgreSQL transactions waiting for a Kafka transaction
+	end   lsn.LSN  // end of the last of them
+	since time.Time
+	// hold, when set, keeps what waits out of a Kafka transaction until a
+	// PostgreSQL transaction ending at or past it is handed over (HoldUntil).
+	hold   lsn.LSN
 	closed bool
 	kick   chan struct{} // wakes the commit loop
 
@@ -196,7 +199,8 @@ func (t *Txn) EndTxn(end lsn.LSN) {
 	t.batch = append(t.batch, t.open...)
 	t.open = nil
 	t.end = max(t.end, end)
-	full := len(t.batch) >= t.cfg.MaxRecords
+	t.release(t.end, len(t.batch))
+	full := len(t.batch) >= t.cfg.MaxRecords && t.hold == 0
 	t.mu.Unlock()
 	if full {
 		_ = t.commit(t.ctx)
@@ -205,6 +209,56 @@ func (t *Txn) EndTxn(end lsn.LSN) {
 	select {
 	case t.kick <- struct{}{}:
 	default:
+	}
+}
+
+// HoldUntil keeps every PostgreSQL transaction handed over from now on in
+// the Kafka transaction that holds what waits, until one ending at or past
+// pos is handed over or the stream passes pos (Pass). A gap repair's rows
+// and the rest of their PostgreSQL transactions, which the stream decodes
+// after the repair (table-less events, rows of other outbox tables), then
+// commit together. It gives up, with a warning, once holdRecords events
+// wait: memory stays bounded, and such a transaction may be split.
+func (t *Txn) HoldUntil(pos lsn.LSN) {
+	t.mu.Lock()
+	t.hold = pos
+	t.mu.Unlock()
+}
+
+// Pass tells the sink that the stream is at pos between transactions:
+// every transaction ending before pos was handed over.
+func (t *Txn) Pass(pos lsn.LSN) {
+	t.mu.Lock()
+	held := t.hold != 0
+	t.release(pos, len(t.batch))
+	released := held && t.hold == 0
+	t.mu.Unlock()
+	if released {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// errHeld: Flush found what waits under a hold.
+var errHeld = errors.New("the gap repair's Kafka transaction waits for the stream to pass the gap")
+
+// holdRecords bounds the events a hold keeps in memory.
+func (t *Txn) holdRecords() int { return 10 * t.cfg.MaxRecords }
+
+// release ends the hold once the stream reached it or it keeps too much.
+// Called with mu held.
+func (t *Txn) release(pos lsn.LSN, waiting int) {
+	switch {
+	case t.hold == 0:
+	case pos >= t.hold:
+		t.hold = 0
+	case waiting >= t.holdRecords():
+		t.log.Warn("kafka: the gap repair's Kafka transaction stops waiting for the rest of the gap's PostgreSQL transactions; "+
+			"one that also wrote table-less events or rows of another outbox table during the gap may be split over two Kafka transactions",
+			"events_waiting", waiting, "until", t.hold, "at", pos)
+		t.hold = 0
 	}
 }
 
@@ -231,6 +285,14 @@ func (t *Txn) Committed() lsn.LSN { return lsn.LSN(t.committed.Load()) }
 // Flush commits the whole PostgreSQL transactions handed over, or gives up
 // when ctx ends (they are not acknowledged then).
 func (t *Txn) Flush(ctx context.Context) error {
+	t.mu.Lock()
+	held := t.hold != 0 && len(t.batch) > 0
+	t.mu.Unlock()
+	if held {
+		// Committing now could split a PostgreSQL transaction of the gap:
+		// nothing is acknowledged, and the restart repairs the gap again.
+		return errHeld
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(t.ctx, cancel)()
@@ -292,7 +354,7 @@ func (t *Txn) loop() {
 		case <-due.C:
 		}
 		t.mu.Lock()
-		pending, at := len(t.batch) > 0, t.since.Add(t.cfg.Interval)
+		pending, at := len(t.batch) > 0 && t.hold == 0, t.since.Add(t.cfg.Interval)
 		t.mu.Unlock()
 		if !pending {
 			continue

@@ -31,10 +31,7 @@ func modeName(m mode) string {
 }
 
 // eosSkip leaves out the kinds a delivery mode cannot have: the EndTxn
-// faults outside exactly_once; in it, the redrive kinds (dlq.mode skip) and,
-// for now, the publication gap with table-less messages. ops-publication-gap
-// runs there: its repair publishes the gap's rows once (pipeline/backfill.go,
-// hold.go).
+// faults outside exactly_once; in it, the redrive kinds (dlq.mode skip).
 func eosSkip(t *testing.T, skip map[string]bool) {
 	if !exactlyOnce() {
 		for _, k := range txnFaults {
@@ -45,12 +42,11 @@ func eosSkip(t *testing.T, skip map[string]bool) {
 	if v := os.Getenv(EnvDelivery); v != "exactly_once" && v != "" && v != "at_least_once" {
 		t.Fatalf("%s=%q: use exactly_once or at_least_once", EnvDelivery, v)
 	}
-	// The gap repair publishes once (TestGapRepairExactlyOnce): ops-publication-gap
-	// runs. The messages variant does not: a gap transaction's messages go
-	// with the stream's Kafka transaction and its rows with the repair's, so
-	// the transaction is split (a focused run: 10 of 648, 0 lost, 0 duplicates).
-	skip[fOpsPubGapMsg] = true
-	t.Logf("chaos: exactly_once run; %s left out (the repair splits a gap transaction's rows from its messages)", fOpsPubGapMsg)
+	// ops-publication-gap and its messages variant run: the repair publishes
+	// the gap's rows once (TestGapRepairExactlyOnce), and its Kafka
+	// transaction waits until the stream passed every transaction whose rows
+	// it read, so a gap transaction's messages join its rows (sink.Txn
+	// HoldUntil).
 	// dlq.mode is skip in this run: nothing is parked, nothing to redrive.
 	skip[fOpsRedrive], skip[fOpsParkingRetention] = true, true
 	t.Logf("chaos: exactly_once run (dlq.mode skip); %s and %s left out (no parking topic)", fOpsRedrive, fOpsParkingRetention)
@@ -82,17 +78,11 @@ type eosReport struct {
 	PGTransactions    int `json:"pg_transactions"`
 	SplitTransactions int `json:"split_transactions"` // PostgreSQL transactions over more than one Kafka transaction
 	OrderBreaks       int `json:"order_breaks"`
-	// RewindRunbookDuplicates: copies sent again by the process the suite
-	// started after a restore or a promotion, following the refusal's fix
-	// (a tombstone on the committed position), of events that survived it:
-	// counted apart (restore_test.go, rewindRunbookCopy).
-	RewindRunbookDuplicates int `json:"duplicates_after_a_rewind_runbook"`
 }
 
 func (er *eosReport) String() string {
-	return fmt.Sprintf("exactly_once (read_committed): duplicates %d, PostgreSQL transactions %d in %d Kafka transactions, split %d, order breaks %d; "+
-		"copies resent by the runbook after a restore or a promotion (counted apart) %d",
-		er.Duplicates, er.PGTransactions, er.KafkaTransactions, er.SplitTransactions, er.OrderBreaks, er.RewindRunbookDuplicates)
+	return fmt.Sprintf("exactly_once (read_committed): duplicates %d, PostgreSQL transactions %d in %d Kafka transactions, split %d, order breaks %d",
+		er.Duplicates, er.PGTransactions, er.KafkaTransactions, er.SplitTransactions, er.OrderBreaks)
 }
 
 // checkExactlyOnce: no event twice; the events of each PostgreSQL
@@ -115,17 +105,10 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 	}
 	kafka := map[kTxn]bool{}
 	of := map[pgTxn]map[kTxn]bool{}
-	runbook := r.rewindRunbookCopy()
 	for id, cs := range copies {
-		extra := 0
-		for _, c := range cs[min(1, len(cs)):] {
-			if runbook(c, byID[id]) {
-				er.RewindRunbookDuplicates++
-			} else {
-				extra++
-			}
-		}
-		if extra > 0 {
+		// Also after a restore or a promotion and the refusal's fix: the
+		// run after the tombstone reads back what Kafka holds (readback.go).
+		if extra := len(cs) - 1; extra > 0 {
 			er.Duplicates += extra
 			if er.Duplicates <= 5 {
 				fail("exactly_once: event %s has %d copies for read_committed", id, len(cs))
@@ -139,10 +122,7 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 		if of[k] == nil {
 			of[k] = map[kTxn]bool{}
 		}
-		for i, c := range cs {
-			if i > 0 && runbook(c, e) {
-				continue // its own Kafka transaction, counted apart above
-			}
+		for _, c := range cs {
 			of[k][kTxn{c.Producer, c.Epoch}] = true
 			kafka[kTxn{c.Producer, c.Epoch}] = true
 		}
@@ -160,9 +140,6 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 	for _, c := range recs {
 		if byID[c.ID] == nil {
 			continue
-		}
-		if first := copies[c.ID]; len(first) > 0 && first[0] != c && runbook(c, byID[c.ID]) {
-			continue // a resent copy counted apart above, not a break of the order
 		}
 		if c.Seq != dead.next(c.Key, last[c.Key]) {
 			er.OrderBreaks++

@@ -448,38 +448,3 @@ func (r *run) walEpochs(events []event, samples []sample) []walEpoch {
 	}
 	return out
 }
-
-// rewindRunbookCopy tells the copies that the processes the suite started
-// after a restore (reasonAfterRestore) sent, in their first catch-up, of
-// events committed before it: after the tombstone the run streams
-// from the restored slot's position or checkpoint, both older than what
-// Kafka held (PostgreSQL before 17 does not write a slot whose only change
-// is confirmed_flush at the shutdown checkpoint, and the checkpoint table
-// cannot be written while the server shuts down), so what Kafka already held
-// between there and the copy is sent again. A copy is the runbook's when it
-// was appended while such a process was the last one started (exactly_once
-// keeps one producer id across processes: only the time tells them apart).
-// Copies of any other process stay held to the exactly_once rule.
-func (r *run) rewindRunbookCopy() func(copyRec, *event) bool {
-	incs := r.conn.incarnations()
-	return func(c copyRec, e *event) bool {
-		var in *incarnation
-		for _, x := range incs {
-			if !x.Start.Truncate(time.Millisecond).After(c.Append) {
-				in = x
-			}
-		}
-		// A promoted server's new slot starts at its current position: no
-		// replay there, so a copy sent again after a promotion is a duplicate.
-		// The replay after a restore is the new process's first catch-up.
-		if e == nil || in == nil || in.Reason != reasonAfterRestore || c.Append.After(in.Start.Add(r.m.CatchUp)) {
-			return false
-		}
-		for _, f := range r.faults {
-			if !f.Rewound.IsZero() && in.Start.After(f.Rewound) && !in.Start.After(f.End) {
-				return e.Committed.Before(f.Rewound)
-			}
-		}
-		return false
-	}
-}

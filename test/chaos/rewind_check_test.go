@@ -112,43 +112,6 @@ func TestCheckAfterRewind(t *testing.T) {
 	})
 }
 
-// TestCheckRewindRunbook: in exactly_once, a copy sent again by the process
-// started after a restore, in its first catch-up, of an event committed
-// before the restore is counted apart; the same copy from any other process
-// is a duplicate.
-func TestCheckRewindRunbook(t *testing.T) {
-	t.Setenv(EnvDelivery, "exactly_once")
-	for _, tc := range []struct {
-		reason  string
-		after   time.Duration // the copy's append after the process started
-		apart   bool
-		newKind string
-	}{
-		{reasonAfterRestore, 100 * time.Millisecond, true, fPGRestore},
-		{reasonAfterRestore, 2 * time.Minute, false, fPGRestore}, // long after its catch-up
-		{"after-kill", 100 * time.Millisecond, false, fPGRestore},
-		{reasonAfterPromote, 100 * time.Millisecond, false, fPGPromote}, // a new slot replays nothing
-	} {
-		t.Run(tc.reason+"/"+tc.after.String(), func(t *testing.T) {
-			f := newRewindFixture(t, tc.newKind == fPGPromote)
-			f.r.faults[0].Kind = tc.newKind
-			start := f.rewound.Add(500 * time.Millisecond)
-			f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: tc.reason, Start: start})
-			f.addCopy(f.events[1], start.Add(tc.after), 7)                           // e2 again, same producer id (one transactional id)
-			recs := []copyRec{f.recs[0], f.recs[1], f.recs[6], f.recs[4], f.recs[5]} // e1 e2 e2-again n3 n4
-			rep := &Report{}
-			f.r.checkExactlyOnce(rep, recs, f.copies, f.byID, nil, f.fail)
-			er := rep.ExactlyOnce
-			if tc.apart && (er.RewindRunbookDuplicates != 1 || er.Duplicates != 0 || er.OrderBreaks != 0 || len(f.fails) != 0) {
-				t.Fatalf("want counted apart: %+v, fails %v", er, f.fails)
-			}
-			if !tc.apart && (er.RewindRunbookDuplicates != 0 || er.Duplicates != 1 || len(f.fails) == 0) {
-				t.Fatalf("want a duplicate: %+v, fails %v", er, f.fails)
-			}
-		})
-	}
-}
-
 // TestLedgerUndo: the events the server no longer holds leave the ledger,
 // and each aggregate's next seq follows the highest the table holds.
 func TestLedgerUndo(t *testing.T) {
