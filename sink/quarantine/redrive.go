@@ -388,8 +388,8 @@ func deleted(ctx context.Context, adm *kadm.Client, topic string, from, to map[i
 	return gone, nil
 }
 
-// restored is the event r carries with first and topic (the headers the
-// sink put in front of it) removed, bound for topic.
+// restored is the event r carries with first and topic (the headers put
+// in front of it: Route's, or the dead letter's) removed, bound for topic.
 func restored(r *kgo.Record, topic, first string) *kgo.Record {
 	h := r.Headers
 	if len(h) >= 2 && h[0].Key == first && h[1].Key == wire.HeaderTopic {

@@ -99,11 +99,11 @@ func (discard) Write(p []byte) (int, error) { return len(p), nil }
 // topic it does nothing.
 //
 // No record reaches the client before the set is restored (rule c): the
-// producer's topic workers wait for it (Ready). A Kafka that cannot be used yet (down,
-// credentials not valid yet) does not stop the start, as it does not stop
-// the producer: records wait, in order, while the restore is retried. A
-// topic that is not compacted is an error, at once when Kafka answers now,
-// else through Config.Fail.
+// producer's topic workers wait for it (Ready). A Kafka that cannot be
+// used yet (down, credentials not valid yet) does not stop the start, as
+// it does not stop the producer: records wait, in order, while the
+// restore is retried. A topic that is not compacted is an error, at once
+// when Kafka answers now, else through Config.Fail.
 func (s *Set) Start(ctx context.Context) error {
 	st := s.state
 	if st == nil {
@@ -242,10 +242,10 @@ func (s *Set) ensureStateTopic(ctx context.Context) error {
 }
 
 // StateTopicConfigs are the quarantine state topic's settings, as the set
-// and sink.EnsureOwnTopics create it: compacted, and tombstones kept for ever (a
-// start reads the topic up to the last offset listed, which would never
-// come if a tombstone there were cleaned away; one record per key ever
-// quarantined is small).
+// and sink.EnsureOwnTopics create it: compacted, and tombstones kept for
+// ever (a start reads the topic up to the last offset listed, which would
+// never come if a tombstone there were cleaned away; one record per key
+// ever quarantined is small).
 var StateTopicConfigs = map[string]string{"cleanup.policy": "compact", "delete.retention.ms": "9223372036854775807"}
 
 // stateAt is a state record and its offset.
