@@ -43,7 +43,7 @@ type Config struct {
 	// Redrives, when set, is told each redrive's result (quarantine.RedriveDone, …;
 	// "" when the set changed otherwise: a quarantine started, restored,
 	// lifted) and how many keys are quarantined: the one source of the
-	// quarantined count. It may run with the sink's lock held: it must not
+	// quarantined count. It may run with the quarantine's lock held: it must not
 	// call the sink.
 	Redrives func(result string, quarantined int)
 	// Owner, when set, says whether this process may carry out redrive
