@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // ownTopics checks the connector's own topics and creates the missing ones
@@ -66,7 +67,7 @@ func (p *Pipeline) ownTopicsConfig() sink.Config {
 // topic, or nil for an error that may pass (Kafka not answering).
 func ownTopicError(err error) error {
 	var ot *sink.OwnTopicError
-	var nc *sink.NotCompactedError
+	var nc *quarantine.NotCompactedError
 	switch {
 	case errors.As(err, &ot):
 		return &replication.PrerequisiteError{Problem: "kafka: " + ot.What(), Fix: ot.Fix}

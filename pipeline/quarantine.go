@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // openSink creates the producer and, in dlq.mode quarantine, restores the
@@ -66,7 +67,7 @@ func startSink(ctx context.Context, src replication.Source, cfg sink.Config, log
 		if err != nil {
 			return nil, fmt.Errorf("setup: %w", err)
 		}
-		cfg.QuarantineSource = sink.QuarantineSource(srv.SystemID, srv.Database, src.Slot)
+		cfg.QuarantineSource = quarantine.Source(srv.SystemID, srv.Database, src.Slot)
 	}
 	s, err := sink.New(cfg, log)
 	if err != nil {
@@ -79,10 +80,10 @@ func startSink(ctx context.Context, src replication.Source, cfg sink.Config, log
 	return s, nil
 }
 
-// notCompacted turns the sink's NotCompactedError into the prerequisite
+// notCompacted turns the quarantine's NotCompactedError into the prerequisite
 // error with the fix; other errors get context.
 func notCompacted(err error) error {
-	var nc *sink.NotCompactedError
+	var nc *quarantine.NotCompactedError
 	if errors.As(err, &nc) {
 		return &replication.PrerequisiteError{
 			Problem: fmt.Sprintf("kafka.quarantine_topic %s has cleanup.policy %s: quarantines would be deleted with old segments", nc.Topic, nc.Policy),

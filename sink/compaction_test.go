@@ -10,6 +10,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // TestStateTopicCompactDeleteRefused: a quarantine state topic that
@@ -20,7 +21,7 @@ func TestStateTopicCompactDeleteRefused(t *testing.T) {
 	c := newCluster(t)
 	s, _ := newSinkTuned(t, c, nil, savedMode)
 	createTopic(ctx, t, s, stateTopic, map[string]string{"cleanup.policy": "compact,delete", "retention.ms": "604800000"})
-	var nc *sink.NotCompactedError
+	var nc *quarantine.NotCompactedError
 	if err := s.StartQuarantines(ctx); !errors.As(err, &nc) {
 		t.Fatalf("StartQuarantines = %v, want a NotCompactedError", err)
 	}

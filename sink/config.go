@@ -31,19 +31,19 @@ type Config struct {
 	UnknownTopicTimeout time.Duration
 	// ParkingTopic turns quarantine on (dlq.mode quarantine): once a record
 	// is dead-lettered, later records with its key go to this topic
-	// (quarantine.go). "" keeps dlq.mode skip.
+	// (package sink/quarantine). "" keeps dlq.mode skip.
 	ParkingTopic string
 	// MaxQuarantined bounds the quarantined keys; 0 means 10000.
 	MaxQuarantined int
 	// QuarantineTopic, with ParkingTopic, saves quarantines on this
 	// compacted topic under QuarantineSource's keys and carries out
-	// redrive requests (state.go, redrive.go); "" keeps them in memory.
+	// redrive requests (sink/quarantine); "" keeps them in memory.
 	QuarantineTopic  string
 	QuarantineSource string
-	// Redrives, when set, is told each redrive's result (RedriveDone, …;
+	// Redrives, when set, is told each redrive's result (quarantine.RedriveDone, …;
 	// "" when the set changed otherwise: a quarantine started, restored,
 	// lifted) and how many keys are quarantined: the one source of the
-	// quarantined count. It may run with the sink's lock held: it must not
+	// quarantined count. It may run with the quarantine's lock held: it must not
 	// call the sink.
 	Redrives func(result string, quarantined int)
 	// Owner, when set, says whether this process may carry out redrive

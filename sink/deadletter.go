@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // recordBatchOverhead is the size of a v2 record batch without records
@@ -37,15 +38,12 @@ func batchSize(r *kgo.Record) int {
 func (s *Sink) deadLetter(r *record, reason string, cause error) {
 	if r.parked { // refused by the parking topic: back to the event as it was
 		r.Topic, r.parked = r.orig, false
-		r.Headers = r.Headers[2:] // quarantine and topic, added by divert
+		quarantine.Unpark(&r.Record)
 	}
 	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
 	r.toDeadLetter(s.dlq, reason, cause)
 	r.err, r.alone, r.resent, r.seq = nil, false, false, 0
-	s.mu.Lock()
-	err := s.quarantine(r, reason)
-	s.mu.Unlock()
-	if err != nil {
+	if err := s.quarantine(r, reason); err != nil {
 		r.finish(Outcome{Err: err})
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // BatchSize is batchSize for the tests: what a broker counts against
@@ -18,21 +19,13 @@ func BatchSize(rec *router.Record) int {
 
 // Quarantined lists the quarantined aggregates, in no particular order (for
 // the tests until redrive reads them).
-func (s *Sink) Quarantined() []Quarantine {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Quarantine, 0, len(s.quarantined))
-	for _, q := range s.quarantined {
-		out = append(out, q.Quarantine)
+func (s *Sink) Quarantined() []quarantine.Quarantine {
+	if s.q == nil {
+		return []quarantine.Quarantine{}
 	}
-	return out
+	return s.q.Quarantined()
 }
 
 // Holding reports whether key's new records wait: its quarantine is being
 // saved or redriven.
-func (s *Sink) Holding(key string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q := s.quarantined[key]
-	return q != nil && q.holding
-}
+func (s *Sink) Holding(key string) bool { return s.q != nil && s.q.Holding(key) }

@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // The connector's own topics (dead-letter, parking, quarantine state) are
@@ -45,7 +47,7 @@ func ownTopics(cfg Config) []ownTopic {
 	if parts == 0 {
 		parts = -1
 	}
-	quarantine := cfg.ParkingTopic != ""
+	parks := cfg.ParkingTopic != ""
 	var out []ownTopic
 	if cfg.DLQTopic != "" {
 		// In quarantine mode a redrive republishes the dead letter from
@@ -53,16 +55,16 @@ func ownTopics(cfg Config) []ownTopic {
 		// skip mode it is the only copy of a refused event, so it is
 		// kept too: an operator deletes dead letters, not the broker.
 		out = append(out, ownTopic{name: cfg.DLQTopic, role: "dead-letter", partitions: parts,
-			configs: map[string]string{"retention.ms": keepForever}, keep: quarantine})
+			configs: map[string]string{"retention.ms": keepForever}, keep: parks})
 	}
-	if quarantine {
+	if parks {
 		out = append(out, ownTopic{name: cfg.ParkingTopic, role: "parking", partitions: parts,
 			configs: map[string]string{"retention.ms": keepForever}, keep: true})
 	}
-	if quarantine && cfg.QuarantineTopic != "" {
+	if parks && cfg.QuarantineTopic != "" {
 		// As ensureStateTopic creates it: one partition.
 		out = append(out, ownTopic{name: cfg.QuarantineTopic, role: "quarantine state", partitions: 1,
-			configs: stateTopicConfigs, compacted: true})
+			configs: quarantine.StateTopicConfigs, compacted: true})
 	}
 	return out
 }
@@ -195,7 +197,7 @@ func ensureOwnTopic(ctx context.Context, adm *kadm.Client, o ownTopic, brokers [
 // checkOwnTopic checks an existing own topic's settings.
 func checkOwnTopic(o ownTopic, configs []kadm.Config, log *slog.Logger) error {
 	if policy, ok := keepsLastPerKey(configs); o.compacted && !ok {
-		return &NotCompactedError{Topic: o.name, Policy: policy}
+		return &quarantine.NotCompactedError{Topic: o.name, Policy: policy}
 	}
 	for _, c := range configs {
 		switch v := c.MaybeValue(); {

@@ -1,83 +1,76 @@
 package sink
 
 import (
-	"fmt"
-	"sync/atomic"
-	"time"
+	"context"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
-// HeaderQuarantine names the quarantine a parked record belongs to: the id
-// of the event whose dead letter started it (its key when it has none).
-const HeaderQuarantine = "quarantine"
+// The producer's side of package quarantine (dlq.mode quarantine): it
+// calls the set where its decisions depend on it: no record reaches the
+// client before the set is restored (awaitRestore), a dead letter starts
+// a quarantine (quarantine), a record of a quarantined key is parked or
+// held (divert), and the dead letter that started one gets its outcome
+// once the quarantine is saved (settle).
 
-// Quarantine is an aggregate (a record key) whose later events are parked
-// because one of its events was dead-lettered: delivering them would let
-// them overtake it.
-type Quarantine struct {
-	Key     string    `json:"key"`
-	FirstID string    `json:"first_id"` // id header of the dead-lettered event
-	Reason  string    `json:"reason"`
-	Topic   string    `json:"topic"` // the dead-lettered event's topic ("" for the router's refusals)
-	Since   time.Time `json:"since"`
-	Parked  int64     `json:"-"` // records parked so far by this process
+// openQuarantine makes the set when cfg parks (ParkingTopic set); conn
+// are the cluster and security options, codec kafka.compression.
+func (s *Sink) openQuarantine(cfg Config, conn []kgo.Opt, codec kgo.CompressionCodec) {
+	if cfg.ParkingTopic == "" {
+		ready := make(chan struct{})
+		close(ready) // nothing to restore
+		s.restored = ready
+		return
+	}
+	qc := quarantine.Config{Parking: cfg.ParkingTopic, DLQ: cfg.DLQTopic, Max: cfg.MaxQuarantined,
+		Topic: cfg.QuarantineTopic, Source: cfg.QuarantineSource, Owner: cfg.Owner, Fail: cfg.Fail, Report: cfg.Redrives}
+	k := quarantine.Kafka{Client: s.cl, Admin: s.adm, Conn: conn, Partitioner: newPartitioner, Codec: codec,
+		Replication: s.meta.replication, BatchSize: batchSize, BatchMax: defaultBatchMax, KeepsLastPerKey: keepsLastPerKey}
+	s.q = quarantine.New(s.ctx, qc, k, s.log)
+	s.restored = s.q.Ready()
 }
 
-// quarantined is a Quarantine as the sink keeps it.
-type quarantined struct {
-	Quarantine
-	// holding: later records of the key wait in held (in Produce order)
-	// while the quarantine is being saved or redriven.
-	holding bool
-	held    []*record
-	state   *QuarantineRecord // as saved on the state topic; nil until saved
-	stateAt int64             // state's offset: an older tombstone is not this quarantine's
-	// inflight counts the key's parked records without an outcome.
-	inflight atomic.Int64
+// newPartitioner is the sink's partitioner, for the clients that produce
+// what it produced (a redrive, a redrive request).
+func newPartitioner() kgo.Partitioner { return partitioner{kgo.StickyKeyPartitioner(nil)} }
+
+// StartQuarantines restores the quarantines saved on the state topic and
+// follows it for redrive requests (quarantine.Set.Start). Call it before
+// the first Produce; without a state topic it does nothing.
+func (s *Sink) StartQuarantines(ctx context.Context) error {
+	if s.q == nil {
+		return nil
+	}
+	return s.q.Start(ctx)
 }
 
-// How divert routes a record.
-const (
-	passNormal  = iota
-	passRelease // lifted by a redrive: to its own topic
-	passPark    // released after the quarantine was saved: to parking
-)
+// awaitRestore waits until the quarantines are restored (at once without
+// a state topic), ctx ends or the sink closes.
+func (s *Sink) awaitRestore(ctx context.Context) error {
+	select {
+	case <-s.restored:
+		return nil
+	default:
+	}
+	select {
+	case <-s.restored:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.ctx.Done():
+		return kgo.ErrClientClosed
+	}
+}
 
-// quarantine starts a quarantine for r's key as r is dead-lettered, unless
-// the sink only skips (no parking topic), r has no key or the key is
-// quarantined already. Past maxQuarantined it fails: dropping the rule
-// silently would break order. Called with s.mu held.
+// quarantine starts a quarantine for r's key as r is dead-lettered,
+// unless the sink only skips (no parking topic).
 func (s *Sink) quarantine(r *record, reason string) error {
-	if s.parking == "" || len(r.Key) == 0 {
+	if s.q == nil {
 		return nil
 	}
-	key := string(r.Key)
-	if _, ok := s.quarantined[key]; ok {
-		return nil
-	}
-	if len(s.quarantined) >= s.maxQuarantined {
-		return fmt.Errorf("cannot quarantine aggregate %q: %d aggregates are quarantined already (dlq.max_quarantined); redrive or skip some, or raise the bound", key, len(s.quarantined))
-	}
-	id := headerValue(&r.Record, wire.HeaderID)
-	if id == "" {
-		id = key
-	}
-	q := &quarantined{Quarantine: Quarantine{Key: key, FirstID: id, Reason: reason, Topic: r.orig, Since: time.Now()}}
-	if s.state != nil {
-		// Later records wait until the quarantine is saved (state.go).
-		q.holding, r.starts = true, q
-	}
-	s.quarantined[key] = q
-	n := len(s.quarantined)
-	s.reportQuarantines("", n)
-	if n > s.maxQuarantined*8/10 {
-		s.log.Warn("many aggregates are quarantined; at dlq.max_quarantined the connector stops rather than let events overtake",
-			"quarantined", n, "max", s.maxQuarantined)
-	}
-	return nil
+	return s.q.Begin(r, r.orig, reason)
 }
 
 // What divert did with a record.
@@ -87,40 +80,51 @@ const (
 	divertHeld          // r waits in its quarantine's held queue
 )
 
-// divert sends r to the parking topic when its key is quarantined, with
-// the quarantine and original topic in front of its headers, or holds it
-// while the quarantine is being saved or redriven. Called with s.mu held,
-// in Produce order for each key (see submit and handOver).
+// divert sends r to the parking topic when its key is quarantined, or
+// holds it while the quarantine is being saved or redriven. Called with
+// s.mu held, in Produce order for each key (see submit and handOver).
 func (s *Sink) divert(r *record) int {
-	if s.parking == "" || r.dead || r.parked || len(r.Key) == 0 || r.pass == passRelease {
+	if s.q == nil || r.dead || r.parked || len(r.Key) == 0 {
 		return divertNone
 	}
-	q, ok := s.quarantined[string(r.Key)]
-	if !ok {
-		return divertNone
-	}
-	if q.holding && r.pass != passPark {
-		q.held = append(q.held, r)
+	orig := r.Topic
+	switch s.q.Route(r) {
+	case quarantine.Hold:
 		return divertHeld
+	case quarantine.Pass:
+		return divertNone
 	}
-	q.Parked++
-	q.inflight.Add(1)
-	r.pq = q
-	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
-	h = append(h, kgo.RecordHeader{Key: HeaderQuarantine, Value: []byte(q.FirstID)},
-		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.Topic)})
-	r.Headers = append(h, r.Headers...)
-	r.orig, r.Topic, r.parked = r.Topic, s.parking, true
-	r.Partition = -1 // the key chooses, as in the dead-letter topic
+	r.orig, r.parked = orig, true
 	r.err, r.alone, r.resent = nil, false, false
 	r.size = batchSize(&r.Record)
 	return divertParked
 }
 
-// reportQuarantines tells Config.Redrives a redrive's result ("" for any
-// other change of the set) and the set's size.
-func (s *Sink) reportQuarantines(result string, n int) {
-	if s.onQuarantines != nil {
-		s.onQuarantines(result, n)
+// The record as package quarantine sees it (quarantine.Record).
+
+func (r *record) Kafka() *kgo.Record     { return &r.Record }
+func (r *record) Mark() *quarantine.Mark { return &r.qm }
+func (r *record) Fail(err error)         { r.finish(Outcome{Err: err}) }
+
+// Resubmit hands a record the quarantine held back to the sink; park
+// parks it first: its own topic may be under repair, with later records
+// of the key in its retry list.
+func (r *record) Resubmit(park bool) {
+	s := r.sink
+	if park {
+		s.mu.Lock()
+		s.divert(r)
+		s.mu.Unlock()
 	}
+	_ = s.submit(r, false)
+}
+
+// NewStateClient connects to cfg's cluster for cfg.QuarantineTopic and the
+// keys of cfg.QuarantineSource, for the command line (outbox-cdc redrive).
+func NewStateClient(cfg Config) (*quarantine.StateClient, error) {
+	conn, err := cfg.connOpts()
+	if err != nil {
+		return nil, err
+	}
+	return quarantine.NewStateClient(conn, newPartitioner(), cfg.QuarantineTopic, cfg.QuarantineSource, cfg.TestOpts...)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 const parking = "outbox.parking"
@@ -115,7 +116,7 @@ func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster
 		t.Errorf("parking topic by key:\n got %v\nwant %v", got, parked)
 	}
 	for _, r := range precs {
-		q, _ := header(r, sink.HeaderQuarantine)
+		q, _ := header(r, quarantine.Header)
 		tp, _ := header(r, "topic")
 		if q != fmt.Sprintf("ev-%d", poison) || tp != topic {
 			t.Fatalf("parked record %q: quarantine %q, topic %q; want ev-%d and %s", r.Value, q, tp, poison, topic)

@@ -13,11 +13,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // writeRequest writes on the state topic the request the command builds
 // from rec (a record it listed): rec with its state set to state.
-func writeRequest(ctx context.Context, t *testing.T, c *kfake.Cluster, rec sink.QuarantineRecord, state string) {
+func writeRequest(ctx context.Context, t *testing.T, c *kfake.Cluster, rec quarantine.StateRecord, state string) {
 	t.Helper()
 	now := time.Now().UTC()
 	rec.State, rec.Requested, rec.Failure = state, &now, ""
@@ -37,7 +38,7 @@ func writeRequest(ctx context.Context, t *testing.T, c *kfake.Cluster, rec sink.
 }
 
 // listed is key's quarantine as outbox-cdc redrive --list reads it.
-func listed(ctx context.Context, t *testing.T, sc *sink.StateClient, key string) sink.QuarantineRecord {
+func listed(ctx context.Context, t *testing.T, sc *quarantine.StateClient, key string) quarantine.StateRecord {
 	t.Helper()
 	all, err := sc.List(ctx)
 	if err != nil || all[key] == nil {
@@ -69,11 +70,11 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 		if out := res.all(ctx, t, 2); !out[0].DeadLettered || !out[1].Parked {
 			t.Fatalf("outcomes %+v: want a new quarantine from ev-3", out)
 		}
-		writeRequest(ctx, t, c, old, sink.StateSkip) // the stale --skip
+		writeRequest(ctx, t, c, old, quarantine.StateSkip) // the stale --skip
 		// quarantined, request, tombstone, quarantined, stale request, answer
 		st := stateRecords(ctx, t, c, 6)[source+"/k"]
 		last := st[len(st)-1]
-		if last == nil || last.State != sink.StateFailed || last.FirstID != "ev-3" ||
+		if last == nil || last.State != quarantine.StateFailed || last.FirstID != "ev-3" ||
 			!strings.Contains(last.Failure, "ev-0") || !strings.Contains(last.Failure, "ev-3") {
 			t.Fatalf("answer %+v, want a failure of the quarantine from ev-3 naming ev-0 and ev-3", last)
 		}
@@ -94,7 +95,7 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 		if err := sc.Redrive(ctx, "k", false); err != nil {
 			t.Fatalf("redrive: %v", err)
 		}
-		writeRequest(ctx, t, c, old, sink.StateRedrive)
+		writeRequest(ctx, t, c, old, quarantine.StateRedrive)
 		// quarantined, request, tombstone, stale request, answer
 		if st := stateRecords(ctx, t, c, 5)[source+"/k"]; st[len(st)-1] != nil {
 			t.Fatalf("answer %+v, want a tombstone (not quarantined)", st[len(st)-1])

@@ -37,6 +37,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // Sink wraps one idempotent producer.
@@ -66,17 +67,10 @@ type Sink struct {
 	spaceWanted bool
 	closed      bool
 
-	parking        string // "" in dlq.mode skip
-	maxQuarantined int
-	quarantined    map[string]*quarantined              // by key
-	state          *stateTopic                          // nil: quarantines are not saved (state.go)
-	restored       chan struct{}                        // closed once the saved quarantines are in quarantined
-	started        atomic.Bool                          // StartQuarantines was called
-	fail           func(error)                          // Config.Fail
-	onQuarantines  func(result string, quarantined int) // Config.Redrives
-
-	connOpts []kgo.Opt            // cluster and security, for the sink's consumers
-	codec    kgo.CompressionCodec // kafka.compression, for the redrive's producer
+	// q parks the records of quarantined keys (quarantine.go); nil in
+	// dlq.mode skip. restored is its Ready, or closed.
+	q        *quarantine.Set
+	restored <-chan struct{}
 
 	outstanding atomic.Int64 // records accepted whose Done has not run
 	gate        *gate        // how records enter the client (gate.go)
@@ -92,24 +86,11 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	}
 	s := &Sink{dlq: cfg.DLQTopic, log: log,
 		unknownTimeout: cfg.UnknownTopicTimeout, maxHeld: cfg.MaxBufferedRecords, maxHeldBytes: cfg.MaxBufferedBytes,
-		topics: make(map[string]*topicState), space: make(chan struct{}),
-		parking: cfg.ParkingTopic, maxQuarantined: cfg.MaxQuarantined, quarantined: make(map[string]*quarantined)}
-	if s.maxQuarantined <= 0 {
-		s.maxQuarantined = kafkaopt.DefaultMaxQuarantined
-	}
-	s.restored, s.fail, s.onQuarantines = make(chan struct{}), cfg.Fail, cfg.Redrives
-	if cfg.QuarantineTopic != "" && s.parking != "" {
-		s.state = &stateTopic{name: cfg.QuarantineTopic, source: cfg.QuarantineSource,
-			owner: cfg.Owner, pending: map[string]*QuarantineRecord{}}
-	} else {
-		close(s.restored) // nothing to restore
-	}
+		topics: make(map[string]*topicState), space: make(chan struct{})}
 	base, err := cfg.connOpts()
 	if err != nil {
 		return nil, err
 	}
-	s.connOpts = append(slices.Clip(base), cfg.TestOpts...)
-	s.codec = codec
 	if s.unknownTimeout <= 0 {
 		s.unknownTimeout = kafkaopt.DefaultUnknownTopicTimeout
 	}
@@ -160,6 +141,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	}
 	s.cl, s.adm, s.meta = cl, kadm.NewClient(cl), newMetadata(cl, cfg, log)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.openQuarantine(cfg, append(slices.Clip(base), cfg.TestOpts...), codec)
 	s.wg.Add(1)
 	go s.releaser()
 	return s, nil
@@ -196,9 +178,7 @@ type record struct {
 	orig   string // topic it was meant for ("" for the router's dead letters)
 	level  int    // dead-letter copy: 0 whole, 1 without payload, 2 minimal
 
-	starts *quarantined // the quarantine this dead letter started: its outcome waits until it is saved
-	pq     *quarantined // the quarantine it is parked for
-	pass   int          // passNormal, or how divert lets a released record pass
+	qm quarantine.Mark // the quarantine's state on the record
 
 	finished atomic.Bool
 }
@@ -209,7 +189,7 @@ type record struct {
 // buffered (with a shutdown outcome), so pass a context that outlives the
 // drain. done is called exactly once, also when Produce returns ctx's error.
 func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error {
-	if s.state != nil && !s.started.Load() {
+	if s.q != nil && !s.q.Started() {
 		// Records would wait for a restore that never begins.
 		panic("sink: Produce before StartQuarantines")
 	}
@@ -228,10 +208,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 			r.finish(Outcome{Err: err})
 			return err
 		}
-		s.mu.Lock()
-		err := s.quarantine(r, r.reason)
-		s.mu.Unlock()
-		if err != nil {
+		if err := s.quarantine(r, r.reason); err != nil {
 			r.finish(Outcome{Err: err})
 			return nil
 		}
@@ -248,9 +225,7 @@ func (r *record) finish(o Outcome) {
 		r.sink.log.Error("sink: a record's outcome was reported twice; ignoring the second", "topic", r.Topic, "outcome", fmt.Sprint(o))
 		return
 	}
-	if r.pq != nil {
-		r.pq.inflight.Add(-1)
-	}
+	r.qm.Done()
 	r.done.Delivered(o)
 	r.sink.outstanding.Add(-1) // after Delivered: Flush returns only once outcomes are in
 }
@@ -403,8 +378,8 @@ func (s *Sink) settle(r *record, err error) {
 			"topic", tp, "partition", part, "offset", offset)
 	}
 	switch {
-	case o != nil && o.Err == nil && r.starts != nil:
-		s.saveQuarantine(r, *o) // the outcome waits until the quarantine is saved
+	case o != nil && o.Err == nil && r.qm.Saving():
+		s.q.Save(r, func() { r.finish(*o) }) // the outcome waits until the quarantine is saved
 	case o != nil:
 		r.finish(*o)
 	}
@@ -444,18 +419,14 @@ func (s *Sink) Close() {
 		// worker waiting in Produce for buffer room.
 		s.cl.Close()
 		s.wg.Wait()
-		if s.state != nil && s.state.cons != nil {
-			s.state.cons.Close() // after the restore and the redrive loop, which read it
+		if s.q != nil {
+			s.q.Close() // fails the records its quarantines hold
 		}
 		s.mu.Lock()
 		var left []*record
 		for _, t := range s.topics {
 			left = append(append(left, t.held...), t.retry...)
 			t.held, t.retry = nil, nil
-		}
-		for _, q := range s.quarantined {
-			left = append(left, q.held...)
-			q.held = nil
 		}
 		s.mu.Unlock()
 		left = append(left, s.gate.drop()...)

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 const (
@@ -55,13 +56,13 @@ func noOutcome(t *testing.T, res *results, why string) {
 }
 
 // stateRecords reads the state topic: key → values in order (nil: tombstone).
-func stateRecords(ctx context.Context, t *testing.T, c *kfake.Cluster, n int) map[string][]*sink.QuarantineRecord {
+func stateRecords(ctx context.Context, t *testing.T, c *kfake.Cluster, n int) map[string][]*quarantine.StateRecord {
 	t.Helper()
-	out := map[string][]*sink.QuarantineRecord{}
+	out := map[string][]*quarantine.StateRecord{}
 	for _, r := range consume(ctx, t, c, stateTopic, n) {
-		var q *sink.QuarantineRecord
+		var q *quarantine.StateRecord
 		if r.Value != nil {
-			q = new(sink.QuarantineRecord)
+			q = new(quarantine.StateRecord)
 			if err := json.Unmarshal(r.Value, q); err != nil {
 				t.Fatalf("state record %q: %v", r.Value, err)
 			}
@@ -112,7 +113,7 @@ func TestQuarantineSavedBeforeOutcome(t *testing.T) {
 	}
 	dl := consume(ctx, t, c, dlq, 1)[0]
 	st := stateRecords(ctx, t, c, 1)[source+"/a"]
-	if len(st) != 1 || st[0].State != sink.StateQuarantined || st[0].FirstID != "ev-0" || st[0].Key != "a" ||
+	if len(st) != 1 || st[0].State != quarantine.StateQuarantined || st[0].FirstID != "ev-0" || st[0].Key != "a" ||
 		st[0].DLQPartition != dl.Partition || st[0].DLQOffset != dl.Offset || len(st[0].ParkingStart) != 3 {
 		t.Fatalf("state records %+v, want a quarantined from ev-0 at %s/%d@%d with 3 parking partitions", st, dlq, dl.Partition, dl.Offset)
 	}
@@ -207,7 +208,7 @@ func (r *reported) String() string {
 	return fmt.Sprint(r.got)
 }
 
-func stateClient(t *testing.T, c *kfake.Cluster) *sink.StateClient {
+func stateClient(t *testing.T, c *kfake.Cluster) *quarantine.StateClient {
 	t.Helper()
 	sc, err := sink.NewStateClient(sink.Config{Brokers: c.ListenAddrs(), ClientID: "redrive-test",
 		QuarantineTopic: stateTopic, QuarantineSource: source})
@@ -248,7 +249,7 @@ func TestRedriveRepublishesInOrder(t *testing.T) {
 		t.Fatalf("topic holds k %v, want the dead letter, the parked records and the held one, in order", got)
 	}
 	for _, r := range consume(ctx, t, c, topic, 4) {
-		if _, ok := header(r, sink.HeaderQuarantine); ok || len(r.Headers) != 1 {
+		if _, ok := header(r, quarantine.Header); ok || len(r.Headers) != 1 {
 			t.Errorf("republished %q has headers %v, want only its id", r.Value, headerList(r))
 		}
 	}
@@ -256,7 +257,7 @@ func TestRedriveRepublishesInOrder(t *testing.T) {
 		t.Errorf("still quarantined: %+v", q)
 	}
 	st := stateRecords(ctx, t, c, 3)[source+"/k"]
-	if len(st) != 3 || st[1].State != sink.StateRedrive || st[2] != nil {
+	if len(st) != 3 || st[1].State != quarantine.StateRedrive || st[2] != nil {
 		t.Errorf("state records %+v, want quarantined, request, tombstone", st)
 	}
 	waitUntil(ctx, t, "the redrive counted", func() bool { return results.String() == "[0 1 redriven0]" })
@@ -310,7 +311,7 @@ func TestRedriveRefusedAgain(t *testing.T) {
 	}
 	consume(ctx, t, c, topic, 0)
 	st := stateRecords(ctx, t, c, 3)[source+"/k"]
-	if len(st) != 3 || st[2] == nil || st[2].State != sink.StateFailed || st[2].FirstID != "ev-0" {
+	if len(st) != 3 || st[2] == nil || st[2].State != quarantine.StateFailed || st[2].FirstID != "ev-0" {
 		t.Errorf("state records %+v, want quarantined, request, failed", st)
 	}
 	waitUntil(ctx, t, "the failure counted", func() bool { return results.String() == "[0 1 failed1]" })

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 type redriveOpts struct {
@@ -45,7 +46,7 @@ func (o *redriveOpts) problem() string {
 
 // redrive lists quarantines or asks the connector to lift one: the
 // connector, the only writer of the aggregate's events, carries it out
-// (sink/redrive.go).
+// (sink/quarantine/redrive.go).
 func (o *redriveOpts) run(ctx context.Context, e env) int {
 	cfg, pc, stdout, stderr := e.cfg, e.pc, e.stdout, e.stderr
 	if cfg.QuarantineTopic() == "" {
@@ -60,7 +61,7 @@ func (o *redriveOpts) run(ctx context.Context, e env) int {
 		return ExitFailure
 	}
 	sc := pc.Sink
-	sc.QuarantineSource = sink.QuarantineSource(srv.SystemID, srv.Database, pc.Source.Slot)
+	sc.QuarantineSource = quarantine.Source(srv.SystemID, srv.Database, pc.Source.Slot)
 	c, err := sink.NewStateClient(sc)
 	if err != nil {
 		fmt.Fprintf(stderr, "outbox-cdc redrive: %v\n", err)
@@ -85,7 +86,7 @@ func (o *redriveOpts) run(ctx context.Context, e env) int {
 	case err == nil:
 		fmt.Fprintf(stdout, "aggregate %s: quarantine lifted\n", o.aggregate)
 		return ExitOK
-	case errors.Is(err, sink.ErrNotQuarantined):
+	case errors.Is(err, quarantine.ErrNotQuarantined):
 		fmt.Fprintf(stderr, "outbox-cdc redrive: aggregate %s is not quarantined (outbox-cdc redrive --list shows those that are)\n", o.aggregate)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		fmt.Fprintf(stderr, "outbox-cdc redrive: aggregate %s: no answer from the connector within %v; the request stays pending and the connector carries it out when it runs (outbox-cdc redrive --list shows it)\n",
@@ -97,14 +98,14 @@ func (o *redriveOpts) run(ctx context.Context, e env) int {
 }
 
 // printQuarantines prints the set sorted by key.
-func printQuarantines(w io.Writer, all map[string]*sink.QuarantineRecord, asJSON bool) {
+func printQuarantines(w io.Writer, all map[string]*quarantine.StateRecord, asJSON bool) {
 	keys := make([]string, 0, len(all))
 	for k := range all {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
 	if asJSON {
-		out := make([]*sink.QuarantineRecord, 0, len(keys))
+		out := make([]*quarantine.StateRecord, 0, len(keys))
 		for _, k := range keys {
 			out = append(out, all[k])
 		}

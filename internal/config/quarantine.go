@@ -11,7 +11,7 @@ const (
 	// DLQSkip delivers an aggregate's later events after one was
 	// dead-lettered: they overtake it.
 	DLQSkip = "skip"
-	// DLQQuarantine parks them on kafka.parking_topic, in order (sink/quarantine.go).
+	// DLQQuarantine parks them on kafka.parking_topic, in order (sink/quarantine).
 	DLQQuarantine = "quarantine"
 )
 

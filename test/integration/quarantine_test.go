@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // seqsByKey groups the records' seq by key, in the order read.
@@ -81,7 +81,7 @@ func TestQuarantineParksLaterEvents(t *testing.T) {
 		t.Fatalf("parking topic holds %v, want agg-1 %v", got, wantParked)
 	}
 	for _, r := range parked {
-		q, _ := header(r, sink.HeaderQuarantine)
+		q, _ := header(r, quarantine.Header)
 		tp, _ := header(r, "topic")
 		if q != refusedID || tp != topic {
 			t.Fatalf("parked seq %d: quarantine %q, topic %q; want %s and %s", seqOf(t, r), q, tp, refusedID, topic)
@@ -145,10 +145,10 @@ func (q *quarantineSetup) redrive(t *testing.T, args ...string) (int, string) {
 }
 
 // list returns the quarantined aggregates as outbox-cdc redrive --list --json prints them.
-func (q *quarantineSetup) list(t *testing.T) []sink.QuarantineRecord {
+func (q *quarantineSetup) list(t *testing.T) []quarantine.StateRecord {
 	t.Helper()
 	code, out := q.redrive(t, "--list", "--json")
-	var got []sink.QuarantineRecord
+	var got []quarantine.StateRecord
 	if code != 0 || json.Unmarshal([]byte(out), &got) != nil {
 		t.Fatalf("redrive --list --json: exit %d:\n%s", code, out)
 	}
@@ -216,7 +216,7 @@ func TestQuarantineSurvivesRestartAndRedrives(t *testing.T) {
 	if !slices.Equal(got["agg-1"], seqRange(1, 4)) || !slices.Equal(got["agg-2"], seqRange(101, 120)) || !slices.Equal(got["agg-3"], []int{301}) {
 		t.Fatalf("topic holds %v, want agg-1 1..4, agg-2 101..120, agg-3 301", got)
 	}
-	if ls := q.list(t); len(ls) != 2 || ls[0].Key != "agg-1" || ls[0].FirstID != firstID || ls[0].State != sink.StateQuarantined ||
+	if ls := q.list(t); len(ls) != 2 || ls[0].Key != "agg-1" || ls[0].FirstID != firstID || ls[0].State != quarantine.StateQuarantined ||
 		ls[0].Topic != q.topic || !strings.Contains(ls[0].Reason, "max.message.bytes") || ls[1].Key != "agg-3" {
 		t.Fatalf("redrive --list: %+v, want agg-1 from %s for max.message.bytes on %s, and agg-3", ls, firstID, q.topic)
 	}
@@ -297,7 +297,7 @@ func TestRedriveSurvivesConnectorKill(t *testing.T) {
 	if during >= events {
 		t.Fatalf("the redrive finished (%d records) before the kill: make it slower", during)
 	}
-	if ls := q.list(t); len(ls) != 1 || ls[0].State != sink.StateRedrive {
+	if ls := q.list(t); len(ls) != 1 || ls[0].State != quarantine.StateRedrive {
 		t.Fatalf("after the kill: %+v, want agg-1 with its request pending", ls)
 	}
 	p = startProcess(t, q.cfgPath, q.addr)
@@ -353,7 +353,7 @@ func TestVerifyRepairParksQuarantined(t *testing.T) {
 	if !slices.Equal(onTopic["agg-1"], []int{1}) || !slices.Equal(onTopic["agg-2"], []int{201}) {
 		t.Fatalf("topic holds %v, want agg-1 1 only (its 2 is dead-lettered) and agg-2 201", onTopic)
 	}
-	if ls := q.list(t); len(ls) != 1 || ls[0].Key != "agg-1" || ls[0].State != sink.StateQuarantined {
+	if ls := q.list(t); len(ls) != 1 || ls[0].Key != "agg-1" || ls[0].State != quarantine.StateQuarantined {
 		t.Fatalf("after the repair: %+v, want agg-1 still quarantined", ls)
 	}
 	stopClean(t, p)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // TestRedriveRefusesDeletedParkedEvents: 50 events of agg-1 are parked
@@ -41,7 +41,7 @@ func TestRedriveRefusesDeletedParkedEvents(t *testing.T) {
 			if code != 1 || !strings.Contains(out, "were deleted") || !strings.Contains(out, "offsets") || !strings.Contains(out, "--skip") {
 				t.Fatalf("redrive with parked events deleted: exit %d, want 1 naming the deleted offsets and --skip:\n%s", code, out)
 			}
-			if ls := q.list(t); len(ls) != 1 || ls[0].Key != "agg-1" || ls[0].State != sink.StateFailed {
+			if ls := q.list(t); len(ls) != 1 || ls[0].Key != "agg-1" || ls[0].State != quarantine.StateFailed {
 				t.Fatalf("after the refusal: %+v, want agg-1 quarantined with the failure", ls)
 			}
 			if got := firstSeqs(t, consumeN(t, []string{q.topic}, 1, time.Minute, 2*time.Second), "agg-1"); len(got) != 0 {

@@ -1,4 +1,4 @@
-package sink
+package quarantine
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 )
 
 // The quarantine state topic (kafka.quarantine_topic) is compacted, keyed
-// by QuarantineSource + "/" + aggregate key. Its last record for a key is
+// by Source + "/" + aggregate key. Its last record for a key is
 // the quarantine as saved (StateQuarantined), an operator's request, or a
 // failed redrive; a tombstone lifts it. The dead letter that starts a
 // quarantine gets its outcome only once the record is acknowledged, so
@@ -29,8 +29,8 @@ const (
 	StateFailed      = "failed" // a redrive failed; the quarantine stays
 )
 
-// QuarantineRecord is a state topic record's value.
-type QuarantineRecord struct {
+// StateRecord is a state topic record's value.
+type StateRecord struct {
 	State string `json:"state"`
 	Quarantine
 	// Where the dead letter sits, and where each parking partition ended
@@ -47,19 +47,19 @@ type QuarantineRecord struct {
 }
 
 // Request reports whether r asks for a redrive (or a skip).
-func (r *QuarantineRecord) Request() bool { return r.State == StateRedrive || r.State == StateSkip }
+func (r *StateRecord) Request() bool { return r.State == StateRedrive || r.State == StateSkip }
 
 // answers reports whether r, a failed redrive, answers req: the connector
 // copies the request's time into its answer (an answer without one, from an
 // older version, answers any).
-func (r *QuarantineRecord) answers(req *QuarantineRecord) bool {
+func (r *StateRecord) answers(req *StateRecord) bool {
 	return r.Requested == nil || req.Requested == nil || r.Requested.Equal(*req.Requested)
 }
 
-// QuarantineSource is the state topic's key prefix of one connector: the
-// cluster, database and slot, as offsets.Identity names them (several
-// connectors may share the topic).
-func QuarantineSource(systemID, database, slot string) string {
+// Source is the state topic's key prefix of one connector: the cluster,
+// database and slot, as offsets.Identity names them (several connectors
+// may share the topic).
+func Source(systemID, database, slot string) string {
 	return systemID + "/" + database + "/" + slot
 }
 
@@ -70,12 +70,12 @@ func (e *NotCompactedError) Error() string {
 	return fmt.Sprintf("quarantine topic %s has cleanup.policy %q, not compact", e.Topic, e.Policy)
 }
 
-// stateTopic is the sink's side of the state topic.
+// stateTopic is the set's side of the state topic.
 type stateTopic struct {
 	name, source string
-	cons         *kgo.Client                  // follows the topic (redriveLoop)
-	pending      map[string]*QuarantineRecord // requests not carried out yet, by key; the loop's
-	owner        func() bool                  // nil: always
+	cons         *kgo.Client             // follows the topic (redriveLoop)
+	pending      map[string]*StateRecord // requests not carried out yet, by key; the loop's
+	owner        func() bool             // nil: always
 }
 
 // owns reports whether this process may carry out requests now.
@@ -83,9 +83,9 @@ func (st *stateTopic) owns() bool { return st.owner == nil || st.owner() }
 
 func (st *stateTopic) key(agg string) string { return st.source + "/" + agg }
 
-// consumerOpts are the options of the sink's consumers: the producer's
+// consumerOpts are the options of the set's own clients: the producer's
 // cluster and security, nothing about producing.
-func (s *Sink) consumerOpts(extra ...kgo.Opt) []kgo.Opt {
+func (s *Set) consumerOpts(extra ...kgo.Opt) []kgo.Opt {
 	return append(append(append([]kgo.Opt{}, s.connOpts...), kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil))), extra...)
 }
 
@@ -93,18 +93,18 @@ type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
-// StartQuarantines creates or checks the state topic, restores this
-// connector's quarantines from it and starts following it for redrive
-// requests (until Close). Call it before the first Produce; without a
-// state topic (dlq.mode skip) it does nothing.
+// Start creates or checks the state topic, restores this connector's
+// quarantines from it and starts following it for redrive requests (until
+// the producer closes). Call it before the first Produce; without a state
+// topic it does nothing.
 //
 // No record reaches the client before the set is restored (rule c): the
-// topic workers wait for it (step). A Kafka that cannot be used yet (down,
-// credentials not valid yet) does not stop the start, as it does not stop
-// the producer: records wait, in order, while the restore is retried. A
-// topic that is not compacted is an error, at once when Kafka answers now,
-// else through Config.Fail.
-func (s *Sink) StartQuarantines(ctx context.Context) error {
+// producer's topic workers wait for it (Ready). A Kafka that cannot be
+// used yet (down, credentials not valid yet) does not stop the start, as
+// it does not stop the producer: records wait, in order, while the
+// restore is retried. A topic that is not compacted is an error, at once
+// when Kafka answers now, else through Config.Fail.
+func (s *Set) Start(ctx context.Context) error {
 	st := s.state
 	if st == nil {
 		return nil
@@ -135,7 +135,7 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 // with a consumer of its own from the start: an attempt that failed may
 // have read part of the topic. On success the consumer is the one
 // redriveLoop follows the topic with, from where the read ended.
-func (s *Sink) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
+func (s *Set) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
 	if err := s.ensureStateTopic(ctx); err != nil {
 		return nil, err
 	}
@@ -153,10 +153,10 @@ func (s *Sink) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
 	return latest, nil
 }
 
-// restoreLater retries the restore until it succeeds or the sink closes;
+// restoreLater retries the restore until it succeeds or the producer closes;
 // a topic that is not compacted is reported to Config.Fail and the records
 // keep waiting (the pipeline stops).
-func (s *Sink) restoreLater() {
+func (s *Set) restoreLater() {
 	for attempt, wait := 1, time.Second; ; attempt, wait = attempt+1, min(2*wait, 10*time.Second) {
 		select {
 		case <-s.ctx.Done():
@@ -184,8 +184,8 @@ func (s *Sink) restoreLater() {
 }
 
 // restore installs the quarantines read from the state topic, lets the
-// topic workers hand records over, and starts following the topic.
-func (s *Sink) restore(latest map[string]stateAt) {
+// producer hand records over (Ready), and starts following the topic.
+func (s *Set) restore(latest map[string]stateAt) {
 	st := s.state
 	s.mu.Lock()
 	for _, l := range latest {
@@ -209,26 +209,8 @@ func (s *Sink) restore(latest map[string]stateAt) {
 	}()
 }
 
-// awaitRestore waits until the quarantines are restored (at once without
-// a state topic), ctx ends or the sink closes.
-func (s *Sink) awaitRestore(ctx context.Context) error {
-	select {
-	case <-s.restored:
-		return nil
-	default:
-	}
-	select {
-	case <-s.restored:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.ctx.Done():
-		return kgo.ErrClientClosed
-	}
-}
-
 // ensureStateTopic creates the state topic compacted, or checks it is.
-func (s *Sink) ensureStateTopic(ctx context.Context) error {
+func (s *Set) ensureStateTopic(ctx context.Context) error {
 	name := s.state.name
 	rc, err := s.adm.DescribeTopicConfigs(ctx, name)
 	if err == nil {
@@ -237,7 +219,7 @@ func (s *Sink) ensureStateTopic(ctx context.Context) error {
 			err = r.Err
 		}
 		if err == nil {
-			if policy, ok := keepsLastPerKey(r.Configs); !ok {
+			if policy, ok := s.keepsLast(r.Configs); !ok {
 				return &NotCompactedError{Topic: name, Policy: policy}
 			}
 			return nil
@@ -247,28 +229,28 @@ func (s *Sink) ensureStateTopic(ctx context.Context) error {
 		return fmt.Errorf("describe quarantine topic %s: %w", name, err)
 	}
 	configs := map[string]*string{}
-	for k, v := range stateTopicConfigs {
+	for k, v := range StateTopicConfigs {
 		configs[k] = &v
 	}
 	// One partition: a handful of records, each key's in one order.
-	_, err = s.adm.CreateTopic(ctx, 1, s.meta.replication, configs, name)
+	_, err = s.adm.CreateTopic(ctx, 1, s.replication, configs, name)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("create quarantine topic %s: %w", name, err)
 	}
-	s.log.Info("kafka: created the quarantine topic", "topic", name, "cleanup.policy", stateTopicConfigs["cleanup.policy"])
+	s.log.Info("kafka: created the quarantine topic", "topic", name, "cleanup.policy", StateTopicConfigs["cleanup.policy"])
 	return nil
 }
 
-// stateTopicConfigs are the quarantine state topic's settings, as the sink
-// and EnsureOwnTopics create it: compacted, and tombstones kept for ever (a
-// start reads the topic up to the last offset listed, which would never
-// come if a tombstone there were cleaned away; one record per key ever
-// quarantined is small).
-var stateTopicConfigs = map[string]string{"cleanup.policy": "compact", "delete.retention.ms": "9223372036854775807"}
+// StateTopicConfigs are the quarantine state topic's settings, as the set
+// and sink.EnsureOwnTopics create it: compacted, and tombstones kept for
+// ever (a start reads the topic up to the last offset listed, which would
+// never come if a tombstone there were cleaned away; one record per key
+// ever quarantined is small).
+var StateTopicConfigs = map[string]string{"cleanup.policy": "compact", "delete.retention.ms": "9223372036854775807"}
 
 // stateAt is a state record and its offset.
 type stateAt struct {
-	rec    *QuarantineRecord
+	rec    *StateRecord
 	offset int64
 }
 
@@ -311,7 +293,7 @@ func readState(ctx context.Context, adm *kadm.Client, cl *kgo.Client, topic, sou
 				delete(out, key)
 				return
 			}
-			var q QuarantineRecord
+			var q StateRecord
 			if json.Unmarshal(r.Value, &q) != nil {
 				return // not ours to judge: another version's record
 			}
@@ -333,13 +315,14 @@ func fetchErr(fs kgo.Fetches) error {
 	return err
 }
 
-// saveQuarantine saves the quarantine dead letter r started, then reports
-// o, r's outcome, and lets the records of its key held meanwhile go to the
-// parking topic. Runs on a goroutine of its own: settle must not block.
-func (s *Sink) saveQuarantine(r *record, o Outcome) {
-	q := r.starts
+// Save saves the quarantine dead letter r started, then calls deliver to
+// report r's outcome, and lets the records of its key held meanwhile go to the
+// parking topic. Runs on a goroutine of its own: the producer calls it from
+// a promise, which must not block.
+func (s *Set) Save(r Record, deliver func()) {
+	q, kr := r.Mark().starts, r.Kafka()
 	s.mu.Lock()
-	rec := &QuarantineRecord{State: StateQuarantined, Quarantine: q.Quarantine, DLQPartition: r.Partition, DLQOffset: r.Offset}
+	rec := &StateRecord{State: StateQuarantined, Quarantine: q.Quarantine, DLQPartition: kr.Partition, DLQOffset: kr.Offset}
 	s.mu.Unlock()
 	rec.Parked = 0
 	s.wg.Add(1)
@@ -351,20 +334,20 @@ func (s *Sink) saveQuarantine(r *record, o Outcome) {
 			at, err = s.writeState(s.ctx, rec.Key, rec)
 		}
 		if err != nil {
-			r.finish(Outcome{Err: fmt.Errorf("save the quarantine of aggregate %q on %s: %w", rec.Key, s.state.name, err)})
+			r.Fail(fmt.Errorf("save the quarantine of aggregate %q on %s: %w", rec.Key, s.state.name, err))
 			return
 		}
 		s.mu.Lock()
 		q.state, q.stateAt = rec, at
 		s.mu.Unlock()
-		r.finish(o)
+		deliver()
 		s.releaseHeld(q, passPark, false)
 	}()
 }
 
 // parkingStart records where each parking partition ends now: nothing of
 // the quarantine is parked yet, its records are held.
-func (s *Sink) parkingStart(ctx context.Context, rec *QuarantineRecord) error {
+func (s *Set) parkingStart(ctx context.Context, rec *StateRecord) error {
 	ends, err := s.adm.ListEndOffsets(ctx, s.parking)
 	if err != nil {
 		return fmt.Errorf("end offsets of %s: %w", s.parking, err)
@@ -398,7 +381,7 @@ func topicIDOf(ctx context.Context, adm *kadm.Client, topic string) (string, err
 
 // writeState produces rec (nil: a tombstone) for agg, waits for its
 // acknowledgement and returns its offset.
-func (s *Sink) writeState(ctx context.Context, agg string, rec *QuarantineRecord) (int64, error) {
+func (s *Set) writeState(ctx context.Context, agg string, rec *StateRecord) (int64, error) {
 	r, err := writeState(ctx, s.cl, s.state.name, s.state.key(agg), rec)
 	if err != nil {
 		return 0, err
@@ -406,7 +389,7 @@ func (s *Sink) writeState(ctx context.Context, agg string, rec *QuarantineRecord
 	return r.Offset, nil
 }
 
-func writeState(ctx context.Context, cl *kgo.Client, topic, key string, rec *QuarantineRecord) (*kgo.Record, error) {
+func writeState(ctx context.Context, cl *kgo.Client, topic, key string, rec *StateRecord) (*kgo.Record, error) {
 	r := &kgo.Record{Topic: topic, Key: []byte(key), Partition: -1}
 	if rec != nil {
 		v, err := json.Marshal(rec)
@@ -422,9 +405,11 @@ func writeState(ctx context.Context, cl *kgo.Client, topic, key string, rec *Qua
 }
 
 // releaseHeld hands q's held records on, in order, each passing divert as
-// pass says; lift then removes q from the set. Records arriving meanwhile
+// pass says (parked first for passPark: its own topic may be under repair,
+// with later records of the key in its retry list); lift then removes q
+// from the set. Records arriving meanwhile
 // are held and handed on too: none overtakes another.
-func (s *Sink) releaseHeld(q *quarantined, pass int, lift bool) {
+func (s *Set) releaseHeld(q *quarantined, pass int, lift bool) {
 	for {
 		s.mu.Lock()
 		held := q.held
@@ -439,15 +424,8 @@ func (s *Sink) releaseHeld(q *quarantined, pass int, lift bool) {
 		}
 		s.mu.Unlock()
 		for _, r := range held {
-			r.pass = pass
-			if pass == passPark {
-				// Parked now: its own topic may be under repair, with later
-				// records of the key in its retry list.
-				s.mu.Lock()
-				s.divert(r)
-				s.mu.Unlock()
-			}
-			_ = s.submit(r, false)
+			r.Mark().pass = pass
+			r.Resubmit(pass == passPark)
 		}
 	}
 }

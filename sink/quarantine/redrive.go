@@ -1,4 +1,4 @@
-package sink
+package quarantine
 
 import (
 	"context"
@@ -32,7 +32,7 @@ const (
 // requests (pending ones first) while this process owns the slot, and
 // follows what another process of the slot (an active-standby peer) saves
 // and lifts.
-func (s *Sink) redriveLoop() {
+func (s *Set) redriveLoop() {
 	st := s.state
 	prefix := st.source + "/"
 	for {
@@ -71,7 +71,7 @@ func (s *Sink) redriveLoop() {
 
 // follow takes in a state record of this source: a request to carry out,
 // or a quarantine another process of the slot saved or lifted.
-func (s *Sink) follow(key string, r *kgo.Record) {
+func (s *Set) follow(key string, r *kgo.Record) {
 	st := s.state
 	if r.Value == nil {
 		delete(st.pending, key)
@@ -88,7 +88,7 @@ func (s *Sink) follow(key string, r *kgo.Record) {
 		}
 		return
 	}
-	var rec QuarantineRecord
+	var rec StateRecord
 	if json.Unmarshal(r.Value, &rec) != nil {
 		return
 	}
@@ -121,7 +121,7 @@ func (s *Sink) follow(key string, r *kgo.Record) {
 // their order to their topics, writes the tombstone and releases the held
 // records to their topics. A failure leaves the quarantine in place, with a
 // failure record. A stop in between leaves the request for the next start.
-func (s *Sink) redrive(req *QuarantineRecord) {
+func (s *Set) redrive(req *StateRecord) {
 	key := req.Key
 	s.mu.Lock()
 	q := s.quarantined[key]
@@ -186,7 +186,7 @@ func (s *Sink) redrive(req *QuarantineRecord) {
 // refuseRedrive answers req, a redrive of q that was not carried out, with
 // a failure record naming why (and req's time: the answer to that request,
 // not to a later one); the quarantine stays as it was.
-func (s *Sink) refuseRedrive(q *quarantined, req *QuarantineRecord, why string) {
+func (s *Set) refuseRedrive(q *quarantined, req *StateRecord, why string) {
 	s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", q.Key, "err", why)
 	s.mu.Lock()
 	rec := *q.state
@@ -202,7 +202,7 @@ func (s *Sink) refuseRedrive(q *quarantined, req *QuarantineRecord, why string) 
 	s.countRedrive(RedriveFailed)
 }
 
-func (s *Sink) countRedrive(result string) {
+func (s *Set) countRedrive(result string) {
 	s.mu.Lock()
 	n := len(s.quarantined)
 	s.mu.Unlock()
@@ -212,7 +212,7 @@ func (s *Sink) countRedrive(result string) {
 // republish sends the dead letter (unless skip) and the quarantine's
 // parked records, first occurrence of each event id, to their topics, one
 // at a time: a refused one stops the redrive before anything overtakes it.
-func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) (int, error) {
+func (s *Set) republish(ctx context.Context, rec *StateRecord, skip bool) (int, error) {
 	seen := map[string]bool{rec.FirstID: true} // parked again after a restart: a duplicate
 	var out []*kgo.Record
 	if !skip {
@@ -227,7 +227,7 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 		return 0, err
 	}
 	for _, r := range parked {
-		id := headerValue(r, wire.HeaderID)
+		id := header(r, wire.HeaderID)
 		if id != "" && seen[id] {
 			continue
 		}
@@ -237,11 +237,11 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 	// A client of its own: the sink's caps each partition's batches at the
 	// limit it knew when it first produced there, which the operator may
 	// have raised since to make the redrive possible.
-	biggest := int32(defaultBatchMax)
+	biggest := s.batchMax
 	for _, r := range out {
-		biggest = max(biggest, int32(min(batchSize(r)+4, 1<<30)))
+		biggest = max(biggest, int32(min(s.batchSize(r)+4, 1<<30)))
 	}
-	cl, err := kgo.NewClient(s.consumerOpts(kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+	cl, err := kgo.NewClient(s.consumerOpts(kgo.RecordPartitioner(s.partitioner()),
 		kgo.ProducerBatchMaxBytes(biggest), kgo.ProducerBatchCompression(s.codec), kgo.RequiredAcks(kgo.AllISRAcks()))...)
 	if err != nil {
 		return 0, fmt.Errorf("kafka client: %w", err)
@@ -249,7 +249,7 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 	defer cl.Close()
 	for i, r := range out {
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-			return i, fmt.Errorf("republish event %s to %s: %w", headerValue(r, wire.HeaderID), r.Topic, err)
+			return i, fmt.Errorf("republish event %s to %s: %w", header(r, wire.HeaderID), r.Topic, err)
 		}
 	}
 	return len(out), nil
@@ -257,7 +257,7 @@ func (s *Sink) republish(ctx context.Context, rec *QuarantineRecord, skip bool) 
 
 // readDeadLetter reads the quarantine's dead letter and restores the
 // event: its own topic, its headers without error and topic.
-func (s *Sink) readDeadLetter(ctx context.Context, rec *QuarantineRecord) (*kgo.Record, error) {
+func (s *Set) readDeadLetter(ctx context.Context, rec *StateRecord) (*kgo.Record, error) {
 	from := map[int32]int64{rec.DLQPartition: rec.DLQOffset}
 	to := map[int32]int64{rec.DLQPartition: rec.DLQOffset + 1}
 	gone, err := deleted(ctx, s.adm, s.dlq, from, to)
@@ -277,11 +277,11 @@ func (s *Sink) readDeadLetter(ctx context.Context, rec *QuarantineRecord) (*kgo.
 		return nil, fmt.Errorf("read the dead letter at %s/%d@%d: %w", s.dlq, rec.DLQPartition, rec.DLQOffset, err)
 	case dl == nil || string(dl.Key) != rec.Key:
 		return nil, fmt.Errorf("the dead letter at %s/%d@%d is gone (retention?); redrive with --skip", s.dlq, rec.DLQPartition, rec.DLQOffset)
-	case headerValue(dl, wire.HeaderPayloadOmitted) != "":
+	case header(dl, wire.HeaderPayloadOmitted) != "":
 		return nil, fmt.Errorf("the dead letter at %s/%d@%d lost its payload (%s): publish event %s yourself, then redrive with --skip",
-			s.dlq, rec.DLQPartition, rec.DLQOffset, headerValue(dl, wire.HeaderPayloadOmitted), rec.FirstID)
+			s.dlq, rec.DLQPartition, rec.DLQOffset, header(dl, wire.HeaderPayloadOmitted), rec.FirstID)
 	}
-	topic := headerValue(dl, wire.HeaderTopic)
+	topic := header(dl, wire.HeaderTopic)
 	if topic == "" {
 		return nil, fmt.Errorf("event %s was dead-lettered by the router (%s), it has no topic to go to: fix the row's event and publish it yourself, then redrive with --skip",
 			rec.FirstID, rec.Reason)
@@ -293,7 +293,7 @@ func (s *Sink) readDeadLetter(ctx context.Context, rec *QuarantineRecord) (*kgo.
 // partitions ended when it began to where they end now. Records deleted
 // from there (retention) refuse the redrive, naming them, unless skip: the
 // operator then lifts it without them (and without the dead letter).
-func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord, skip bool) ([]*kgo.Record, error) {
+func (s *Set) readParked(ctx context.Context, rec *StateRecord, skip bool) ([]*kgo.Record, error) {
 	ends, err := s.adm.ListEndOffsets(ctx, s.parking)
 	if err != nil {
 		return nil, fmt.Errorf("end offsets of %s: %w", s.parking, err)
@@ -329,8 +329,8 @@ func (s *Sink) readParked(ctx context.Context, rec *QuarantineRecord, skip bool)
 	}
 	var out []*kgo.Record
 	err = readRange(ctx, s.consumerOpts, s.parking, from, to, func(r *kgo.Record) {
-		if string(r.Key) == rec.Key && headerValue(r, HeaderQuarantine) == rec.FirstID {
-			out = append(out, restored(r, headerValue(r, wire.HeaderTopic), HeaderQuarantine))
+		if string(r.Key) == rec.Key && header(r, Header) == rec.FirstID {
+			out = append(out, restored(r, header(r, wire.HeaderTopic), Header))
 		}
 	})
 	if err != nil {
@@ -388,8 +388,8 @@ func deleted(ctx context.Context, adm *kadm.Client, topic string, from, to map[i
 	return gone, nil
 }
 
-// restored is the event r carries with first and topic (the headers the
-// sink put in front of it) removed, bound for topic.
+// restored is the event r carries with first and topic (the headers put
+// in front of it: Route's, or the dead letter's) removed, bound for topic.
 func restored(r *kgo.Record, topic, first string) *kgo.Record {
 	h := r.Headers
 	if len(h) >= 2 && h[0].Key == first && h[1].Key == wire.HeaderTopic {

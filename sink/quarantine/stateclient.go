@@ -1,10 +1,11 @@
-package sink
+package quarantine
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -20,30 +21,26 @@ type StateClient struct {
 	source string
 }
 
-// NewStateClient connects to cfg's cluster for cfg.QuarantineTopic and the
-// keys of cfg.QuarantineSource.
-func NewStateClient(cfg Config) (*StateClient, error) {
-	// The sink's partitioner: a request lands in its key's partition, where
-	// the connector's answer follows it.
-	opts, err := cfg.connOpts()
-	if err != nil {
-		return nil, err
-	}
-	opts = append(opts, kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+// NewStateClient connects with conn (the cluster and security options)
+// for topic, the state topic, and the keys of source. Pass the producer's
+// partitioner: a request lands in its key's partition, where the
+// connector's answer follows it. extra (tests) go last.
+func NewStateClient(conn []kgo.Opt, partitioner kgo.Partitioner, topic, source string, extra ...kgo.Opt) (*StateClient, error) {
+	opts := append(slices.Clip(conn), kgo.RecordPartitioner(partitioner),
 		kgo.WithLogger(kgo.BasicLogger(discard{}, kgo.LogLevelNone, nil)))
-	opts = append(opts, cfg.TestOpts...)
+	opts = append(opts, extra...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	return &StateClient{cl: cl, adm: kadm.NewClient(cl), topic: cfg.QuarantineTopic, source: cfg.QuarantineSource}, nil
+	return &StateClient{cl: cl, adm: kadm.NewClient(cl), topic: topic, source: source}, nil
 }
 
 // Close closes the client.
 func (c *StateClient) Close() { c.cl.Close() }
 
 // List returns this connector's quarantines as the state topic holds them.
-func (c *StateClient) List(ctx context.Context) (map[string]*QuarantineRecord, error) {
+func (c *StateClient) List(ctx context.Context) (map[string]*StateRecord, error) {
 	cons, err := kgo.NewClient(c.opts(kgo.ConsumeTopics(c.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
@@ -53,7 +50,7 @@ func (c *StateClient) List(ctx context.Context) (map[string]*QuarantineRecord, e
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]*QuarantineRecord, len(latest))
+	out := make(map[string]*StateRecord, len(latest))
 	for k, l := range latest {
 		out[k] = l.rec
 	}
@@ -119,7 +116,7 @@ func (c *StateClient) Redrive(ctx context.Context, agg string, skip bool) error 
 				done = true
 				return
 			}
-			var got QuarantineRecord
+			var got StateRecord
 			if json.Unmarshal(r.Value, &got) == nil && got.State == StateFailed && got.answers(rec) {
 				done, answer = true, errors.New(got.Failure)
 			}
