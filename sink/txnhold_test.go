@@ -79,9 +79,9 @@ func TestTxnHoldUntil(t *testing.T) {
 		for i := range 19 {
 			produceTxn(ctx, t, tx, done, lsn.LSN(100+i), "one", fmt.Sprint("e", i))
 		}
-		done.none(t, 100*time.Millisecond) // 19 < 10 x MaxRecords
+		done.none(t, 100*time.Millisecond)              // 19 < 10 x MaxRecords
 		produceTxn(ctx, t, tx, done, 200, "one", "e19") // the 20th: the hold gives up and commits at once
-		for range 16 { // what the outcome channel holds; the other 4 overflow
+		for range 16 {                                  // what the outcome channel holds; the other 4 overflow
 			if o := done.wait(ctx, t); o.Err != nil {
 				t.Fatalf("outcome %+v", o)
 			}
