@@ -166,3 +166,40 @@ func TestCheckDuplicatesAfterRestore(t *testing.T) {
 		t.Fatalf("without the split: below earlier sample %d, fails %v", rep.DupsBelowEarlierSample, f.fails)
 	}
 }
+
+// TestCheckSplitBeforeDetection: in exactly_once, a PostgreSQL transaction
+// split over two Kafka transactions is counted apart only when its commit
+// lies between a publication gap's removal and the start of the process
+// after the exit on it; any other split fails the run.
+func TestCheckSplitBeforeDetection(t *testing.T) {
+	t.Setenv(EnvDelivery, "exactly_once")
+	for _, tc := range []struct {
+		name  string
+		after time.Duration // the transaction's commit after the removal
+		apart bool
+	}{
+		{"committed before the exit", 50 * time.Millisecond, true},
+		{"committed after the restart", 3 * time.Second, false},
+		{"committed before the removal", -time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			removed := f.events[0].Committed.Add(-tc.after)
+			f.r.faults = []faultRecord{{Kind: fOpsPubGap, Start: removed, End: removed.Add(2 * time.Second)}}
+			f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: reasonAfterGap, Start: removed.Add(time.Second)})
+			// e1 and e2 are one writer transaction, in two Kafka transactions.
+			f.byID["e1"].Txn, f.byID["e2"].Txn = 7, 7
+			f.byID["e2"].Committed = f.byID["e1"].Committed
+			f.copies["e2"][0].Producer = 9
+			rep := &Report{}
+			f.r.checkExactlyOnce(rep, f.recs, f.copies, f.byID, nil, f.fail)
+			er := rep.ExactlyOnce
+			if tc.apart && (er.SplitBeforeDetection != 1 || er.SplitTransactions != 0 || len(f.fails) != 0) {
+				t.Fatalf("want counted apart: %+v, fails %v", er, f.fails)
+			}
+			if !tc.apart && (er.SplitBeforeDetection != 0 || er.SplitTransactions != 1 || len(f.fails) == 0) {
+				t.Fatalf("want a split that fails: %+v, fails %v", er, f.fails)
+			}
+		})
+	}
+}
