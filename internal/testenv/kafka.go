@@ -358,18 +358,7 @@ func (k *Kafka) javaArgs(mainClass string, args ...string) []string {
 func (k *Kafka) start(ctx context.Context) error {
 	cmd := exec.Command(k.java, k.javaArgs("kafka.Kafka", k.confPath)...)
 	cmd.Dir = k.baseDir
-	proc, err := startProcess(cmd, k.logPath)
-	if err != nil {
-		return fmt.Errorf("kafka: %w", err)
-	}
-	k.proc = proc
-	if err := k.waitReady(ctx); err != nil {
-		kctx, cancel := detachedContext(30 * time.Second)
-		defer cancel()
-		_ = proc.kill(kctx)
-		return withLog(err, k.logPath)
-	}
-	return nil
+	return startReady(ctx, "kafka", cmd, k.logPath, func(p *process) { k.proc = p }, k.waitReady)
 }
 
 // waitReady polls until the broker lists itself in metadata and a topic can

@@ -108,7 +108,7 @@ func copyInstall(root, dst, stamp string) error {
 			}
 			return os.Symlink(target, to)
 		}
-		return copyFile(path, to)
+		return copyExecutable(path, to)
 	})
 	if err != nil {
 		return err
@@ -128,8 +128,8 @@ func copyInstall(root, dst, stamp string) error {
 	return nil
 }
 
-// copyFile copies a regular file: executables 0755, others 0644.
-func copyFile(from, to string) error {
+// copyExecutable copies a regular file: executables 0755, others 0644.
+func copyExecutable(from, to string) error {
 	fi, err := os.Stat(from)
 	if err != nil {
 		return err
@@ -141,6 +141,15 @@ func copyFile(from, to string) error {
 	if fi.Mode()&0o111 != 0 {
 		mode = 0o755
 	}
+	if err := copyFile(from, to, mode); err != nil {
+		return err
+	}
+	return os.Chmod(to, mode) // whatever root's umask
+}
+
+// copyFile copies from to a new file to, created with mode (less the
+// umask).
+func copyFile(from, to string, mode os.FileMode) error {
 	in, err := os.Open(from)
 	if err != nil {
 		return err
@@ -154,8 +163,5 @@ func copyFile(from, to string) error {
 		out.Close()
 		return err
 	}
-	if err := out.Close(); err != nil {
-		return err
-	}
-	return os.Chmod(to, mode) // whatever root's umask
+	return out.Close()
 }

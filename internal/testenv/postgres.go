@@ -319,18 +319,7 @@ func (pg *Postgres) start(ctx context.Context) error {
 	cmd := exec.Command(filepath.Join(pg.binDir, "postgres"), "-D", pg.dataDir)
 	cmd.Dir = pg.baseDir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: pg.cred}
-	proc, err := startProcess(cmd, pg.logPath)
-	if err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	pg.proc = proc
-	if err := pg.waitReady(ctx); err != nil {
-		kctx, cancel := detachedContext(30 * time.Second)
-		defer cancel()
-		_ = proc.kill(kctx)
-		return withLog(err, pg.logPath)
-	}
-	return nil
+	return startReady(ctx, "postgres", cmd, pg.logPath, func(p *process) { pg.proc = p }, pg.waitReady)
 }
 
 func (pg *Postgres) waitReady(ctx context.Context) error {

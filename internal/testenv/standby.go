@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -219,24 +218,13 @@ func (sb *Postgres) copyData(src string) error {
 	})
 }
 
+// copyFile copies a file of the data directory (a missing one was removed
+// by the server meanwhile) and gives it to the server's user.
 func (sb *Postgres) copyFile(src, dst string, mode fs.FileMode) error {
-	in, err := os.Open(src)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(src); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	if err := out.Close(); err != nil {
+	if err := copyFile(src, dst, mode); err != nil {
 		return err
 	}
 	return sb.chown(dst)

@@ -115,6 +115,24 @@ type process struct {
 	err  error         // cmd.Wait's result, read only after done is closed
 }
 
+// startReady starts a server's cmd (startProcess), hands the process to
+// started, and waits until ready says it serves; a server that does not
+// get ready is killed, and the error carries the tail of its log.
+func startReady(ctx context.Context, name string, cmd *exec.Cmd, logPath string, started func(*process), ready func(context.Context) error) error {
+	proc, err := startProcess(cmd, logPath)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	started(proc)
+	if err := ready(ctx); err != nil {
+		kctx, cancel := detachedContext(30 * time.Second)
+		defer cancel()
+		_ = proc.kill(kctx)
+		return withLog(err, logPath)
+	}
+	return nil
+}
+
 // startProcess starts cmd in a new process group with its output appended to
 // logPath. Pdeathsig makes the kernel kill the child if the test binary dies
 // (for example on an interrupted go test) so no server is left behind.
