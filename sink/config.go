@@ -16,8 +16,11 @@ type Config struct {
 	MaxBufferedRecords int
 	MaxBufferedBytes   int64
 	Linger             time.Duration
-	RequestTimeout     time.Duration
-	Compression        string // none, gzip, snappy, lz4, zstd
+	// LatencyBudget lets a record wait in the sink's gate, when more are
+	// expected, for up to this less the round trip (budget.go); 0: off.
+	LatencyBudget  time.Duration
+	RequestTimeout time.Duration
+	Compression    string // none, gzip, snappy, lz4, zstd
 	// AutoCreateTopics creates a missing topic, with TopicPartitions and
 	// TopicReplicationFactor, unless the broker forbids auto-creation
 	// (auto.create.topics.enable=false).

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -28,6 +29,12 @@ type gate struct {
 	// and goes at once, so a backlog does not wait for the client to empty.
 	maxRecords, maxBytes int
 
+	// budget (kafka.latency_budget; 0: off) lets the head of waiting wait,
+	// with the client empty, until deadline (budget.go).
+	budget   *budget
+	deadline time.Time
+	timer    *time.Timer
+
 	// releasing serialises hand-overs, so records reach the client in the
 	// order they reached the gate.
 	releasing sync.Mutex
@@ -41,11 +48,17 @@ const (
 	gateBytes   = 1 << 20
 )
 
-// newGate bounds what waits by the sink's buffer limits (bytes 0: none).
-func newGate(maxRecords int, maxBytes int64) *gate {
+// newGate bounds what waits by the sink's buffer limits (bytes 0: none);
+// latency > 0 turns the latency budget on.
+func newGate(maxRecords int, maxBytes int64, latency time.Duration) *gate {
 	g := &gate{due: make(chan struct{}, 1), maxRecords: min(gateRecords, maxRecords), maxBytes: gateBytes}
 	if maxBytes > 0 {
 		g.maxBytes = int(min(gateBytes, maxBytes))
+	}
+	if latency > 0 {
+		g.budget = newBudget(latency, time.Now)
+		g.timer = time.AfterFunc(time.Hour, g.signal)
+		g.timer.Stop()
 	}
 	return g
 }
@@ -54,11 +67,24 @@ func newGate(maxRecords int, maxBytes int64) *gate {
 func (s *Sink) produce(r *record) {
 	g := s.gate
 	g.mu.Lock()
-	if g.inClient == 0 && len(g.waiting) == 0 {
-		g.inClient++
+	var hold time.Duration
+	if g.budget != nil {
+		hold = g.budget.arrived()
+	}
+	if g.inClient == 0 && len(g.waiting) == 0 && hold == 0 {
+		g.sent()
 		g.mu.Unlock()
 		s.cl.Produce(r.ctx, &r.Record, landed)
 		return
+	}
+	if len(g.waiting) == 0 {
+		g.deadline = time.Time{}
+		if hold > 0 {
+			g.deadline = g.budget.now().Add(hold)
+			if g.inClient == 0 {
+				g.timer.Reset(hold)
+			}
+		}
 	}
 	g.waiting = append(g.waiting, r)
 	g.bytes += r.size
@@ -67,6 +93,38 @@ func (s *Sink) produce(r *record) {
 	if full {
 		s.release()
 	}
+}
+
+// sent counts a record handed to the client. Called with mu held.
+func (g *gate) sent() {
+	if g.inClient == 0 && g.budget != nil {
+		g.budget.sending()
+	}
+	g.inClient++
+}
+
+// signal wakes the releaser (the budget's timer).
+func (g *gate) signal() {
+	select {
+	case g.due <- struct{}{}:
+	default: // already signalled
+	}
+}
+
+// releasable reports whether what waits goes now: the client is empty and
+// the head's deadline passed. Called with mu held.
+func (g *gate) releasable() bool {
+	if g.inClient != 0 || len(g.waiting) == 0 {
+		return false
+	}
+	if g.deadline.IsZero() {
+		return true
+	}
+	if wait := g.deadline.Sub(g.budget.now()); wait > 0 {
+		g.timer.Reset(wait)
+		return false
+	}
+	return true
 }
 
 // release hands every waiting record to the client, in order. It may block
@@ -80,7 +138,11 @@ func (s *Sink) release() {
 	batch := g.waiting
 	g.waiting, g.spare = g.spare[:0], nil
 	g.bytes = 0
-	g.inClient += len(batch)
+	if len(batch) > 0 {
+		g.sent()
+		g.inClient += len(batch) - 1
+	}
+	g.deadline = time.Time{}
 	g.mu.Unlock()
 	for i, r := range batch {
 		s.cl.Produce(r.ctx, &r.Record, landed)
@@ -100,8 +162,17 @@ func (s *Sink) releaser() {
 	for {
 		select {
 		case <-s.gate.due:
-			s.release()
+			g := s.gate
+			g.mu.Lock()
+			ok := g.releasable()
+			g.mu.Unlock()
+			if ok {
+				s.release()
+			}
 		case <-s.ctx.Done():
+			if s.gate.timer != nil {
+				s.gate.timer.Stop()
+			}
 			return
 		}
 	}
@@ -116,13 +187,13 @@ func landed(kr *kgo.Record, err error) {
 	g := s.gate
 	g.mu.Lock()
 	g.inClient--
+	if g.inClient == 0 && g.budget != nil {
+		g.budget.landed()
+	}
 	due := g.inClient == 0 && len(g.waiting) > 0
 	g.mu.Unlock()
 	if due {
-		select {
-		case g.due <- struct{}{}:
-		default: // already signalled
-		}
+		g.signal()
 	}
 	s.settle(r, err)
 }

@@ -135,3 +135,42 @@ func closeFailsAll(ctx context.Context, t *testing.T, closeSink func(), done *ou
 	}
 	done.none(t, 50*time.Millisecond)
 }
+
+// TestGateLatencyBudgetGathers: with kafka.latency_budget, records that
+// arrive steadily with the client empty wait for the ones behind them, so
+// requests carry several; every record still gets its outcome, in order.
+func TestGateLatencyBudgetGathers(t *testing.T) {
+	const n = 64
+	ctx := testCtx(t)
+	c := newCluster(t)
+	var reqs atomic.Int32
+	counted := atomic.Bool{}
+	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.LatencyBudget = 100 * time.Millisecond },
+		kgo.WithHooks(producesWritten{&reqs, &counted}))
+	done := &outcomes{ch: make(chan sink.Outcome, n+2)}
+	produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
+	if o := done.wait(ctx, t); o.Err != nil {
+		t.Fatalf("warm-up: %v", o.Err)
+	}
+	counted.Store(true)
+	for i := range n {
+		produce(ctx, t, s, baseRecord(topic, []byte(fmt.Sprint(i))), done)
+		time.Sleep(time.Millisecond) // a steady 1,000 records/s or less
+	}
+	for range n {
+		if o := done.wait(ctx, t); o.Err != nil || o.DeadLettered {
+			t.Fatalf("outcome %+v", o)
+		}
+	}
+	// At most 15 gaps of about 1ms per request (gatherTarget), and never
+	// one request per record.
+	if got := reqs.Load(); got > n/4 {
+		t.Errorf("%d produce requests for %d records arriving 1ms apart under a 100ms budget, want at most %d", got, n, n/4)
+	}
+	got := consume(ctx, t, c, topic, n+1)
+	for i, r := range got[1:] {
+		if string(r.Value) != fmt.Sprint(i) {
+			t.Fatalf("record %d is %q, want %q (order)", i, r.Value, fmt.Sprint(i))
+		}
+	}
+}

@@ -98,7 +98,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if s.maxHeld <= 0 {
 		s.maxHeld = kafkaopt.DefaultMaxBufferedRecords
 	}
-	s.gate = newGate(s.maxHeld, s.maxHeldBytes)
+	s.gate = newGate(s.maxHeld, s.maxHeldBytes, cfg.LatencyBudget)
 	opts := append(slices.Clip(base),
 		// acks=all is required by, and the default of, the idempotent producer;
 		// said explicitly because guarantee 4 rests on it.

@@ -59,7 +59,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		Sink: sink.Config{
 			Brokers: cfg.Kafka.Brokers, ClientID: cfg.Kafka.ClientID, DLQTopic: cfg.Kafka.DLQTopic,
 			MaxBufferedRecords: cfg.Kafka.MaxBufferedRecords, MaxBufferedBytes: cfg.Kafka.MaxBufferedBytes,
-			Linger: cfg.Kafka.ProducerLinger, RequestTimeout: cfg.Kafka.RequestTimeout, Compression: cfg.Kafka.Compression,
+			Linger: cfg.Kafka.ProducerLinger, LatencyBudget: cfg.Kafka.LatencyBudget, RequestTimeout: cfg.Kafka.RequestTimeout, Compression: cfg.Kafka.Compression,
 			AutoCreateTopics: cfg.Kafka.AutoCreateTopics, TopicPartitions: int32(cfg.Kafka.TopicPartitions),
 			TopicReplicationFactor: int16(cfg.Kafka.TopicReplicationFactor), UnknownTopicTimeout: cfg.Kafka.UnknownTopicTimeout,
 			ParkingTopic: cfg.ParkingTopic(), MaxQuarantined: cfg.DLQ.MaxQuarantined, QuarantineTopic: cfg.QuarantineTopic(),

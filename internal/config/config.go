@@ -133,6 +133,7 @@ type Kafka struct {
 	// MaxBufferedBytes is at least 1 MiB: a larger record is dead-lettered.
 	MaxBufferedBytes       int64         `koanf:"max_buffered_bytes"`
 	ProducerLinger         time.Duration `koanf:"linger"`
+	LatencyBudget          time.Duration `koanf:"latency_budget"` // 0: off (sink/budget.go)
 	RequestTimeout         time.Duration `koanf:"request_timeout"`
 	Compression            string        `koanf:"compression"`
 	DrainTimeout           time.Duration `koanf:"drain_timeout"`

@@ -513,6 +513,7 @@ func TestValidate(t *testing.T) {
 		{"bytes small", func(c *Config) { c.Kafka.MaxBufferedBytes = 1000 }, "kafka.max_buffered_bytes", "1 MiB"},
 		{"linger negative", func(c *Config) { c.Kafka.ProducerLinger = -time.Millisecond }, "kafka.linger", "between 0 and 1m0s"},
 		{"linger long", func(c *Config) { c.Kafka.ProducerLinger = 2 * time.Minute }, "kafka.linger", `"2m0s"`},
+		{"latency budget long", func(c *Config) { c.Kafka.LatencyBudget = 2 * time.Second }, "kafka.latency_budget", "between 0 and 1s"},
 		{"request timeout zero", func(c *Config) { c.Kafka.RequestTimeout = 0 }, "kafka.request_timeout", "between 100ms"},
 		{"request timeout long", func(c *Config) { c.Kafka.RequestTimeout = time.Hour }, "kafka.request_timeout", "15m0s"},
 		{"compression", func(c *Config) { c.Kafka.Compression = "brotli" }, "kafka.compression", "none, gzip, snappy, lz4, zstd"},
@@ -767,6 +768,7 @@ func TestSchema(t *testing.T) {
 		"outbox.header_columns":       "OUTBOX_CDC_OUTBOX_HEADER_COLUMNS",
 		"kafka.topics":                "OUTBOX_CDC_KAFKA_TOPICS",
 		"kafka.linger":                "OUTBOX_CDC_KAFKA_LINGER",
+		"kafka.latency_budget":        "OUTBOX_CDC_KAFKA_LATENCY_BUDGET",
 		"postgres.failover_slot":      "OUTBOX_CDC_POSTGRES_FAILOVER_SLOT",
 		"postgres.primary_dsn":        "OUTBOX_CDC_POSTGRES_PRIMARY_DSN",
 		"http.pprof_any_address":      "OUTBOX_CDC_HTTP_PPROF_ANY_ADDRESS",
@@ -775,7 +777,7 @@ func TestSchema(t *testing.T) {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 86 {
+	if len(leaves) != 87 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }

@@ -278,6 +278,7 @@ func (v *validator) kafka(k Kafka) {
 	}
 	// franz-go's bounds: linger up to 1m, request timeouts 100ms to 15m.
 	v.durationRange("kafka.linger", k.ProducerLinger, 0, time.Minute, "")
+	v.durationRange("kafka.latency_budget", k.LatencyBudget, 0, time.Second, "")
 	v.durationRange("kafka.request_timeout", k.RequestTimeout, 100*time.Millisecond, 15*time.Minute, "")
 	v.durationRange("kafka.drain_timeout", k.DrainTimeout, time.Second, 15*time.Minute, "")
 	v.oneOf("kafka.compression", k.Compression, kafkaopt.Compressions())
