@@ -119,7 +119,7 @@ func EnsureOwnTopics(ctx context.Context, cfg Config, create bool, log *slog.Log
 	if len(topics) == 0 {
 		return nil
 	}
-	opts, err := cfg.connOpts()
+	opts, err := cfg.ConnOpts()
 	if err != nil {
 		return err
 	}
@@ -196,7 +196,7 @@ func ensureOwnTopic(ctx context.Context, adm *kadm.Client, o ownTopic, brokers [
 
 // checkOwnTopic checks an existing own topic's settings.
 func checkOwnTopic(o ownTopic, configs []kadm.Config, log *slog.Logger) error {
-	if policy, ok := keepsLastPerKey(configs); o.compacted && !ok {
+	if policy, ok := KeepsLastPerKey(configs); o.compacted && !ok {
 		return &quarantine.NotCompactedError{Topic: o.name, Policy: policy}
 	}
 	for _, c := range configs {
