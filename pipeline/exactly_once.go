@@ -10,10 +10,11 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
 
 // ExactlyOnce configures kafka.delivery exactly_once: the transactional
-// sink (sink.Txn), which commits whole PostgreSQL transactions and their
+// producer (exactlyonce.Txn), which commits whole PostgreSQL transactions and their
 // end position in one Kafka transaction.
 type ExactlyOnce struct {
 	Interval       time.Duration // kafka.transaction_interval
@@ -60,8 +61,8 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
-	key := sink.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot)
-	t, err := sink.NewTxn(sink.TxnConfig{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
+	key := exactlyonce.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot)
+	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
 		Source: key, Fail: p.fail,
 		Prerequisite: func(problem, fix string) error { return &replication.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
 	if err != nil {
@@ -128,7 +129,7 @@ func (h *handover) freeze() lsn.LSN {
 // server commits below it and confirm the slot past them, so it is refused.
 // A position of an older version (no timeline) is checked against the WAL
 // end only.
-func trustCommitted(pos sink.Position, srv replication.Server, topic, key, brokers string) error {
+func trustCommitted(pos exactlyonce.Position, srv replication.Server, topic, key, brokers string) error {
 	why := replication.NotInHistory(pos.LSN, pos.Timeline, srv)
 	if pos.LSN == 0 || why == "" {
 		return nil

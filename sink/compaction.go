@@ -27,14 +27,14 @@ func policyHas(policy, want string) bool {
 	return false
 }
 
-// keepsLastPerKey reports whether a topic with these settings keeps each
+// KeepsLastPerKey reports whether a topic with these settings keeps each
 // key's last record for ever, as the quarantine state and positions topics
 // must: it compacts, and it does not also delete by time ("compact,delete"
 // with a finite retention.ms deletes a quarantine or a position older than
 // that). It returns the policy as a problem would state it. The one
 // definition: the state topic, the positions topic and EnsureOwnTopics
 // check with it.
-func keepsLastPerKey(configs []kadm.Config) (policy string, ok bool) {
+func KeepsLastPerKey(configs []kadm.Config) (policy string, ok bool) {
 	retention := ""
 	for _, c := range configs {
 		switch c.Key {

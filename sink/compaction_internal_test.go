@@ -34,8 +34,8 @@ func TestCompactionRule(t *testing.T) {
 		if got := compacts(c.policy); got != c.compacts {
 			t.Errorf("compacts(%q) = %v, want %v", c.policy, got, c.compacts)
 		}
-		if _, got := keepsLastPerKey(configs); got != c.keeps {
-			t.Errorf("keepsLastPerKey(%q, retention.ms %q) = %v, want %v", c.policy, c.retention, got, c.keeps)
+		if _, got := KeepsLastPerKey(configs); got != c.keeps {
+			t.Errorf("KeepsLastPerKey(%q, retention.ms %q) = %v, want %v", c.policy, c.retention, got, c.keeps)
 		}
 	}
 }

@@ -2,14 +2,12 @@ package sink_test
 
 import (
 	"errors"
-	"log/slog"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
-	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
@@ -27,23 +25,6 @@ func TestStateTopicCompactDeleteRefused(t *testing.T) {
 	}
 }
 
-// TestTxnPositionsTopicCompactListAccepted: "delete,compact" with an
-// infinite retention keeps every position; the start accepts it.
-func TestTxnPositionsTopicCompactListAccepted(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
-	createTopic(ctx, t, sinkOf(t, c), positions, map[string]string{"cleanup.policy": "delete,compact", "retention.ms": "-1"})
-	tx, err := sink.NewTxn(sink.TxnConfig{Sink: sink.Config{Brokers: c.ListenAddrs(), DLQTopic: dlq},
-		Positions: positions, Source: "s"}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatalf("NewTxn: %v", err)
-	}
-	defer tx.Close()
-	if _, err := tx.Start(ctx); err != nil {
-		t.Fatalf("Start = %v, want the compacted positions topic accepted", err)
-	}
-}
-
 // TestDefaultsOneDefinition: the configuration's defaults are the sink's,
 // and a sink.Config that leaves them 0 gets the same bounds (the client's
 // buffer was franz-go's 10,000 while internal/config said 4,000).
@@ -55,7 +36,7 @@ func TestDefaultsOneDefinition(t *testing.T) {
 		t.Fatalf("config defaults %d, %d, %v; sink defaults %d, %d, %v", d.Kafka.MaxBufferedRecords, d.DLQ.MaxQuarantined,
 			d.Kafka.UnknownTopicTimeout, kafkaopt.DefaultMaxBufferedRecords, kafkaopt.DefaultMaxQuarantined, kafkaopt.DefaultUnknownTopicTimeout)
 	}
-	s := sinkOf(t, newCluster(t))
+	s := newSink(t, newCluster(t), nil)
 	if got := s.Client().OptValue(kgo.MaxBufferedRecords); got != int64(d.Kafka.MaxBufferedRecords) {
 		t.Fatalf("a sink with MaxBufferedRecords 0 buffers %v records in the client, want %d", got, d.Kafka.MaxBufferedRecords)
 	}

@@ -2,10 +2,13 @@ package sink
 
 import (
 	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 )
 
 // Config is the producer configuration (the kafka section of the config file).
@@ -70,14 +73,11 @@ type Config struct {
 	// backoffs), applied after the sink's own; production settings are the
 	// fields above.
 	TestOpts []kgo.Opt
-	// extra are options of the package's own producers (the transactional
-	// one), applied after the sink's and before TestOpts.
-	extra []kgo.Opt
 }
 
-// connOpts are what every client of cfg's cluster takes: its brokers, the
+// ConnOpts are what every client of cfg's cluster takes: its brokers, the
 // client id, authentication and the security log.
-func (cfg Config) connOpts() ([]kgo.Opt, error) {
+func (cfg Config) ConnOpts() ([]kgo.Opt, error) {
 	sec, err := kafkaopt.SecurityOpts(cfg.Security)
 	if err != nil {
 		return nil, err
@@ -88,6 +88,69 @@ func (cfg Config) connOpts() ([]kgo.Opt, error) {
 	}
 	if cfg.RetryEOF {
 		opts = append(opts, kafkaopt.RetryEOF())
+	}
+	return opts, nil
+}
+
+// BufferedRecords is kafka.max_buffered_records, or its default.
+func (cfg Config) BufferedRecords() int {
+	if cfg.MaxBufferedRecords <= 0 {
+		return kafkaopt.DefaultMaxBufferedRecords
+	}
+	return cfg.MaxBufferedRecords
+}
+
+// TopicWait is how long records wait for a missing topic
+// (kafka.unknown_topic_timeout, or its default) and how often it is
+// looked for meanwhile.
+func (cfg Config) TopicWait() (timeout, poll time.Duration) {
+	timeout = cfg.UnknownTopicTimeout
+	if timeout <= 0 {
+		timeout = kafkaopt.DefaultUnknownTopicTimeout
+	}
+	return timeout, min(max(timeout/20, 50*time.Millisecond), time.Second)
+}
+
+// ProducerOpts are conn (ConnOpts) and the settings both producers (the
+// idempotent sink and sink/exactlyonce's transactional one) produce with;
+// batchMax caps each topic's batches (ProducerBatchMaxBytesFn). The caller
+// adds its own options, then TestOpts.
+func (cfg Config) ProducerOpts(conn []kgo.Opt, log *slog.Logger, batchMax func(topic string) int32) ([]kgo.Opt, error) {
+	codec, err := kafkaopt.CodecFor(cfg.Compression)
+	if err != nil {
+		return nil, err
+	}
+	opts := append(slices.Clip(conn),
+		// acks=all is required by, and the default of, the idempotent producer;
+		// said explicitly because guarantee 4 rests on it.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		// Keyed records hash with murmur2 like the Java client, so the same
+		// aggregate_id lands in the same partition for every producer.
+		// A record with a partition column's value keeps it (partitioner).
+		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.ProducerLinger(cfg.Linger),
+		kgo.ProducerBatchCompression(codec),
+		// A batch over the topic's limit is refused whole: cap each topic's
+		// batches at it (learned before its first record is produced).
+		kgo.ProducerBatchMaxBytesFn(batchMax),
+		// franz-go resets its sequence numbers and carries on; say so loudly.
+		kgo.ProducerOnDataLossDetected(func(topic string, partition int32) {
+			log.Error("kafka: data loss detected: the broker lost records it had acknowledged (unclean leader election or truncation); producing continues",
+				"topic", topic, "partition", partition)
+		}),
+		// Retry quickly after a broker comes back: franz-go's default backoff
+		// grows to seconds, which is what recovery after an outage then takes.
+		kgo.RetryBackoffFn(func(tries int) time.Duration {
+			d := min(100*time.Millisecond<<min(tries, 4), time.Second)
+			return d/2 + rand.N(d/2+1)
+		}),
+		kgo.MaxBufferedRecords(cfg.BufferedRecords()),
+	)
+	if cfg.MaxBufferedBytes > 0 {
+		opts = append(opts, kgo.MaxBufferedBytes(int(cfg.MaxBufferedBytes)))
+	}
+	if cfg.RequestTimeout > 0 {
+		opts = append(opts, kgo.ProduceRequestTimeout(cfg.RequestTimeout))
 	}
 	return opts, nil
 }

@@ -41,7 +41,7 @@ func (s *Sink) deadLetter(r *record, reason string, cause error) {
 		quarantine.Unpark(&r.Record)
 	}
 	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
-	r.toDeadLetter(s.dlq, reason, cause)
+	r.ToDeadLetter(s.dlq, reason, cause)
 	r.err, r.alone, r.resent, r.seq = nil, false, false, 0
 	if err := s.quarantine(r, reason); err != nil {
 		r.finish(Outcome{Err: err})
@@ -50,45 +50,45 @@ func (s *Sink) deadLetter(r *record, reason string, cause error) {
 	_ = s.submit(r, false)
 }
 
-// toDeadLetter turns r into its dead-letter copy for dlq: headers error
+// ToDeadLetter turns e into its dead-letter copy for dlq: headers error
 // (the reason) and topic first, then its own; key, value and timestamp as
-// they were. cause is the refusal that led here, if any. Both sinks use it.
-func (r *record) toDeadLetter(dlq, reason string, cause error) {
-	h := make([]kgo.RecordHeader, 0, len(r.Headers)+2)
+// they were. cause is the refusal that led here, if any. Both producers use it.
+func (e *Event) ToDeadLetter(dlq, reason string, cause error) {
+	h := make([]kgo.RecordHeader, 0, len(e.Headers)+2)
 	h = append(h, kgo.RecordHeader{Key: wire.HeaderError, Value: []byte(reason)},
-		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.Topic)})
-	r.Headers = append(h, r.Headers...)
-	r.orig, r.Topic = r.Topic, dlq
-	r.Partition = -1 // the key chooses, whatever partition the original had
-	r.dead, r.reason, r.level = true, reason, 0
+		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(e.Topic)})
+	e.Headers = append(h, e.Headers...)
+	e.orig, e.Topic = e.Topic, dlq
+	e.Partition = -1 // the key chooses, whatever partition the original had
+	e.dead, e.reason, e.level = true, reason, 0
 	if errors.Is(cause, kerr.InvalidTimestamp) {
-		r.Timestamp = time.Now() // the dead-letter topic would refuse it too
+		e.Timestamp = time.Now() // the dead-letter topic would refuse it too
 	}
-	r.size = batchSize(&r.Record)
+	e.size = batchSize(&e.Record)
 }
 
-// tooLargeReason is the dead letter's reason for a record over its topic's
+// TooLargeReason is the dead letter's reason for a record over its topic's
 // limit, checked before it is sent.
-func tooLargeReason(size int, limit int32, topic string) string {
+func TooLargeReason(size int, limit int32, topic string) string {
 	return fmt.Sprintf("record of %d bytes exceeds max.message.bytes %d of topic %s (%s)",
 		size, limit, topic, kerr.MessageTooLarge.Message)
 }
 
-// refusedReason is the dead letter's reason for a record the broker refused
+// RefusedReason is the dead letter's reason for a record the broker refused
 // on its own.
-func refusedReason(topic string, err error) string {
+func RefusedReason(topic string, err error) string {
 	return fmt.Sprintf("Kafka refused the record for topic %s: %v", topic, err)
 }
 
 // tooLarge handles r over t's limit before it is sent: a record is
 // dead-lettered, a dead letter made smaller.
 func (s *Sink) tooLarge(t *topicState, r *record) {
-	why := tooLargeReason(r.size, t.limit.Load(), t.name)
+	why := TooLargeReason(r.size, t.limit.Load(), t.name)
 	if !r.dead {
 		s.deadLetter(r, why, nil)
 		return
 	}
-	shrink(r, why, nil)
+	r.Shrink(why, nil)
 	_ = s.submit(r, false)
 }
 
@@ -97,15 +97,15 @@ func (s *Sink) tooLarge(t *topicState, r *record) {
 // and its refusal once minimal is fatal, never a silent drop.
 func (s *Sink) refusedAlone(t *topicState, r *record) {
 	if !r.dead {
-		s.deadLetter(r, refusedReason(r.Topic, r.err), r.err)
+		s.deadLetter(r, RefusedReason(r.Topic, r.err), r.err)
 		return
 	}
-	if r.level >= 2 || topicWide(r.err) {
+	if r.level >= 2 || TopicWide(r.err) {
 		r.finish(Outcome{Err: fmt.Errorf("dead-letter topic %s refused the record: %w", s.dlq, r.err)})
 		return
 	}
 	s.log.Warn("dead-letter topic refused the record; sending it smaller", "topic", s.dlq, "err", r.err)
-	shrink(r, r.err.Error(), r.err)
+	r.Shrink(r.err.Error(), r.err)
 	// Back to the repair, to be sent alone again.
 	r.alone = false
 	s.mu.Lock()
@@ -134,35 +134,35 @@ func (s *Sink) missingDeadLetter(t *topicState, r *record) {
 		t.name, s.unknownTimeout, kerr.UnknownTopicOrPartition), nil)
 }
 
-// shrink makes a dead letter smaller after why (a refusal or the size check):
+// Shrink makes a dead letter smaller after why (a refusal or the size check):
 // first without its payload; then a minimal record that fits any sensible
 // limit: the reason, the topic and the event id (cut short), a cut key, no
 // other header, and the current time, which the broker cannot find too old.
-func shrink(r *record, why string, cause error) {
-	if r.level == 0 && !errors.Is(cause, kerr.InvalidTimestamp) {
-		r.level = 1
-		r.Value = nil
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: wire.HeaderPayloadOmitted, Value: []byte(why)})
-		r.size = batchSize(&r.Record)
+func (e *Event) Shrink(why string, cause error) {
+	if e.level == 0 && !errors.Is(cause, kerr.InvalidTimestamp) {
+		e.level = 1
+		e.Value = nil
+		e.Headers = append(e.Headers, kgo.RecordHeader{Key: wire.HeaderPayloadOmitted, Value: []byte(why)})
+		e.size = batchSize(&e.Record)
 		return
 	}
-	r.level = 2
-	h := []kgo.RecordHeader{{Key: wire.HeaderError, Value: clip(r.reason, 256)}}
-	if r.orig != "" {
-		h = append(h, kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(r.orig)})
+	e.level = 2
+	h := []kgo.RecordHeader{{Key: wire.HeaderError, Value: clip(e.reason, 256)}}
+	if e.orig != "" {
+		h = append(h, kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(e.orig)})
 	}
-	if id := headerValue(&r.Record, wire.HeaderID); id != "" {
+	if id := headerValue(&e.Record, wire.HeaderID); id != "" {
 		h = append(h, kgo.RecordHeader{Key: wire.HeaderID, Value: clip(id, 64)})
 	}
 	h = append(h, kgo.RecordHeader{Key: wire.HeaderPayloadOmitted, Value: clip(why, 256)},
 		kgo.RecordHeader{Key: wire.HeaderTruncated, Value: []byte("key cut to 64 bytes, other headers dropped")})
-	r.Headers = h
-	if len(r.Key) > 64 {
-		r.Key = r.Key[:64]
+	e.Headers = h
+	if len(e.Key) > 64 {
+		e.Key = e.Key[:64]
 	}
-	r.Value = nil
-	r.Timestamp = time.Now()
-	r.size = batchSize(&r.Record)
+	e.Value = nil
+	e.Timestamp = time.Now()
+	e.size = batchSize(&e.Record)
 }
 
 func clip(s string, n int) []byte {

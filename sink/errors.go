@@ -11,7 +11,8 @@ import (
 
 // The Kafka boundary's error classes, in one place (as franz-go keeps its
 // errors.go): what a produce error means, which transactional errors are
-// fatal or retriable, and the errors of the transactional producer.
+// fatal or retriable, and the fencing error of the transactional producer
+// (sink/exactlyonce).
 
 // Class is what to do about a produce error.
 type Class int
@@ -44,12 +45,12 @@ func Classify(err error) Class {
 	return ClassFatal
 }
 
-// topicWide reports a refusal that concerns the topic, not the record:
+// TopicWide reports a refusal that concerns the topic, not the record:
 // sending the record alone again would only be refused again.
-func topicWide(err error) bool { return errors.Is(err, kerr.InvalidTopicException) }
+func TopicWide(err error) bool { return errors.Is(err, kerr.InvalidTopicException) }
 
-// unknownTopic reports a refusal that means the topic does not exist (yet).
-func unknownTopic(err error) bool {
+// UnknownTopic reports a refusal that means the topic does not exist (yet).
+func UnknownTopic(err error) bool {
 	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
 }
 
@@ -62,25 +63,17 @@ func shutdownError(err error) error {
 	return fmt.Errorf("%w (after: %v)", kgo.ErrClientClosed, err)
 }
 
-// isRetriable: a transactional request may be sent again (the
+// IsRetriableTxn: a transactional request may be sent again (the
 // coordinator is loading or moving, another transaction of the id is still
 // ending).
-func isRetriable(err error) bool {
+func IsRetriableTxn(err error) bool {
 	var ke *kerr.Error
 	return errors.As(err, &ke) && ke.Retriable || errors.Is(err, kerr.ConcurrentTransactions)
 }
 
-// errBegin: the client cannot begin a transaction (its producer id failed
-// for good); only a new client, after a restart, can.
-var errBegin = errors.New("begin transaction")
-
-// errRefused: the broker refused a record; the transaction is aborted and
-// done again with it sent alone or dead-lettered.
-var errRefused = errors.New("kafka refused a record of the transaction")
-
-// isFatalTxn: the transactional id was taken over (or is not ours to use);
+// IsFatalTxn: the transactional id was taken over (or is not ours to use);
 // nothing this instance does can commit again.
-func isFatalTxn(err error) bool {
+func IsFatalTxn(err error) bool {
 	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) ||
 		errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
 }
@@ -98,7 +91,10 @@ func (e *FencedError) Error() string {
 }
 func (e *FencedError) Unwrap() error { return e.Err }
 
-func fatalTxnError(id string, err error) error {
+// FatalTxnError is the error a fatal transactional error (IsFatalTxn)
+// stops the connector with: a *FencedError when another instance took the
+// id over.
+func FatalTxnError(id string, err error) error {
 	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
 		return &FencedError{TransactionalID: id, Err: err}
 	}

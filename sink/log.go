@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -12,7 +13,7 @@ import (
 // SASL), no group, and the raw log with its transaction markers, which
 // readLog resolves itself.
 func newLogClient(cfg Config, opts ...kgo.Opt) (*kgo.Client, error) {
-	all, err := cfg.connOpts()
+	all, err := cfg.ConnOpts()
 	if err != nil {
 		return nil, err
 	}
@@ -88,6 +89,33 @@ func readLog(ctx context.Context, cl *kgo.Client, from map[string]map[int32]kgo.
 		}
 	}
 	return nil
+}
+
+// ReadTopic reads every partition of topic from its start to its end as
+// listed when the read starts, handing fn the committed records in offset
+// order (readLog), on the calling goroutine: sink/exactlyonce's read of
+// the positions topic.
+func ReadTopic(ctx context.Context, cfg Config, topic string, fn func(*kgo.Record) error) error {
+	cl, err := newLogClient(cfg)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return err
+	}
+	from := map[string]map[int32]kgo.Offset{topic: {}}
+	until := map[string]map[int32]int64{topic: {}}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			from[topic][o.Partition], until[topic][o.Partition] = kgo.NewOffset().AtStart(), o.Offset
+		}
+	})
+	return readLog(ctx, cl, from, until, fn)
 }
 
 // committedLog resolves transactions in a raw read: each producer's

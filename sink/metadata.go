@@ -21,10 +21,11 @@ import (
 func (s *Sink) lookup(t *topicState) {
 	var (
 		exists bool
+		limit  int32
 		err    error
 	)
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		exists, err = s.meta.existsOrCreate(s.ctx, t.name)
+		exists, limit, err = s.meta.Lookup(s.ctx, t.name)
 		if err == nil {
 			break
 		}
@@ -32,10 +33,6 @@ func (s *Sink) lookup(t *topicState) {
 		if s.sleep(backoff); s.ctx.Err() != nil {
 			return
 		}
-	}
-	var limit int32
-	if exists {
-		limit = s.meta.maxMessageBytes(s.ctx, t.name)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -53,10 +50,11 @@ func (s *Sink) lookup(t *topicState) {
 	}
 }
 
-// metadata answers what both producers ask of a topic before its records
-// go: does it exist (creating it when allowed), and what record size it
-// takes. It reads the broker's settings once.
-type metadata struct {
+// Metadata answers what both producers (this package's and
+// sink/exactlyonce's) ask of a topic before its records go: does it exist
+// (creating it when allowed), and what record size it takes (Lookup). It
+// reads the broker's settings once.
+type Metadata struct {
 	cl          *kgo.Client
 	adm         *kadm.Client
 	log         *slog.Logger
@@ -68,8 +66,11 @@ type metadata struct {
 	broker brokerInfo
 }
 
-func newMetadata(cl *kgo.Client, cfg Config, log *slog.Logger) *metadata {
-	m := &metadata{cl: cl, adm: kadm.NewClient(cl), log: log, autoCreate: cfg.AutoCreateTopics,
+// NewMetadata asks through cl and creates topics as cfg says
+// (kafka.auto_create_topics, kafka.topic_partitions,
+// kafka.topic_replication_factor).
+func NewMetadata(cl *kgo.Client, cfg Config, log *slog.Logger) *Metadata {
+	m := &Metadata{cl: cl, adm: kadm.NewClient(cl), log: log, autoCreate: cfg.AutoCreateTopics,
 		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor}
 	if m.partitions == 0 {
 		m.partitions = -1
@@ -80,8 +81,23 @@ func newMetadata(cl *kgo.Client, cfg Config, log *slog.Logger) *metadata {
 	return m
 }
 
+// Replication is the replication factor of the topics it creates; -1: the
+// broker's default.
+func (m *Metadata) Replication() int16 { return m.replication }
+
+// Lookup reports whether name exists, creating it when allowed, and, when
+// it does, its max.message.bytes (maxMessageBytes; 0 if unknown). An error
+// means the cluster could not be asked: ask again.
+func (m *Metadata) Lookup(ctx context.Context, name string) (exists bool, limit int32, err error) {
+	exists, err = m.existsOrCreate(ctx, name)
+	if err == nil && exists {
+		limit = m.maxMessageBytes(ctx, name)
+	}
+	return exists, limit, err
+}
+
 // existsOrCreate reports whether name exists, creating it when allowed.
-func (m *metadata) existsOrCreate(ctx context.Context, name string) (bool, error) {
+func (m *Metadata) existsOrCreate(ctx context.Context, name string) (bool, error) {
 	ok, err := m.exists(ctx, name)
 	if err == nil && !ok && m.mayCreate(ctx) {
 		ok, err = m.create(ctx, name)
@@ -90,7 +106,7 @@ func (m *metadata) existsOrCreate(ctx context.Context, name string) (bool, error
 }
 
 // exists asks a broker for name's metadata, never auto-creating it.
-func (m *metadata) exists(ctx context.Context, name string) (bool, error) {
+func (m *Metadata) exists(ctx context.Context, name string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	req := kmsg.NewPtrMetadataRequest()
@@ -121,7 +137,7 @@ func (m *metadata) exists(ctx context.Context, name string) (bool, error) {
 // It reports false, without error, when the cluster refuses (a policy, a
 // replication factor it cannot meet, no permission): the topic stays missing
 // and its records wait for it.
-func (m *metadata) create(ctx context.Context, name string) (bool, error) {
+func (m *Metadata) create(ctx context.Context, name string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	resp, err := m.adm.CreateTopic(ctx, m.partitions, m.replication, nil, name)
@@ -152,7 +168,7 @@ func orDefault(n int) string {
 // mayCreate: kafka.auto_create_topics is on and the broker does not forbid
 // auto-creation, so the sink creates exactly the topics the broker's own
 // auto-creation would have, with the stated settings.
-func (m *metadata) mayCreate(ctx context.Context) bool {
+func (m *Metadata) mayCreate(ctx context.Context) bool {
 	if !m.autoCreate {
 		return false
 	}
@@ -171,7 +187,7 @@ type brokerInfo struct {
 
 // brokerConfig reads a broker's message.max.bytes and
 // auto.create.topics.enable, once, retrying at most once a minute.
-func (m *metadata) brokerConfig(ctx context.Context) brokerInfo {
+func (m *Metadata) brokerConfig(ctx context.Context) brokerInfo {
 	m.mu.Lock()
 	b := m.broker
 	m.mu.Unlock()
@@ -206,7 +222,7 @@ func (m *metadata) brokerConfig(ctx context.Context) brokerInfo {
 
 // maxMessageBytes is name's max.message.bytes, or the broker's
 // message.max.bytes if the topic's cannot be read, or 0.
-func (m *metadata) maxMessageBytes(ctx context.Context, name string) int32 {
+func (m *Metadata) maxMessageBytes(ctx context.Context, name string) int32 {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	rcs, err := m.adm.DescribeTopicConfigs(ctx, name)
@@ -248,11 +264,12 @@ func (s *Sink) batchMax(topic string) int32 {
 		}
 		s.mu.Unlock()
 	}
-	return batchCap(limit)
+	return BatchCap(limit)
 }
 
-// batchCap is the batch cap for a topic limit (0: unknown).
-func batchCap(limit int32) int32 {
+// BatchCap is the batch cap for a topic limit (0: unknown): both
+// producers' ProducerBatchMaxBytesFn (batchMax).
+func BatchCap(limit int32) int32 {
 	if limit <= 0 {
 		return defaultBatchMax
 	}

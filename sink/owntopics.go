@@ -21,9 +21,9 @@ import (
 // first record is produced: a broker that forbids auto-creation would
 // otherwise hold the first dead letter, and every later event of its
 // aggregate, for kafka.unknown_topic_timeout. They are created whatever
-// kafka.auto_create_topics says, as the positions topic is (txnstart.go):
-// the connector cannot work without them. The positions topic is not here:
-// exactly_once's start creates and checks it.
+// kafka.auto_create_topics says, as the positions topic is
+// (sink/exactlyonce/start.go): the connector cannot work without them. The
+// positions topic is not here: exactly_once's start creates and checks it.
 
 // keepForever is retention.ms for records nothing may delete: a parked
 // event or a dead letter deleted before its redrive is an event lost.
@@ -119,7 +119,7 @@ func EnsureOwnTopics(ctx context.Context, cfg Config, create bool, log *slog.Log
 	if len(topics) == 0 {
 		return nil
 	}
-	opts, err := cfg.connOpts()
+	opts, err := cfg.ConnOpts()
 	if err != nil {
 		return err
 	}
@@ -196,7 +196,7 @@ func ensureOwnTopic(ctx context.Context, adm *kadm.Client, o ownTopic, brokers [
 
 // checkOwnTopic checks an existing own topic's settings.
 func checkOwnTopic(o ownTopic, configs []kadm.Config, log *slog.Logger) error {
-	if policy, ok := keepsLastPerKey(configs); o.compacted && !ok {
+	if policy, ok := KeepsLastPerKey(configs); o.compacted && !ok {
 		return &quarantine.NotCompactedError{Topic: o.name, Policy: policy}
 	}
 	for _, c := range configs {

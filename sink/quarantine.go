@@ -27,7 +27,7 @@ func (s *Sink) openQuarantine(cfg Config, conn []kgo.Opt, codec kgo.CompressionC
 	qc := quarantine.Config{Parking: cfg.ParkingTopic, DLQ: cfg.DLQTopic, Max: cfg.MaxQuarantined,
 		Topic: cfg.QuarantineTopic, Source: cfg.QuarantineSource, Owner: cfg.Owner, Fail: cfg.Fail, Report: cfg.Redrives}
 	k := quarantine.Kafka{Client: s.cl, Admin: s.adm, Conn: conn, Partitioner: newPartitioner, Codec: codec,
-		Replication: s.meta.replication, BatchSize: batchSize, BatchMax: defaultBatchMax, KeepsLastPerKey: keepsLastPerKey}
+		Replication: s.meta.replication, BatchSize: batchSize, BatchMax: defaultBatchMax, KeepsLastPerKey: KeepsLastPerKey}
 	s.q = quarantine.New(s.ctx, qc, k, s.log)
 	s.restored = s.q.Ready()
 }
@@ -122,7 +122,7 @@ func (r *record) Resubmit(park bool) {
 // NewStateClient connects to cfg's cluster for cfg.QuarantineTopic and the
 // keys of cfg.QuarantineSource, for the command line (outbox-cdc redrive).
 func NewStateClient(cfg Config) (*quarantine.StateClient, error) {
-	conn, err := cfg.connOpts()
+	conn, err := cfg.ConnOpts()
 	if err != nil {
 		return nil, err
 	}

@@ -25,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -47,7 +46,7 @@ type Sink struct {
 	dlq string
 	log *slog.Logger
 
-	meta           *metadata
+	meta           *Metadata
 	unknownTimeout time.Duration
 	poll           time.Duration // how often a missing topic is looked for
 	maxHeld        int
@@ -84,54 +83,19 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{dlq: cfg.DLQTopic, log: log,
-		unknownTimeout: cfg.UnknownTopicTimeout, maxHeld: cfg.MaxBufferedRecords, maxHeldBytes: cfg.MaxBufferedBytes,
+	s := &Sink{dlq: cfg.DLQTopic, log: log, maxHeld: cfg.BufferedRecords(), maxHeldBytes: cfg.MaxBufferedBytes,
 		topics: make(map[string]*topicState), space: make(chan struct{})}
-	base, err := cfg.connOpts()
+	s.unknownTimeout, s.poll = cfg.TopicWait()
+	base, err := cfg.ConnOpts()
 	if err != nil {
 		return nil, err
 	}
-	if s.unknownTimeout <= 0 {
-		s.unknownTimeout = kafkaopt.DefaultUnknownTopicTimeout
-	}
-	s.poll = min(max(s.unknownTimeout/20, 50*time.Millisecond), time.Second)
-	if s.maxHeld <= 0 {
-		s.maxHeld = kafkaopt.DefaultMaxBufferedRecords
-	}
 	s.gate = newGate(s.maxHeld, s.maxHeldBytes, cfg.LatencyBudget)
-	opts := append(slices.Clip(base),
-		// acks=all is required by, and the default of, the idempotent producer;
-		// said explicitly because guarantee 4 rests on it.
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		// Keyed records hash with murmur2 like the Java client, so the same
-		// aggregate_id lands in the same partition for every producer.
-		// A record with a partition column's value keeps it (partitioner).
-		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
-		kgo.ProducerLinger(cfg.Linger),
-		kgo.ProducerBatchCompression(codec),
-		// A batch over the topic's limit is refused whole: cap each topic's
-		// batches at it (learned before its first record is produced).
-		kgo.ProducerBatchMaxBytesFn(s.batchMax),
-		// franz-go resets its sequence numbers and carries on; say so loudly.
-		kgo.ProducerOnDataLossDetected(func(topic string, partition int32) {
-			log.Error("kafka: data loss detected: the broker lost records it had acknowledged (unclean leader election or truncation); producing continues",
-				"topic", topic, "partition", partition)
-		}),
-		// Retry quickly after a broker comes back: franz-go's default backoff
-		// grows to seconds, which is what recovery after an outage then takes.
-		kgo.RetryBackoffFn(func(tries int) time.Duration {
-			d := min(100*time.Millisecond<<min(tries, 4), time.Second)
-			return d/2 + rand.N(d/2+1)
-		}),
-	)
-	opts = append(opts, kgo.MaxBufferedRecords(s.maxHeld))
-	if cfg.MaxBufferedBytes > 0 {
-		opts = append(opts, kgo.MaxBufferedBytes(int(cfg.MaxBufferedBytes)))
+	opts, err := cfg.ProducerOpts(base, log, s.batchMax)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.RequestTimeout > 0 {
-		opts = append(opts, kgo.ProduceRequestTimeout(cfg.RequestTimeout))
-	}
-	opts = append(append(opts, cfg.extra...), cfg.TestOpts...)
+	opts = append(opts, cfg.TestOpts...)
 	// Last, so that no option replaces it: the sink's order guarantee after
 	// a refusal rests on it.
 	opts = append(opts, kgo.WithLogger(clientLog{hold: s.holdBack}))
@@ -139,7 +103,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	s.cl, s.adm, s.meta = cl, kadm.NewClient(cl), newMetadata(cl, cfg, log)
+	s.cl, s.adm, s.meta = cl, kadm.NewClient(cl), NewMetadata(cl, cfg, log)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.openQuarantine(cfg, append(slices.Clip(base), cfg.TestOpts...), codec)
 	s.wg.Add(1)
@@ -155,28 +119,23 @@ func (s *Sink) Ping(ctx context.Context) error {
 	return nil
 }
 
-// record is a kgo.Record with room for the usual headers and its state in
-// the sink, so one allocation carries a whole event. It has one owner at a
-// time: the client, a topic's held queue or retry list, or a worker.
+// record is an Event (the kgo.Record, its size and dead-letter copy) and
+// its state in the sink, so one allocation carries a whole event. It has
+// one owner at a time: the client, a topic's held queue or retry list, or a
+// worker.
 type record struct {
-	kgo.Record
-	hdr  [8]kgo.RecordHeader
+	Event
 	done Done
 	sink *Sink
 	ctx  context.Context // Produce's: it governs the record until it is sent
 	t    *topicState     // topic it was last handed to the client for
 	seq  uint64          // Produce order
-	size int             // batchSize: what the broker counts against its limit
 
 	err    error // the refusal, while the record waits in a repair
 	alone  bool  // sent on its own: a refusal now is its own
 	resent bool  // sent again by a repair
 
-	dead   bool   // bound for the dead-letter topic
-	parked bool   // bound for the parking topic: its key is quarantined
-	reason string // why it is dead-lettered
-	orig   string // topic it was meant for ("" for the router's dead letters)
-	level  int    // dead-letter copy: 0 whole, 1 without payload, 2 minimal
+	parked bool // bound for the parking topic: its key is quarantined
 
 	qm quarantine.Mark // the quarantine's state on the record
 

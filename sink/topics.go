@@ -236,17 +236,17 @@ func (s *Sink) repairStep(t *topicState) bool {
 		t.retry = slices.Delete(t.retry, i, i+1)
 		s.mu.Unlock()
 		s.handOver(t, r, resend)
-	case unknownTopic(r.err):
+	case UnknownTopic(r.err):
 		// Look the topic up again before anything is sent; these records
 		// were not refused for what they are.
 		for _, x := range t.retry {
-			if x.err != nil && unknownTopic(x.err) {
+			if x.err != nil && UnknownTopic(x.err) {
 				x.err, x.alone = nil, false
 			}
 		}
 		t.known = false
 		s.mu.Unlock()
-	case r.alone || topicWide(r.err):
+	case r.alone || TopicWide(r.err):
 		t.retry = slices.Delete(t.retry, i, i+1)
 		s.mu.Unlock()
 		s.refusedAlone(t, r)

@@ -11,7 +11,7 @@ const (
 	// DeliveryAtLeastOnce is the idempotent producer: a crash can publish
 	// the transactions after the confirmed position again.
 	DeliveryAtLeastOnce = "at_least_once"
-	// DeliveryExactlyOnce is the transactional producer (sink/txn.go): whole
+	// DeliveryExactlyOnce is the transactional producer (sink/exactlyonce): whole
 	// PostgreSQL transactions per Kafka transaction, the position committed
 	// in it.
 	DeliveryExactlyOnce = "exactly_once"

@@ -1,4 +1,4 @@
-package sink_test
+package exactlyonce_test
 
 import (
 	"bytes"
@@ -21,15 +21,16 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
 
 const positions = "outbox-cdc.positions"
 
 // newTxn starts a transactional sink for source on c; it is closed before
 // the cluster.
-func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, interval time.Duration, tune ...func(*sink.TxnConfig)) (*sink.Txn, lsn.LSN, func()) {
+func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, interval time.Duration, tune ...func(*exactlyonce.Config)) (*exactlyonce.Txn, lsn.LSN, func()) {
 	t.Helper()
-	cfg := sink.TxnConfig{
+	cfg := exactlyonce.Config{
 		Sink: sink.Config{Brokers: c.ListenAddrs(), ClientID: "txn-test", DLQTopic: dlq,
 			TestOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
 				kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}},
@@ -39,9 +40,9 @@ func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, 
 	for _, f := range tune {
 		f(&cfg)
 	}
-	tx, err := sink.NewTxn(cfg, slog.New(slog.DiscardHandler))
+	tx, err := exactlyonce.New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
-		t.Fatalf("NewTxn: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	closeOnce := sync.OnceFunc(tx.Close)
 	t.Cleanup(closeOnce)
@@ -54,7 +55,7 @@ func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, 
 
 // produceTxn hands one PostgreSQL transaction over: a record per value,
 // keyed by its value, then its end.
-func produceTxn(ctx context.Context, t *testing.T, tx *sink.Txn, done sink.Done, end lsn.LSN, tp string, values ...string) {
+func produceTxn(ctx context.Context, t *testing.T, tx *exactlyonce.Txn, done sink.Done, end lsn.LSN, tp string, values ...string) {
 	t.Helper()
 	for _, v := range values {
 		rec := &router.Record{Topic: tp, Key: []byte(v), Value: []byte(v), Timestamp: time.Now()}
@@ -112,7 +113,7 @@ func values(recs []*kgo.Record) []string {
 
 func lastPosition(ctx context.Context, t *testing.T, c *kfake.Cluster, source string) lsn.LSN {
 	t.Helper()
-	var pos sink.Position
+	var pos exactlyonce.Position
 	for _, r := range readCommitted(ctx, t, c, positions, true, false) {
 		if string(r.Key) == source {
 			if err := json.Unmarshal(r.Value, &pos); err != nil {
@@ -228,7 +229,7 @@ func TestTxnFencedIdleStops(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t)
 	fatal := make(chan error, 4) // more than one report overflows into a failure below
-	first, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond, func(cfg *sink.TxnConfig) {
+	first, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.FenceCheck = 50 * time.Millisecond
 		cfg.Fail = func(err error) { fatal <- err }
 	})
@@ -270,8 +271,8 @@ func TestTxnRefusedRecordRedone(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 50*time.Millisecond)
-	names := topicNames(ctx, t, sinkOf(t, c), "one")
-	refused, _ := refuse(c, names, nil, func(tp string, b []byte) int16 {
+	names := topicNames(ctx, t, c, "one")
+	refused := refuse(c, names, func(tp string, b []byte) int16 {
 		if tp == "one" && bytes.Contains(b, []byte("poison")) {
 			return kerr.PolicyViolation.Code
 		}
@@ -318,7 +319,7 @@ func TestTxnRefusedRecordRedone(t *testing.T) {
 func TestTxnTooLargeDeadLettered(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t)
-	createTopic(ctx, t, sinkOf(t, c), "small", map[string]string{"max.message.bytes": "1024"})
+	createTopic(ctx, t, c, "small", map[string]string{"max.message.bytes": "1024"})
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
 	done := newOutcomes()
 	big := string(bytes.Repeat([]byte("y"), 4<<10))
@@ -345,11 +346,11 @@ func TestTxnTooLargeDeadLettered(t *testing.T) {
 func TestTxnPositionsTopicChecked(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t)
-	createTopic(ctx, t, sinkOf(t, c), positions, map[string]string{"cleanup.policy": "delete"})
-	tx, err := sink.NewTxn(sink.TxnConfig{Sink: sink.Config{Brokers: c.ListenAddrs(), DLQTopic: dlq},
+	createTopic(ctx, t, c, positions, map[string]string{"cleanup.policy": "delete"})
+	tx, err := exactlyonce.New(exactlyonce.Config{Sink: sink.Config{Brokers: c.ListenAddrs(), DLQTopic: dlq},
 		Positions: positions, Source: "s"}, slog.New(slog.DiscardHandler))
 	if err != nil {
-		t.Fatalf("NewTxn: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	defer tx.Close()
 	_, err = tx.Start(ctx)
@@ -357,9 +358,6 @@ func TestTxnPositionsTopicChecked(t *testing.T) {
 		t.Fatalf("Start = %v, want the cleanup policy named with its fix", err)
 	}
 }
-
-// sinkOf is an at-least-once sink on c, for its admin helpers.
-func sinkOf(t *testing.T, c *kfake.Cluster) *sink.Sink { return newSink(t, c, nil) }
 
 // cutEndTxn is a dialer for the transactional client: once armed, the
 // connection that carries an EndTxn request is cut before the answer (with
@@ -430,7 +428,7 @@ func TestTxnUnconfirmedCommit(t *testing.T) {
 			ctx := testCtx(t)
 			c := newCluster(t, kfake.SeedTopics(1, "one"))
 			d := &cutEndTxn{lose: tt.lose, refusal: time.Second}
-			tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
+			tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 				cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 			})
 			done := newOutcomes()
@@ -459,5 +457,22 @@ func TestTxnUnconfirmedCommit(t *testing.T) {
 				t.Fatalf("Committed() = %v, want 300", got)
 			}
 		})
+	}
+}
+
+// TestTxnPositionsTopicCompactListAccepted: "delete,compact" with an
+// infinite retention keeps every position; the start accepts it.
+func TestTxnPositionsTopicCompactListAccepted(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	createTopic(ctx, t, c, positions, map[string]string{"cleanup.policy": "delete,compact", "retention.ms": "-1"})
+	tx, err := exactlyonce.New(exactlyonce.Config{Sink: sink.Config{Brokers: c.ListenAddrs(), DLQTopic: dlq},
+		Positions: positions, Source: "s"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer tx.Close()
+	if _, err := tx.Start(ctx); err != nil {
+		t.Fatalf("Start = %v, want the compacted positions topic accepted", err)
 	}
 }

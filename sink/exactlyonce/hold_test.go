@@ -1,4 +1,4 @@
-package sink_test
+package exactlyonce_test
 
 import (
 	"fmt"
@@ -8,7 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
 
 // TestTxnHoldUntil: under a hold, the PostgreSQL transactions handed over
@@ -73,7 +73,7 @@ func TestTxnHoldUntil(t *testing.T) {
 	t.Run("bounded", func(t *testing.T) {
 		ctx := testCtx(t)
 		c := newCluster(t, kfake.SeedTopics(1, "one"))
-		tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond, func(cfg *sink.TxnConfig) { cfg.MaxRecords = 2 })
+		tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond, func(cfg *exactlyonce.Config) { cfg.MaxRecords = 2 })
 		done := newOutcomes()
 		tx.HoldUntil(1000)
 		for i := range 19 {

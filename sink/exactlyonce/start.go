@@ -1,4 +1,4 @@
-package sink
+package exactlyonce
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 // Start checks what transactions need (brokers that support them, the
@@ -46,7 +48,7 @@ func (t *Txn) Start(ctx context.Context) (Position, error) {
 }
 
 // prerequisite is a broker setting that must change before the connector
-// can run (TxnConfig.Prerequisite).
+// can run (Config.Prerequisite).
 func (t *Txn) prerequisite(problem, fix string) error {
 	if t.cfg.Prerequisite != nil {
 		return t.cfg.Prerequisite(problem, fix)
@@ -56,7 +58,7 @@ func (t *Txn) prerequisite(problem, fix string) error {
 
 // checkTransactions refuses brokers without the transaction APIs.
 func (t *Txn) checkTransactions(ctx context.Context) error {
-	vs, err := t.s.adm.ApiVersions(ctx)
+	vs, err := t.adm.ApiVersions(ctx)
 	if err != nil {
 		return fmt.Errorf("kafka api versions: %w", err)
 	}
@@ -83,7 +85,7 @@ func (t *Txn) checkTransactions(ctx context.Context) error {
 // republish what was committed since.
 func (t *Txn) ensurePositions(ctx context.Context) error {
 	name := t.cfg.Positions
-	rcs, err := t.s.adm.DescribeTopicConfigs(ctx, name)
+	rcs, err := t.adm.DescribeTopicConfigs(ctx, name)
 	if err != nil {
 		return fmt.Errorf("describe %s: %w", name, err)
 	}
@@ -94,7 +96,7 @@ func (t *Txn) ensurePositions(ctx context.Context) error {
 	switch {
 	case errors.Is(err, kerr.UnknownTopicOrPartition):
 		compact := "compact"
-		_, err := t.s.adm.CreateTopic(ctx, 1, t.s.meta.replication, map[string]*string{"cleanup.policy": &compact}, name)
+		_, err := t.adm.CreateTopic(ctx, 1, t.meta.Replication(), map[string]*string{"cleanup.policy": &compact}, name)
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 			return t.prerequisite(
 				fmt.Sprintf("cannot create the positions topic %s: %v", name, err),
@@ -105,7 +107,7 @@ func (t *Txn) ensurePositions(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("describe %s: %w", name, err)
 	}
-	if policy, ok := keepsLastPerKey(rc.Configs); !ok {
+	if policy, ok := sink.KeepsLastPerKey(rc.Configs); !ok {
 		return t.prerequisite(
 			fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, policy),
 			fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
@@ -125,7 +127,7 @@ func (t *Txn) fence(parent context.Context) error {
 		req.TransactionalID = &t.txnID
 		req.TransactionTimeoutMillis = int32(t.cfg.TransactionTimeout.Milliseconds())
 		req.ProducerID, req.ProducerEpoch = -1, -1
-		resp, err := req.RequestWith(ctx, t.s.cl)
+		resp, err := req.RequestWith(ctx, t.cl)
 		if err == nil {
 			err = kerr.ErrorForCode(resp.ErrorCode)
 		}
@@ -144,7 +146,7 @@ func (t *Txn) fence(parent context.Context) error {
 			return t.prerequisite(
 				fmt.Sprintf("the Kafka transaction coordinator did not answer for a minute (%v); its __transaction_state topic may not be creatable", err),
 				"on a cluster of fewer than 3 brokers set transaction.state.log.replication.factor and transaction.state.log.min.isr to at most the broker count")
-		case isRetriable(err):
+		case sink.IsRetriableTxn(err):
 		default:
 			return fmt.Errorf("init transactional id %s: %w", t.txnID, err)
 		}
@@ -156,34 +158,15 @@ func (t *Txn) fence(parent context.Context) error {
 	}
 }
 
-// readPosition reads the positions topic to its end (readLog: committed
-// records only) and returns the last position of this source; a tombstone
-// for it (an operator forgetting the position) is none.
+// readPosition reads the positions topic to its end (sink.ReadTopic:
+// committed records only) and returns the last position of this source; a
+// tombstone for it (an operator forgetting the position) is none.
 func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 	name := t.cfg.Positions
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	ends, err := t.s.adm.ListEndOffsets(ctx, name)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return Position{}, fmt.Errorf("read positions: %w", err)
-	}
-	from := map[string]map[int32]kgo.Offset{name: {}}
-	until := map[string]map[int32]int64{name: {}}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			from[name][o.Partition], until[name][o.Partition] = kgo.NewOffset().AtStart(), o.Offset
-		}
-	})
-	cl, err := newLogClient(t.cfg.Sink)
-	if err != nil {
-		return Position{}, fmt.Errorf("read positions: %w", err)
-	}
-	defer cl.Close()
 	var pos Position
-	err = readLog(ctx, cl, from, until, func(r *kgo.Record) error {
+	err := sink.ReadTopic(ctx, t.cfg.Sink, name, func(r *kgo.Record) error {
 		if string(r.Key) != t.cfg.Source {
 			return nil
 		}

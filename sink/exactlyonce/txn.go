@@ -1,25 +1,34 @@
-package sink
+// Package exactlyonce is kafka.delivery exactly_once: a transactional
+// producer that commits whole PostgreSQL transactions together with their
+// end position in one Kafka transaction (Txn). It shares with package sink
+// what both producers need (sink.Config's connection and producer options,
+// the topic metadata, the event and its dead-letter copy, the error
+// classes, the committed-log reader); sink does not import it.
+package exactlyonce
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
-// TxnConfig configures the exactly-once sink (kafka.delivery exactly_once).
-type TxnConfig struct {
-	Sink Config
+// Config configures the exactly-once producer (kafka.delivery exactly_once).
+type Config struct {
+	// Sink is the kafka section: the cluster, its security, the producer
+	// settings, the dead-letter topic and the topic lookup.
+	Sink sink.Config
 	// Positions is the compacted topic the position is committed to.
 	Positions string
 	// Source names the stream: the position record's key and the base of
@@ -30,7 +39,7 @@ type TxnConfig struct {
 	// their Kafka transaction; 0 means 5ms.
 	Interval time.Duration
 	// MaxRecords commits at once when this many events wait; 0 means
-	// Sink.MaxBufferedRecords, or kafkaopt.DefaultMaxBufferedRecords when that is 0.
+	// Sink.BufferedRecords().
 	MaxRecords int
 	// TransactionTimeout is the broker's bound on an open transaction;
 	// 0 means one minute.
@@ -43,12 +52,12 @@ type TxnConfig struct {
 	// when no event is waiting to carry it.
 	Fail func(error)
 	// Prerequisite makes the error for a broker setting to change
-	// (replication.PrerequisiteError in the connector; the sink does not
-	// import the replication package).
+	// (replication.PrerequisiteError in the connector; this package does
+	// not import the replication package).
 	Prerequisite func(problem, fix string) error
 }
 
-// Txn is the exactly-once sink. The pipeline hands it each PostgreSQL
+// Txn is the exactly-once producer. The pipeline hands it each PostgreSQL
 // transaction whole (Produce for every event, then EndTxn with its end LSN);
 // it keeps them in memory and, at most every Interval (sooner once
 // MaxRecords wait), produces them together with the position record in one
@@ -60,10 +69,16 @@ type TxnConfig struct {
 // refused with others are sent alone the next time) and dead-lettered
 // instead, in the same transaction as the rest.
 type Txn struct {
-	s     *Sink // its client is transactional; its topic helpers are shared, its Produce path unused
+	cl    *kgo.Client // transactional: every attempt is one of its transactions
+	adm   *kadm.Client
+	meta  *sink.Metadata // the topic lookup both producers use
 	log   *slog.Logger
-	cfg   TxnConfig
+	cfg   Config
 	txnID string
+
+	// unknownTimeout and poll: how long a missing topic is waited for, and
+	// how often it is looked for meanwhile (sink.Config.TopicWait).
+	unknownTimeout, poll time.Duration
 
 	limits sync.Map // topic → int32 max.message.bytes, read by franz-go (batchMax)
 
@@ -81,7 +96,7 @@ type Txn struct {
 	// commitMu makes one Kafka transaction at a time; it guards topics,
 	// fatal and unsure.
 	commitMu  sync.Mutex
-	topics    map[string]*txnTopic
+	topics    map[string]*topicInfo
 	fatal     error
 	committed atomic.Uint64 // last position committed
 	lastTry   time.Time     // last transaction attempted
@@ -101,33 +116,23 @@ type Txn struct {
 	wg     sync.WaitGroup
 }
 
-// entry is one event in the sink's hands until its transaction commits.
+// entry is one event in the producer's hands until its transaction commits.
 type entry struct {
-	rec     *record // its own topic, or its dead-letter copy
-	done    Done
+	rec     *sink.Event // its own topic, or its dead-letter copy
+	done    sink.Done
 	suspect bool  // refused together with others: sent alone next time
 	alone   bool  // sent alone in this attempt
 	err     error // this attempt's outcome
 }
 
-type txnTopic struct {
-	known        bool
-	stale        bool // re-read the limit: a refusal may mean it was lowered
-	limit        int32
-	missing      bool
-	missingSince time.Time
-}
-
-// NewTxn creates the transactional producer. Call Start before Produce.
-func NewTxn(cfg TxnConfig, log *slog.Logger) (*Txn, error) {
+// New creates the transactional producer. It does not contact the
+// brokers; call Start before Produce.
+func New(cfg Config, log *slog.Logger) (*Txn, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = kafkaopt.DefaultTxnInterval
 	}
 	if cfg.MaxRecords <= 0 {
-		cfg.MaxRecords = cfg.Sink.MaxBufferedRecords
-	}
-	if cfg.MaxRecords <= 0 {
-		cfg.MaxRecords = kafkaopt.DefaultMaxBufferedRecords
+		cfg.MaxRecords = cfg.Sink.BufferedRecords()
 	}
 	if cfg.TransactionTimeout <= 0 {
 		cfg.TransactionTimeout = time.Minute
@@ -135,47 +140,61 @@ func NewTxn(cfg TxnConfig, log *slog.Logger) (*Txn, error) {
 	if cfg.FenceCheck <= 0 {
 		cfg.FenceCheck = 2 * time.Second
 	}
-	t := &Txn{log: log, cfg: cfg, txnID: "outbox-cdc-" + cfg.Source, topics: make(map[string]*txnTopic),
+	t := &Txn{log: log, cfg: cfg, txnID: "outbox-cdc-" + cfg.Source, topics: make(map[string]*topicInfo),
 		kick: make(chan struct{}, 1)}
-	sc := cfg.Sink
-	sc.ParkingTopic = "" // quarantine is refused with exactly_once (config)
-	sc.extra = append(append([]kgo.Opt(nil), sc.extra...),
-		kgo.TransactionalID(t.txnID),
-		kgo.TransactionTimeout(cfg.TransactionTimeout),
-		// Batches are capped at the limits this sink reads (prepare).
-		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
-			v, _ := t.limits.Load(topic)
-			n, _ := v.(int32)
-			return batchCap(n)
-		}),
-	)
-	s, err := New(sc, log)
+	t.unknownTimeout, t.poll = cfg.Sink.TopicWait()
+	cl, err := t.newClient()
 	if err != nil {
 		return nil, err
 	}
-	t.s = s
+	t.cl, t.adm, t.meta = cl, kadm.NewClient(cl), sink.NewMetadata(cl, cfg.Sink, log)
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t, nil
 }
 
-// TransactionalID is the id this sink commits under.
-func (t *Txn) TransactionalID() string { return t.txnID }
+// newClient is the transactional client: the cluster's connection options
+// and the producer settings both producers share, its transactional id,
+// and batches capped at the limits this producer reads (prepare).
+// Quarantine is refused with exactly_once (config): no parking client.
+func (t *Txn) newClient() (*kgo.Client, error) {
+	conn, err := t.cfg.Sink.ConnOpts()
+	if err != nil {
+		return nil, err
+	}
+	opts, err := t.cfg.Sink.ProducerOpts(conn, t.log, t.batchMax)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, kgo.TransactionalID(t.txnID), kgo.TransactionTimeout(t.cfg.TransactionTimeout))
+	cl, err := kgo.NewClient(append(opts, t.cfg.Sink.TestOpts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return cl, nil
+}
 
-// Client exposes the client to tests in this module.
-func (t *Txn) Client() *kgo.Client { return t.s.cl }
+// batchMax is franz-go's batch cap for topic (sink.BatchCap of its limit).
+func (t *Txn) batchMax(topic string) int32 {
+	v, _ := t.limits.Load(topic)
+	n, _ := v.(int32)
+	return sink.BatchCap(n)
+}
+
+// TransactionalID is the id this producer commits under.
+func (t *Txn) TransactionalID() string { return t.txnID }
 
 // Produce keeps rec (which may be reused when Produce returns) in the
 // PostgreSQL transaction being handed over. It does not block.
-func (t *Txn) Produce(ctx context.Context, rec *router.Record, done Done) error {
+func (t *Txn) Produce(ctx context.Context, rec *router.Record, done sink.Done) error {
 	if err := ctx.Err(); err != nil {
-		done.Delivered(Outcome{Err: err})
+		done.Delivered(sink.Outcome{Err: err})
 		return err
 	}
-	e := &entry{rec: newRecord(rec, t.s.dlq), done: done}
+	e := &entry{rec: sink.NewEvent(rec, t.cfg.Sink.DLQTopic), done: done}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		done.Delivered(Outcome{Err: kgo.ErrClientClosed})
+		done.Delivered(sink.Outcome{Err: kgo.ErrClientClosed})
 		return nil
 	}
 	t.open = append(t.open, e)
@@ -225,7 +244,7 @@ func (t *Txn) HoldUntil(pos lsn.LSN) {
 	t.mu.Unlock()
 }
 
-// Pass tells the sink that the stream is at pos between transactions:
+// Pass tells the producer that the stream is at pos between transactions:
 // every transaction ending before pos was handed over.
 func (t *Txn) Pass(pos lsn.LSN) {
 	t.mu.Lock()
@@ -270,7 +289,7 @@ func (t *Txn) AbortTxn() {
 	t.open = nil
 	t.mu.Unlock()
 	for _, e := range open {
-		e.done.Delivered(Outcome{Err: kgo.ErrAborting})
+		e.done.Delivered(sink.Outcome{Err: kgo.ErrAborting})
 	}
 }
 
@@ -279,7 +298,7 @@ func (t *Txn) AbortTxn() {
 // from then on.
 func (t *Txn) SetTimeline(tli int32) { t.timeline.Store(tli) }
 
-// Committed is the last position committed to Kafka by this sink.
+// Committed is the last position committed to Kafka by this producer.
 func (t *Txn) Committed() lsn.LSN { return lsn.LSN(t.committed.Load()) }
 
 // Flush commits the whole PostgreSQL transactions handed over, or gives up
@@ -316,7 +335,7 @@ func (t *Txn) Close() {
 	t.cancel()
 	t.wg.Wait()
 	t.commitMu.Lock() // a commit in progress ends with the context
-	t.s.Close()
+	t.cl.Close()
 	var unsure []*entry
 	if t.unsure != nil {
 		unsure = t.unsure.entries // their commit may have happened: the next start reads it
@@ -327,194 +346,6 @@ func (t *Txn) Close() {
 	t.open, t.batch = nil, nil
 	t.mu.Unlock()
 	for _, e := range left {
-		e.done.Delivered(Outcome{Err: kgo.ErrClientClosed})
+		e.done.Delivered(sink.Outcome{Err: kgo.ErrClientClosed})
 	}
 }
-
-// loop commits what waits once it has waited Interval, and checks for
-// fencing when idle.
-func (t *Txn) loop() {
-	defer t.wg.Done()
-	check := time.NewTicker(t.cfg.FenceCheck)
-	defer check.Stop()
-	// The interval's wait is a timer of the same select, so the idle
-	// probe also runs while a batch waits (an unconfirmed commit a Flush
-	// gave up on is settled by it).
-	due := time.NewTimer(time.Hour)
-	due.Stop()
-	defer due.Stop()
-	for {
-		select {
-		case <-t.ctx.Done():
-			return
-		case <-check.C:
-			t.probe()
-			continue
-		case <-t.kick:
-		case <-due.C:
-		}
-		t.mu.Lock()
-		pending, at := len(t.batch) > 0 && t.hold == 0, t.since.Add(t.cfg.Interval)
-		t.mu.Unlock()
-		if !pending {
-			continue
-		}
-		if wait := time.Until(at); wait > 0 {
-			due.Reset(wait)
-			continue
-		}
-		_ = t.commit(t.ctx) // outcomes went to the events' Done
-	}
-}
-
-// probe commits the last position again, alone, when nothing was tried for
-// FenceCheck: a fenced instance finds out and stops without waiting for an
-// event. The position cannot go back: only the owner of the id commits.
-func (t *Txn) probe() {
-	t.commitMu.Lock()
-	defer t.commitMu.Unlock()
-	pos := lsn.LSN(t.committed.Load())
-	if t.fatal != nil || pos == 0 || time.Since(t.lastTry) < t.cfg.FenceCheck {
-		return
-	}
-	if u := t.unsure; u != nil {
-		// A commit left unconfirmed by a Flush that gave up: its events
-		// are settled with their own end, and go again with it if needed.
-		pos = u.end
-	}
-	var b []*entry
-	_, err := t.try(t.ctx, &b, pos)
-	if err != nil && (isFatalTxn(err) || errors.Is(err, errBegin)) {
-		t.setFatal(err)
-	}
-	if len(b) > 0 {
-		// Not committed by this try: back to the front of what waits.
-		t.mu.Lock()
-		t.batch = append(b, t.batch...)
-		t.mu.Unlock()
-	}
-}
-
-// setFatal records the first fatal error and reports it. Called with
-// commitMu held.
-func (t *Txn) setFatal(err error) {
-	if t.fatal != nil {
-		return
-	}
-	t.fatal = fatalTxnError(t.txnID, err)
-	t.log.Error("kafka: the transactional producer cannot commit again", "transactional_id", t.txnID, "err", err)
-	if t.cfg.Fail != nil {
-		t.cfg.Fail(t.fatal)
-	}
-}
-
-// commit publishes what waits in one Kafka transaction, retrying until it
-// commits, a fatal error, or ctx ends; the outcomes go to the events' Done.
-func (t *Txn) commit(ctx context.Context) error {
-	t.commitMu.Lock()
-	defer t.commitMu.Unlock()
-	t.mu.Lock()
-	b, end := t.batch, t.end
-	t.batch = nil
-	t.mu.Unlock()
-	if len(b) == 0 {
-		return nil
-	}
-	var err error
-	for attempt := 1; t.fatal == nil; attempt++ {
-		var done bool
-		done, err = t.try(ctx, &b, end)
-		switch {
-		case done:
-			return nil
-		case ctx.Err() != nil:
-			// Not committed: given back, so that a later Flush (or Close)
-			// settles them.
-			t.mu.Lock()
-			t.batch = append(b, t.batch...)
-			t.mu.Unlock()
-			return ctx.Err()
-		case isFatalTxn(err) || errors.Is(err, errBegin):
-			t.setFatal(err)
-		case errors.Is(err, errRefused):
-			// The records to dead-letter or send alone are marked: at once.
-		default:
-			d := min(100*time.Millisecond<<min(attempt, 6), 5*time.Second)
-			msg := "kafka transaction aborted; producing its PostgreSQL transactions again in a new one"
-			if t.unsure != nil {
-				msg = "kafka transaction commit not confirmed; learning whether it committed before producing again"
-			}
-			t.log.Warn(msg, "attempt", attempt, "events", len(b), "end_lsn", end, "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(d/2 + rand.N(d/2+1)):
-			}
-		}
-	}
-	err = t.fatal
-	for _, e := range b {
-		e.done.Delivered(Outcome{Err: err})
-	}
-	return err
-}
-
-// attempt is one Kafka transaction: the events of b, then the position end.
-func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
-	for _, e := range b {
-		if err := t.prepare(ctx, e); err != nil {
-			return err
-		}
-	}
-	cl := t.s.cl
-	if err := cl.BeginTransaction(); err != nil {
-		return fmt.Errorf("%w: %w", errBegin, err)
-	}
-	t.txnSeq++
-	for _, e := range b {
-		e.err, e.alone = nil, e.suspect
-	}
-	for _, e := range b {
-		rec := new(kgo.Record)
-		*rec = e.rec.Record // a copy per attempt: the client writes into it
-		if !e.alone {
-			cl.Produce(ctx, rec, e.promise)
-			continue
-		}
-		// Alone in its batch: a refusal is its own.
-		if err := cl.Flush(ctx); err != nil {
-			return t.abort(ctx, err)
-		}
-		if e.err = cl.ProduceSync(ctx, rec).FirstErr(); e.err != nil {
-			if err := cl.Flush(ctx); err != nil {
-				return t.abort(ctx, err)
-			}
-			return t.abort(ctx, t.refusals(b))
-		}
-	}
-	pos, err := t.positionRecord(end, t.txnSeq)
-	if err != nil {
-		return t.abort(ctx, err)
-	}
-	var posErr error
-	cl.Produce(ctx, pos, func(_ *kgo.Record, err error) { posErr = err })
-	if err := cl.Flush(ctx); err != nil {
-		return t.abort(ctx, err)
-	}
-	if err := t.refusals(b); err != nil {
-		return t.abort(ctx, err)
-	}
-	if posErr != nil {
-		return t.abort(ctx, fmt.Errorf("produce position to %s: %w", t.cfg.Positions, posErr))
-	}
-	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		if !isFatalTxn(err) && unconfirmedEnd(err) {
-			// Producing the events again now could publish them twice:
-			// the next try settles it first.
-			return fmt.Errorf("commit transaction: %w: %w", errUnconfirmed, err)
-		}
-		return t.abort(ctx, fmt.Errorf("commit transaction: %w", err))
-	}
-	return nil
-}
-
-func (e *entry) promise(_ *kgo.Record, err error) { e.err = err }

@@ -1,4 +1,4 @@
-package sink_test
+package exactlyonce_test
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
 
 // Commits whose answer is lost in each way franz-go can lose it, and the
@@ -45,7 +45,7 @@ func TestTxnRetriableCommitAnswer(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	f := &txnFaults{forgeCode: kerr.CoordinatorLoadInProgress.Code}
-	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
+	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(f.dial), kgo.RequestRetries(2))
 	})
 	done := newOutcomes()
@@ -74,11 +74,11 @@ func TestTxnAbortCut(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	f := &txnFaults{}
-	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
+	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(f.dial))
 	})
-	names := topicNames(ctx, t, sinkOf(t, c), "one")
-	refuse(c, names, nil, func(tp string, b []byte) int16 {
+	names := topicNames(ctx, t, c, "one")
+	refuse(c, names, func(tp string, b []byte) int16 {
 		if tp == "one" && bytes.Contains(b, []byte("poison")) {
 			return kerr.PolicyViolation.Code
 		}
@@ -112,7 +112,7 @@ func TestTxnSettleSamePosition(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	d := &cutEndTxn{lose: true, refusal: 500 * time.Millisecond}
-	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *sink.TxnConfig) {
+	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 	})
 	done := newOutcomes()
@@ -135,7 +135,7 @@ func TestTxnProbeAfterFlushGaveUp(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t, kfake.SeedTopics(1, "one"))
 	d := &cutEndTxn{refusal: 800 * time.Millisecond}
-	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Hour, func(cfg *sink.TxnConfig) {
+	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Hour, func(cfg *exactlyonce.Config) {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 		cfg.FenceCheck = 200 * time.Millisecond
 	})
@@ -224,51 +224,5 @@ func TestTxnStartPastOpenTransaction(t *testing.T) {
 	_, pos, _ := newTxn(short, t, c, "sys/db/slot", time.Millisecond)
 	if pos != 100 {
 		t.Fatalf("start read position %v, want 100", pos)
-	}
-}
-
-// TestReadRangeTransactional: a range read of a topic written in
-// transactions ends (its last offset is a commit marker, never handed out
-// as a record) and returns the committed records only, not the copies of
-// an aborted transaction.
-func TestReadRangeTransactional(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("writer"), kgo.DefaultProduceTopic("one"))
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	defer cl.Close()
-	since := time.Now().Add(-time.Minute)
-	write := func(commit kgo.TransactionEndTry, ids ...string) {
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatalf("begin: %v", err)
-		}
-		for _, id := range ids {
-			rec := &kgo.Record{Key: []byte("k"), Value: []byte(id), Headers: []kgo.RecordHeader{{Key: "id", Value: []byte(id)}}}
-			if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
-				t.Fatalf("produce: %v", err)
-			}
-		}
-		if err := cl.EndTransaction(ctx, commit); err != nil {
-			t.Fatalf("end: %v", err)
-		}
-	}
-	write(kgo.TryCommit, "e1", "e2")
-	write(kgo.TryAbort, "e3", "e4") // an aborted attempt's copies
-	write(kgo.TryCommit, "e3", "e4", "e5")
-	short, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var ids []string
-	_, err = sink.ReadRange(short, sink.Config{Brokers: c.ListenAddrs(), ClientID: "verify"}, []string{"one"}, since,
-		func(r sink.ReadRecord) error {
-			ids = append(ids, string(r.ID))
-			return nil
-		})
-	if err != nil {
-		t.Fatalf("ReadRange: %v", err)
-	}
-	if got := fmt.Sprint(ids); got != "[e1 e2 e3 e4 e5]" {
-		t.Fatalf("read %s, want [e1 e2 e3 e4 e5]: the committed records, once each", got)
 	}
 }

@@ -1,12 +1,13 @@
-package sink
+package exactlyonce
 
 import (
 	"encoding/json"
 	"fmt"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
 // PositionKey is the source identity the position is kept under: the
@@ -30,7 +31,7 @@ type Position struct {
 	// Txn numbers the Kafka transactions of the transactional id, strictly
 	// increasing across attempts and instances: a commit whose answer was
 	// lost committed if and only if the committed record carries its number
-	// (settle). The end LSN cannot tell: a snapshot's or a gap repair's
+	// (wasCommitted). The end LSN cannot tell: a snapshot's or a gap repair's
 	// transaction carries a position already committed.
 	Txn uint64 `json:"txn,omitempty"`
 }

@@ -1,4 +1,4 @@
-package sink_test
+package exactlyonce_test
 
 import (
 	"context"

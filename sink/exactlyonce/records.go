@@ -1,4 +1,4 @@
-package sink
+package exactlyonce
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 // The records of a transaction against their topics: prepared before it
@@ -22,32 +24,32 @@ func (t *Txn) refusals(b []*entry) error {
 		switch {
 		case err == nil:
 			continue
-		case isFatalTxn(err) || Classify(err) != ClassUnpublishable:
+		case sink.IsFatalTxn(err) || sink.Classify(err) != sink.ClassUnpublishable:
 			return fmt.Errorf("produce to %s: %w", e.rec.Topic, err)
 		}
 		refused = true
 		if tp := t.topics[e.rec.Topic]; tp != nil && (errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)) {
 			tp.stale = true
 		}
-		if unknownTopic(err) {
+		if sink.UnknownTopic(err) {
 			if tp := t.topics[e.rec.Topic]; tp != nil {
 				tp.known = false // look it up again, and wait for it
 			}
 			continue
 		}
-		if !e.alone && !topicWide(err) {
+		if !e.alone && !sink.TopicWide(err) {
 			e.suspect = true
 			continue
 		}
 		e.suspect = false
 		switch {
-		case !e.rec.dead:
+		case !e.rec.DeadLettered():
 			t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "err", err)
-			e.rec.toDeadLetter(t.s.dlq, refusedReason(e.rec.Topic, err), err)
-		case e.rec.level >= 2 || topicWide(err):
-			return fmt.Errorf("dead-letter topic %s refused the record: %w", t.s.dlq, err)
+			e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, sink.RefusedReason(e.rec.Topic, err), err)
+		case e.rec.Minimal() || sink.TopicWide(err):
+			return fmt.Errorf("dead-letter topic %s refused the record: %w", t.cfg.Sink.DLQTopic, err)
 		default:
-			shrink(e.rec, err.Error(), err)
+			e.rec.Shrink(err.Error(), err)
 		}
 	}
 	if refused {
@@ -68,43 +70,55 @@ func (t *Txn) prepare(ctx context.Context, e *entry) error {
 		if tp.missing {
 			since := time.Since(tp.missingSince)
 			switch {
-			case e.rec.dead:
+			case e.rec.DeadLettered():
 				return fmt.Errorf("dead-letter topic %s does not exist: %w", e.rec.Topic, kerr.UnknownTopicOrPartition)
-			case since >= t.s.unknownTimeout:
+			case since >= t.unknownTimeout:
 				reason := fmt.Sprintf("topic %s did not exist for %v (kafka.unknown_topic_timeout): %v",
-					e.rec.Topic, t.s.unknownTimeout, kerr.UnknownTopicOrPartition)
+					e.rec.Topic, t.unknownTimeout, kerr.UnknownTopicOrPartition)
 				t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "reason", reason)
-				e.rec.toDeadLetter(t.s.dlq, reason, nil)
+				e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, reason, nil)
 				continue
 			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(t.s.poll):
+			case <-time.After(t.poll):
 			}
 			tp.known = false
 			continue
 		}
-		if tp.limit <= 0 || e.rec.size <= int(tp.limit) || e.rec.dead && e.rec.level >= 2 {
+		if tp.limit <= 0 || e.rec.Size() <= int(tp.limit) || e.rec.Minimal() {
 			return nil
 		}
-		why := tooLargeReason(e.rec.size, tp.limit, e.rec.Topic)
-		if e.rec.dead {
-			shrink(e.rec, why, nil)
+		why := sink.TooLargeReason(e.rec.Size(), tp.limit, e.rec.Topic)
+		if e.rec.DeadLettered() {
+			e.rec.Shrink(why, nil)
 			return nil
 		}
 		t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "reason", why)
-		e.rec.toDeadLetter(t.s.dlq, why, nil)
+		e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, why, nil)
 	}
 }
 
-// lookup reads topic's state once (again when stale or missing): whether
-// it exists (creating it when allowed) and its max.message.bytes.
-func (t *Txn) lookup(ctx context.Context, topic string) (*txnTopic, error) {
-	tp := t.topics[topic]
+// topicInfo is what this producer knows of one of its topics between lookups
+// (the idempotent sink's topicState, without the worker: transactions wait
+// for their topics before they begin).
+type topicInfo struct {
+	known        bool
+	stale        bool // re-read the limit: a refusal may mean it was lowered
+	limit        int32
+	missing      bool
+	missingSince time.Time
+}
+
+// lookup reads name's state once (again when stale or missing) from the
+// shared topic metadata: whether it exists (creating it when allowed) and
+// its max.message.bytes.
+func (t *Txn) lookup(ctx context.Context, name string) (*topicInfo, error) {
+	tp := t.topics[name]
 	if tp == nil {
-		tp = &txnTopic{}
-		t.topics[topic] = tp
+		tp = &topicInfo{}
+		t.topics[name] = tp
 	}
 	if tp.known && !tp.stale {
 		return tp, nil
@@ -112,18 +126,18 @@ func (t *Txn) lookup(ctx context.Context, topic string) (*txnTopic, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ok, err := t.s.meta.existsOrCreate(ctx, topic)
+	ok, limit, err := t.meta.Lookup(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	switch {
 	case !ok && !tp.missing:
 		tp.missing, tp.missingSince = true, time.Now()
-		t.log.Warn("kafka: topic does not exist; its transaction waits for it", "topic", topic, "timeout", t.s.unknownTimeout)
+		t.log.Warn("kafka: topic does not exist; its transaction waits for it", "topic", name, "timeout", t.unknownTimeout)
 	case ok:
 		tp.missing = false
-		tp.limit = t.s.meta.maxMessageBytes(ctx, topic)
-		t.limits.Store(topic, tp.limit)
+		tp.limit = limit
+		t.limits.Store(name, tp.limit)
 	}
 	tp.known, tp.stale = true, false
 	return tp, nil

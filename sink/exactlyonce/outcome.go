@@ -1,4 +1,4 @@
-package sink
+package exactlyonce
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/sink"
 )
 
 // The outcome of an attempt: committed, refused, or not known (settled
@@ -24,13 +25,14 @@ type unconfirmed struct {
 	entries []*entry
 }
 
-// try settles an unconfirmed commit and ends an abort left pending first,
+// try learns the outcome of an unconfirmed commit (wasCommitted) and ends
+// an abort left pending first,
 // then makes one attempt at *b. It reports whether all of *b is committed;
 // the outcomes of committed events are delivered, and they leave *b. The
 // events of an unconfirmed commit that did not commit go first in *b.
 func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 	if u := t.unsure; u != nil {
-		committed, err := t.settle(ctx, u.txn)
+		committed, err := t.wasCommitted(ctx, u.txn)
 		if err != nil {
 			return false, err
 		}
@@ -66,19 +68,19 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 
 func (t *Txn) delivered(b []*entry) {
 	for _, e := range b {
-		e.done.Delivered(Outcome{DeadLettered: e.rec.dead, Reason: e.rec.reason})
+		e.done.Delivered(sink.Outcome{DeadLettered: e.rec.DeadLettered(), Reason: e.rec.Reason()})
 	}
 }
 
-// settle learns what became of the commit of transaction number txn, which
-// the client could not confirm. franz-go's documented answer to it is
+// wasCommitted learns whether the commit of transaction number txn, which
+// the client could not confirm, happened. franz-go's documented answer to it is
 // EndTransaction(TryAbort), which reloads the producer id: once the client
 // holds an id again, the epoch was bumped, which aborted that transaction
 // had it still been open. It is then committed or aborted for good, and the
 // committed position record says which: only this transactional id commits
 // this source's positions, each with a number above every earlier one.
-func (t *Txn) settle(ctx context.Context, txn uint64) (bool, error) {
-	cl := t.s.cl
+func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
+	cl := t.cl
 	if err := cl.AbortBufferedRecords(ctx); err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
@@ -99,10 +101,10 @@ func (t *Txn) settle(ctx context.Context, txn uint64) (bool, error) {
 
 // endAbort retries an abort that failed without an answer.
 func (t *Txn) endAbort(ctx context.Context) error {
-	if err := t.s.cl.AbortBufferedRecords(ctx); err != nil {
+	if err := t.cl.AbortBufferedRecords(ctx); err != nil {
 		return fmt.Errorf("abort transaction: %w", err)
 	}
-	if err := t.s.cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+	if err := t.cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
 		return fmt.Errorf("abort transaction: %w", err)
 	}
 	t.aborting = false
@@ -127,14 +129,14 @@ func unconfirmedEnd(err error) bool {
 // abort ends the transaction without committing it and returns cause (or
 // the abort's own error when that one is fatal).
 func (t *Txn) abort(ctx context.Context, cause error) error {
-	cl := t.s.cl
+	cl := t.cl
 	// Records not sent yet must not join the next transaction.
 	if err := cl.AbortBufferedRecords(ctx); err != nil {
 		return errors.Join(cause, err)
 	}
 	switch err := cl.EndTransaction(ctx, kgo.TryAbort); {
 	case err == nil:
-	case isFatalTxn(err):
+	case sink.IsFatalTxn(err):
 		return err
 	default:
 		// Still in the transaction for franz-go: the next try aborts again

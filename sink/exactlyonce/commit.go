@@ -1,0 +1,213 @@
+package exactlyonce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+// The commit loop and one Kafka transaction: what waits is committed in
+// one, retried until it commits, a fatal error, or the context ends.
+
+// errBegin: the client cannot begin a transaction (its producer id failed
+// for good); only a new client, after a restart, can.
+var errBegin = errors.New("begin transaction")
+
+// errRefused: the broker refused a record; the transaction is aborted and
+// done again with it sent alone or dead-lettered.
+var errRefused = errors.New("kafka refused a record of the transaction")
+
+// loop commits what waits once it has waited Interval, and checks for
+// fencing when idle.
+func (t *Txn) loop() {
+	defer t.wg.Done()
+	check := time.NewTicker(t.cfg.FenceCheck)
+	defer check.Stop()
+	// The interval's wait is a timer of the same select, so the idle
+	// probe also runs while a batch waits (an unconfirmed commit a Flush
+	// gave up on is settled by it).
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-check.C:
+			t.probe()
+			continue
+		case <-t.kick:
+		case <-due.C:
+		}
+		t.mu.Lock()
+		pending, at := len(t.batch) > 0 && t.hold == 0, t.since.Add(t.cfg.Interval)
+		t.mu.Unlock()
+		if !pending {
+			continue
+		}
+		if wait := time.Until(at); wait > 0 {
+			due.Reset(wait)
+			continue
+		}
+		_ = t.commit(t.ctx) // outcomes went to the events' Done
+	}
+}
+
+// probe commits the last position again, alone, when nothing was tried for
+// FenceCheck: a fenced instance finds out and stops without waiting for an
+// event. The position cannot go back: only the owner of the id commits.
+func (t *Txn) probe() {
+	t.commitMu.Lock()
+	defer t.commitMu.Unlock()
+	pos := lsn.LSN(t.committed.Load())
+	if t.fatal != nil || pos == 0 || time.Since(t.lastTry) < t.cfg.FenceCheck {
+		return
+	}
+	if u := t.unsure; u != nil {
+		// A commit left unconfirmed by a Flush that gave up: its events
+		// are settled with their own end, and go again with it if needed.
+		pos = u.end
+	}
+	var b []*entry
+	_, err := t.try(t.ctx, &b, pos)
+	if err != nil && (sink.IsFatalTxn(err) || errors.Is(err, errBegin)) {
+		t.setFatal(err)
+	}
+	if len(b) > 0 {
+		// Not committed by this try: back to the front of what waits.
+		t.mu.Lock()
+		t.batch = append(b, t.batch...)
+		t.mu.Unlock()
+	}
+}
+
+// setFatal records the first fatal error and reports it. Called with
+// commitMu held.
+func (t *Txn) setFatal(err error) {
+	if t.fatal != nil {
+		return
+	}
+	t.fatal = sink.FatalTxnError(t.txnID, err)
+	t.log.Error("kafka: the transactional producer cannot commit again", "transactional_id", t.txnID, "err", err)
+	if t.cfg.Fail != nil {
+		t.cfg.Fail(t.fatal)
+	}
+}
+
+// commit publishes what waits in one Kafka transaction, retrying until it
+// commits, a fatal error, or ctx ends; the outcomes go to the events' Done.
+func (t *Txn) commit(ctx context.Context) error {
+	t.commitMu.Lock()
+	defer t.commitMu.Unlock()
+	t.mu.Lock()
+	b, end := t.batch, t.end
+	t.batch = nil
+	t.mu.Unlock()
+	if len(b) == 0 {
+		return nil
+	}
+	var err error
+	for attempt := 1; t.fatal == nil; attempt++ {
+		var done bool
+		done, err = t.try(ctx, &b, end)
+		switch {
+		case done:
+			return nil
+		case ctx.Err() != nil:
+			// Not committed: given back, so that a later Flush (or Close)
+			// settles them.
+			t.mu.Lock()
+			t.batch = append(b, t.batch...)
+			t.mu.Unlock()
+			return ctx.Err()
+		case sink.IsFatalTxn(err) || errors.Is(err, errBegin):
+			t.setFatal(err)
+		case errors.Is(err, errRefused):
+			// The records to dead-letter or send alone are marked: at once.
+		default:
+			d := min(100*time.Millisecond<<min(attempt, 6), 5*time.Second)
+			msg := "kafka transaction aborted; producing its PostgreSQL transactions again in a new one"
+			if t.unsure != nil {
+				msg = "kafka transaction commit not confirmed; learning whether it committed before producing again"
+			}
+			t.log.Warn(msg, "attempt", attempt, "events", len(b), "end_lsn", end, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(d/2 + rand.N(d/2+1)):
+			}
+		}
+	}
+	err = t.fatal
+	for _, e := range b {
+		e.done.Delivered(sink.Outcome{Err: err})
+	}
+	return err
+}
+
+// attempt is one Kafka transaction: the events of b, then the position end.
+func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
+	for _, e := range b {
+		if err := t.prepare(ctx, e); err != nil {
+			return err
+		}
+	}
+	cl := t.cl
+	if err := cl.BeginTransaction(); err != nil {
+		return fmt.Errorf("%w: %w", errBegin, err)
+	}
+	t.txnSeq++
+	for _, e := range b {
+		e.err, e.alone = nil, e.suspect
+	}
+	for _, e := range b {
+		rec := new(kgo.Record)
+		*rec = e.rec.Record // a copy per attempt: the client writes into it
+		if !e.alone {
+			cl.Produce(ctx, rec, e.promise)
+			continue
+		}
+		// Alone in its batch: a refusal is its own.
+		if err := cl.Flush(ctx); err != nil {
+			return t.abort(ctx, err)
+		}
+		if e.err = cl.ProduceSync(ctx, rec).FirstErr(); e.err != nil {
+			if err := cl.Flush(ctx); err != nil {
+				return t.abort(ctx, err)
+			}
+			return t.abort(ctx, t.refusals(b))
+		}
+	}
+	pos, err := t.positionRecord(end, t.txnSeq)
+	if err != nil {
+		return t.abort(ctx, err)
+	}
+	var posErr error
+	cl.Produce(ctx, pos, func(_ *kgo.Record, err error) { posErr = err })
+	if err := cl.Flush(ctx); err != nil {
+		return t.abort(ctx, err)
+	}
+	if err := t.refusals(b); err != nil {
+		return t.abort(ctx, err)
+	}
+	if posErr != nil {
+		return t.abort(ctx, fmt.Errorf("produce position to %s: %w", t.cfg.Positions, posErr))
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		if !sink.IsFatalTxn(err) && unconfirmedEnd(err) {
+			// Producing the events again now could publish them twice:
+			// the next try settles it first.
+			return fmt.Errorf("commit transaction: %w: %w", errUnconfirmed, err)
+		}
+		return t.abort(ctx, fmt.Errorf("commit transaction: %w", err))
+	}
+	return nil
+}
+
+func (e *entry) promise(_ *kgo.Record, err error) { e.err = err }
