@@ -29,3 +29,7 @@ func (s *Sink) Quarantined() []quarantine.Quarantine {
 // Holding reports whether key's new records wait: its quarantine is being
 // saved or redriven.
 func (s *Sink) Holding(key string) bool { return s.q != nil && s.q.Holding(key) }
+
+// Client exposes the underlying client to tests that need admin or consume
+// access to the same cluster.
+func (s *Sink) Client() *kgo.Client { return s.cl }

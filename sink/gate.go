@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"context"
 	"sync"
 	"time"
 	"unsafe"
@@ -39,6 +40,7 @@ type gate struct {
 	// order they reached the gate.
 	releasing sync.Mutex
 	due       chan struct{} // the client is empty and records wait
+	cl        *kgo.Client   // set once the client exists
 }
 
 // The most that waits, unless the buffer limits are lower: the gate's
@@ -64,8 +66,7 @@ func newGate(maxRecords int, maxBytes int64, latency time.Duration) *gate {
 }
 
 // produce hands r to the client now or after the records ahead of it.
-func (s *Sink) produce(r *record) {
-	g := s.gate
+func (g *gate) produce(r *record) {
 	g.mu.Lock()
 	var hold time.Duration
 	if g.budget != nil {
@@ -74,7 +75,7 @@ func (s *Sink) produce(r *record) {
 	if g.inClient == 0 && len(g.waiting) == 0 && hold == 0 {
 		g.sent()
 		g.mu.Unlock()
-		s.cl.Produce(r.ctx, &r.Record, landed)
+		g.cl.Produce(r.ctx, &r.Record, landed)
 		return
 	}
 	if len(g.waiting) == 0 {
@@ -91,7 +92,7 @@ func (s *Sink) produce(r *record) {
 	full := len(g.waiting) >= g.maxRecords || g.bytes >= g.maxBytes
 	g.mu.Unlock()
 	if full {
-		s.release()
+		g.release()
 	}
 }
 
@@ -130,8 +131,7 @@ func (g *gate) releasable() bool {
 // release hands every waiting record to the client, in order. It may block
 // in kgo's Produce while the client's buffer is full: never call it from a
 // promise.
-func (s *Sink) release() {
-	g := s.gate
+func (g *gate) release() {
 	g.releasing.Lock()
 	defer g.releasing.Unlock()
 	g.mu.Lock()
@@ -145,7 +145,7 @@ func (s *Sink) release() {
 	g.deadline = time.Time{}
 	g.mu.Unlock()
 	for i, r := range batch {
-		s.cl.Produce(r.ctx, &r.Record, landed)
+		g.cl.Produce(r.ctx, &r.Record, landed)
 		batch[i] = nil
 	}
 	g.mu.Lock()
@@ -155,23 +155,21 @@ func (s *Sink) release() {
 	g.mu.Unlock()
 }
 
-// releaser hands waiting records over when the client has emptied; it ends
-// with the sink's context.
-func (s *Sink) releaser() {
-	defer s.wg.Done()
+// run hands waiting records over when the client has emptied (or the
+// budget's deadline passed); it ends with ctx (the sink's).
+func (g *gate) run(ctx context.Context) {
 	for {
 		select {
-		case <-s.gate.due:
-			g := s.gate
+		case <-g.due:
 			g.mu.Lock()
 			ok := g.releasable()
 			g.mu.Unlock()
 			if ok {
-				s.release()
+				g.release()
 			}
-		case <-s.ctx.Done():
-			if s.gate.timer != nil {
-				s.gate.timer.Stop()
+		case <-ctx.Done():
+			if g.timer != nil {
+				g.timer.Stop()
 			}
 			return
 		}

@@ -30,7 +30,7 @@ func (s *Sink) lookup(t *topicState) {
 			break
 		}
 		s.log.Warn("kafka: cannot look up topic; retrying", "topic", t.name, "err", err)
-		if s.sleep(backoff); s.ctx.Err() != nil {
+		if sleep(s.ctx, backoff); s.ctx.Err() != nil {
 			return
 		}
 	}

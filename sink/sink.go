@@ -104,10 +104,14 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
 	s.cl, s.adm, s.meta = cl, kadm.NewClient(cl), NewMetadata(cl, cfg, log)
+	s.gate.cl = cl
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.openQuarantine(cfg, append(slices.Clip(base), cfg.TestOpts...), codec)
 	s.wg.Add(1)
-	go s.releaser()
+	go func() {
+		defer s.wg.Done()
+		s.gate.run(s.ctx)
+	}()
 	return s, nil
 }
 
@@ -222,7 +226,7 @@ func (s *Sink) submit(r *record, fromProduce bool) error {
 			}
 			t.admit(r)
 			s.mu.Unlock()
-			s.produce(r)
+			s.gate.produce(r)
 			return nil
 		}
 		if !fromProduce || s.held < s.maxHeld && (s.maxHeldBytes <= 0 || s.heldBytes < s.maxHeldBytes) {
@@ -288,7 +292,7 @@ func (s *Sink) handOver(t *topicState, r *record, how int) {
 	}
 	t.admit(r)
 	s.mu.Unlock()
-	s.produce(r)
+	s.gate.produce(r)
 }
 
 // settle decides what a client outcome means. It runs on franz-go's promise
@@ -394,10 +398,6 @@ func (s *Sink) Close() {
 		}
 	})
 }
-
-// Client exposes the underlying client to tests and tools in this module
-// that need admin or consume access to the same cluster.
-func (s *Sink) Client() *kgo.Client { return s.cl }
 
 func headerValue(rec *kgo.Record, key string) string {
 	for _, h := range rec.Headers {

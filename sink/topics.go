@@ -167,7 +167,7 @@ func (s *Sink) step(t *topicState) bool {
 	case t.missing && !t.expired:
 		if now.Sub(t.missingSince) < s.unknownTimeout {
 			s.mu.Unlock()
-			return s.sleep(s.poll)
+			return sleep(s.ctx, s.poll)
 		}
 		t.expired = true
 		s.mu.Unlock()
@@ -286,13 +286,13 @@ func (s *Sink) waitWake(t *topicState) bool {
 	return true
 }
 
-// sleep waits for d or for Close.
-func (s *Sink) sleep(d time.Duration) bool {
+// sleep waits for d or until ctx ends (the sink's Close).
+func sleep(ctx context.Context, d time.Duration) bool {
 	tm := time.NewTimer(d)
 	defer tm.Stop()
 	select {
 	case <-tm.C:
-	case <-s.ctx.Done():
+	case <-ctx.Done():
 	}
 	return true
 }
