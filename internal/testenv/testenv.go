@@ -320,6 +320,9 @@ func tailFile(path string, n int) string {
 	return tail(string(b), n)
 }
 
+// Tail returns the last n lines of s (cdctest quotes a child's log with it).
+func Tail(s string, n int) string { return tail(s, n) }
+
 // tail returns the last n lines of s.
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")

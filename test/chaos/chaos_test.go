@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
 // Environment variables of the suite (the connector never sees them).
@@ -460,7 +461,9 @@ func (r *run) setup(ctx context.Context) {
 			return
 		}
 		defer cl.Close()
-		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, append(slices.Clone(r.topics), r.dlq, r.bigTopic)...)
+		if err := cdctest.DeleteTopics(ctx, kadm.NewClient(cl), append(slices.Clone(r.topics), r.dlq, r.bigTopic)...); err != nil {
+			t.Logf("%v", err)
+		}
 	})
 
 	dir := t.TempDir()

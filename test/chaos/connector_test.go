@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -11,15 +10,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -53,14 +51,14 @@ type incarnation struct {
 	SlotAtStart lsn.LSN
 	CkptAtStart lsn.LSN
 
-	cmd  *exec.Cmd
-	addr string // its HTTP address
+	proc *cdctest.Process // nil in the checker's tests, which build incarnations by hand
+	addr string           // its HTTP address
 	// ownLog is a standby's log file: it runs beside the active process,
 	// whose lines would otherwise be taken for its own.
 	ownLog string
-	done   chan struct{}
-	err    error // cmd.Wait's result, read after done
-	killed bool  // guarded by connector.mu
+	done   chan struct{} // closed once proc has exited, after err and ExitAt are set
+	err    error         // cmd.Wait's result, read after done
+	killed bool          // guarded by connector.mu
 	// expected is set when an operations fault saw the process exit as it
 	// must (exit 1 with the right message); guarded by connector.mu.
 	expected bool
@@ -142,28 +140,19 @@ func (c *connector) exec(in *incarnation, addr string) error {
 	if in.ownLog != "" {
 		path = in.ownLog
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	header := fmt.Sprintf("\n===== chaos: incarnation %d (%s) at %s, slot confirmed %v, checkpoint %v =====\n",
+		in.N, in.Reason, time.Now().Format("15:04:05.000"), in.SlotAtStart, in.CkptAtStart)
+	// The listen address comes from the environment: a standby runs beside
+	// the active process on the spare one.
+	cmd := cdctest.Command(c.bin, []string{"OUTBOX_CDC_HTTP_LISTEN=" + addr}, "run", "--config", c.cfgPath)
+	p, err := cdctest.Start(cmd, cdctest.Options{Name: fmt.Sprintf("connector %d", in.N), Log: path, Append: true, Header: header})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(f, "\n===== chaos: incarnation %d (%s) at %s, slot confirmed %v, checkpoint %v =====\n",
-		in.N, in.Reason, time.Now().Format("15:04:05.000"), in.SlotAtStart, in.CkptAtStart)
-	cmd := exec.Command(c.bin, "run", "--config", c.cfgPath)
-	// The listen address comes from the environment: a standby runs beside
-	// the active process on the spare one.
-	cmd.Env = append(cleanEnv(), "OUTBOX_CDC_HTTP_LISTEN="+addr)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	in.cmd, in.addr, in.done = cmd, addr, make(chan struct{})
-	in.Start = time.Now()
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return fmt.Errorf("start connector: %w", err)
-	}
-	f.Close() // the child has its own descriptor
+	in.proc, in.addr, in.done, in.Start = p, addr, make(chan struct{}), p.Started
 	go func() {
-		in.err = cmd.Wait()
-		in.ExitAt = time.Now()
+		<-p.Done()
+		in.err, in.ExitAt = p.Err(), p.ExitedAt()
 		close(in.done)
 	}()
 	return nil
@@ -177,28 +166,7 @@ func (c *connector) waitReady(ctx context.Context, in *incarnation, timeout time
 
 // waitOK polls path on in's HTTP address until it answers 200.
 func (c *connector) waitOK(ctx context.Context, in *incarnation, path string, timeout time.Duration) error {
-	cl := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(timeout)
-	for {
-		if in.exited() {
-			return fmt.Errorf("connector %d exited before %s answered 200: %v", in.N, path, in.err)
-		}
-		resp, err := cl.Get("http://" + in.addr + path)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("connector %d: %s not 200 after %v", in.N, path, timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond): // poll interval
-		}
-	}
+	return in.proc.WaitOK(ctx, in.addr, path, timeout)
 }
 
 // keepGoroutines saves the current process's goroutine dump (http.pprof)
@@ -221,31 +189,12 @@ func (c *connector) keepGoroutines() string {
 	return "goroutine dump of the connector kept in test/chaos/" + path
 }
 
-// metric reads one unlabelled metric from the running process's /metrics.
+// metric reads one metric from the running process's /metrics: the sum
+// of its series (cdctest.Metrics.Value).
 func (c *connector) metric(name string) (float64, error) {
-	cl := &http.Client{Timeout: time.Second}
-	resp, err := cl.Get("http://" + c.addr() + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	// A labelled metric (the per-table event counters) is the sum of its series.
-	sc := bufio.NewScanner(resp.Body)
-	sum, found := 0.0, false
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, name); ok && rest != "" && (rest[0] == ' ' || rest[0] == '{') {
-			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			if err != nil {
-				return 0, err
-			}
-			sum, found = sum+v, true
-		}
-	}
-	if !found {
-		return 0, fmt.Errorf("metric %s not found", name)
-	}
-	return sum, nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return cdctest.Metric(ctx, c.addr(), name)
 }
 
 // kill sends SIGKILL to the running process and waits for it to be gone.
@@ -258,15 +207,11 @@ func (c *connector) kill() (*incarnation, error) {
 	}
 	in.killed = true
 	c.mu.Unlock()
-	if err := in.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := in.proc.Kill(); err != nil {
 		return in, err
 	}
-	select {
-	case <-in.done:
-		return in, nil
-	case <-time.After(30 * time.Second):
-		return in, fmt.Errorf("connector %d did not die within 30s of SIGKILL", in.N)
-	}
+	<-in.done
+	return in, nil
 }
 
 // stop sends SIGTERM and waits for a clean exit.
@@ -280,20 +225,9 @@ func (c *connector) stop(timeout time.Duration) error {
 	if in == nil || in.exited() {
 		return nil
 	}
-	if err := in.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
-	}
-	select {
-	case <-in.done:
-	case <-time.After(timeout):
-		_ = in.cmd.Process.Signal(syscall.SIGKILL)
-		<-in.done
-		return fmt.Errorf("connector %d did not exit within %v of SIGTERM", in.N, timeout)
-	}
-	if in.err != nil {
-		return fmt.Errorf("connector %d exit after SIGTERM: %v", in.N, in.err)
-	}
-	return nil
+	err := in.proc.Stop(timeout)
+	<-in.done
+	return err
 }
 
 // unexpectedExit returns the current process if it exited without being
@@ -404,8 +338,8 @@ func (c *connector) close() {
 	}
 	c.mu.Unlock()
 	for _, in := range ins {
-		if in != nil && !in.exited() {
-			_ = in.cmd.Process.Signal(syscall.SIGKILL)
+		if in != nil && in.proc != nil && !in.exited() {
+			_ = in.proc.Kill()
 			<-in.done
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
 // The servers, proxies and binary of the suite, set once by TestMain.
@@ -152,13 +152,9 @@ func runSuite(m *testing.M) int {
 
 // buildBinary sets env.bin to $OUTBOX_CDC_BIN or builds the connector.
 func buildBinary(ctx context.Context) error {
-	if p := os.Getenv("OUTBOX_CDC_BIN"); p != "" {
+	if p := os.Getenv(cdctest.EnvBin); p != "" {
 		env.bin = p
 		return nil
-	}
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return err
 	}
 	dir, err := os.MkdirTemp("", "outbox-cdc-chaos-bin-")
 	if err != nil {
@@ -166,12 +162,7 @@ func buildBinary(ctx context.Context) error {
 	}
 	env.binDir = dir
 	env.bin = filepath.Join(dir, "outbox-cdc")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", env.bin, "./cmd/outbox-cdc")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/outbox-cdc: %v\n%s", err, out)
-	}
-	return nil
+	return cdctest.Build(ctx, "go", env.bin)
 }
 
 // discoverKafkaListener finds the server.properties that StartKafka writes
@@ -237,12 +228,4 @@ func kafkaDialer(ctx context.Context, network, host string) (net.Conn, error) {
 
 // cleanEnv is the environment without OUTBOX_CDC_ variables: the connector
 // rejects unknown ones (OUTBOX_CDC_CHAOS, say).
-func cleanEnv() []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OUTBOX_CDC_") {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
+func cleanEnv() []string { return cdctest.CleanEnv() }

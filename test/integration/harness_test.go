@@ -6,12 +6,15 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
 // These smoke tests prove the harness gives tests real servers that behave
@@ -193,8 +196,8 @@ func newSlot(ctx context.Context, t *testing.T, conn *pgx.Conn) string {
 			return
 		}
 		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err != nil {
-			t.Logf("drop slot %s: %v", slot, err)
+		if err := cdctest.DropSlot(ctx, c, slot); err != nil {
+			t.Logf("%v", err)
 		}
 	})
 	return slot
@@ -327,5 +330,65 @@ func compareRecords(t *testing.T, got, want []*kgo.Record) {
 		if gv := g[k]; !slices.Equal(gv, wv) {
 			t.Fatalf("key %s: values %q, want %q", k, gv, wv)
 		}
+	}
+}
+
+// TestCleanerWaitsForTheWalsender checks the environment cleaner the suites
+// share: a slot a connector still streams from is not dropped (a short wait
+// fails saying so), and once the connector stops the same call drops it; a
+// topic is deleted, and deleting one that is not there is an error naming it.
+func TestCleanerWaitsForTheWalsender(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	c := startConnector(t, testConfig(t, dsn, "public.outbox", "cleaner"))
+	conn := pgConnect(t, dsn)
+	exists := func() bool {
+		var ok bool
+		if err := conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'cleaner')`).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err := cdctest.DropSlot(short, conn, "cleaner")
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "still active") || !exists() {
+		t.Fatalf("DropSlot of a streaming slot: %v (slot there: %v)", err, exists())
+	}
+
+	dropConn := pgConnect(t, dsn) // DropSlot owns its connection while it polls
+	dropped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		dropped <- cdctest.DropSlot(ctx, dropConn, "cleaner")
+	}()
+	select {
+	case err := <-dropped:
+		t.Fatalf("DropSlot returned while the connector streamed: %v", err)
+	case <-time.After(300 * time.Millisecond): // the connector still holds the slot meanwhile
+	}
+	c.stop(t)
+	if err := <-dropped; err != nil || exists() {
+		t.Fatalf("DropSlot after the connector stopped: %v (slot there: %v)", err, exists())
+	}
+	if err := cdctest.DropSlot(context.Background(), conn, "cleaner"); err != nil {
+		t.Fatalf("DropSlot of a slot that is gone: %v", err)
+	}
+
+	adm := newAdmin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	topic := "it-cleaner-" + runID
+	if resp, err := adm.CreateTopic(ctx, 1, 1, nil, topic); err != nil || resp.Err != nil {
+		t.Fatalf("create topic: %v %v", err, resp.Err)
+	}
+	if err := cdctest.DeleteTopics(ctx, adm, topic); err != nil {
+		t.Fatalf("DeleteTopics: %v", err)
+	}
+	missing := "it-cleaner-missing-" + runID
+	if err := cdctest.DeleteTopics(ctx, adm, missing); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("DeleteTopics of a missing topic: %v", err)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
 // Shared servers, set once by TestMain before any test runs.
@@ -153,12 +154,8 @@ func createTopic(t *testing.T, topic string, n int) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		resps, err := adm.DeleteTopics(ctx, topic)
-		if err == nil {
-			err = resps.Error()
-		}
-		if err != nil {
-			t.Logf("delete topic %s: %v", topic, err)
+		if err := cdctest.DeleteTopics(ctx, adm, topic); err != nil {
+			t.Logf("%v", err)
 		}
 	})
 }

@@ -1,16 +1,12 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -200,64 +196,6 @@ http:
 	if rss2 > limitRSS {
 		t.Fatalf("connector peak RSS %d MiB, want under %d MiB (after phase 1: %d MiB)", rss2>>20, limitRSS>>20, rss1>>20)
 	}
-}
-
-// scrape reads one unlabelled metric from the connector's /metrics.
-func scrape(t *testing.T, addr, name string) float64 {
-	t.Helper()
-	v, err := metricValue(addr, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-// metricValue reads one unlabelled metric from the connector's /metrics.
-func metricValue(addr, name string) (float64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, fmt.Errorf("metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	// A labelled metric (the per-table event counters) is the sum of its series.
-	sc := bufio.NewScanner(resp.Body)
-	sum, found := 0.0, false
-	for sc.Scan() {
-		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || rest == "" || rest[0] != ' ' && rest[0] != '{' {
-			continue
-		}
-		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err != nil {
-			return 0, fmt.Errorf("metric %s: %w", name, err)
-		}
-		sum, found = sum+f, true
-	}
-	if !found {
-		return 0, fmt.Errorf("metric %s not found", name)
-	}
-	return sum, nil
-}
-
-// peakRSS is the process's resident set high-water mark (VmHWM).
-func peakRSS(t *testing.T, p *process) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		t.Fatalf("read status: %v", err)
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatalf("VmHWM %q: %v", v, err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM in /proc status")
-	return 0
 }
 
 // TestReplicationReceiveTimeout puts a TCP proxy between the connector and

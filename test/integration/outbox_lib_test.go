@@ -280,16 +280,7 @@ func TestOutboxLibThroughConnector(t *testing.T) {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	slot := "olib_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if c, err := pgx.Connect(ctx, dsn); err == nil {
-			if _, err := c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err != nil {
-				t.Logf("drop slot %s: %v", slot, err)
-			}
-			c.Close(ctx)
-		}
-	})
+	dropSlotAtEnd(t, dsn, slot)
 	cfg := testConfig(t, dsn, "public.outbox", slot)
 	cfg.Outbox.MessagePrefix = outbox.DefaultPrefix
 	cfg.Kafka.Topics = map[string]string{"olib": topic}

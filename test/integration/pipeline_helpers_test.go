@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/internal/cli"
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -98,17 +98,9 @@ func dropSlotAtEnd(t *testing.T, dsn, slot string) {
 			return // the server was replaced by the test itself
 		}
 		defer conn.Close(context.Background())
-		for ctx.Err() == nil {
-			_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
-				WHERE slot_name = $1 AND NOT active`, slot)
-			var left bool
-			_ = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&left)
-			if err == nil && !left {
-				return
-			}
-			time.Sleep(100 * time.Millisecond) // poll interval: the loop re-reads pg_replication_slots until the slot is gone
+		if err := cdctest.DropSlot(ctx, conn, slot); err != nil {
+			t.Errorf("slot %s still exists at the end of the test: %v", slot, err)
 		}
-		t.Errorf("slot %s still exists at the end of the test", slot)
 	})
 }
 
@@ -347,8 +339,7 @@ var (
 func connectorBinary(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
-		if p := os.Getenv("OUTBOX_CDC_BIN"); p != "" {
-			binPath = p
+		if binPath = os.Getenv(cdctest.EnvBin); binPath != "" {
 			return
 		}
 		dir, err := os.MkdirTemp("", "outbox-cdc-bin")
@@ -357,10 +348,7 @@ func connectorBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "outbox-cdc")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/outbox-cdc/outbox-cdc/cmd/outbox-cdc").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		binErr = cdctest.Build(context.Background(), "go", binPath)
 	})
 	if binErr != nil {
 		t.Fatal(binErr)
@@ -395,27 +383,9 @@ func runBinary(t *testing.T, timeout time.Duration, env []string, args ...string
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, connectorBinary(t), args...)
-	cmd.Env = append(cleanEnv(), env...)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode(), string(out)
-	}
+	code, out, err := cdctest.Run(ctx, connectorBinary(t), env, args...)
 	if err != nil {
-		t.Fatalf("run %v: %v\n%s", args, err, out)
+		t.Fatalf("%v\n%s", err, out)
 	}
-	return 0, string(out)
-}
-
-// cleanEnv is the environment without OUTBOX_CDC_ variables (the harness's
-// own would be rejected as unknown keys).
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OUTBOX_CDC_") {
-			env = append(env, kv)
-		}
-	}
-	return env
+	return code, out
 }

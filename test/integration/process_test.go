@@ -3,31 +3,34 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
-// process is the real connector binary running in the background.
+// process is the real connector binary running in the background
+// (cdctest.Process); done, err and cmd mirror it for the tests that read
+// them.
 type process struct {
+	proc *cdctest.Process
 	cmd  *exec.Cmd
 	log  string
 	addr string
 	done chan struct{}
-	err  error
+	err  error // set before done is closed
 }
 
 func startProcess(t *testing.T, configPath, addr string) *process {
@@ -39,83 +42,89 @@ func startProcess(t *testing.T, configPath, addr string) *process {
 // waitReady it returns once /readyz answers 200.
 func startProc(t *testing.T, configPath, addr string, waitReady bool, env ...string) *process {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), "connector.log")
-	f, err := os.Create(logPath)
+	pr, err := cdctest.Start(cdctest.Command(connectorBinary(t), env, "run", "--config", configPath),
+		cdctest.Options{Name: "connector", Log: filepath.Join(t.TempDir(), "connector.log")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(connectorBinary(t), "run", "--config", configPath)
-	cmd.Env = append(cleanEnv(), env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start connector: %v", err)
-	}
-	p := &process{cmd: cmd, log: logPath, addr: addr, done: make(chan struct{})}
+	p := &process{proc: pr, cmd: pr.Cmd, log: pr.LogPath, addr: addr, done: make(chan struct{})}
 	go func() {
-		p.err = cmd.Wait()
-		f.Close()
+		<-pr.Done()
+		p.err = pr.Err()
 		close(p.done)
 	}()
-	t.Cleanup(func() { p.kill() })
+	t.Cleanup(p.kill)
 	if !waitReady {
 		return p
 	}
-	waitFor(t, time.Minute, "connector /readyz", func() bool {
-		select {
-		case <-p.done:
-			t.Fatalf("connector exited at start: %v\n%s", p.err, p.output())
-		default:
+	if err := pr.WaitOK(context.Background(), addr, "/readyz", time.Minute); err != nil {
+		if errors.Is(err, cdctest.ErrExited) {
+			t.Fatalf("connector exited at start: %v\n%s", pr.Err(), p.output())
 		}
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+		t.Fatalf("timed out after %v waiting for connector /readyz: %v", time.Minute, err)
+	}
 	return p
 }
 
 func (p *process) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	_ = p.proc.Kill()
 	<-p.done
 }
 
 // stopClean sends SIGTERM and expects exit 0.
 func stopClean(t *testing.T, p *process) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(time.Minute):
+	err := p.proc.Stop(time.Minute)
+	switch {
+	case errors.Is(err, cdctest.ErrStillRunning):
 		t.Fatal("connector did not exit within 1m of SIGTERM")
+	case errors.Is(err, cdctest.ErrExited):
+		t.Fatalf("%v\n%s", err, p.output())
+	case err != nil:
+		t.Errorf("%v\n%s", err, p.output())
 	}
-	if p.err != nil {
-		t.Errorf("exit after SIGTERM: %v\n%s", p.err, p.output())
-	}
+	<-p.done
 }
 
-func (p *process) output() string {
-	b, _ := os.ReadFile(p.log)
-	return string(b)
-}
+func (p *process) output() string { return p.proc.Output() }
 
 // waitMetric waits until the process's unlabelled metric name is at least
 // min; it fails the test at once if the process exits meanwhile.
 func (p *process) waitMetric(t *testing.T, timeout time.Duration, name string, min float64) {
 	t.Helper()
 	waitFor(t, timeout, fmt.Sprintf("%s >= %v", name, min), func() bool {
-		select {
-		case <-p.done:
-			t.Fatalf("connector exited while waiting for %s >= %v: %v\n%s", name, min, p.err, p.output())
-		default:
+		if p.proc.Exited() {
+			t.Fatalf("connector exited while waiting for %s >= %v: %v\n%s", name, min, p.proc.Err(), p.output())
 		}
 		v, err := metricValue(p.addr, name)
 		return err == nil && v >= min
 	})
+}
+
+// scrape reads one metric from the connector's /metrics (cdctest.Metrics.Value).
+func scrape(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	v, err := metricValue(addr, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// metricValue reads one metric from the connector's /metrics: the sum of
+// its series (cdctest.Metrics.Value).
+func metricValue(addr, name string) (float64, error) {
+	return cdctest.Metric(context.Background(), addr, name)
+}
+
+// peakRSS is the process's resident set high-water mark (VmHWM).
+func peakRSS(t *testing.T, p *process) int64 {
+	t.Helper()
+	hwm, _, err := p.proc.Memory()
+	if err != nil {
+		t.Fatalf("read status: %v", err)
+	}
+	return hwm
 }
 
 // TestKill9LosesNothing writes events from several writers while the real

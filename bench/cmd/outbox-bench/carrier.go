@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/outbox-cdc/outbox-cdc/bench/relay"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
 // carrier is what moves a steady run's events from PostgreSQL to Kafka: the
@@ -54,11 +55,11 @@ type cdcCarrier struct {
 	slot      string
 	positions string // kafka.positions_topic with exactly_once, else ""
 	walsender int
-	before    promSamples
+	before    cdctest.Metrics
 	closed    bool
 }
 
-func (c *cdcCarrier) account(p *cpuProbe) { p.clientPID, p.pathPID = c.k.pid(), c.walsender }
+func (c *cdcCarrier) account(p *cpuProbe) { p.clientPID, p.pathPID = c.k.Pid(), c.walsender }
 
 func (c *cdcCarrier) mark(ctx context.Context) (err error) {
 	c.before, err = c.k.scrape(ctx)
@@ -66,8 +67,8 @@ func (c *cdcCarrier) mark(ctx context.Context) (err error) {
 }
 
 func (c *cdcCarrier) failed() error {
-	if c.k.exited() {
-		return fmt.Errorf("connector exited (%v):\n%s", c.k.waitErr, c.k.logTail())
+	if c.k.Exited() {
+		return fmt.Errorf("connector exited (%v):\n%s", c.k.Err(), c.k.LogTail(tailLines))
 	}
 	return nil
 }
@@ -77,8 +78,8 @@ func (c *cdcCarrier) finish(ctx context.Context, res *SteadyResult) error {
 	if err != nil {
 		return err
 	}
-	res.CommitToAck = after.ack.minus(c.before.ack).quantiles()
-	if res.PeakRSSBytes, _, err = c.k.memory(); err != nil {
+	res.CommitToAck = quantiles(commitToAck(after).Minus(commitToAck(c.before)))
+	if res.PeakRSSBytes, _, err = c.k.Memory(); err != nil {
 		return err
 	}
 	err = c.k.stop(ctx)
@@ -91,7 +92,7 @@ func (c *cdcCarrier) close() {
 		return
 	}
 	c.closed = true
-	c.k.kill()
+	c.k.Kill()
 	c.e.dropSlots(context.Background(), c.slot)
 	c.e.deletePositions(context.Background(), c.positions)
 }

@@ -8,14 +8,13 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
 // connector is the real outbox-cdc binary running as its own process, so its
@@ -23,8 +22,7 @@ import (
 // the contract's keys only.
 type connector struct {
 	*child
-	base string // http://127.0.0.1:port
-	http *http.Client
+	addr string // 127.0.0.1:port, its HTTP listener
 }
 
 type connectorConfig struct {
@@ -69,15 +67,14 @@ log:
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(e.connectorBin, "run", "--config", cfgPath)
-	cmd.Env = withoutConnectorEnv(os.Environ())
+	cmd := cdctest.Command(e.connectorBin, nil, "run", "--config", cfgPath)
 	ch, err := startChild(name, cmd, filepath.Join(e.workDir, name+".log"))
 	if err != nil {
 		return nil, fmt.Errorf("start connector: %w", err)
 	}
-	k := &connector{child: ch, base: "http://" + listen, http: &http.Client{Timeout: 5 * time.Second}}
+	k := &connector{child: ch, addr: listen}
 	if err := k.waitReady(ctx); err != nil {
-		k.kill()
+		_ = k.Kill()
 		return nil, err
 	}
 	return k, nil
@@ -91,46 +88,16 @@ func (c connectorConfig) deliveryYAML() string {
 	return fmt.Sprintf("  delivery: %s\n  positions_topic: %s\n", c.Delivery, c.Positions)
 }
 
-// withoutConnectorEnv drops OUTBOX_CDC_* variables, which would override the
-// file (an unknown one is even an error).
-func withoutConnectorEnv(env []string) []string {
-	out := env[:0:0]
-	for _, kv := range env {
-		if !strings.HasPrefix(kv, "OUTBOX_CDC_") {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
-
 // waitReady polls /readyz (200 while the replication stream is up).
 func (k *connector) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if k.exited() {
-			return fmt.Errorf("connector %s exited during start-up (%v):\n%s", k.name, k.waitErr, k.logTail())
-		}
-		if k.get(ctx, "/readyz") == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("connector %s not ready: %w\n%s", k.name, ctx.Err(), k.logTail())
-		case <-tick.C:
-		}
+	err := k.WaitOK(ctx, k.addr, "/readyz", time.Minute)
+	switch {
+	case errors.Is(err, cdctest.ErrExited):
+		return fmt.Errorf("connector %s exited during start-up (%v):\n%s", k.Name, k.Err(), k.LogTail(tailLines))
+	case err != nil:
+		return fmt.Errorf("connector %s not ready: %w\n%s", k.Name, err, k.LogTail(tailLines))
 	}
-}
-
-func (k *connector) get(ctx context.Context, path string) error {
-	_, err := k.fetch(ctx, path)
-	return err
-}
-
-func (k *connector) fetch(ctx context.Context, path string) ([]byte, error) {
-	return httpGet(ctx, k.http, k.base+path)
+	return nil
 }
 
 // httpGet returns the body of a 200 answer to GET url.
@@ -155,17 +122,17 @@ func httpGet(ctx context.Context, hc *http.Client, url string) ([]byte, error) {
 }
 
 // scrape reads /metrics.
-func (k *connector) scrape(ctx context.Context) (promSamples, error) {
-	b, err := k.fetch(ctx, "/metrics")
+func (k *connector) scrape(ctx context.Context) (cdctest.Metrics, error) {
+	m, err := cdctest.Scrape(ctx, k.addr)
 	if err != nil {
-		return promSamples{}, fmt.Errorf("connector %s metrics: %w", k.name, err)
+		return cdctest.Metrics{}, fmt.Errorf("connector %s: %w", k.Name, err)
 	}
-	return parseProm(b), nil
+	return m, nil
 }
 
 // waitDelivered polls /metrics until published + dead-lettered reaches n and
 // returns when it saw it. Resolution is the poll interval.
-func (k *connector) waitDelivered(ctx context.Context, n int64, every time.Duration, log *slog.Logger) (time.Time, promSamples, error) {
+func (k *connector) waitDelivered(ctx context.Context, n int64, every time.Duration, log *slog.Logger) (time.Time, cdctest.Metrics, error) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	progress := time.Now()
@@ -173,19 +140,19 @@ func (k *connector) waitDelivered(ctx context.Context, n int64, every time.Durat
 		if time.Since(progress) >= 10*time.Second {
 			progress = time.Now()
 			s, _ := k.scrape(ctx)
-			log.Info("draining", "delivered", s.delivered(), "of", n, "seconds", round(time.Since(k.started).Seconds(), 1))
+			log.Info("draining", "delivered", delivered(s), "of", n, "seconds", round(time.Since(k.Started).Seconds(), 1))
 		}
-		if k.exited() {
-			return time.Time{}, promSamples{}, fmt.Errorf("connector %s exited (%v):\n%s", k.name, k.waitErr, k.logTail())
+		if k.Exited() {
+			return time.Time{}, cdctest.Metrics{}, fmt.Errorf("connector %s exited (%v):\n%s", k.Name, k.Err(), k.LogTail(tailLines))
 		}
 		s, err := k.scrape(ctx)
 		now := time.Now()
-		if err == nil && s.delivered() >= n {
+		if err == nil && delivered(s) >= n {
 			return now, s, nil
 		}
 		select {
 		case <-ctx.Done():
-			return time.Time{}, s, fmt.Errorf("connector %s delivered %d of %d events: %w", k.name, s.delivered(), n, ctx.Err())
+			return time.Time{}, s, fmt.Errorf("connector %s delivered %d of %d events: %w", k.Name, delivered(s), n, ctx.Err())
 		case <-tick.C:
 		}
 	}
@@ -193,22 +160,8 @@ func (k *connector) waitDelivered(ctx context.Context, n int64, every time.Durat
 
 // stop sends SIGTERM (stop reading, drain, confirm) and requires exit code 0.
 func (k *connector) stop(ctx context.Context) error {
-	if k.exited() {
-		return fmt.Errorf("connector %s had exited (%v):\n%s", k.name, k.waitErr, k.logTail())
-	}
-	if err := k.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 45*time.Second)
-	defer cancel()
-	select {
-	case <-k.done:
-	case <-ctx.Done():
-		k.kill()
-		return fmt.Errorf("connector %s did not stop within 45s of SIGTERM:\n%s", k.name, k.logTail())
-	}
-	if k.waitErr != nil {
-		return fmt.Errorf("connector %s: %w:\n%s", k.name, k.waitErr, k.logTail())
+	if err := k.Stop(45 * time.Second); err != nil {
+		return fmt.Errorf("connector %w:\n%s", err, k.LogTail(tailLines))
 	}
 	return nil
 }

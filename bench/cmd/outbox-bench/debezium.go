@@ -146,7 +146,7 @@ transforms.outbox.table.fields.additional.placement=event_type:header:event_type
 	}
 	d := &debezium{child: ch, rest: "http://" + rest, conn: conn}
 	if err := d.waitRunning(ctx, e, slot); err != nil {
-		d.kill()
+		d.Kill()
 		return nil, err
 	}
 	return d, nil
@@ -174,17 +174,17 @@ func (d *debezium) waitRunning(ctx context.Context, e *env, slot string) error {
 	defer tick.Stop()
 	last := "no answer"
 	for {
-		if d.exited() {
-			return fmt.Errorf("debezium %s exited during start-up (%v):\n%s", d.name, d.waitErr, d.logTail())
+		if d.Exited() {
+			return fmt.Errorf("debezium %s exited during start-up (%v):\n%s", d.Name, d.Err(), d.LogTail(tailLines))
 		}
 		st, err := d.status(ctx, hc)
 		switch {
 		case err != nil:
 			last = err.Error()
 		case st.Connector.State == "FAILED":
-			return fmt.Errorf("debezium %s failed: %s", d.name, firstLines(st.Connector.Trace, 3))
+			return fmt.Errorf("debezium %s failed: %s", d.Name, firstLines(st.Connector.Trace, 3))
 		case len(st.Tasks) > 0 && st.Tasks[0].State == "FAILED":
-			return fmt.Errorf("debezium %s task failed: %s", d.name, firstLines(st.Tasks[0].Trace, 3))
+			return fmt.Errorf("debezium %s task failed: %s", d.Name, firstLines(st.Tasks[0].Trace, 3))
 		case len(st.Tasks) > 0 && st.Tasks[0].State == "RUNNING" && e.slotPID(ctx, slot) != 0:
 			return nil
 		default:
@@ -192,7 +192,7 @@ func (d *debezium) waitRunning(ctx context.Context, e *env, slot string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("debezium %s not streaming (%s): %w\n%s", d.name, last, ctx.Err(), d.logTail())
+			return fmt.Errorf("debezium %s not streaming (%s): %w\n%s", d.Name, last, ctx.Err(), d.LogTail(tailLines))
 		case <-tick.C:
 		}
 	}
@@ -234,13 +234,13 @@ func (e *env) startDebeziumCarrier(ctx context.Context, aggType string) (carrier
 	return &dbzCarrier{e: e, d: d, slot: slot, walsender: e.slotPID(ctx, slot)}, nil
 }
 
-func (c *dbzCarrier) account(p *cpuProbe) { p.clientPID, p.pathPID = c.d.pid(), c.walsender }
+func (c *dbzCarrier) account(p *cpuProbe) { p.clientPID, p.pathPID = c.d.Pid(), c.walsender }
 
 func (c *dbzCarrier) mark(context.Context) error { return nil }
 
 func (c *dbzCarrier) failed() error {
-	if c.d.exited() {
-		return fmt.Errorf("debezium exited (%v):\n%s", c.d.waitErr, c.d.logTail())
+	if c.d.Exited() {
+		return fmt.Errorf("debezium exited (%v):\n%s", c.d.Err(), c.d.LogTail(tailLines))
 	}
 	return nil
 }
@@ -250,7 +250,7 @@ func (c *dbzCarrier) finish(_ context.Context, res *SteadyResult) error {
 		return err
 	}
 	var err error
-	res.PeakRSSBytes, _, err = c.d.memory()
+	res.PeakRSSBytes, _, err = c.d.Memory()
 	c.close()
 	return err
 }
@@ -261,6 +261,6 @@ func (c *dbzCarrier) close() {
 		return
 	}
 	c.closed = true
-	c.d.kill()
+	c.d.Kill()
 	c.e.dropSlots(context.Background(), c.slot)
 }

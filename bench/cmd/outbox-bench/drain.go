@@ -296,17 +296,17 @@ func drainConnector(ctx context.Context, e *env, opts options, c connectorConfig
 	if err != nil {
 		return run, err
 	}
-	defer k.kill()
-	run.ReadySeconds = time.Since(k.started).Seconds()
-	probe.clientPID, probe.pathPID = k.pid(), e.slotPID(ctx, slot)
+	defer k.Kill()
+	run.ReadySeconds = time.Since(k.Started).Seconds()
+	probe.clientPID, probe.pathPID = k.Pid(), e.slotPID(ctx, slot)
 	doneAt, samples, err := k.waitDelivered(ctx, int64(n), 50*time.Millisecond, log)
 	if err != nil {
 		return run, err
 	}
 	b := probe.snap()
-	run.ReaderRun = newReaderRun(doneAt.Sub(k.started), n, usage(a, b))
-	run.Verified.DeadLettered = int64(samples.values[metricDeadLettered])
-	if run.PeakRSSBytes, _, err = k.memory(); err != nil {
+	run.ReaderRun = newReaderRun(doneAt.Sub(k.Started), n, usage(a, b))
+	run.Verified.DeadLettered = int64(samples.Sum(metricDeadLettered))
+	if run.PeakRSSBytes, _, err = k.Memory(); err != nil {
 		return run, err
 	}
 	return run, k.stop(ctx)
@@ -368,19 +368,19 @@ func drainDebezium(ctx context.Context, e *env, opts options, slot, topic string
 	if err != nil {
 		return run, err
 	}
-	defer d.kill()
-	run.ReadySeconds = time.Since(d.started).Seconds()
-	probe.clientPID, probe.pathPID = d.pid(), e.slotPID(ctx, slot)
+	defer d.Kill()
+	run.ReadySeconds = time.Since(d.Started).Seconds()
+	probe.clientPID, probe.pathPID = d.Pid(), e.slotPID(ctx, slot)
 	if err := arr.waitDistinct(ctx, int64(n)); err != nil {
-		return run, fmt.Errorf("%w: %v\n%s", errLost, err, d.logTail())
+		return run, fmt.Errorf("%w: %v\n%s", errLost, err, d.LogTail(tailLines))
 	}
 	doneAt := time.Now()
 	b := probe.snap()
-	run.ReaderRun = newReaderRun(doneAt.Sub(d.started), n, usage(a, b))
-	if run.PeakRSSBytes, _, err = d.memory(); err != nil {
+	run.ReaderRun = newReaderRun(doneAt.Sub(d.Started), n, usage(a, b))
+	if run.PeakRSSBytes, _, err = d.Memory(); err != nil {
 		return run, err
 	}
-	d.kill()
+	d.Kill()
 	if err := cons.stop(); err != nil {
 		return run, err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/bench/relay"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
 const (
@@ -204,8 +205,8 @@ func (e *env) createTopics(ctx context.Context, topics ...string) error {
 func (e *env) deleteTopics(ctx context.Context, topics ...string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if _, err := e.adm.DeleteTopics(ctx, topics...); err != nil {
-		e.log.Warn("delete topics", "topics", topics, "err", err)
+	if err := cdctest.DeleteTopics(ctx, e.adm, topics...); err != nil {
+		e.log.Warn("delete topics", "err", err)
 	}
 }
 
@@ -238,39 +239,18 @@ func (e *env) createSlot(ctx context.Context, name string) (string, error) {
 	return lsn, nil
 }
 
-// dropSlots drops the named slots, waiting up to 10 s for a walsender that
-// is still going away; failures only log (a left-over slot retains WAL, which
-// the next scenario survives).
+// dropSlots drops the named slots, waiting up to 10 s each for a walsender
+// that is still going away; failures only log (a left-over slot retains WAL,
+// which the next scenario survives).
 func (e *env) dropSlots(ctx context.Context, names ...string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	for _, n := range names {
-		if err := e.dropSlot(ctx, n); err != nil {
-			e.log.Warn("drop slot", "slot", n, "err", err)
-		}
-	}
-}
-
-func (e *env) dropSlot(ctx context.Context, name string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var active bool
-		err := e.conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", name).Scan(&active)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := cdctest.DropSlot(sctx, e.conn, n)
+		cancel()
 		if err != nil {
-			return err
-		}
-		if !active {
-			_, err := e.conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", name)
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("slot %s still active", name)
-		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
+			e.log.Warn("drop slot", "slot", n, "err", err)
 		}
 	}
 }
@@ -332,20 +312,11 @@ func connectorBinary(ctx context.Context, opts options, workDir string, log *slo
 		}
 		return p, nil
 	}
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return "", err
-	}
 	out := filepath.Join(workDir, "outbox-cdc")
 	log.Info("building the connector", "out", out)
 	bctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(bctx, opts.Go, "build", "-trimpath", "-o", out, "./cmd/outbox-cdc")
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/outbox-cdc: %w\n%s", err, b)
-	}
-	return out, nil
+	return out, cdctest.Build(bctx, opts.Go, out, "-trimpath")
 }
 
 // info describes the machine and the servers for the report.

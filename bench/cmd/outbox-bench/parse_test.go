@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv/cdctest"
 )
 
 func TestEventID(t *testing.T) {
@@ -40,11 +42,11 @@ go_gc_duration_seconds{quantile="0.5"} 0.0001
 `
 
 func TestParseProm(t *testing.T) {
-	s := parseProm([]byte(metricsPage))
-	if got := s.delivered(); got != 1002 {
+	s := mustParse(t, metricsPage)
+	if got := delivered(s); got != 1002 {
 		t.Fatalf("delivered = %d, want 1002", got)
 	}
-	q := s.ack.quantiles()
+	q := quantiles(commitToAck(s))
 	if q == nil || q.Count != 1000 {
 		t.Fatalf("quantiles = %+v", q)
 	}
@@ -55,14 +57,14 @@ func TestParseProm(t *testing.T) {
 	if want := 1 + 490.0/890; math.Abs(q.P50EstimateMs-want) > 1e-9 {
 		t.Fatalf("p50 estimate %v, want %v", q.P50EstimateMs, want)
 	}
-	before := parseProm([]byte(`outbox_cdc_commit_to_ack_seconds_bucket{le="0.001"} 10
+	before := mustParse(t, `outbox_cdc_commit_to_ack_seconds_bucket{le="0.001"} 10
 outbox_cdc_commit_to_ack_seconds_bucket{le="0.002"} 10
 outbox_cdc_commit_to_ack_seconds_bucket{le="0.005"} 10
 outbox_cdc_commit_to_ack_seconds_bucket{le="0.01"} 10
 outbox_cdc_commit_to_ack_seconds_bucket{le="+Inf"} 10
 outbox_cdc_commit_to_ack_seconds_count 10
-`))
-	d := s.ack.minus(before.ack).quantiles()
+`)
+	d := quantiles(commitToAck(s).Minus(commitToAck(before)))
 	if d.Count != 990 || d.P50UpperMs != 2 || d.Buckets[0].Count != 0 {
 		t.Fatalf("difference %+v", d)
 	}
@@ -167,4 +169,13 @@ func TestReportAndChart(t *testing.T) {
 			t.Fatalf("report lacks %q:\n%s", want, md)
 		}
 	}
+}
+
+func mustParse(t *testing.T, page string) cdctest.Metrics {
+	t.Helper()
+	m, err := cdctest.ParseMetrics([]byte(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
