@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -60,6 +61,18 @@ func TestRetentionKillDuringBatch(t *testing.T) {
 	both := queryInt(t, conn, "SELECT count(*) FROM outbox o JOIN deleted_rows d USING (id)")
 	if left+deleted != rows || deleted%batch != 0 || both != 0 || left == 0 {
 		t.Fatalf("after the kill: %d rows left, %d deleted (batches of %d), %d both; want %d in all, whole batches", left, deleted, batch, both, rows)
+	}
+	// status shows what is left: rows two hours old.
+	code, out := runBinary(t, time.Minute, nil, "status", "--json", "--config", cfgPath)
+	var st struct {
+		Tables []struct {
+			OldestRowAge *float64 `json:"oldest_row_age_seconds"`
+			SizeBytes    *int64   `json:"size_bytes"`
+		} `json:"tables"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || code != 0 || len(st.Tables) != 1 || st.Tables[0].SizeBytes == nil ||
+		*st.Tables[0].SizeBytes <= 0 || *st.Tables[0].OldestRowAge < 7100 || *st.Tables[0].OldestRowAge > 7300 {
+		t.Errorf("status: exit %d, %v:\n%s", code, err, out)
 	}
 	p = startRetention(t, cfgPath)
 	waitFor(t, 2*time.Minute, "the rest deleted after the restart", func() bool { return queryInt(t, conn, "SELECT count(*) FROM outbox") == 0 })
