@@ -61,7 +61,8 @@ type Decision struct {
 }
 
 // Decide returns what may be deleted now, and the readings still worth
-// keeping (those the acknowledged position has not reached, newest last).
+// keeping (the one used and those the acknowledged position has not
+// reached, oldest first).
 // readings are in the order they were taken.
 func Decide(now time.Time, readings []Reading, s State) (Decision, []Reading) {
 	var fresh []Reading
@@ -71,7 +72,8 @@ func Decide(now time.Time, readings []Reading, s State) (Decision, []Reading) {
 		}
 	}
 	// The newest reading the acknowledged position reached; older readings
-	// vouch for fewer rows, so they are dropped.
+	// vouch for fewer rows, so they are dropped. It is kept: later rounds
+	// use it for rows that reach the retention while the position stalls.
 	best := -1
 	for i, r := range fresh {
 		if r.WAL <= s.Acked {
@@ -82,12 +84,17 @@ func Decide(now time.Time, readings []Reading, s State) (Decision, []Reading) {
 	rest := fresh
 	if best >= 0 {
 		d = Decision{Delete: true, Below: fresh[best].Xmin}
-		rest = fresh[best+1:]
+		rest = fresh[best:]
 	} else {
 		d.Why = "waiting for the acknowledged position to reach a reading"
 	}
-	if len(rest) > keep {
-		rest = rest[len(rest)-keep:]
+	if len(rest) > keep { // the newest, and the one used if any
+		newest := rest[len(rest)-keep+1:]
+		if best >= 0 {
+			rest = append([]Reading{rest[0]}, newest...)
+		} else {
+			rest = rest[len(rest)-keep:]
+		}
 	}
 	if why := Blocked(s); why != "" {
 		d = Decision{Why: why}

@@ -23,16 +23,16 @@ func TestDecide(t *testing.T) {
 	}{
 		{"no reading", nil, State{Owner: true, Acked: 1000}, Decision{Why: "waiting for the acknowledged position to reach a reading"}, 0},
 		{"acked below every reading", three, State{Owner: true, Acked: 99}, Decision{Why: "waiting for the acknowledged position to reach a reading"}, 3},
-		{"acked exactly at the first", three, State{Owner: true, Acked: 100}, Decision{Delete: true, Below: 10}, 2},
-		{"acked between: the newest reached", three, State{Owner: true, Acked: 250}, Decision{Delete: true, Below: 20}, 1},
-		{"acked past all", three, State{Owner: true, Acked: 1 << 40}, Decision{Delete: true, Below: 30}, 0},
-		{"not the slot's owner", three, State{Acked: 1 << 40}, Decision{Why: "not streaming from the slot"}, 0},
-		{"snapshot pending", three, State{Owner: true, Snapshot: true, Acked: 1 << 40}, Decision{Why: "the initial snapshot is not done"}, 0},
-		{"gap recorded", three, State{Owner: true, Gap: true, Acked: 1 << 40}, Decision{Why: "a gap is recorded and its repair not acknowledged"}, 0},
+		{"acked exactly at the first", three, State{Owner: true, Acked: 100}, Decision{Delete: true, Below: 10}, 3},
+		{"acked between: the newest reached", three, State{Owner: true, Acked: 250}, Decision{Delete: true, Below: 20}, 2},
+		{"acked past all", three, State{Owner: true, Acked: 1 << 40}, Decision{Delete: true, Below: 30}, 1},
+		{"not the slot's owner", three, State{Acked: 1 << 40}, Decision{Why: "not streaming from the slot"}, 1},
+		{"snapshot pending", three, State{Owner: true, Snapshot: true, Acked: 1 << 40}, Decision{Why: "the initial snapshot is not done"}, 1},
+		{"gap recorded", three, State{Owner: true, Gap: true, Acked: 1 << 40}, Decision{Why: "a gap is recorded and its repair not acknowledged"}, 1},
 		{"gap with nothing reached", three, State{Owner: true, Gap: true}, Decision{Why: "a gap is recorded and its repair not acknowledged"}, 3},
 		{"stale reading unused", []Reading{r(maxReadingAge+time.Second, 100, 10), r(time.Second, 300, 30)}, State{Owner: true, Acked: 200},
 			Decision{Why: "waiting for the acknowledged position to reach a reading"}, 1},
-		{"reading at the age bound used", []Reading{r(maxReadingAge, 100, 10)}, State{Owner: true, Acked: 100}, Decision{Delete: true, Below: 10}, 0},
+		{"reading at the age bound used", []Reading{r(maxReadingAge, 100, 10)}, State{Owner: true, Acked: 100}, Decision{Delete: true, Below: 10}, 1},
 		{"owner with acked zero", three, owner, Decision{Why: "waiting for the acknowledged position to reach a reading"}, 3},
 	}
 	for _, c := range cases {
@@ -51,14 +51,27 @@ func TestDecide(t *testing.T) {
 // TestDecideKeepsNewest: under a stall the queue stays bounded and keeps
 // the newest readings, which vouch for the most rows.
 func TestDecideKeepsNewest(t *testing.T) {
+	// The reading used stays for the next round, while the position stalls.
+	now0 := time.Now()
+	rs := []Reading{{At: now0, WAL: 100, Xmin: 10}, {At: now0, WAL: 200, Xmin: 20}}
+	d, kept := Decide(now0, rs, State{Owner: true, Acked: 150})
+	d2, _ := Decide(now0, append(kept, Reading{At: now0, WAL: 300, Xmin: 30}), State{Owner: true, Acked: 150})
+	if d.Below != 10 || d2 != d {
+		t.Fatalf("first round %+v, second %+v: want both to delete below 10", d, d2)
+	}
 	now := time.Now()
-	var rs []Reading
+	rs = nil
 	for i := range keep + 10 {
 		rs = append(rs, Reading{At: now, WAL: lsn.LSN(1000 + i), Xmin: uint64(i)})
 	}
-	_, kept := Decide(now, rs, State{Owner: true, Acked: 1})
+	_, kept = Decide(now, rs, State{Owner: true, Acked: 1})
 	if len(kept) != keep || kept[len(kept)-1].Xmin != uint64(keep+9) || kept[0].Xmin != 10 {
 		t.Fatalf("kept %d, first %d, last %d", len(kept), kept[0].Xmin, kept[len(kept)-1].Xmin)
+	}
+	// With a reading used, it stays first and the newest fill the rest.
+	_, kept = Decide(now, rs, State{Owner: true, Acked: 1000})
+	if len(kept) != keep || kept[0].Xmin != 0 || kept[1].Xmin != 11 || kept[len(kept)-1].Xmin != uint64(keep+9) {
+		t.Fatalf("kept %d, first %d, second %d, last %d", len(kept), kept[0].Xmin, kept[1].Xmin, kept[len(kept)-1].Xmin)
 	}
 }
 
