@@ -18,6 +18,10 @@ type RetentionConfig struct {
 	BatchSize int           // rows per DELETE, each its own transaction
 	DutyCycle float64       // share of the time spent deleting (0, 1]
 	Interval  time.Duration // how often a round starts
+	// PartitionWidth and PartitionsAhead: the partitions made of a
+	// partitioned outbox (partitions.go).
+	PartitionWidth  time.Duration
+	PartitionsAhead int
 }
 
 // retentionLoop deletes each outbox table's delivered rows past the
@@ -31,7 +35,8 @@ func (p *Pipeline) retentionLoop(ctx context.Context) {
 	for i, s := range srcs {
 		name := s.Schema + "." + s.Table
 		tables[i] = &retentionTable{r: replication.NewRetainer(s), name: name,
-			deleted: p.m.Retention.Deleted.WithLabelValues(name)}
+			deleted: p.m.Retention.Deleted.WithLabelValues(name), created: p.m.Retention.PartitionsCreated.WithLabelValues(name),
+			dropped: p.m.Retention.PartitionsDropped.WithLabelValues(name)}
 		defer tables[i].r.Close(ctx)
 	}
 	t := time.NewTicker(cfg.Interval)
@@ -58,7 +63,10 @@ type retentionTable struct {
 	name     string
 	readings []retention.Reading
 	deleted  prometheus.Counter
-	blocked  string // the last reason nothing was deleted, logged once
+	created  prometheus.Counter
+	dropped  prometheus.Counter
+	overlaps map[time.Time]bool // windows already warned about (partitions.go)
+	blocked  string             // the last reason nothing was deleted, logged once
 }
 
 // retentionState is what the rule needs besides the readings.
@@ -91,6 +99,15 @@ func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
 	tb.readings = append(tb.readings, x)
 	d, kept := retention.Decide(time.Now(), tb.readings, p.retentionState())
 	tb.readings = kept
+	partitioned, err := tb.r.Partitioned(ctx)
+	if err != nil {
+		p.roundError(ctx, tb, "look up the table", err)
+		return
+	}
+	if partitioned {
+		p.partitionRound(ctx, tb, d) // partitions.go
+		return
+	}
 	if !d.Delete {
 		p.logBlocked(tb, d.Why)
 		return

@@ -46,13 +46,12 @@ func checkRetention(ctx context.Context, conn *pgx.Conn, src Source, role string
 	}
 	switch {
 	case partitioned:
-		add(fmt.Sprintf("outbox.retention: %s is partitioned; the connector does not manage partitions yet", table),
-			"unset outbox.retention and drop partitions past the retention yourself (docs/guide.md, \"Outbox retention\")")
+		return checkPartitioned(ctx, conn, table, role, add)
 	case !hasColumn:
 		add(fmt.Sprintf("outbox.retention: %s has no %s column to measure rows' age on", table, RetentionColumn),
 			"ALTER TABLE "+table+" ADD COLUMN created_at timestamptz NOT NULL DEFAULT now(), or unset outbox.retention")
 	}
-	if !canDelete {
+	if !canDelete && !partitioned {
 		add(fmt.Sprintf("outbox.retention: role %q cannot DELETE from %s", role, table),
 			fmt.Sprintf("run GRANT DELETE ON %s TO %s, or unset outbox.retention", table, pgx.Identifier{role}.Sanitize()))
 	}
@@ -67,15 +66,26 @@ func checkRetention(ctx context.Context, conn *pgx.Conn, src Source, role string
 // It owns one connection (to the primary), opened on first use and again
 // after an error.
 type Retainer struct {
-	db    *DB
-	table string // quoted
-	relid uint32
-	conn  *pgx.Conn
+	db           *DB
+	schema, name string // unquoted
+	table        string // quoted
+	relid        uint32
+	partitioned  bool // the table is partitioned (partitions.go)
+	major        int  // the server's major version
+	conn         *pgx.Conn
 }
 
 // NewRetainer returns the retainer for src's outbox table, on src's primary.
 func NewRetainer(src Source) *Retainer {
-	return &Retainer{db: src.Writer(), table: src.qualified()}
+	return &Retainer{db: src.Writer(), schema: src.Schema, name: src.OutboxTable.Table, table: src.qualified()}
+}
+
+// Partitioned reports whether the table is partitioned (read at connect).
+func (r *Retainer) Partitioned(ctx context.Context) (bool, error) {
+	if _, err := r.connect(ctx); err != nil {
+		return false, err
+	}
+	return r.partitioned, nil
 }
 
 // Table is the quoted name of the table.
@@ -90,15 +100,17 @@ func (r *Retainer) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("retention %s: connect: %w", r.table, err)
 	}
 	var relid *uint32
-	err = conn.QueryRow(ctx, "SELECT to_regclass($1)::oid", r.table).Scan(&relid)
-	if err == nil && relid == nil {
+	var kind *string
+	err = conn.QueryRow(ctx, "SELECT c.oid, c.relkind::text, current_setting('server_version_num')::int / 10000 FROM (SELECT to_regclass($1) AS oid) r LEFT JOIN pg_class c ON c.oid = r.oid",
+		r.table).Scan(&relid, &kind, &r.major)
+	if err == nil && (relid == nil || kind == nil) {
 		err = errors.New("no such table")
 	}
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("retention %s: look up table: %w", r.table, err)
 	}
-	r.relid, r.conn = *relid, conn
+	r.relid, r.partitioned, r.conn = *relid, *kind == "p", conn
 	return conn, nil
 }
 
@@ -184,7 +196,10 @@ func (r *Retainer) Stats(ctx context.Context) (TableStats, error) {
 	}
 	var s TableStats
 	var oldest *time.Time
-	q := fmt.Sprintf("SELECT min(%s), pg_total_relation_size($1::regclass) FROM %s", pgx.Identifier{RetentionColumn}.Sanitize(), r.table)
+	// A partitioned root has no storage of its own: its size is its
+	// partitions' (pg_partition_tree lists nothing for a plain table).
+	q := fmt.Sprintf("SELECT min(%s), greatest(pg_total_relation_size($1::regclass), (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree($1::regclass)))::bigint FROM %s",
+		pgx.Identifier{RetentionColumn}.Sanitize(), r.table)
 	if err := conn.QueryRow(ctx, q, r.table).Scan(&oldest, &s.Bytes); err != nil {
 		r.drop(ctx)
 		return TableStats{}, fmt.Errorf("retention %s: stats: %w", r.table, err)
@@ -215,7 +230,13 @@ func VerifyLock(ctx context.Context, srcs []Source) (release func(), err error) 
 	if err != nil {
 		return nil, fmt.Errorf("retention lock: connect: %w", err)
 	}
-	release = func() { conn.Close(context.WithoutCancel(ctx)) } // session locks end with the session
+	release = func() {
+		// Unlocked before the close returns: the server ends a closed session
+		// (and its locks) a little later.
+		c := context.WithoutCancel(ctx)
+		_, _ = conn.Exec(c, "SELECT pg_advisory_unlock_all()")
+		conn.Close(c)
+	}
 	for _, s := range srcs {
 		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared(($1::bigint << 32) | oid::bigint) FROM (SELECT to_regclass($2)::oid AS oid) t WHERE oid IS NOT NULL",
 			int64(retentionLockClass), s.qualified()); err != nil {

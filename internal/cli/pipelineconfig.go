@@ -80,7 +80,8 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		SnapshotFilter:  cfg.Snapshot.Filter,
 		SnapshotOrderBy: cfg.Snapshot.OrderBy,
 		Retention: pipeline.RetentionConfig{After: cfg.Outbox.Retention, BatchSize: cfg.Outbox.RetentionBatchSize,
-			DutyCycle: cfg.Outbox.RetentionDutyCycle, Interval: cfg.Outbox.RetentionInterval},
+			DutyCycle: cfg.Outbox.RetentionDutyCycle, Interval: cfg.Outbox.RetentionInterval,
+			PartitionWidth: cfg.Outbox.PartitionWidth, PartitionsAhead: cfg.Outbox.PartitionsAhead},
 	}
 	if cfg.Kafka.ExactlyOnce() {
 		pc.ExactlyOnce = &pipeline.ExactlyOnce{Interval: cfg.Kafka.TransactionInterval, PositionsTopic: cfg.Kafka.PositionsTopic}

@@ -115,6 +115,10 @@ type Outbox struct {
 	RetentionBatchSize int           `koanf:"retention_batch_size"`
 	RetentionDutyCycle float64       `koanf:"retention_duty_cycle"`
 	RetentionInterval  time.Duration `koanf:"retention_interval"`
+	// PartitionWidth and PartitionsAhead: the partitions retention makes
+	// of a partitioned outbox.
+	PartitionWidth  time.Duration `koanf:"partition_width"`
+	PartitionsAhead int           `koanf:"partitions_ahead"`
 }
 
 // Columns maps each record part to the name of the column that holds it.
@@ -259,7 +263,7 @@ func Default() Config {
 			Fields:        []string{}, StandardHeaders: []string{"id", "event_type", "aggregate_type"}, SourceHeaders: []string{},
 			Tables:             []OutboxTable{},
 			RetentionBatchSize: DefaultRetentionBatchSize, RetentionDutyCycle: DefaultRetentionDutyCycle,
-			RetentionInterval: DefaultRetentionInterval,
+			RetentionInterval: DefaultRetentionInterval, PartitionWidth: DefaultPartitionWidth, PartitionsAhead: DefaultPartitionsAhead,
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq", ParkingTopic: "outbox.parking",

@@ -12,6 +12,9 @@ const (
 	DefaultRetentionBatchSize = 5000
 	DefaultRetentionDutyCycle = 0.1
 	DefaultRetentionInterval  = time.Minute
+	// Daily partitions, three made ahead (docs/guide.md).
+	DefaultPartitionWidth  = 24 * time.Hour
+	DefaultPartitionsAhead = 3
 	// shortRetention is where the start warns: verify cannot look further back.
 	shortRetention = time.Hour
 )
@@ -38,6 +41,11 @@ func (v *validator) retention(ob Outbox, store string) {
 			"must be above 0 and at most 1 (the share of the time spent deleting)", fmt.Sprintf("use %g", DefaultRetentionDutyCycle))
 	}
 	v.durationRange("outbox.retention_interval", ob.RetentionInterval, 100*time.Millisecond, 24*time.Hour, "how often a round starts")
+	v.durationRange("outbox.partition_width", ob.PartitionWidth, time.Second, 31*24*time.Hour, "the range of each partition made")
+	if ob.PartitionsAhead < 1 || ob.PartitionsAhead > 1000 {
+		v.add("outbox.partitions_ahead", strconv.Itoa(ob.PartitionsAhead), "must be between 1 and 1000 (partitions made past the current one)",
+			fmt.Sprintf("use %d", DefaultPartitionsAhead))
+	}
 }
 
 // retentionWarnings: a retention under an hour is allowed (tests, demos),

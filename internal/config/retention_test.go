@@ -23,6 +23,8 @@ func TestRetentionKeys(t *testing.T) {
 		{"duty above one", func(c *Config) { c.Outbox.Retention = time.Hour; c.Outbox.RetentionDutyCycle = 1.5 }, "outbox.retention_duty_cycle", "at most 1"},
 		{"duty one", func(c *Config) { c.Outbox.Retention = time.Hour; c.Outbox.RetentionDutyCycle = 1 }, "", ""},
 		{"interval too short", func(c *Config) { c.Outbox.Retention = time.Hour; c.Outbox.RetentionInterval = time.Millisecond }, "outbox.retention_interval", "between"},
+		{"partition width too short", func(c *Config) { c.Outbox.Retention = time.Hour; c.Outbox.PartitionWidth = time.Millisecond }, "outbox.partition_width", "between"},
+		{"no partition ahead", func(c *Config) { c.Outbox.Retention = time.Hour; c.Outbox.PartitionsAhead = 0 }, "outbox.partitions_ahead", "use 3"},
 		{"no checkpoint store", func(c *Config) { c.Outbox.Retention = time.Hour; c.Checkpoint.Store = "none" }, "outbox.retention", "needs a checkpoint store"},
 		{"pacing ignored when off", func(c *Config) { c.Outbox.RetentionBatchSize = 0 }, "", ""},
 	}
@@ -48,12 +50,15 @@ outbox:
   retention_batch_size: 1000
   retention_duty_cycle: 0.25
   retention_interval: 5s
+  partition_width: 1h
+  partitions_ahead: 6
 `))
 	c, err := Load(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := c.Outbox; o.Retention != 36*time.Hour || o.RetentionBatchSize != 1000 || o.RetentionDutyCycle != 0.25 || o.RetentionInterval != 5*time.Second {
+	if o := c.Outbox; o.Retention != 36*time.Hour || o.RetentionBatchSize != 1000 || o.RetentionDutyCycle != 0.25 || o.RetentionInterval != 5*time.Second ||
+		o.PartitionWidth != time.Hour || o.PartitionsAhead != 6 {
 		t.Fatalf("got %+v", o)
 	}
 }
