@@ -24,7 +24,8 @@ const retentionLockClass = 0x6f62 // "ob"
 func RetentionLockKey(relid uint32) int64 { return retentionLockClass<<32 | int64(relid) }
 
 // checkRetention adds a problem for each thing outbox.retention needs of
-// src's table and lacks: DELETE, a created_at column, an unpartitioned table.
+// src's table and lacks: DELETE, a created_at column and its index; for a
+// partitioned table, what checkPartitioned asks.
 func checkRetention(ctx context.Context, conn *pgx.Conn, src Source, role string, add func(problem, fix string)) error {
 	table := src.qualified()
 	var exists bool
