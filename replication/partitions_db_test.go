@@ -44,6 +44,7 @@ func TestPartitionsDB(t *testing.T) {
 	}
 	exec(conn, `CREATE TABLE part (id uuid NOT NULL DEFAULT gen_random_uuid(), event_type text, created_at timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`)
+	exec(conn, "CREATE INDEX ON part (created_at)")
 	db, err := ParseDB(pg.DSN("postgres"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -195,6 +196,7 @@ func TestPartitionsDB(t *testing.T) {
 
 	t.Run("check", func(t *testing.T) {
 		exec(conn, "CREATE TABLE part_by_id (id int, created_at timestamptz) PARTITION BY RANGE (id)")
+		exec(conn, "CREATE TABLE part_noindex (created_at timestamptz) PARTITION BY RANGE (created_at)")
 		exec(conn, "DO $$ BEGIN CREATE ROLE part_app; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
 		problems := func(table string) string {
 			var out []string
@@ -209,6 +211,9 @@ func TestPartitionsDB(t *testing.T) {
 		}
 		if p := problems("part_by_id"); !strings.Contains(p, "not partitioned by range on created_at") {
 			t.Errorf("partitioned by id: %s", p)
+		}
+		if p := problems("part_noindex"); !strings.Contains(p, `run CREATE INDEX ON "public"."part_noindex" (created_at)`) {
+			t.Errorf("partitioned, no index: %s", p)
 		}
 		exec(conn, "SET ROLE part_app")
 		p := problems("part")

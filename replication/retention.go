@@ -45,20 +45,24 @@ func checkRetention(ctx context.Context, conn *pgx.Conn, src Source, role string
 	if err != nil {
 		return fmt.Errorf("check retention on %s: %w", table, err)
 	}
-	switch {
-	case partitioned:
-		return checkPartitioned(ctx, conn, table, role, add)
-	case !hasColumn:
-		add(fmt.Sprintf("outbox.retention: %s has no %s column to measure rows' age on", table, RetentionColumn),
-			"ALTER TABLE "+table+" ADD COLUMN created_at timestamptz NOT NULL DEFAULT now(), or unset outbox.retention")
-	}
-	if !canDelete && !partitioned {
+	if partitioned {
+		if err := checkPartitioned(ctx, conn, table, role, add); err != nil {
+			return err
+		}
+	} else if !canDelete {
 		add(fmt.Sprintf("outbox.retention: role %q cannot DELETE from %s", role, table),
 			fmt.Sprintf("run GRANT DELETE ON %s TO %s, or unset outbox.retention", table, pgx.Identifier{role}.Sanitize()))
 	}
-	if hasColumn && !indexed && !partitioned {
-		add(fmt.Sprintf("outbox.retention: %s has no index on %s; every batch would read the whole table", table, RetentionColumn),
-			"run CREATE INDEX CONCURRENTLY ON "+table+" ("+RetentionColumn+"), or unset outbox.retention")
+	switch create := "CREATE INDEX CONCURRENTLY ON "; {
+	case !hasColumn:
+		add(fmt.Sprintf("outbox.retention: %s has no %s column to measure rows' age on", table, RetentionColumn),
+			"ALTER TABLE "+table+" ADD COLUMN created_at timestamptz NOT NULL DEFAULT now(), or unset outbox.retention")
+	case !indexed:
+		if partitioned { // CONCURRENTLY is refused on a partitioned table; its partitions get the index too
+			create = "CREATE INDEX ON "
+		}
+		add(fmt.Sprintf("outbox.retention: %s has no index on %s; every round would read the whole table", table, RetentionColumn),
+			"run "+create+table+" ("+RetentionColumn+"), or unset outbox.retention")
 	}
 	return nil
 }

@@ -156,6 +156,7 @@ func TestRetentionDB(t *testing.T) {
 		exec(conn, "CREATE TABLE ret_noindex (id uuid PRIMARY KEY, created_at timestamptz)")
 		exec(conn, "CREATE TABLE ret_nocol (id uuid PRIMARY KEY)")
 		exec(conn, "CREATE TABLE ret_part (id uuid, created_at timestamptz NOT NULL, PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)")
+		exec(conn, "CREATE INDEX ON ret_part (created_at)")
 		problems := func(table, role string) string {
 			t.Helper()
 			var out []string
