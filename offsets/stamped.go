@@ -134,3 +134,22 @@ func (c *CommitTimes) Before(pos lsn.LSN) (time.Time, bool) {
 	}
 	return time.Time{}, false
 }
+
+// After returns the commit time of the oldest remembered transaction ending
+// above pos: when the oldest transaction not acknowledged at pos committed,
+// up to coalesce late (one folded into the entry at or below pos is not
+// seen until a later entry). false when none is remembered.
+func (c *CommitTimes) After(pos lsn.LSN) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var at time.Time
+	found := false
+	for i := c.n - 1; i >= 0 && i >= c.n-len(c.ring); i-- {
+		e := c.ring[i%len(c.ring)]
+		if e.end <= pos {
+			break
+		}
+		at, found = e.at, true
+	}
+	return at, found
+}

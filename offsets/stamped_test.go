@@ -81,3 +81,33 @@ func TestStampedTimeline(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitTimesAfter: the oldest transaction ending above a position,
+// which the oldest-unacknowledged-event age is measured from.
+func TestCommitTimesAfter(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	var c CommitTimes
+	if _, ok := c.After(0); ok {
+		t.Fatal("an empty ring knows a commit after 0")
+	}
+	c.Add(100, t0)
+	c.Add(200, t0.Add(time.Second))
+	c.Add(300, t0.Add(2*time.Second))
+	for _, tt := range []struct {
+		pos    lsn.LSN
+		want   time.Time
+		wantOK bool
+	}{
+		{0, t0, true},
+		{99, t0, true},
+		{100, t0.Add(time.Second), true},
+		{250, t0.Add(2 * time.Second), true},
+		{300, time.Time{}, false},
+		{1 << 40, time.Time{}, false},
+	} {
+		got, ok := c.After(tt.pos)
+		if ok != tt.wantOK || !got.Equal(tt.want) {
+			t.Errorf("After(%v) = %v, %v; want %v, %v", tt.pos, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}

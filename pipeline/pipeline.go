@@ -84,6 +84,8 @@ type Config struct {
 	// ExactlyOnce, when set (kafka.delivery exactly_once), publishes through
 	// Kafka transactions (exactly_once.go); nil: at least once.
 	ExactlyOnce *ExactlyOnce
+	// Retention deletes delivered outbox rows (retention.go).
+	Retention RetentionConfig
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -290,6 +292,10 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 			Interval: p.cfg.MonitorInterval, RetainedWALWarn: p.cfg.RetainedWALWarn, Metrics: p.m, Log: p.log, Fail: p.fail}
 		r.sides.Go(func() { mon.Run(sides) })
 		r.sides.Go(func() { p.guardLoop(sides, pl.guard) })
+		r.sides.Go(func() { p.unackedLoop(sides, p.m.Retention.OldestUnacked) })
+		if p.cfg.Retention.After > 0 {
+			r.sides.Go(func() { p.retentionLoop(sides) })
+		}
 	}
 	if pl.progress != nil {
 		r.sides.Go(func() { p.progressLoop(sides) })

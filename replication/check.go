@@ -72,6 +72,11 @@ func check(ctx context.Context, conn *pgx.Conn, src Source) error {
 		if err := checkTable(ctx, conn, t, role, add); err != nil {
 			return err
 		}
+		if src.Retention {
+			if err := checkRetention(ctx, conn, t, role, add); err != nil {
+				return err
+			}
+		}
 	}
 	return errors.Join(problems...)
 }

@@ -34,6 +34,9 @@ type Source struct {
 	Primary *DB
 	// CheckpointTable: checkpoint.store is table, which writes to Writer().
 	CheckpointTable bool
+	// Retention: outbox.retention is set; Check asks what it needs of
+	// each table (retention.go).
+	Retention bool
 }
 
 // OutboxTable names one outbox table.

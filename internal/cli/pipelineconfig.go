@@ -49,7 +49,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 	src := replication.Source{
 		DB: db, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
 		OutboxTable: srcs[0], Others: srcs[1:], Failover: cfg.Postgres.FailoverSlot,
-		Primary: primary, CheckpointTable: cfg.Checkpoint.Store == "table",
+		Primary: primary, CheckpointTable: cfg.Checkpoint.Store == "table", Retention: cfg.Outbox.Retention > 0,
 	}
 	pc := pipeline.Config{
 		Source:  src,
@@ -79,6 +79,9 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		Snapshot:        cfg.Snapshot.Mode,
 		SnapshotFilter:  cfg.Snapshot.Filter,
 		SnapshotOrderBy: cfg.Snapshot.OrderBy,
+		Retention: pipeline.RetentionConfig{After: cfg.Outbox.Retention, BatchSize: cfg.Outbox.RetentionBatchSize,
+			DutyCycle: cfg.Outbox.RetentionDutyCycle, Interval: cfg.Outbox.RetentionInterval,
+			PartitionWidth: cfg.Outbox.PartitionWidth, PartitionsAhead: cfg.Outbox.PartitionsAhead},
 	}
 	if cfg.Kafka.ExactlyOnce() {
 		pc.ExactlyOnce = &pipeline.ExactlyOnce{Interval: cfg.Kafka.TransactionInterval, PositionsTopic: cfg.Kafka.PositionsTopic}

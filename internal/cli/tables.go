@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
@@ -16,6 +17,11 @@ type TableStatus struct {
 	// publication, which publishes inserts.
 	Streamed bool   `json:"streamed"`
 	Problem  string `json:"problem,omitempty"`
+	// OldestRowAge (seconds, by created_at on the database's clock) and
+	// SizeBytes (pg_total_relation_size) are what outbox.retention keeps
+	// down; absent when the table has no created_at column.
+	OldestRowAge *float64 `json:"oldest_row_age_seconds,omitempty"`
+	SizeBytes    *int64   `json:"size_bytes,omitempty"`
 }
 
 // tablesStatus reads every outbox table's publication membership.
@@ -33,6 +39,15 @@ func tablesStatus(ctx context.Context, src replication.Source) []TableStatus {
 			ts.Problem = s.LeftStream(t, s.Membership) + s.SchemaProblem(t)
 		}
 		ts.Streamed = ts.Problem == ""
+		r := replication.NewRetainer(t)
+		if st, err := r.Stats(ctx); err == nil {
+			age := 0.0
+			if !st.Oldest.IsZero() {
+				age = max(0, time.Since(st.Oldest).Seconds())
+			}
+			ts.OldestRowAge, ts.SizeBytes = &age, &st.Bytes
+		}
+		r.Close(ctx)
 		out = append(out, ts)
 	}
 	return out
@@ -45,5 +60,8 @@ func printTables(w io.Writer, ts []TableStatus) {
 			state = "NOT streamed: " + t.Problem
 		}
 		fmt.Fprintf(w, "outbox table    %s, %s\n", t.Table, state)
+		if t.SizeBytes != nil {
+			fmt.Fprintf(w, "  rows          oldest %s old, table %s\n", (time.Duration(*t.OldestRowAge) * time.Second).Round(time.Second), bytesText(*t.SizeBytes))
+		}
 	}
 }

@@ -109,6 +109,16 @@ type Outbox struct {
 	// Tables lists several outbox tables (tables.go), each with the keys
 	// above and kafka's routing keys as its defaults; not with Table.
 	Tables []OutboxTable `koanf:"tables"`
+	// Retention deletes delivered rows older than this from every outbox
+	// table (0: never); the pacing keys go with it (retention.go).
+	Retention          time.Duration `koanf:"retention"`
+	RetentionBatchSize int           `koanf:"retention_batch_size"`
+	RetentionDutyCycle float64       `koanf:"retention_duty_cycle"`
+	RetentionInterval  time.Duration `koanf:"retention_interval"`
+	// PartitionWidth and PartitionsAhead: the partitions retention makes
+	// of a partitioned outbox.
+	PartitionWidth  time.Duration `koanf:"partition_width"`
+	PartitionsAhead int           `koanf:"partitions_ahead"`
 }
 
 // Columns maps each record part to the name of the column that holds it.
@@ -252,7 +262,9 @@ func Default() Config {
 			},
 			HeaderColumns: []string{},
 			Fields:        []string{}, StandardHeaders: []string{"id", "event_type", "aggregate_type"}, SourceHeaders: []string{},
-			Tables: []OutboxTable{},
+			Tables:             []OutboxTable{},
+			RetentionBatchSize: DefaultRetentionBatchSize, RetentionDutyCycle: DefaultRetentionDutyCycle,
+			RetentionInterval: DefaultRetentionInterval, PartitionWidth: DefaultPartitionWidth, PartitionsAhead: DefaultPartitionsAhead,
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq", ParkingTopic: "outbox.parking",
@@ -316,7 +328,8 @@ func (c *Config) Warnings() []FieldError {
 		out = append(out, FieldError{Key: "kafka.sasl.mechanism",
 			Problem: "OAUTHBEARER without TLS sends the bearer token in clear text; set kafka.tls.enabled: true"})
 	}
-	return append(out, c.inboxIDWarnings()...) // warn_inbox.go
+	out = append(out, c.retentionWarnings()...) // retention.go
+	return append(out, c.inboxIDWarnings()...)  // warn_inbox.go
 }
 
 // byteUnits are the suffixes of a byte size, "" for bytes.

@@ -104,6 +104,7 @@ func (c *Config) problems() []FieldError {
 	var v validator
 	v.postgres(c.Postgres)
 	v.outbox(c.Outbox)
+	v.retention(c.Outbox, c.Checkpoint.Store) // retention.go
 	v.tracing(c.Outbox, c.OTel)
 	v.kafka(c.Kafka)
 	v.dlq(c.DLQ, c.Kafka)

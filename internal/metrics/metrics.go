@@ -48,6 +48,8 @@ type Metrics struct {
 	// TraceContextInvalid and TraceSpansDropped: trace.go.
 	TraceContextInvalid prometheus.Counter
 	TraceSpansDropped   prometheus.Counter
+	// Retention: retention.go.
+	Retention Retention
 
 	start     time.Time
 	lastEvent atomic.Int64 // unix nanoseconds of the last acknowledged event
@@ -126,6 +128,7 @@ func New() *Metrics {
 		Help: "Logical decoding messages seen and not published (another prefix than outbox.message_prefix, or not transactional), by prefix."}, []string{"prefix"})
 	m.start = time.Now()
 	m.addTrace(ns)
+	m.addRetention(ns)
 	sinceLast := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "seconds_since_last_event",
 		Help: "Seconds since the last event was acknowledged (since start when none yet)."}, func() float64 {
 		last := m.start

@@ -1,0 +1,198 @@
+package pipeline
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
+	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/retention"
+)
+
+// RetentionConfig is outbox.retention and its pacing (internal/config/retention.go).
+type RetentionConfig struct {
+	After     time.Duration // delete delivered rows older than this; 0: never
+	BatchSize int           // rows per DELETE, each its own transaction
+	DutyCycle float64       // share of the time spent deleting (0, 1]
+	Interval  time.Duration // how often a round starts
+	// PartitionWidth and PartitionsAhead: the partitions made of a
+	// partitioned outbox (partitions.go).
+	PartitionWidth  time.Duration
+	PartitionsAhead int
+}
+
+// retentionLoop deletes each outbox table's delivered rows past the
+// retention (the rule: package retention), until ctx ends. It runs beside
+// the stream of a run with a guard (not a replay), and deletes only while
+// this process streams from the slot.
+func (p *Pipeline) retentionLoop(ctx context.Context) {
+	cfg := p.cfg.Retention
+	srcs := p.cfg.Source.Tables()
+	tables := make([]*retentionTable, len(srcs))
+	for i, s := range srcs {
+		name := s.Schema + "." + s.Table
+		tables[i] = &retentionTable{r: replication.NewRetainer(s), name: name,
+			deleted: p.m.Retention.Deleted.WithLabelValues(name), created: p.m.Retention.PartitionsCreated.WithLabelValues(name),
+			dropped: p.m.Retention.PartitionsDropped.WithLabelValues(name)}
+		defer tables[i].r.Close(ctx)
+	}
+	t := time.NewTicker(cfg.Interval)
+	defer t.Stop()
+	for {
+		for _, tb := range tables {
+			if ctx.Err() != nil {
+				return
+			}
+			p.retentionRound(ctx, tb)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// retentionTable is one table's retainer and the readings waiting for the
+// acknowledged position (retention loop only).
+type retentionTable struct {
+	r        *replication.Retainer
+	name     string
+	readings []retention.Reading
+	deleted  prometheus.Counter
+	created  prometheus.Counter
+	dropped  prometheus.Counter
+	overlaps map[time.Time]bool // windows already warned about (partitions.go)
+	blocked  string             // the last reason nothing was deleted, logged once
+}
+
+// retentionState is what the rule needs besides the readings.
+func (p *Pipeline) retentionState() retention.State {
+	return retention.State{
+		Owner:    p.streaming.Load(),
+		Acked:    p.confirmable(), // exactly_once: outcomes reach the tracker after the Kafka commit
+		Gap:      p.gap.Load() != nil || p.repairPending.Load(),
+		Snapshot: !p.snapDone.Load(),
+	}
+}
+
+// retentionRound reads the table's figures, takes a reading, and deletes
+// in paced batches what the rule allows. Errors are logged: a failed round
+// deletes less, never more, and the next one tries again.
+func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
+	if st, err := tb.r.Stats(ctx); err != nil {
+		p.roundError(ctx, tb, "read the table's size", err)
+	} else {
+		p.setTableStats(tb.name, st)
+	}
+	if !p.streaming.Load() {
+		return // a standby, or the stream is down: its positions are not the slot's
+	}
+	x, err := tb.r.Read(ctx)
+	if err != nil {
+		p.roundError(ctx, tb, "take a reading", err)
+		return
+	}
+	tb.readings = append(tb.readings, x)
+	d, kept := retention.Decide(time.Now(), tb.readings, p.retentionState())
+	tb.readings = kept
+	partitioned, err := tb.r.Partitioned(ctx)
+	if err != nil {
+		p.roundError(ctx, tb, "look up the table", err)
+		return
+	}
+	if partitioned {
+		p.partitionRound(ctx, tb, d) // partitions.go
+		return
+	}
+	if !d.Delete {
+		p.logBlocked(tb, d.Why)
+		return
+	}
+	cfg := p.cfg.Retention
+	var total int64
+	for ctx.Err() == nil {
+		// The state may change between batches (a gap found, the slot lost).
+		if why := retention.Blocked(p.retentionState()); why != "" {
+			p.logBlocked(tb, why)
+			break
+		}
+		start := time.Now()
+		n, busy, err := tb.r.Delete(ctx, d.Below, cfg.After, cfg.BatchSize)
+		if err != nil {
+			p.roundError(ctx, tb, "delete", err)
+			break
+		}
+		if busy {
+			p.logBlocked(tb, "verify holds the table's lock")
+			break
+		}
+		tb.blocked = ""
+		total += n
+		tb.deleted.Add(float64(n))
+		if n < int64(cfg.BatchSize) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(retention.Pace(time.Since(start), cfg.DutyCycle)):
+		}
+	}
+	if total > 0 {
+		p.log.Debug("retention: deleted delivered rows", "table", tb.name, "rows", total, "below_xid", d.Below)
+	}
+}
+
+func (p *Pipeline) setTableStats(table string, st replication.TableStats) {
+	age := 0.0
+	if !st.Oldest.IsZero() {
+		age = max(0, time.Since(st.Oldest).Seconds())
+	}
+	p.m.Retention.OldestRow.WithLabelValues(table).Set(age)
+	p.m.Retention.TableBytes.WithLabelValues(table).Set(float64(st.Bytes))
+}
+
+func (p *Pipeline) roundError(ctx context.Context, tb *retentionTable, what string, err error) {
+	if ctx.Err() == nil {
+		p.log.Warn("retention: could not "+what+"; nothing more is deleted this round", "table", tb.name, "err", err)
+	}
+}
+
+// logBlocked logs why nothing is deleted, once per reason.
+func (p *Pipeline) logBlocked(tb *retentionTable, why string) {
+	if why != tb.blocked {
+		tb.blocked = why
+		p.log.Debug("retention: holding back", "table", tb.name, "why", why)
+	}
+}
+
+// unackedInterval is how often the oldest unacknowledged event's age is set.
+const unackedInterval = time.Second
+
+// unackedLoop sets outbox_cdc_oldest_unacknowledged_event_age_seconds (its
+// only writer) from the commit times of decoded transactions.
+func (p *Pipeline) unackedLoop(ctx context.Context, g interface{ Set(float64) }) {
+	t := time.NewTicker(unackedInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.Set(unackedAge(time.Now(), &p.commits, p.tracker.Acked()))
+		}
+	}
+}
+
+// unackedAge is how long the oldest decoded transaction above the
+// acknowledged watermark has waited; 0 when none waits.
+func unackedAge(now time.Time, c *offsets.CommitTimes, acked lsn.LSN) float64 {
+	at, ok := c.After(acked)
+	if !ok {
+		return 0
+	}
+	return max(0, now.Sub(at).Seconds())
+}
