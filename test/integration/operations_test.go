@@ -221,27 +221,30 @@ func TestSnapshotModes(t *testing.T) {
 		cfg.Snapshot.Mode, cfg.Snapshot.Filter = "pending", "status = 'PENDING'"
 
 		// Writers run while the slot is created: each row must come exactly once.
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
+		// The writer stops between inserts, never inside one: a cancelled
+		// INSERT may still commit after the count below was taken.
 		var (
 			written atomic.Int64
+			stop    atomic.Bool
 			werr    error // read after writerDone is closed
 		)
+		cancel := func() { stop.Store(true) }
+		defer cancel()
 		writerDone := make(chan struct{})
 		go func() {
 			defer close(writerDone)
+			ctx, done := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer done()
 			w, err := pgx.Connect(ctx, dsn)
 			if err != nil {
 				werr = err
 				return
 			}
 			defer w.Close(context.Background())
-			for ctx.Err() == nil {
+			for !stop.Load() {
 				if _, err := w.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 					VALUES ('snappending', 'live', 'E', jsonb_build_object('seq', $1::int))`, 1000+written.Load()); err != nil {
-					if ctx.Err() == nil {
-						werr = err
-					}
+					werr = err
 					return
 				}
 				written.Add(1)
@@ -271,7 +274,7 @@ func TestSnapshotModes(t *testing.T) {
 		if written.Load() == 0 {
 			t.Fatal("the concurrent writer wrote nothing")
 		}
-		// Count what committed: a cancelled Exec may still have committed.
+		// Count what committed.
 		var live int
 		if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE aggregate_id = 'live'").Scan(&live); err != nil {
 			t.Fatal(err)
