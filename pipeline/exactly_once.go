@@ -63,7 +63,7 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	}
 	key := exactlyonce.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot)
 	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
-		Source: key, Fail: p.fail,
+		Source: key, Fail: p.fail, Owner: p.streaming.Load,
 		Prerequisite: func(problem, fix string) error { return &replication.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
 	if err != nil {
 		return nil, err

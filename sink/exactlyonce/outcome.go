@@ -84,10 +84,14 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 	if err := cl.AbortBufferedRecords(ctx); err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
-	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
-		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	err := cl.EndTransaction(ctx, kgo.TryAbort)
+	if err == nil {
+		_, _, err = cl.ProducerID(ctx)
 	}
-	if _, _, err := cl.ProducerID(ctx); err != nil {
+	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
+		return t.settleFenced(ctx, txn, err)
+	}
+	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
 	pos, err := t.readPosition(ctx)
@@ -97,6 +101,44 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 	committed := pos.Txn >= txn
 	t.log.Warn("kafka: learned the outcome of a commit that was not confirmed", "txn", txn, "committed", committed)
 	return committed, nil
+}
+
+// settleFenced answers a fence met while settling the commit of
+// transaction txn. franz-go settles by reloading the producer id at the
+// client's epoch (KIP-360), but when the commit completed on the broker,
+// completing it bumped the epoch (KIP-890: every transaction ends with an
+// epoch bump), so the broker refuses the reload as from a fenced producer
+// although no other instance exists. An instance that took the id over
+// commits its position within FenceCheck, so after two of them: if the
+// last position is still this instance's, with txn's number, and this
+// instance streams from the slot, the commit happened and the fence was
+// the answer to it; a new transactional client carries on. Otherwise the
+// fence is real.
+func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool, error) {
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-time.After(2*t.cfg.FenceCheck + time.Second):
+	}
+	pos, err := t.readPosition(ctx)
+	if err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", errors.Join(fenced, err))
+	}
+	owner := t.cfg.Owner == nil || t.cfg.Owner()
+	if pos.Instance != t.instance || pos.Txn != txn || !owner {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", fenced)
+	}
+	cl, err := t.newClient()
+	if err != nil {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+	}
+	if t.cl != t.base {
+		t.cl.Close()
+	}
+	t.cl = cl
+	t.log.Warn("kafka: the broker refused the settle of a commit it had completed (its epoch moved past the client's); "+
+		"the commit is acknowledged and a new transactional client carries on", "txn", txn, "transactional_id", t.txnID, "err", fenced)
+	return true, nil
 }
 
 // endAbort retries an abort that failed without an answer.

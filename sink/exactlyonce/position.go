@@ -34,12 +34,16 @@ type Position struct {
 	// (wasCommitted). The end LSN cannot tell: a snapshot's or a gap repair's
 	// transaction carries a position already committed.
 	Txn uint64 `json:"txn,omitempty"`
+	// Instance names the process that committed it (random at start), so
+	// that a settle can tell its own commit from another instance's
+	// (settleFenced); "" in records of versions before it.
+	Instance string `json:"instance,omitempty"`
 }
 
 // positionRecord is the record that commits end with transaction txn.
 func (t *Txn) positionRecord(end lsn.LSN, txn uint64) (*kgo.Record, error) {
 	v, err := json.Marshal(Position{LSN: end, Source: t.cfg.Source, Committed: time.Now().UTC(),
-		Timeline: t.timeline.Load(), Txn: txn})
+		Timeline: t.timeline.Load(), Txn: txn, Instance: t.instance})
 	if err != nil {
 		return nil, fmt.Errorf("position record: %w", err)
 	}

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +53,10 @@ type Config struct {
 	// Fail receives the fatal error once (fenced, not authorized), also
 	// when no event is waiting to carry it.
 	Fail func(error)
+	// Owner reports whether this instance streams from the slot now, so
+	// that no other can have taken the transactional id over (another takes
+	// it only once the slot is free); nil: assumed.
+	Owner func() bool
 	// Prerequisite makes the error for a broker setting to change
 	// (replication.PrerequisiteError in the connector; this package does
 	// not import the replication package).
@@ -69,12 +75,17 @@ type Config struct {
 // refused with others are sent alone the next time) and dead-lettered
 // instead, in the same transaction as the rest.
 type Txn struct {
-	cl    *kgo.Client // transactional: every attempt is one of its transactions
-	adm   *kadm.Client
-	meta  *sink.Metadata // the topic lookup both producers use
-	log   *slog.Logger
-	cfg   Config
-	txnID string
+	cl   *kgo.Client // transactional: every attempt is one of its transactions
+	adm  *kadm.Client
+	meta *sink.Metadata // the topic lookup both producers use
+	// base is the first client, which adm and meta use; cl replaces it as
+	// the transactional client after a fence that was the broker's answer
+	// to this instance's own commit (settleFenced).
+	base     *kgo.Client
+	instance string // stamped on position records: this process
+	log      *slog.Logger
+	cfg      Config
+	txnID    string
 
 	// unknownTimeout and poll: how long a missing topic is waited for, and
 	// how often it is looked for meanwhile (sink.Config.TopicWait).
@@ -147,7 +158,8 @@ func New(cfg Config, log *slog.Logger) (*Txn, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.cl, t.adm, t.meta = cl, kadm.NewClient(cl), sink.NewMetadata(cl, cfg.Sink, log)
+	t.cl, t.base, t.adm, t.meta = cl, cl, kadm.NewClient(cl), sink.NewMetadata(cl, cfg.Sink, log)
+	t.instance = strconv.FormatUint(rand.Uint64(), 36)
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t, nil
 }
@@ -336,6 +348,9 @@ func (t *Txn) Close() {
 	t.wg.Wait()
 	t.commitMu.Lock() // a commit in progress ends with the context
 	t.cl.Close()
+	if t.base != t.cl {
+		t.base.Close()
+	}
 	var unsure []*entry
 	if t.unsure != nil {
 		unsure = t.unsure.entries // their commit may have happened: the next start reads it

@@ -39,23 +39,8 @@ func TestGapRepairExactlyOnceWhole(t *testing.T) {
 	conn := pgConnect(t, dsn)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	// One aggregate: one partition, so its records and commit markers are
-	// in one offset order.
-	row := func(tx pgx.Tx, name string) {
-		t.Helper()
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-			VALUES ($1, 'g', 'E', $2)`, slot, fmt.Sprintf(`{"n": %q}`, name)); err != nil {
-			t.Fatalf("insert %s: %v", name, err)
-		}
-	}
-	msg := func(tx pgx.Tx, name string) {
-		t.Helper()
-		ev := fmt.Sprintf(`{"id": %q, "aggregate_type": %q, "aggregate_id": "g", "event_type": "E", "payload": {"n": %q}}`,
-			name, slot, name)
-		if _, err := tx.Exec(ctx, "SELECT pg_logical_emit_message(true, 'outbox', $1)", ev); err != nil {
-			t.Fatalf("emit %s: %v", name, err)
-		}
-	}
+	// One aggregate: one partition.
+	row, msg := gapWriters(ctx, t, slot)
 	code, out := runUntilExit(t, cfgPath, time.Minute, func(*process) {
 		committed(t, conn, func(tx pgx.Tx) { row(tx, "before") })
 		waitCommitted(t, topicFor(slot), 1, time.Minute)

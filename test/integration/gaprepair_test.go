@@ -33,21 +33,7 @@ func TestGapRepairSkipsOnlyWhatItPublished(t *testing.T) {
 	defer cancel()
 	// Every event has aggregate g: one partition, so once the last one is
 	// read everything produced before it is there too.
-	row := func(tx pgx.Tx, name string) {
-		t.Helper()
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-			VALUES ($1, 'g', 'E', $2)`, slot, fmt.Sprintf(`{"n": %q}`, name)); err != nil {
-			t.Fatalf("insert %s: %v", name, err)
-		}
-	}
-	msg := func(tx pgx.Tx, name string) {
-		t.Helper()
-		ev := fmt.Sprintf(`{"id": %q, "aggregate_type": %q, "aggregate_id": "g", "event_type": "E", "payload": {"n": %q}}`,
-			name, slot, name)
-		if _, err := tx.Exec(ctx, "SELECT pg_logical_emit_message(true, 'outbox', $1)", ev); err != nil {
-			t.Fatalf("emit %s: %v", name, err)
-		}
-	}
+	row, msg := gapWriters(ctx, t, slot)
 	sql := func(tx pgx.Tx, q string) {
 		t.Helper()
 		if _, err := tx.Exec(ctx, q); err != nil {
@@ -130,6 +116,28 @@ func TestGapRepairSkipsOnlyWhatItPublished(t *testing.T) {
 		}
 		t.Fatalf("after the gap repair: %s\nread: %s", strings.Join(problems, "; "), strings.Join(read, ", "))
 	}
+}
+
+// gapWriters returns what the gap tests write in a transaction: an outbox
+// row, and a table-less event (prefix outbox), both of aggregate g (one
+// partition) with payload {"n": name}.
+func gapWriters(ctx context.Context, t *testing.T, aggType string) (row, msg func(tx pgx.Tx, name string)) {
+	row = func(tx pgx.Tx, name string) {
+		t.Helper()
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ($1, 'g', 'E', $2)`, aggType, fmt.Sprintf(`{"n": %q}`, name)); err != nil {
+			t.Fatalf("insert %s: %v", name, err)
+		}
+	}
+	msg = func(tx pgx.Tx, name string) {
+		t.Helper()
+		ev := fmt.Sprintf(`{"id": %q, "aggregate_type": %q, "aggregate_id": "g", "event_type": "E", "payload": {"n": %q}}`,
+			name, aggType, name)
+		if _, err := tx.Exec(ctx, "SELECT pg_logical_emit_message(true, 'outbox', $1)", ev); err != nil {
+			t.Fatalf("emit %s: %v", name, err)
+		}
+	}
+	return row, msg
 }
 
 // consumeUntilValue reads topic from the start until a record with value

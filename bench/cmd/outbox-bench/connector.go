@@ -29,6 +29,7 @@ type connectorConfig struct {
 	DSN, Slot string
 	Brokers   []string
 	Linger    time.Duration // kafka.linger; 0 is the default
+	Budget    time.Duration // kafka.latency_budget; 0 is the default (off)
 	Topic     string        // kafka.topic; empty for the default template
 	// Delivery is kafka.delivery ("" for the default); with exactly_once,
 	// Positions is kafka.positions_topic (each run its own).
@@ -57,12 +58,13 @@ kafka:
   topic: %s
   dlq_topic: %s
   linger: %s
+  latency_budget: %s
 %shttp:
   listen: %s
   pprof: true
 log:
   level: warn
-`, c.DSN, c.Slot, publication, outboxTable, strings.Join(c.Brokers, ", "), topic, dlqTopic, c.Linger, c.deliveryYAML(), listen)
+`, c.DSN, c.Slot, publication, outboxTable, strings.Join(c.Brokers, ", "), topic, dlqTopic, c.Linger, c.Budget, c.deliveryYAML(), listen)
 	cfgPath := filepath.Join(e.workDir, name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		return nil, err

@@ -49,6 +49,7 @@ type options struct {
 	Partitions     int
 	RelayIntervals []time.Duration
 	Lingers        []time.Duration
+	Budgets        []time.Duration // kafka.latency_budget values (steady)
 	RelayBatch     int
 	Scenarios      []string
 	Profile        bool
@@ -88,6 +89,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.Partitions, "partitions", 3, "partitions of every benchmark topic")
 	intervals := fs.String("relay-intervals", "1s,100ms", "steady: polling relay poll intervals, comma list")
 	lingers := fs.String("cdc-lingers", "5ms", "steady: also run outbox-cdc with these kafka.linger values, comma list (\"\": none)")
+	budgets := fs.String("cdc-budgets", "", "steady: also run outbox-cdc with these kafka.latency_budget values, comma list (\"\": none)")
 	fs.IntVar(&o.RelayBatch, "relay-batch", 100, "steady: polling relay claim batch (LIMIT)")
 	scenarios := fs.String("scenarios", "drain,steady", "scenarios to run, comma list of drain, steady")
 	fs.IntVar(&o.DrainRepeats, "drain-repeats", 2, "drain: runs of each reader per transaction size (the fastest counts)")
@@ -115,7 +117,7 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	l := listFlags{txSizes: *txSizes, rates: *rates, dbzRates: *dbzRates, deliveries: *deliveries,
-		intervals: *intervals, lingers: *lingers, scenarios: *scenarios}
+		intervals: *intervals, lingers: *lingers, budgets: *budgets, scenarios: *scenarios}
 	if err := o.setLists(l); err != nil {
 		return o, err
 	}
@@ -124,7 +126,7 @@ func parseFlags(args []string) (options, error) {
 
 // listFlags are the comma-list flags as given.
 type listFlags struct {
-	txSizes, rates, dbzRates, deliveries, intervals, lingers, scenarios string
+	txSizes, rates, dbzRates, deliveries, intervals, lingers, budgets, scenarios string
 }
 
 // setLists parses the comma-list flags into o.
@@ -149,12 +151,11 @@ func (o *options) setLists(l listFlags) error {
 		}
 		o.RelayIntervals = append(o.RelayIntervals, d)
 	}
-	for _, s := range splitList(l.lingers) {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 {
-			return fmt.Errorf("-cdc-lingers: %q is not a positive duration", s)
-		}
-		o.Lingers = append(o.Lingers, d)
+	if o.Lingers, err = parseDurations("cdc-lingers", l.lingers); err != nil {
+		return err
+	}
+	if o.Budgets, err = parseDurations("cdc-budgets", l.budgets); err != nil {
+		return err
 	}
 	for _, s := range splitList(l.scenarios) {
 		if s != "drain" && s != "steady" {
@@ -304,4 +305,17 @@ func run(ctx context.Context, opts options, log *slog.Logger) error {
 		return fmt.Errorf("%d scenario(s) failed: %s", len(res.Failures), strings.Join(res.Failures, "; "))
 	}
 	return nil
+}
+
+// parseDurations parses a comma list of positive durations.
+func parseDurations(flag, list string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, s := range splitList(list) {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("-%s: %q is not a positive duration", flag, s)
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }

@@ -19,6 +19,7 @@ type system struct {
 	Name     string        // "outbox-cdc", "outbox-cdc-linger2ms", "relay-1s", ...
 	Interval time.Duration // poll interval; 0 for outbox-cdc
 	Linger   time.Duration // outbox-cdc's kafka.linger
+	Budget   time.Duration // outbox-cdc's kafka.latency_budget
 	Debezium bool          // Debezium on Kafka Connect
 	Floor    bool          // a floor: pg_recvlogical or the bare producer
 	Delivery string        // outbox-cdc's kafka.delivery; "" is at_least_once
@@ -36,6 +37,9 @@ func steadySystems(opts options, rate int, debezium bool) []system {
 	out = append(out, system{Name: "outbox-cdc"})
 	for _, l := range opts.Lingers {
 		out = append(out, system{Name: "outbox-cdc-linger" + l.String(), Linger: l})
+	}
+	for _, b := range opts.Budgets {
+		out = append(out, system{Name: "outbox-cdc-budget" + b.String(), Budget: b})
 	}
 	if opts.eos() {
 		out = append(out, system{Name: eosSystem, Delivery: exactlyOnce})
@@ -65,6 +69,7 @@ type SteadyResult struct {
 	System          string  `json:"system"`
 	PollInterval    string  `json:"poll_interval,omitempty"`
 	Linger          string  `json:"linger,omitempty"`
+	Budget          string  `json:"latency_budget,omitempty"`
 	OfferedRate     int     `json:"offered_rate"`
 	DurationSeconds float64 `json:"duration_seconds"`
 	Committed       int     `json:"committed"`
@@ -114,6 +119,9 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 	res := &SteadyResult{System: sys.Name, OfferedRate: rate}
 	if sys.Linger > 0 {
 		res.Linger = sys.Linger.String()
+	}
+	if sys.Budget > 0 {
+		res.Budget = sys.Budget.String()
 	}
 	if sys.isRelay() {
 		res.PollInterval = sys.Interval.String()

@@ -1,0 +1,107 @@
+package exactlyonce_test
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
+)
+
+// TestTxnSettleFencedByOwnCommit: a commit the broker completed but whose
+// answer was lost is settled by a producer-id reload at the client's
+// epoch; under KIP-890 the completed commit bumped the epoch and the broker
+// refuses the reload as fenced (forged here: kfake accepts it; after a
+// takeover a broker refuses it too). When the
+// last position is still this instance's, with the lost commit's number,
+// the commit is acknowledged and a new client carries on; when another
+// instance has committed since, the fence is real and fatal.
+func TestTxnSettleFencedByOwnCommit(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		takeover bool
+	}{
+		{"the broker's answer to our own commit", false},
+		{"another instance took the id over", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			c := newCluster(t, kfake.SeedTopics(1, "one"))
+			d := &cutEndTxn{refusal: time.Second}
+			failed := make(chan error, 1)
+			fast := func(cfg *exactlyonce.Config) {
+				cfg.FenceCheck = 100 * time.Millisecond
+				cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
+				cfg.Fail = func(err error) { failed <- err }
+			}
+			tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, fast)
+			done := newOutcomes()
+			produceTxn(ctx, t, tx, done, 100, "one", "a1", "a2")
+			okOutcomes(ctx, t, done, 2)
+
+			var forged atomic.Bool
+			c.ControlKey(int16(kmsg.InitProducerID), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				c.KeepControl()
+				r := req.(*kmsg.InitProducerIDRequest)
+				if r.ProducerID < 0 || !d.cut.Load() || !forged.CompareAndSwap(false, true) {
+					return nil, nil, false
+				}
+				resp := r.ResponseKind().(*kmsg.InitProducerIDResponse)
+				resp.ErrorCode = kerr.ProducerFenced.Code
+				return resp, nil, true
+			})
+			if tc.takeover {
+				// The cut commit is settled only after the new instance
+				// has committed its position (its idle check).
+				d.refusal = 3 * time.Second
+			}
+			d.armed.Store(true)
+			produceTxn(ctx, t, tx, done, 200, "one", "b1", "b2", "b3")
+			if tc.takeover {
+				for !d.cut.Load() {
+					time.Sleep(5 * time.Millisecond) // until the commit is cut
+				}
+				other, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
+					cfg.FenceCheck = 100 * time.Millisecond
+				})
+				_ = other
+				// Fatal, and the cut commit's events stay unsettled (the
+				// next start reads the position): no outcome before Close.
+				select {
+				case err := <-failed:
+					var fenced *sink.FencedError
+					if !errors.As(err, &fenced) {
+						t.Fatalf("fatal error %v, want the fence of a takeover", err)
+					}
+				case <-ctx.Done():
+					t.Fatal("no fatal error after the takeover")
+				}
+				done.none(t, 100*time.Millisecond)
+				if !forged.Load() {
+					t.Fatal("the reload was not refused: the test tested nothing")
+				}
+				return
+			}
+			okOutcomes(ctx, t, done, 3)
+			if !forged.Load() {
+				t.Fatal("the reload was not refused: the test tested nothing")
+			}
+			produceTxn(ctx, t, tx, done, 300, "one", "c1")
+			okOutcomes(ctx, t, done, 1)
+			if got := fmt.Sprint(values(readCommitted(ctx, t, c, "one", true, false))); got != "[a1 a2 b1 b2 b3 c1]" {
+				t.Fatalf("read_committed sees %s, want [a1 a2 b1 b2 b3 c1]: each event once", got)
+			}
+			if got := tx.Committed(); got != 300 {
+				t.Fatalf("Committed() = %v, want 300", got)
+			}
+		})
+	}
+}
