@@ -175,16 +175,7 @@ const unackedInterval = time.Second
 // unackedLoop sets outbox_cdc_oldest_unacknowledged_event_age_seconds (its
 // only writer) from the commit times of decoded transactions.
 func (p *Pipeline) unackedLoop(ctx context.Context, g interface{ Set(float64) }) {
-	t := time.NewTicker(unackedInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.Set(unackedAge(time.Now(), &p.commits, p.tracker.Acked()))
-		}
-	}
+	every(ctx, unackedInterval, func() { g.Set(unackedAge(time.Now(), &p.commits, p.tracker.Acked())) })
 }
 
 // unackedAge is how long the oldest decoded transaction above the

@@ -123,14 +123,19 @@ func (p *Pipeline) anchorGap(g *gapInfo) *gapInfo {
 }
 
 func (p *Pipeline) progressLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+	every(ctx, time.Second, func() { p.plan.progress(p.replayProgress(false)) })
+}
+
+// every runs fn every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			p.plan.progress(p.replayProgress(false))
+			fn()
 		}
 	}
 }
