@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
-	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
 // TestGapRowsKeepInsertionOrder: the gap repair publishes a transaction's
@@ -19,21 +18,7 @@ import (
 // there (their ctid is lower than the earlier rows'). The chaos suite saw
 // one aggregate's events swapped this way after an ops-publication-gap.
 func TestGapRowsKeepInsertionOrder(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Close()
-	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	ctx, pg, conn := startServer(t)
 	table := fmt.Sprintf("gap_order_%d", time.Now().UnixNano()%1e9)
 	exec := func(sql string) {
 		t.Helper()

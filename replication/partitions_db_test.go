@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
 // TestPartitionsDB: the partitions the connector makes carry its mark;
@@ -17,16 +15,7 @@ import (
 // row in it is delivered and verify is not running; a detach cut short is
 // finalized; check asks for range partitioning on created_at and ownership.
 func TestPartitionsDB(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Close()
+	ctx, pg, _ := startServer(t)
 	connect := func() *pgx.Conn {
 		c, err := pgx.Connect(ctx, pg.DSN("postgres"))
 		if err != nil {

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
 // TestMembershipUnderDropAndCreate: while another session drops the outbox
@@ -20,22 +18,8 @@ import (
 // read with the statement's, so a reading could find no table under the
 // name and the start table still under it.
 func TestMembershipUnderDropAndCreate(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Close()
+	ctx, pg, conn := startServer(t)
 	dsn := pg.DSN("postgres")
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
 	create := `CREATE TABLE churn (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
 		aggregate_id text, event_type text NOT NULL, payload jsonb)`
 	for _, sql := range []string{create, "CREATE PUBLICATION churn_pub FOR TABLE churn"} {

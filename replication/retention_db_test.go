@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 )
 
 // TestRetentionDB runs the retention SQL against a real server: a batch
@@ -17,21 +15,7 @@ import (
 // precedes the reading's xmin, in bounded batches, and nothing while verify
 // holds the lock; check names what the role and the table lack.
 func TestRetentionDB(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	pg, err := testenv.StartPostgres(ctx, testenv.PostgresOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Close()
-	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	ctx, pg, conn := startServer(t)
 	exec := func(c *pgx.Conn, sql string) {
 		t.Helper()
 		if _, err := c.Exec(ctx, sql); err != nil {
