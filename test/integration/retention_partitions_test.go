@@ -61,7 +61,7 @@ func TestRetentionPartitions(t *testing.T) {
 		return err
 	}
 	quit, done := make(chan struct{}), make(chan error, 1)
-	go func() {
+	go func(quit <-chan struct{}) { // its own copy: stopWriter clears the variable
 		wc, err := pgx.Connect(context.Background(), dsn)
 		if err != nil {
 			done <- err
@@ -80,7 +80,7 @@ func TestRetentionPartitions(t *testing.T) {
 				return
 			}
 		}
-	}()
+	}(quit)
 	stopWriter := func() {
 		if quit != nil {
 			close(quit)
