@@ -207,6 +207,11 @@ func (p *Pipeline) run(ctx context.Context) error {
 	defer s.Close()
 	p.plan, p.out = pl, s
 	p.tracker = offsets.NewTracker(pl.start)
+	if f, ok := p.cfg.Checkpoints.(interface{ SetFloor(func() lsn.LSN) }); ok {
+		// A server whose WAL ends below what was acknowledged from it was
+		// rewound: the checkpoint table refuses to save there.
+		f.SetFloor(p.tracker.Acked)
+	}
 
 	var pos replication.Positions = p.tracker
 	if p.cfg.RetainFor > 0 || p.cfg.RetainBytes > 0 {

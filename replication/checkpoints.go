@@ -32,7 +32,16 @@ type TableStore struct {
 	// history the stream checks (followTimeline).
 	seen    lsn.LSN
 	seenTLI int32
+	// floor, when set, is a position the server sent this process (the
+	// acknowledged watermark): a server whose WAL ends below it was rewound
+	// too, even when no save before the rewind recorded its end (SetFloor).
+	floor func() lsn.LSN
 }
+
+// SetFloor gives the store a position the server has sent the connector
+// (the acknowledged watermark), read at each save. Call it before the
+// first save.
+func (s *TableStore) SetFloor(floor func() lsn.LSN) { s.floor = floor }
 
 // NewTableStore returns a store in table ("schema.table") for slot. The
 // connection is opened on first use and reopened after an error.
@@ -203,6 +212,13 @@ func (s *TableStore) sameHistory(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("checkpoint store: not saved: the server's WAL ends at %v, before %v, which it had reached at an "+
 			"earlier save: it was restored from an older copy or replaced by a server that was behind; the connector stops "+
 			"when its stream reconnects there, and the restart resumes from the restored checkpoint", end, s.seen)
+	}
+	if s.floor != nil {
+		if f := s.floor(); end < f {
+			return fmt.Errorf("checkpoint store: not saved: the server's WAL ends at %v, before %v, which it had sent the "+
+				"connector: it was restored from an older copy or replaced by a server that was behind; the connector stops "+
+				"when its stream reconnects there, and the restart resumes from the restored checkpoint", end, f)
+		}
 	}
 	s.seen = end
 	return nil

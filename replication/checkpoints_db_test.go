@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
@@ -175,5 +176,15 @@ func TestTableStoreRefusesRewoundServer(t *testing.T) {
 	defer fresh.Close()
 	if err := fresh.Save(ctx, offsets.Checkpoint{LSN: now.WALEnd, SnapshotDone: true, Identity: id}); err != nil {
 		t.Fatalf("a new store on the restored server: %v", err)
+	}
+	// A store that saved nothing before the restore (the connector started
+	// just before it) still refuses, from what the stream had acknowledged:
+	// make test lost the 50 rows of TestRestoreUnderRunningConnector so.
+	unsaved := NewTableStore(db, "outbox_cdc.checkpoints", "s")
+	defer unsaved.Close()
+	unsaved.SetFloor(func() lsn.LSN { return srv.WALEnd })
+	if err := unsaved.Save(ctx, offsets.Checkpoint{LSN: now.WALEnd, SnapshotDone: true, Identity: id}); err == nil ||
+		!strings.Contains(err.Error(), "which it had sent the connector") {
+		t.Fatalf("save by a store with the acknowledged floor above the restored WAL end: %v, want it refused", err)
 	}
 }

@@ -101,15 +101,38 @@ func ParseMetrics(b []byte) (Metrics, error) {
 // carry the table as a label; every table counts). A name with no sample is
 // an error.
 func (m Metrics) Value(name string) (float64, error) {
-	ss, ok := m.samples[name]
-	if !ok {
+	base, want := name, ""
+	if i := strings.IndexByte(name, '{'); i >= 0 && strings.HasSuffix(name, "}") {
+		base, want = name[:i], name[i+1:len(name)-1] // name{label="v",…}: the series with those labels
+	}
+	sum, found := 0.0, false
+	for _, s := range m.samples[base] {
+		if hasLabels(s.labels, want) {
+			sum, found = sum+s.value, true
+		}
+	}
+	if !found {
 		return 0, fmt.Errorf("metric %s not found", name)
 	}
-	sum := 0.0
-	for _, s := range ss {
-		sum += s.value
-	}
 	return sum, nil
+}
+
+// hasLabels reports whether the label list has every pair of want (both
+// as exposed: name="value", comma-separated).
+func hasLabels(labels, want string) bool {
+	if want == "" {
+		return true
+	}
+	have := map[string]bool{}
+	for _, l := range strings.Split(labels, ",") {
+		have[strings.TrimSpace(l)] = true
+	}
+	for _, w := range strings.Split(want, ",") {
+		if !have[strings.TrimSpace(w)] {
+			return false
+		}
+	}
+	return true
 }
 
 // Sum is Value with 0 for a name with no sample (a counter not yet

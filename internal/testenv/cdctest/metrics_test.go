@@ -35,15 +35,18 @@ func TestParseMetricsValues(t *testing.T) {
 	}{
 		{"outbox_cdc_events_published_total", 1000}, // every table counts
 		{"outbox_cdc_connected", 1},
-		{"outbox_cdc_confirmed_lsn", 12345000}, // the timestamp is not the value
-		{"outbox_cdc_reason_total", 2},         // a label value with a space and a brace
+		{"outbox_cdc_confirmed_lsn", 12345000},                             // the timestamp is not the value
+		{"outbox_cdc_reason_total", 2},                                     // a label value with a space and a brace
+		{`outbox_cdc_events_published_total{table="billing.events"}`, 400}, // one series by its labels
+		{`outbox_cdc_commit_to_ack_seconds_bucket{table="a",le="+Inf"}`, 5},
 	} {
 		if v, err := m.Value(tt.name); err != nil || v != tt.want {
 			t.Errorf("Value(%s) = %v, %v; want %v", tt.name, v, err, tt.want)
 		}
 	}
-	// A prefix of a name is not the name.
-	for _, name := range []string{"outbox_cdc_events_published", "outbox_cdc_commit_to_ack_seconds", "nope"} {
+	// A prefix of a name is not the name; labels no series has are none.
+	for _, name := range []string{"outbox_cdc_events_published", "outbox_cdc_commit_to_ack_seconds", "nope",
+		`outbox_cdc_events_published_total{table="other"}`} {
 		if v, err := m.Value(name); err == nil || !strings.Contains(err.Error(), "not found") {
 			t.Errorf("Value(%s) = %v, %v; want not found", name, v, err)
 		}
