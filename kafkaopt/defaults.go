@@ -31,6 +31,11 @@ const (
 	// DefaultTxnInterval is kafka.transaction_interval's default, and the
 	// transactional sink's when 0.
 	DefaultTxnInterval = 5 * time.Millisecond
+	// DefaultLatencyBudget is kafka.latency_budget's default: how long a
+	// record may wait so that its produce request carries the ones behind
+	// it (sink/budget.go). Chosen from make bench's frontier of fixed lingers
+	// and budgets (docs/performance.md, "The latency budget").
+	DefaultLatencyBudget = 5 * time.Millisecond
 )
 
 // CodecFor is the codec of a kafka.compression value ("" is none).

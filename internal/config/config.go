@@ -143,7 +143,7 @@ type Kafka struct {
 	// MaxBufferedBytes is at least 1 MiB: a larger record is dead-lettered.
 	MaxBufferedBytes       int64         `koanf:"max_buffered_bytes"`
 	ProducerLinger         time.Duration `koanf:"linger"`
-	LatencyBudget          time.Duration `koanf:"latency_budget"` // 0: off (sink/budget.go)
+	LatencyBudget          time.Duration `koanf:"latency_budget"` // 0: off (sink/budget.go); off when only kafka.linger is set
 	RequestTimeout         time.Duration `koanf:"request_timeout"`
 	Compression            string        `koanf:"compression"`
 	DrainTimeout           time.Duration `koanf:"drain_timeout"`
@@ -268,7 +268,7 @@ func Default() Config {
 		},
 		Kafka: Kafka{
 			Topic: "outbox.event." + router.Placeholder, Topics: map[string]string{}, DLQTopic: "outbox.dlq", ParkingTopic: "outbox.parking",
-			ClientID: "outbox-cdc", MaxBufferedRecords: kafkaopt.DefaultMaxBufferedRecords, MaxBufferedBytes: 64 << 20,
+			ClientID: "outbox-cdc", LatencyBudget: kafkaopt.DefaultLatencyBudget, MaxBufferedRecords: kafkaopt.DefaultMaxBufferedRecords, MaxBufferedBytes: 64 << 20,
 			RequestTimeout: 30 * time.Second, DrainTimeout: kafkaopt.DefaultDrainTimeout, Compression: "none",
 			AutoCreateTopics: true, TopicPartitions: -1, TopicReplicationFactor: -1,
 			UnknownTopicTimeout: kafkaopt.DefaultUnknownTopicTimeout, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},

@@ -141,6 +141,7 @@ func TestDefaults(t *testing.T) {
 		{"kafka.max_buffered_records", cfg.Kafka.MaxBufferedRecords, 4000},
 		{"kafka.max_buffered_bytes", cfg.Kafka.MaxBufferedBytes, int64(64 << 20)},
 		{"kafka.linger", cfg.Kafka.ProducerLinger, time.Duration(0)},
+		{"kafka.latency_budget", cfg.Kafka.LatencyBudget, 5 * time.Millisecond},
 		{"kafka.request_timeout", cfg.Kafka.RequestTimeout, 30 * time.Second},
 		{"kafka.compression", cfg.Kafka.Compression, "none"},
 		{"kafka.auto_create_topics", cfg.Kafka.AutoCreateTopics, true},
@@ -245,9 +246,18 @@ func TestYAMLOverride(t *testing.T) {
 		{"int and quoted int", "kafka: {max_buffered_records: 5, max_buffered_bytes: '2097152'}", func(c *Config) bool {
 			return c.Kafka.MaxBufferedRecords == 5 && c.Kafka.MaxBufferedBytes == 2<<20
 		}},
-		{"linger 0 without unit", "kafka: {linger: 0}", func(c *Config) bool { return c.Kafka.ProducerLinger == 0 }},
+		{"linger 0 without unit", "kafka: {linger: 0}", func(c *Config) bool { return c.Kafka.ProducerLinger == 0 && c.Kafka.LatencyBudget == 0 }},
 		{"linger", "kafka: {linger: 5ms, compression: zstd}", func(c *Config) bool {
-			return c.Kafka.ProducerLinger == 5*time.Millisecond && c.Kafka.Compression == "zstd"
+			return c.Kafka.ProducerLinger == 5*time.Millisecond && c.Kafka.Compression == "zstd" && c.Kafka.LatencyBudget == 0
+		}},
+		{"linger null keeps the budget", "kafka: {linger: }", func(c *Config) bool {
+			return c.Kafka.ProducerLinger == 0 && c.Kafka.LatencyBudget == 5*time.Millisecond
+		}},
+		{"budget", "kafka: {latency_budget: 20ms}", func(c *Config) bool {
+			return c.Kafka.ProducerLinger == 0 && c.Kafka.LatencyBudget == 20*time.Millisecond
+		}},
+		{"budget off with linger 0", "kafka: {linger: 0s, latency_budget: 0s}", func(c *Config) bool {
+			return c.Kafka.ProducerLinger == 0 && c.Kafka.LatencyBudget == 0
 		}},
 		{"http disabled", `http: {listen: ""}`, func(c *Config) bool { return c.HTTP.Listen == "" }},
 		{"http all interfaces", `http: {listen: ":9187"}`, func(c *Config) bool { return c.HTTP.Listen == ":9187" }},
@@ -514,6 +524,7 @@ func TestValidate(t *testing.T) {
 		{"linger negative", func(c *Config) { c.Kafka.ProducerLinger = -time.Millisecond }, "kafka.linger", "between 0 and 1m0s"},
 		{"linger long", func(c *Config) { c.Kafka.ProducerLinger = 2 * time.Minute }, "kafka.linger", `"2m0s"`},
 		{"latency budget long", func(c *Config) { c.Kafka.LatencyBudget = 2 * time.Second }, "kafka.latency_budget", "between 0 and 1s"},
+		{"latency budget with a linger", func(c *Config) { c.Kafka.ProducerLinger = 2 * time.Millisecond }, "kafka.latency_budget", "cannot be combined with kafka.linger 2ms"},
 		{"request timeout zero", func(c *Config) { c.Kafka.RequestTimeout = 0 }, "kafka.request_timeout", "between 100ms"},
 		{"request timeout long", func(c *Config) { c.Kafka.RequestTimeout = time.Hour }, "kafka.request_timeout", "15m0s"},
 		{"compression", func(c *Config) { c.Kafka.Compression = "brotli" }, "kafka.compression", "none, gzip, snappy, lz4, zstd"},
@@ -572,7 +583,7 @@ func TestValidate(t *testing.T) {
 			func(c *Config) { c.Kafka.Topic = "{aggregate_type}" },
 			func(c *Config) { c.Kafka.Topic = "all-events" },
 			func(c *Config) { c.Kafka.Topics = map[string]string{"order": "orders.v1", "com.acme.User": "users"} },
-			func(c *Config) { c.Kafka.ProducerLinger = time.Minute },
+			func(c *Config) { c.Kafka.ProducerLinger = time.Minute; c.Kafka.LatencyBudget = 0 },
 			func(c *Config) { c.HTTP.Listen = "" },
 			func(c *Config) { c.HTTP.Listen = ":0" },
 			func(c *Config) { c.HTTP.Listen = "[::]:9187" },

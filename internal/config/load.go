@@ -76,6 +76,11 @@ func Load(path string, environ []string) (*Config, error) {
 	if _, set := lookup(raw, "outbox.table"); !set && len(cfg.Outbox.Tables) > 0 {
 		cfg.Outbox.Table = "" // the default names no table of the list
 	}
+	if b, set := lookup(raw, "kafka.latency_budget"); !set || b == nil {
+		if l, fixed := lookup(raw, "kafka.linger"); fixed && l != nil {
+			cfg.Kafka.LatencyBudget = 0 // a fixed linger replaces the default budget
+		}
+	}
 	if _, set := lookup(raw, "dlq.mode"); !set && cfg.Kafka.ExactlyOnce() {
 		// The transactional sink does not divert keys: unset, dlq.mode is
 		// skip there; set to quarantine, validation refuses it with the fix.

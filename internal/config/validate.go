@@ -280,6 +280,11 @@ func (v *validator) kafka(k Kafka) {
 	// franz-go's bounds: linger up to 1m, request timeouts 100ms to 15m.
 	v.durationRange("kafka.linger", k.ProducerLinger, 0, time.Minute, "")
 	v.durationRange("kafka.latency_budget", k.LatencyBudget, 0, time.Second, "")
+	if k.ProducerLinger > 0 && k.LatencyBudget > 0 {
+		// The two waits would add up: the gate's hold, then franz-go's linger.
+		v.add("kafka.latency_budget", k.LatencyBudget.String(), "cannot be combined with kafka.linger "+k.ProducerLinger.String(),
+			"set one: kafka.latency_budget adapts the wait to the load, kafka.linger fixes it (latency_budget: 0s turns the budget off)")
+	}
 	v.durationRange("kafka.request_timeout", k.RequestTimeout, 100*time.Millisecond, 15*time.Minute, "")
 	v.durationRange("kafka.drain_timeout", k.DrainTimeout, time.Second, 15*time.Minute, "")
 	v.oneOf("kafka.compression", k.Compression, kafkaopt.Compressions())

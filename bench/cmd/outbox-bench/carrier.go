@@ -35,7 +35,7 @@ func (e *env) startCarrier(ctx context.Context, sys system, aggType, topic strin
 		return e.startDebeziumCarrier(ctx, aggType)
 	}
 	slot := "cdc_" + aggType
-	cfg := connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Linger: sys.Linger, Budget: sys.Budget, Delivery: sys.Delivery}
+	cfg := connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Fixed: sys.Fixed, Linger: sys.Linger, Budget: sys.Budget, Delivery: sys.Delivery}
 	if sys.Delivery == exactlyOnce {
 		cfg.Positions = "bench-positions." + aggType
 	}

@@ -28,8 +28,11 @@ type connector struct {
 type connectorConfig struct {
 	DSN, Slot string
 	Brokers   []string
-	Linger    time.Duration // kafka.linger; 0 is the default
-	Budget    time.Duration // kafka.latency_budget; 0 is the default (off)
+	// Fixed: kafka.linger is Linger and the budget is off; else Budget > 0
+	// is kafka.latency_budget, and 0 leaves both keys at their defaults.
+	Fixed     bool
+	Linger    time.Duration
+	Budget    time.Duration
 	Topic     string        // kafka.topic; empty for the default template
 	// Delivery is kafka.delivery ("" for the default); with exactly_once,
 	// Positions is kafka.positions_topic (each run its own).
@@ -57,14 +60,12 @@ kafka:
   brokers: [%s]
   topic: %s
   dlq_topic: %s
-  linger: %s
-  latency_budget: %s
-%shttp:
+%s%shttp:
   listen: %s
   pprof: true
 log:
   level: warn
-`, c.DSN, c.Slot, publication, outboxTable, strings.Join(c.Brokers, ", "), topic, dlqTopic, c.Linger, c.Budget, c.deliveryYAML(), listen)
+`, c.DSN, c.Slot, publication, outboxTable, strings.Join(c.Brokers, ", "), topic, dlqTopic, c.batchingYAML(), c.deliveryYAML(), listen)
 	cfgPath := filepath.Join(e.workDir, name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		return nil, err
@@ -83,6 +84,18 @@ log:
 }
 
 // deliveryYAML is the kafka block's delivery lines; none for the default.
+// batchingYAML is the kafka keys that decide how records wait for a produce
+// request: none for the defaults.
+func (c connectorConfig) batchingYAML() string {
+	switch {
+	case c.Fixed:
+		return fmt.Sprintf("  linger: %s\n  latency_budget: 0s\n", c.Linger)
+	case c.Budget > 0:
+		return fmt.Sprintf("  latency_budget: %s\n", c.Budget)
+	}
+	return ""
+}
+
 func (c connectorConfig) deliveryYAML() string {
 	if c.Delivery == "" || c.Delivery == atLeastOnce {
 		return ""

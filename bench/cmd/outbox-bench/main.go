@@ -88,8 +88,9 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.Writers, "writers", 16, "steady: concurrent writer connections")
 	fs.IntVar(&o.Partitions, "partitions", 3, "partitions of every benchmark topic")
 	intervals := fs.String("relay-intervals", "1s,100ms", "steady: polling relay poll intervals, comma list")
-	lingers := fs.String("cdc-lingers", "5ms", "steady: also run outbox-cdc with these kafka.linger values, comma list (\"\": none)")
-	budgets := fs.String("cdc-budgets", "", "steady: also run outbox-cdc with these kafka.latency_budget values, comma list (\"\": none)")
+	lingers := fs.String("cdc-lingers", "0s,1ms,2ms,5ms,10ms",
+		"steady: also run outbox-cdc with these fixed kafka.linger values and the budget off, comma list (\"\": none)")
+	budgets := fs.String("cdc-budgets", "2ms,10ms", "steady: also run outbox-cdc with these kafka.latency_budget values, comma list (\"\": none)")
 	fs.IntVar(&o.RelayBatch, "relay-batch", 100, "steady: polling relay claim batch (LIMIT)")
 	scenarios := fs.String("scenarios", "drain,steady", "scenarios to run, comma list of drain, steady")
 	fs.IntVar(&o.DrainRepeats, "drain-repeats", 2, "drain: runs of each reader per transaction size (the fastest counts)")
@@ -151,10 +152,10 @@ func (o *options) setLists(l listFlags) error {
 		}
 		o.RelayIntervals = append(o.RelayIntervals, d)
 	}
-	if o.Lingers, err = parseDurations("cdc-lingers", l.lingers); err != nil {
+	if o.Lingers, err = parseDurations("cdc-lingers", l.lingers, 0); err != nil {
 		return err
 	}
-	if o.Budgets, err = parseDurations("cdc-budgets", l.budgets); err != nil {
+	if o.Budgets, err = parseDurations("cdc-budgets", l.budgets, time.Nanosecond); err != nil {
 		return err
 	}
 	for _, s := range splitList(l.scenarios) {
@@ -308,12 +309,13 @@ func run(ctx context.Context, opts options, log *slog.Logger) error {
 }
 
 // parseDurations parses a comma list of positive durations.
-func parseDurations(flag, list string) ([]time.Duration, error) {
+// parseDurations parses a comma list of durations of at least least.
+func parseDurations(flag, list string, least time.Duration) ([]time.Duration, error) {
 	var out []time.Duration
 	for _, s := range splitList(list) {
 		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 {
-			return nil, fmt.Errorf("-%s: %q is not a positive duration", flag, s)
+		if err != nil || d < least {
+			return nil, fmt.Errorf("-%s: %q is not a duration of at least %v", flag, s, least)
 		}
 		out = append(out, d)
 	}

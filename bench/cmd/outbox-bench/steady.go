@@ -18,8 +18,9 @@ import (
 type system struct {
 	Name     string        // "outbox-cdc", "outbox-cdc-linger2ms", "relay-1s", ...
 	Interval time.Duration // poll interval; 0 for outbox-cdc
+	Fixed    bool          // a fixed kafka.linger (Linger, possibly 0) with the budget off
 	Linger   time.Duration // outbox-cdc's kafka.linger
-	Budget   time.Duration // outbox-cdc's kafka.latency_budget
+	Budget   time.Duration // outbox-cdc's kafka.latency_budget (0 with Fixed false: the default)
 	Debezium bool          // Debezium on Kafka Connect
 	Floor    bool          // a floor: pg_recvlogical or the bare producer
 	Delivery string        // outbox-cdc's kafka.delivery; "" is at_least_once
@@ -36,7 +37,7 @@ func steadySystems(opts options, rate int, debezium bool) []system {
 	}
 	out = append(out, system{Name: "outbox-cdc"})
 	for _, l := range opts.Lingers {
-		out = append(out, system{Name: "outbox-cdc-linger" + l.String(), Linger: l})
+		out = append(out, system{Name: "outbox-cdc-linger" + l.String(), Fixed: true, Linger: l})
 	}
 	for _, b := range opts.Budgets {
 		out = append(out, system{Name: "outbox-cdc-budget" + b.String(), Budget: b})
@@ -117,7 +118,7 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 	spec := loadSpec{dsn: e.dsn, table: table, aggType: aggType, rate: rate, writers: opts.Writers, duration: opts.Duration}
 	n := spec.maxEvents()
 	res := &SteadyResult{System: sys.Name, OfferedRate: rate}
-	if sys.Linger > 0 {
+	if sys.Fixed {
 		res.Linger = sys.Linger.String()
 	}
 	if sys.Budget > 0 {
