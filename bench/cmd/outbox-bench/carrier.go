@@ -35,7 +35,7 @@ func (e *env) startCarrier(ctx context.Context, sys system, aggType, topic strin
 		return e.startDebeziumCarrier(ctx, aggType)
 	}
 	slot := "cdc_" + aggType
-	cfg := connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Fixed: sys.Fixed, Linger: sys.Linger, Budget: sys.Budget, Delivery: sys.Delivery}
+	cfg := connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Fixed: sys.Fixed, Linger: sys.Linger, Budget: sys.Budget, Retention: sys.Retention, Delivery: sys.Delivery}
 	if sys.Delivery == exactlyOnce {
 		cfg.Positions = "bench-positions." + aggType
 	}
@@ -79,6 +79,7 @@ func (c *cdcCarrier) finish(ctx context.Context, res *SteadyResult) error {
 		return err
 	}
 	res.CommitToAck = quantiles(commitToAck(after).Minus(commitToAck(c.before)))
+	res.RowsDeleted = int64(after.Sum(rowsDeletedMetric) - c.before.Sum(rowsDeletedMetric))
 	if res.PeakRSSBytes, _, err = c.k.Memory(); err != nil {
 		return err
 	}

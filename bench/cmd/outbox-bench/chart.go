@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"math"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -82,4 +83,67 @@ func writeChart(path string, r *Results) error {
 	}
 	p.BackgroundColor = color.White
 	return p.Save(10*vg.Inch, 6*vg.Inch, path)
+}
+
+// writeFrontierChart draws, for one rate, each outbox-cdc run's p99 against
+// its connector + broker CPU per event: the fixed lingers as one line in
+// linger order, the budgets as points, the default marked apart.
+func writeFrontierChart(path string, r *Results, rate int) error {
+	points := frontierPoints(r, rate)
+	if len(points) == 0 {
+		return fmt.Errorf("no outbox-cdc runs at %d events/s", rate)
+	}
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("p99 against CPU per event at %s events/s", thousands(rate))
+	p.X.Label.Text = "connector + broker CPU per event (µs)"
+	p.Y.Label.Text = "commit-to-consume p99 (ms)"
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Add(plotter.NewGrid())
+	groups := []struct {
+		name  string
+		keep  func(frontierPoint) bool
+		line  bool
+		shape draw.GlyphDrawer
+	}{
+		{"fixed linger, budget off", func(q frontierPoint) bool { return q.Fixed }, true, draw.CircleGlyph{}},
+		{"kafka.latency_budget", func(q frontierPoint) bool { return !q.Fixed && q.System != defaultSystem }, false, draw.SquareGlyph{}},
+		{"default", func(q frontierPoint) bool { return q.System == defaultSystem }, false, draw.PyramidGlyph{}},
+	}
+	var labels plotter.XYLabels
+	for i, g := range groups {
+		var xys plotter.XYs
+		for _, q := range points {
+			if g.keep(q) {
+				xys = append(xys, plotter.XY{X: q.costUs(), Y: max(q.P99, 0.01)})
+				labels.XYs = append(labels.XYs, plotter.XY{X: q.costUs(), Y: max(q.P99, 0.01)})
+				labels.Labels = append(labels.Labels, " "+strings.TrimPrefix(q.System, "outbox-cdc-"))
+			}
+		}
+		if len(xys) == 0 {
+			continue
+		}
+		sc, err := plotter.NewScatter(xys)
+		if err != nil {
+			return err
+		}
+		sc.Color, sc.Shape, sc.Radius = plotutil.Color(i), g.shape, vg.Points(4)
+		p.Add(sc)
+		p.Legend.Add(g.name, sc)
+		if g.line {
+			l, err := plotter.NewLine(xys)
+			if err != nil {
+				return err
+			}
+			l.Color = plotutil.Color(i)
+			p.Add(l)
+		}
+	}
+	lb, err := plotter.NewLabels(labels)
+	if err != nil {
+		return err
+	}
+	p.Add(lb)
+	p.Legend.Top = true
+	p.BackgroundColor = color.White
+	return p.Save(8*vg.Inch, 5*vg.Inch, path)
 }

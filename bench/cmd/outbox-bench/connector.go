@@ -30,10 +30,12 @@ type connectorConfig struct {
 	Brokers   []string
 	// Fixed: kafka.linger is Linger and the budget is off; else Budget > 0
 	// is kafka.latency_budget, and 0 leaves both keys at their defaults.
-	Fixed     bool
-	Linger    time.Duration
-	Budget    time.Duration
-	Topic     string        // kafka.topic; empty for the default template
+	Fixed  bool
+	Linger time.Duration
+	Budget time.Duration
+	// Retention is outbox.retention (0: off), its rounds every second.
+	Retention time.Duration
+	Topic  string // kafka.topic; empty for the default template
 	// Delivery is kafka.delivery ("" for the default); with exactly_once,
 	// Positions is kafka.positions_topic (each run its own).
 	Delivery, Positions string
@@ -56,7 +58,7 @@ postgres:
   publication: %s
 outbox:
   table: %s
-kafka:
+%skafka:
   brokers: [%s]
   topic: %s
   dlq_topic: %s
@@ -65,7 +67,7 @@ kafka:
   pprof: true
 log:
   level: warn
-`, c.DSN, c.Slot, publication, outboxTable, strings.Join(c.Brokers, ", "), topic, dlqTopic, c.batchingYAML(), c.deliveryYAML(), listen)
+`, c.DSN, c.Slot, publication, outboxTable, c.retentionYAML(), strings.Join(c.Brokers, ", "), topic, dlqTopic, c.batchingYAML(), c.deliveryYAML(), listen)
 	cfgPath := filepath.Join(e.workDir, name+".yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		return nil, err
@@ -84,6 +86,14 @@ log:
 }
 
 // deliveryYAML is the kafka block's delivery lines; none for the default.
+// retentionYAML is the outbox keys that turn retention on: none when off.
+func (c connectorConfig) retentionYAML() string {
+	if c.Retention <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("  retention: %s\n  retention_interval: 1s\n", c.Retention)
+}
+
 // batchingYAML is the kafka keys that decide how records wait for a produce
 // request: none for the defaults.
 func (c connectorConfig) batchingYAML() string {

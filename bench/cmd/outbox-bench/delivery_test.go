@@ -146,7 +146,7 @@ func TestReportHasExactlyOnce(t *testing.T) {
 			t.Errorf("target %q counts the exactly_once rows: %s", tg.Name, tg.Measured)
 		}
 	}
-	md := renderReport(r, "latency.png")
+	md := renderReport(r, "latency.png", nil)
 	for _, want := range []string{
 		"### exactly_once drain",
 		"| 100,000 × 1 events | 200,000/s | **160,000/s** | 0.80× | 0.62 | 10.0 / 15.0 µs | 20.0 / 26.0 MB | 100,000 / 0 |",
@@ -170,7 +170,7 @@ func TestReportHasExactlyOnce(t *testing.T) {
 	// at_least_once alone: no exactly_once section.
 	r.Drains[0].ExactlyOnce, r.Drains[0].ExactlyOnceRuns, r.Steady = nil, nil, r.Steady[:1]
 	r.Targets = evaluateTargets(r)
-	if md := renderReport(r, ""); strings.Contains(md, "exactly_once") {
+	if md := renderReport(r, "", nil); strings.Contains(md, "exactly_once") {
 		t.Errorf("report without exactly_once runs mentions it:\n%s", md)
 	}
 }

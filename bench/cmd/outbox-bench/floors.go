@@ -73,7 +73,7 @@ func runRecvFloor(ctx context.Context, e *env, opts options, rate int, log *slog
 	commitNs := make([]int64, spec.maxEvents())
 	e.waitQuiet(ctx, floorRecv+" at "+thousands(rate)+"/s")
 	a := probe.snap()
-	committed, window, err := runLoad(ctx, spec, commitNs)
+	committed, window, err := runLoad(ctx, spec, commitNs, nil)
 	res.wrote(committed, window)
 	if err != nil {
 		return res, err

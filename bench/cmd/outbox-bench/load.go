@@ -23,13 +23,25 @@ type loadSpec struct {
 // its schedule).
 func (s loadSpec) maxEvents() int { return int(float64(s.rate) * s.duration.Seconds()) }
 
+// writeLatency summarises the write times of the events that committed.
+func writeLatency(writeNs []int64) Percentiles {
+	var msList []float64
+	for _, ns := range writeNs {
+		if ns > 0 {
+			msList = append(msList, float64(ns)/1e6)
+		}
+	}
+	return percentiles(msList)
+}
+
 // runLoad offers event i at start + i/rate, taking the next event from a
 // shared counter, so concurrent writers share one schedule; a writer that
 // falls behind inserts at once until it catches up. It stops at start +
 // duration whatever was achieved. commitNs[i] is set to the time event i's
-// COMMIT returned (0 for events not offered). It returns how many committed
-// and the measured window.
-func runLoad(ctx context.Context, s loadSpec, commitNs []int64) (int, time.Duration, error) {
+// COMMIT returned (0 for events not offered), and writeNs[i], if writeNs is
+// not nil, to how long its INSERT and COMMIT took. It returns how many
+// committed and the measured window.
+func runLoad(ctx context.Context, s loadSpec, commitNs, writeNs []int64) (int, time.Duration, error) {
 	conns := make([]*pgx.Conn, 0, s.writers)
 	defer func() {
 		for _, c := range conns {
@@ -83,6 +95,7 @@ func runLoad(ctx context.Context, s loadSpec, commitNs []int64) (int, time.Durat
 				if !time.Now().Before(end) {
 					return
 				}
+				began := time.Now()
 				if _, err := c.Exec(ctx, "insert", insertArgs(s.aggType, i)...); err != nil {
 					if ctx.Err() == nil {
 						cancel()
@@ -92,7 +105,11 @@ func runLoad(ctx context.Context, s loadSpec, commitNs []int64) (int, time.Durat
 					}
 					return
 				}
-				commitNs[i] = time.Now().UnixNano()
+				done := time.Now()
+				commitNs[i] = done.UnixNano()
+				if writeNs != nil {
+					writeNs[i] = int64(done.Sub(began))
+				}
 				committed.Add(1)
 			}
 		})

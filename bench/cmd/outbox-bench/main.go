@@ -50,6 +50,7 @@ type options struct {
 	RelayIntervals []time.Duration
 	Lingers        []time.Duration
 	Budgets        []time.Duration // kafka.latency_budget values (steady)
+	Retentions     []time.Duration // outbox.retention values (steady)
 	RelayBatch     int
 	Scenarios      []string
 	Profile        bool
@@ -69,6 +70,7 @@ type options struct {
 	QuietBudget  time.Duration
 	LatencyCSV   string
 	LogLevel     string
+	Replot       string // a results.json to render again, no servers
 }
 
 func parseFlags(args []string) (options, error) {
@@ -91,6 +93,7 @@ func parseFlags(args []string) (options, error) {
 	lingers := fs.String("cdc-lingers", "0s,1ms,2ms,5ms,10ms",
 		"steady: also run outbox-cdc with these fixed kafka.linger values and the budget off, comma list (\"\": none)")
 	budgets := fs.String("cdc-budgets", "2ms,10ms", "steady: also run outbox-cdc with these kafka.latency_budget values, comma list (\"\": none)")
+	retentions := fs.String("cdc-retention", "2s", "steady: also run outbox-cdc with these outbox.retention values, deleting delivered rows during the run, comma list (\"\": none)")
 	fs.IntVar(&o.RelayBatch, "relay-batch", 100, "steady: polling relay claim batch (LIMIT)")
 	scenarios := fs.String("scenarios", "drain,steady", "scenarios to run, comma list of drain, steady")
 	fs.IntVar(&o.DrainRepeats, "drain-repeats", 2, "drain: runs of each reader per transaction size (the fastest counts)")
@@ -111,6 +114,7 @@ func parseFlags(args []string) (options, error) {
 		"total time to spend, before scenarios, waiting for other load on the machine to stop (0: never wait)")
 	fs.StringVar(&o.LatencyCSV, "latency-csv", "", "steady: also write each run's per-event commit and receive times as CSV into this directory")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.Replot, "replot", "", "render report.md and the charts into -out again from this results.json, running nothing")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -118,7 +122,7 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	l := listFlags{txSizes: *txSizes, rates: *rates, dbzRates: *dbzRates, deliveries: *deliveries,
-		intervals: *intervals, lingers: *lingers, budgets: *budgets, scenarios: *scenarios}
+		intervals: *intervals, lingers: *lingers, budgets: *budgets, retentions: *retentions, scenarios: *scenarios}
 	if err := o.setLists(l); err != nil {
 		return o, err
 	}
@@ -127,7 +131,7 @@ func parseFlags(args []string) (options, error) {
 
 // listFlags are the comma-list flags as given.
 type listFlags struct {
-	txSizes, rates, dbzRates, deliveries, intervals, lingers, budgets, scenarios string
+	txSizes, rates, dbzRates, deliveries, intervals, lingers, budgets, retentions, scenarios string
 }
 
 // setLists parses the comma-list flags into o.
@@ -156,6 +160,9 @@ func (o *options) setLists(l listFlags) error {
 		return err
 	}
 	if o.Budgets, err = parseDurations("cdc-budgets", l.budgets, time.Nanosecond); err != nil {
+		return err
+	}
+	if o.Retentions, err = parseDurations("cdc-retention", l.retentions, time.Second); err != nil {
 		return err
 	}
 	for _, s := range splitList(l.scenarios) {
@@ -239,6 +246,10 @@ func main() {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
+	run := run
+	if opts.Replot != "" {
+		run = func(context.Context, options, *slog.Logger) error { return replot(opts, log) }
+	}
 	if err := run(ctx, opts, log); err != nil {
 		log.Error("benchmark failed", "err", err)
 		cancel()

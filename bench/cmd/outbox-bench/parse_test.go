@@ -163,7 +163,7 @@ func TestReportAndChart(t *testing.T) {
 	if err := writeChart(filepath.Join(t.TempDir(), "latency.png"), r); err != nil {
 		t.Fatal(err)
 	}
-	md := renderReport(r, "latency.png")
+	md := renderReport(r, "latency.png", nil)
 	for _, want := range []string{"## Targets", "## Steady latency", "| 2,000 | outbox-cdc | 2,000 |", "+Inf"} {
 		if !strings.Contains(md, want) {
 			t.Fatalf("report lacks %q:\n%s", want, md)

@@ -100,7 +100,7 @@ func TestDebeziumTargets(t *testing.T) {
 func TestRenderSaysDebeziumSkipped(t *testing.T) {
 	r := &Results{DebeziumSkipped: "scripts/fetch-debezium.sh: exit status 1: mvn not found"}
 	r.Targets = evaluateTargets(r)
-	out := renderReport(r, "")
+	out := renderReport(r, "", nil)
 	if !strings.Contains(out, "**Debezium was skipped: scripts/fetch-debezium.sh: exit status 1: mvn not found.**") {
 		t.Fatalf("report does not say Debezium was skipped:\n%s", out)
 	}

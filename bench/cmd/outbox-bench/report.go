@@ -10,7 +10,7 @@ import (
 
 // renderReport renders results as Markdown; chart is the PNG's file name or
 // empty.
-func renderReport(r *Results, chart string) string {
+func renderReport(r *Results, chart string, frontier map[int]string) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 
@@ -56,6 +56,8 @@ func renderReport(r *Results, chart string) string {
 	renderDrainEOS(w, r)
 	renderDebezium(w, r)
 	renderSteady(w, r, chart)
+	renderFrontier(w, r, frontier)
+	renderRetention(w, r)
 	renderEOSCost(w, r)
 	renderPerEvent(w, r)
 	renderCPU(w, r)

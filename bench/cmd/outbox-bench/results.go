@@ -79,7 +79,8 @@ func (r *Results) fail(scenario string, err error, log *slog.Logger) {
 	r.Failures = append(r.Failures, scenario+": "+err.Error())
 }
 
-// writeResults writes results.json, report.md and latency.png into opts.Out.
+// writeResults writes results.json, report.md, latency.png and the
+// frontier charts (frontier-<rate>.png) into opts.Out.
 func writeResults(opts options, res *Results, log *slog.Logger) error {
 	var errs []error
 	b, err := json.MarshalIndent(res, "", "  ")
@@ -95,10 +96,37 @@ func writeResults(opts options, res *Results, log *slog.Logger) error {
 			chart = ""
 		}
 	}
-	errs = append(errs, os.WriteFile(filepath.Join(opts.Out, "report.md"), []byte(renderReport(res, chart)), 0o644))
+	frontier := map[int]string{}
+	for _, rate := range res.Params.Rates {
+		if len(frontierPoints(res, rate)) < 2 {
+			continue
+		}
+		name := fmt.Sprintf("frontier-%d.png", rate)
+		if err := writeFrontierChart(filepath.Join(opts.Out, name), res, rate); err != nil {
+			errs = append(errs, fmt.Errorf("frontier chart: %w", err))
+			continue
+		}
+		frontier[rate] = name
+	}
+	errs = append(errs, os.WriteFile(filepath.Join(opts.Out, "report.md"), []byte(renderReport(res, chart, frontier)), 0o644))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("write results: %w", err)
 	}
 	log.Info("results written", "dir", opts.Out, "wall_seconds", round(res.WallSeconds, 0))
 	return nil
+}
+
+// replot renders report.md and the charts again from a results.json (the
+// report's code may be newer than the run): -replot.
+func replot(opts options, log *slog.Logger) error {
+	b, err := os.ReadFile(opts.Replot)
+	if err != nil {
+		return fmt.Errorf("replot: %w", err)
+	}
+	var res Results
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("replot %s: %w", opts.Replot, err)
+	}
+	res.Targets = evaluateTargets(&res)
+	return writeResults(opts, &res, log)
 }

@@ -21,6 +21,9 @@ type system struct {
 	Fixed    bool          // a fixed kafka.linger (Linger, possibly 0) with the budget off
 	Linger   time.Duration // outbox-cdc's kafka.linger
 	Budget   time.Duration // outbox-cdc's kafka.latency_budget (0 with Fixed false: the default)
+	// Retention is outbox-cdc's outbox.retention (0: off), deleting the
+	// run's delivered rows while the writers write.
+	Retention time.Duration
 	Debezium bool          // Debezium on Kafka Connect
 	Floor    bool          // a floor: pg_recvlogical or the bare producer
 	Delivery string        // outbox-cdc's kafka.delivery; "" is at_least_once
@@ -41,6 +44,9 @@ func steadySystems(opts options, rate int, debezium bool) []system {
 	}
 	for _, b := range opts.Budgets {
 		out = append(out, system{Name: "outbox-cdc-budget" + b.String(), Budget: b})
+	}
+	for _, r := range opts.Retentions {
+		out = append(out, system{Name: retentionPrefix + r.String(), Retention: r})
 	}
 	if opts.eos() {
 		out = append(out, system{Name: eosSystem, Delivery: exactlyOnce})
@@ -71,6 +77,7 @@ type SteadyResult struct {
 	PollInterval    string  `json:"poll_interval,omitempty"`
 	Linger          string  `json:"linger,omitempty"`
 	Budget          string  `json:"latency_budget,omitempty"`
+	Retention       string  `json:"retention,omitempty"`
 	OfferedRate     int     `json:"offered_rate"`
 	DurationSeconds float64 `json:"duration_seconds"`
 	Committed       int     `json:"committed"`
@@ -84,6 +91,11 @@ type SteadyResult struct {
 	// timestamp (ms precision): the commit time for outbox-cdc, created_at
 	// (transaction start) for the relay.
 	CommitToConsumeTS Percentiles `json:"commit_to_consume_record_ts"`
+	// Write is per event: the writer's INSERT and COMMIT (one round trip,
+	// autocommit) as the application sees it.
+	Write Percentiles `json:"write"`
+	// RowsDeleted is what outbox.retention deleted during the run.
+	RowsDeleted int64 `json:"rows_deleted,omitempty"`
 	// CommitToAck is the connector's histogram over the run (warm-up excluded).
 	CommitToAck *HistQuantiles `json:"commit_to_ack,omitempty"`
 	// PeakRSSBytes is the connector process's VmHWM (its whole life: start,
@@ -124,6 +136,9 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 	if sys.Budget > 0 {
 		res.Budget = sys.Budget.String()
 	}
+	if sys.Retention > 0 {
+		res.Retention = sys.Retention.String()
+	}
 	if sys.isRelay() {
 		res.PollInterval = sys.Interval.String()
 	}
@@ -156,11 +171,12 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 	if err := warmUp(ctx, e, table, aggType, n, arr, car); err != nil {
 		return nil, err
 	}
-	commitNs := make([]int64, n)
+	commitNs, writeNs := make([]int64, n), make([]int64, n)
 	e.waitQuiet(ctx, sys.Name+" at "+thousands(rate)+"/s")
 	a := probe.snap()
-	committed, window, err := runLoad(ctx, spec, commitNs)
+	committed, window, err := runLoad(ctx, spec, commitNs, writeNs)
 	res.wrote(committed, window)
+	res.Write = writeLatency(writeNs)
 	if err != nil {
 		return res, err
 	}

@@ -41,6 +41,7 @@ func evaluateTargets(r *Results) []Target {
 	var ts []Target
 	ts = append(ts, drainTargets(r)...)
 	ts = append(ts, steadyTargets(r)...)
+	ts = append(ts, frontierTargets(r)...)
 	ts = append(ts, ackTarget(r), rssTarget(r), allocTarget(r))
 	ts = append(ts, debeziumTargets(r)...)
 	ts = append(ts, relayTargets(r)...)
