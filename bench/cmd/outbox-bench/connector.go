@@ -35,7 +35,7 @@ type connectorConfig struct {
 	Budget time.Duration
 	// Retention is outbox.retention (0: off), its rounds every second.
 	Retention time.Duration
-	Topic  string // kafka.topic; empty for the default template
+	Topic     string // kafka.topic; empty for the default template
 	// Delivery is kafka.delivery ("" for the default); with exactly_once,
 	// Positions is kafka.positions_topic (each run its own).
 	Delivery, Positions string

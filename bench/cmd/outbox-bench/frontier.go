@@ -19,10 +19,10 @@ import (
 // run's p99 plus slackMs, or floorMs, whichever is larger; at 2,000/s also
 // absolute CPU goals.
 type frontierGoal struct {
-	rate                     int
-	slackMs, floorMs         float64
-	connectorUs, brokerUs    float64 // 0: no absolute goal
-	fixedBoundMs             float64 // > 0: the bound is this, whatever linger 0 does
+	rate                  int
+	slackMs, floorMs      float64
+	connectorUs, brokerUs float64 // 0: no absolute goal
+	fixedBoundMs          float64 // > 0: the bound is this, whatever linger 0 does
 }
 
 var frontierGoals = []frontierGoal{

@@ -26,8 +26,8 @@ func renderRetention(w func(string, ...any), r *Results) {
 		return
 	}
 	w("## Retention's cost on the write path\n\n")
-	w("The application's side: each writer's INSERT and COMMIT (one autocommit round trip) per event, with the defaults "+
-		"and with `outbox.retention` deleting the delivered rows during the run (`outbox.retention_interval` 1s, the "+
+	w("The application's side: each writer's INSERT and COMMIT (one autocommit round trip) per event, with the defaults " +
+		"and with `outbox.retention` deleting the delivered rows during the run (`outbox.retention_interval` 1s, the " +
 		"default batches of 5,000 at a 10%% duty cycle).\n\n")
 	w("| offered/s | system | achieved/s | write p50 / p99 / p99.9 / max (ms) | rows deleted | commit-to-consume p99 (ms) |\n|---|---|---|---|---|---|\n")
 	for _, s := range rows {

@@ -24,9 +24,9 @@ type system struct {
 	// Retention is outbox-cdc's outbox.retention (0: off), deleting the
 	// run's delivered rows while the writers write.
 	Retention time.Duration
-	Debezium bool          // Debezium on Kafka Connect
-	Floor    bool          // a floor: pg_recvlogical or the bare producer
-	Delivery string        // outbox-cdc's kafka.delivery; "" is at_least_once
+	Debezium  bool   // Debezium on Kafka Connect
+	Floor     bool   // a floor: pg_recvlogical or the bare producer
+	Delivery  string // outbox-cdc's kafka.delivery; "" is at_least_once
 }
 
 func (s system) isRelay() bool { return s.Interval > 0 }
