@@ -105,7 +105,11 @@ func startEnv(ctx context.Context, opts options, log *slog.Logger) (_ *env, err 
 	if e.pg.External() {
 		return nil, errors.New("the benchmark needs its own PostgreSQL (CPU is read from /proc): unset " + testenv.EnvPGDSN)
 	}
-	if e.kafka, err = testenv.StartKafka(sctx, testenv.KafkaOptions{}); err != nil {
+	// A deleted topic's files go at once instead of a minute later (Kafka's
+	// default file.delete.delay.ms), so the drains' 1,000,000-record topics
+	// are not deleted during the first steady run: before each run the
+	// benchmark waits for a quiet machine, which this wait can see.
+	if e.kafka, err = testenv.StartKafka(sctx, testenv.KafkaOptions{Properties: map[string]string{"file.delete.delay.ms": "0"}}); err != nil {
 		return nil, err
 	}
 	e.brokers = e.kafka.Brokers()
