@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
@@ -15,10 +16,10 @@ import (
 // compacts but also deletes after seven days would forget a quarantine
 // older than that; the start refuses it, as a delete-only topic.
 func TestStateTopicCompactDeleteRefused(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s, _ := newSinkTuned(t, c, nil, savedMode)
-	createTopic(ctx, t, s, stateTopic, map[string]string{"cleanup.policy": "compact,delete", "retention.ms": "604800000"})
+	sinktest.CreateTopic(ctx, t, s.Client(), stateTopic, map[string]string{"cleanup.policy": "compact,delete", "retention.ms": "604800000"})
 	var nc *quarantine.NotCompactedError
 	if err := s.StartQuarantines(ctx); !errors.As(err, &nc) {
 		t.Fatalf("StartQuarantines = %v, want a NotCompactedError", err)
@@ -36,7 +37,7 @@ func TestDefaultsOneDefinition(t *testing.T) {
 		t.Fatalf("config defaults %d, %d, %v; sink defaults %d, %d, %v", d.Kafka.MaxBufferedRecords, d.DLQ.MaxQuarantined,
 			d.Kafka.UnknownTopicTimeout, kafkaopt.DefaultMaxBufferedRecords, kafkaopt.DefaultMaxQuarantined, kafkaopt.DefaultUnknownTopicTimeout)
 	}
-	s := newSink(t, newCluster(t), nil)
+	s := newSink(t, sinktest.NewCluster(t), nil)
 	if got := s.Client().OptValue(kgo.MaxBufferedRecords); got != int64(d.Kafka.MaxBufferedRecords) {
 		t.Fatalf("a sink with MaxBufferedRecords 0 buffers %v records in the client, want %d", got, d.Kafka.MaxBufferedRecords)
 	}

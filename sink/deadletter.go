@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // recordBatchOverhead is the size of a v2 record batch without records
@@ -151,7 +152,7 @@ func (e *Event) Shrink(why string, cause error) {
 	if e.orig != "" {
 		h = append(h, kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(e.orig)})
 	}
-	if id := headerValue(&e.Record, wire.HeaderID); id != "" {
+	if id := topicread.Header(&e.Record, wire.HeaderID); id != "" {
 		h = append(h, kgo.RecordHeader{Key: wire.HeaderID, Value: clip(id, 64)})
 	}
 	h = append(h, kgo.RecordHeader{Key: wire.HeaderPayloadOmitted, Value: clip(why, 256)},

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // TestGateGathersWhileInFlight: records produced while a produce request is
@@ -18,19 +19,19 @@ import (
 // each starting a request of its own.
 func TestGateGathersWhileInFlight(t *testing.T) {
 	const n = 100
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	// Requests are counted as the client writes them: kfake reads a
 	// connection's requests one at a time, so it would not see the ones
 	// queued behind a held request.
 	var reqs atomic.Int32
 	counted := atomic.Bool{}
 	s := newSink(t, c, nil, kgo.WithHooks(producesWritten{&reqs, &counted}))
-	done := &outcomes{ch: make(chan sink.Outcome, n+2)}
+	done := sinktest.OutcomesFor(n + 2)
 
 	// The topic is looked up and ready before requests are counted.
 	produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
-	if o := done.wait(ctx, t); o.Err != nil {
+	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("warm-up: %v", o.Err)
 	}
 
@@ -69,7 +70,7 @@ func TestGateGathersWhileInFlight(t *testing.T) {
 	}
 	close(release)
 	for range n + 1 {
-		if o := done.wait(ctx, t); o.Err != nil || o.DeadLettered {
+		if o := done.Wait(ctx, t); o.Err != nil || o.DeadLettered {
 			t.Fatalf("outcome %+v", o)
 		}
 	}
@@ -98,12 +99,12 @@ func (h producesWritten) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _
 // TestCloseFailsWaiting: a record waiting in the gate at Close gets a
 // shutdown outcome, exactly once, like one buffered in the client.
 func TestCloseFailsWaiting(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s, closeSink := newSinkCloser(t, c, nil)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
-	if o := done.wait(ctx, t); o.Err != nil {
+	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("warm-up: %v", o.Err)
 	}
 	// Park every produce request until the test ends.
@@ -119,12 +120,12 @@ func TestCloseFailsWaiting(t *testing.T) {
 
 // closeFailsAll closes the sink and checks that the n records without an
 // outcome get a shutdown outcome each, exactly once, and that Close returns.
-func closeFailsAll(ctx context.Context, t *testing.T, closeSink func(), done *outcomes, n int) {
+func closeFailsAll(ctx context.Context, t *testing.T, closeSink func(), done *sinktest.Outcomes, n int) {
 	t.Helper()
 	closed := make(chan struct{})
 	go func() { closeSink(); close(closed) }()
 	for range n {
-		if o := done.wait(ctx, t); o.Err == nil || sink.Classify(o.Err) != sink.ClassShutdown {
+		if o := done.Wait(ctx, t); o.Err == nil || sink.Classify(o.Err) != sink.ClassShutdown {
 			t.Fatalf("outcome = %+v, want a shutdown error", o)
 		}
 	}
@@ -133,7 +134,7 @@ func closeFailsAll(ctx context.Context, t *testing.T, closeSink func(), done *ou
 	case <-ctx.Done():
 		t.Fatal("Close did not return")
 	}
-	done.none(t, 50*time.Millisecond)
+	done.None(t, 50*time.Millisecond)
 }
 
 // TestGateLatencyBudgetGathers: with kafka.latency_budget, records that
@@ -141,15 +142,15 @@ func closeFailsAll(ctx context.Context, t *testing.T, closeSink func(), done *ou
 // requests carry several; every record still gets its outcome, in order.
 func TestGateLatencyBudgetGathers(t *testing.T) {
 	const n = 64
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	var reqs atomic.Int32
 	counted := atomic.Bool{}
 	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.LatencyBudget = 100 * time.Millisecond },
 		kgo.WithHooks(producesWritten{&reqs, &counted}))
-	done := &outcomes{ch: make(chan sink.Outcome, n+2)}
+	done := sinktest.OutcomesFor(n + 2)
 	produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
-	if o := done.wait(ctx, t); o.Err != nil {
+	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("warm-up: %v", o.Err)
 	}
 	counted.Store(true)
@@ -158,7 +159,7 @@ func TestGateLatencyBudgetGathers(t *testing.T) {
 		time.Sleep(time.Millisecond) // a steady 1,000 records/s or less
 	}
 	for range n {
-		if o := done.wait(ctx, t); o.Err != nil || o.DeadLettered {
+		if o := done.Wait(ctx, t); o.Err != nil || o.DeadLettered {
 			t.Fatalf("outcome %+v", o)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // results collects the outcome of each of n records by index; slot(i) is
@@ -75,68 +76,6 @@ func (r *results) all(ctx context.Context, t *testing.T, n int) []sink.Outcome {
 	return out
 }
 
-// topicNames maps the ids of topics to their names: produce v13+
-// addresses topics by id.
-func topicNames(ctx context.Context, t *testing.T, s *sink.Sink, topics ...string) map[[16]byte]string {
-	t.Helper()
-	m := map[[16]byte]string{}
-	for _, tp := range topics {
-		m[topicID(ctx, t, s, tp)] = tp
-	}
-	return m
-}
-
-// refusal decides a produce request's answer from each partition's record
-// batch: a non-zero error code refuses the whole request with it.
-type refusal func(topic string, batch []byte) int16
-
-// refuse installs decide on every produce request (before runs first, if
-// set) and counts the requests it refused and the most records a refused
-// batch held.
-func refuse(c *kfake.Cluster, names map[[16]byte]string, before func(), decide refusal) (refused, most *atomic.Int32) {
-	refused, most = new(atomic.Int32), new(atomic.Int32)
-	c.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		if before != nil {
-			before()
-		}
-		req := kr.(*kmsg.ProduceRequest)
-		var code int16
-		for _, rt := range req.Topics {
-			name := rt.Topic
-			if name == "" {
-				name = names[rt.TopicID]
-			}
-			for _, rp := range rt.Partitions {
-				if x := decide(name, rp.Records); x != 0 {
-					code = x
-					var b kmsg.RecordBatch
-					if b.ReadFrom(rp.Records) == nil && b.NumRecords > most.Load() {
-						most.Store(b.NumRecords)
-					}
-				}
-			}
-		}
-		if code == 0 {
-			return nil, nil, false
-		}
-		refused.Add(1)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
-	return refused, most
-}
-
 // refusePoison refuses, as over a limit the sink did not know, every batch
 // of topic that holds a record with "poison" in it. The first request waits
 // until release is closed, so that the poison record, buffered by then, is
@@ -144,7 +83,7 @@ func refuse(c *kfake.Cluster, names map[[16]byte]string, before func(), decide r
 func refusePoison(ctx context.Context, c *kfake.Cluster, names map[[16]byte]string) (release chan struct{}, refused, most *atomic.Int32) {
 	release = make(chan struct{})
 	var waited atomic.Bool
-	refused, most = refuse(c, names, func() {
+	refused, most = sinktest.Refuse(c, names, func() {
 		if waited.CompareAndSwap(false, true) {
 			c.SleepControl(func() {
 				select {
@@ -188,10 +127,10 @@ func checkSequence(t *testing.T, recs []*kgo.Record, n, skip int) {
 // one is delivered once, in order.
 func TestOnlyTheRefusedRecordIsDeadLettered(t *testing.T) {
 	const n, poison = 600, 300
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
-	names := topicNames(ctx, t, s, topic, dlq)
+	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq)
 	release, refused, most := refusePoison(ctx, c, names)
 	res := newResults(n)
 	for i := range n {
@@ -231,13 +170,13 @@ func TestOnlyTheRefusedRecordIsDeadLettered(t *testing.T) {
 // before it is produced; one exactly at the limit is delivered.
 func TestRecordsOverTheLimitNeverSent(t *testing.T) {
 	const limit = 2048
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
-	createTopic(ctx, t, s, "sized", map[string]string{"max.message.bytes": fmt.Sprint(limit)})
-	names := topicNames(ctx, t, s, "sized")
+	sinktest.CreateTopic(ctx, t, s.Client(), "sized", map[string]string{"max.message.bytes": fmt.Sprint(limit)})
+	names := sinktest.TopicNames(ctx, t, s.Client(), "sized")
 	var oversent atomic.Int32
-	refuse(c, names, nil, func(tp string, b []byte) int16 {
+	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tp == "sized" && len(b) > limit {
 			oversent.Add(1)
 		}
@@ -271,10 +210,10 @@ func TestRecordsOverTheLimitNeverSent(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			done := newOutcomes()
+			done := sinktest.NewOutcomes()
 			size := sink.BatchSize(tc.rec)
 			produce(ctx, t, s, tc.rec, done)
-			o := done.wait(ctx, t)
+			o := done.Wait(ctx, t)
 			if o.Err != nil || o.DeadLettered != tc.dead {
 				t.Fatalf("outcome %+v, want dead-lettered %v", o, tc.dead)
 			}
@@ -294,12 +233,12 @@ func TestRecordsOverTheLimitNeverSent(t *testing.T) {
 // TestBatchSizeMatchesTheBroker: BatchSize is the size of the record batch
 // the broker receives for one record, for every shape of record.
 func TestBatchSizeMatchesTheBroker(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
-	names := topicNames(ctx, t, s, topic)
+	names := sinktest.TopicNames(ctx, t, s.Client(), topic)
 	var last atomic.Int32
-	refuse(c, names, nil, func(tp string, b []byte) int16 {
+	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tp == topic {
 			last.Store(int32(len(b)))
 		}
@@ -333,9 +272,9 @@ func TestBatchSizeMatchesTheBroker(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			done := newOutcomes()
+			done := sinktest.NewOutcomes()
 			produce(ctx, t, s, tc.rec, done) // alone: the previous one is acknowledged
-			if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+			if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 				t.Fatalf("outcome %+v", o)
 			}
 			if got, want := sink.BatchSize(tc.rec), int(last.Load()); got != want {
@@ -367,14 +306,14 @@ func TestBrokerRefusals(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%s x%d", tc.err.Message, tc.times), func(t *testing.T) {
-			ctx := testCtx(t)
-			c := newCluster(t)
+			ctx := sinktest.Ctx(t)
+			c := sinktest.NewCluster(t)
 			s := newSink(t, c, nil)
 			failed := failProduces(ctx, t, c, s, topic, tc.times, tc.err.Code)
-			done := newOutcomes()
+			done := sinktest.NewOutcomes()
 			rec := baseRecord(topic, []byte("refused"))
 			produce(ctx, t, s, rec, done)
-			o := done.wait(ctx, t)
+			o := done.Wait(ctx, t)
 			if o.Err != nil || o.DeadLettered != tc.dead || !strings.Contains(o.Reason, tc.reason) {
 				t.Fatalf("outcome %+v, want dead-lettered %v with %q", o, tc.dead, tc.reason)
 			}
@@ -391,7 +330,7 @@ func TestBrokerRefusals(t *testing.T) {
 			}
 			checkOriginal(t, got, rec)
 			consume(ctx, t, c, other, 0)
-			done.none(t, 10*time.Millisecond)
+			done.None(t, 10*time.Millisecond)
 		})
 	}
 }
@@ -400,26 +339,26 @@ func TestBrokerRefusals(t *testing.T) {
 // refuses is dead-lettered whole, under the current time, which the
 // dead-letter topic (with the same rule) accepts.
 func TestInvalidTimestampDeadLettered(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
-	names := topicNames(ctx, t, s, topic, dlq)
+	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq)
 	tooOld := func(b []byte) bool {
 		var rb kmsg.RecordBatch
 		return rb.ReadFrom(b) == nil && rb.FirstTimestamp < time.Now().Add(-time.Hour).UnixMilli()
 	}
-	refuse(c, names, nil, func(tp string, b []byte) int16 {
+	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tooOld(b) {
 			return kerr.InvalidTimestamp.Code
 		}
 		return 0
 	})
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	rec := baseRecord(topic, []byte("stale"))
 	rec.Timestamp = time.Now().Add(-48 * time.Hour)
 	before := time.Now().Truncate(time.Millisecond)
 	produce(ctx, t, s, rec, done)
-	o := done.wait(ctx, t)
+	o := done.Wait(ctx, t)
 	if !o.DeadLettered || !strings.Contains(o.Reason, "INVALID_TIMESTAMP") {
 		t.Fatalf("outcome %+v, want dead-lettered for INVALID_TIMESTAMP", o)
 	}
@@ -454,12 +393,12 @@ func TestDeadLetterCopies(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t)
-			c := newCluster(t)
+			ctx := sinktest.Ctx(t)
+			c := sinktest.NewCluster(t)
 			s := newSink(t, c, nil)
-			names := topicNames(ctx, t, s, topic, dlq)
+			names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq)
 			var once atomic.Bool
-			refusals, _ := refuse(c, names, nil, func(tp string, b []byte) int16 {
+			refusals, _ := sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 				switch {
 				case tp == topic:
 					return kerr.InvalidTopicException.Code
@@ -469,14 +408,14 @@ func TestDeadLetterCopies(t *testing.T) {
 				}
 				return 0
 			})
-			done := newOutcomes()
+			done := sinktest.NewOutcomes()
 			rec := baseRecord(topic, bytes.Repeat([]byte("p"), 2000))
 			if tc.minimal || tc.fatal {
 				rec.Key = bigKey
 			}
 			before := time.Now().Truncate(time.Millisecond)
 			produce(ctx, t, s, rec, done)
-			o := done.wait(ctx, t)
+			o := done.Wait(ctx, t)
 			if n := refusals.Load(); n != 1+tc.refusals {
 				t.Errorf("%d refusals, want 1 by the topic and %d by the dead-letter topic", n, tc.refusals)
 			}
@@ -491,20 +430,20 @@ func TestDeadLetterCopies(t *testing.T) {
 				t.Fatalf("outcome %+v, want dead-lettered with the topic's refusal", o)
 			}
 			got := consume(ctx, t, c, dlq, 1)[0]
-			if v, _ := header(got, "error"); v != o.Reason {
+			if v, _ := sinktest.Header(got, "error"); v != o.Reason {
 				t.Errorf("error header %q, want %q", v, o.Reason)
 			}
-			if v, _ := header(got, "topic"); v != topic {
+			if v, _ := sinktest.Header(got, "topic"); v != topic {
 				t.Errorf("topic header %q", v)
 			}
-			if v, _ := header(got, "id"); v != "ev-1" {
+			if v, _ := sinktest.Header(got, "id"); v != "ev-1" {
 				t.Errorf("id header %q", v)
 			}
-			_, omitted := header(got, "payload_omitted")
+			_, omitted := sinktest.Header(got, "payload_omitted")
 			if tc.payload != (got.Value != nil) || tc.payload == omitted {
 				t.Errorf("value of %d bytes, payload_omitted %v; want the payload kept: %v", len(got.Value), omitted, tc.payload)
 			}
-			_, cut := header(got, "truncated")
+			_, cut := sinktest.Header(got, "truncated")
 			switch {
 			case tc.minimal != cut:
 				t.Errorf("truncated header present %v, want %v (headers %v)", cut, tc.minimal, headerList(got))
@@ -512,13 +451,13 @@ func TestDeadLetterCopies(t *testing.T) {
 				if len(got.Key) != 64 || got.Timestamp.Before(before) {
 					t.Errorf("minimal copy: key %d bytes, timestamp %v; want 64 bytes and the current time", len(got.Key), got.Timestamp)
 				}
-				if _, ok := header(got, "event_type"); ok {
+				if _, ok := sinktest.Header(got, "event_type"); ok {
 					t.Errorf("minimal copy keeps other headers: %v", headerList(got))
 				}
 			default:
 				checkOriginal(t, got, rec)
 			}
-			done.none(t, 20*time.Millisecond)
+			done.None(t, 20*time.Millisecond)
 		})
 	}
 }
@@ -528,8 +467,8 @@ func TestDeadLetterCopies(t *testing.T) {
 // so; other topics are not held up meanwhile.
 func TestUnknownTopicTimesOut(t *testing.T) {
 	const timeout = 500 * time.Millisecond
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = timeout })
 	res := newResults(4)
 	for i := range 3 {
@@ -552,13 +491,13 @@ func TestUnknownTopicTimesOut(t *testing.T) {
 	}
 	recs := consume(ctx, t, c, dlq, 3)
 	checkSequence(t, recs, 3, -1)
-	if v, _ := header(recs[0], "topic"); v != "no-such-topic" {
+	if v, _ := sinktest.Header(recs[0], "topic"); v != "no-such-topic" {
 		t.Errorf("topic header %q", v)
 	}
 	// Still missing: the next record goes to the dead-letter topic at once.
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produce(ctx, t, s, baseRecord("no-such-topic", []byte("later")), done)
-	if o := done.wait(ctx, t); !o.DeadLettered {
+	if o := done.Wait(ctx, t); !o.DeadLettered {
 		t.Fatalf("record after the timeout: outcome %+v", o)
 	}
 }
@@ -568,8 +507,8 @@ func TestUnknownTopicTimesOut(t *testing.T) {
 // goes to the dead-letter topic.
 func TestUnknownTopicCreatedLate(t *testing.T) {
 	const n = 200
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	// Count the sink's lookups of the topic (metadata requests naming it).
 	var lookups atomic.Int64
 	c.ControlKey(int16(kmsg.Metadata), func(kr kmsg.Request) (kmsg.Response, error, bool) {
@@ -651,16 +590,16 @@ func (h *logRecorder) find(s string) string {
 func TestAutoCreateTopics(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprint("auto_create_topics=", on), func(t *testing.T) {
-			ctx := testCtx(t)
-			c := newCluster(t)
+			ctx := sinktest.Ctx(t)
+			c := sinktest.NewCluster(t)
 			logs := &logRecorder{}
 			s, _ := newSinkTuned(t, c, slog.New(logs), func(cfg *sink.Config) {
 				cfg.AutoCreateTopics, cfg.TopicPartitions, cfg.TopicReplicationFactor = on, 2, 1
 				cfg.UnknownTopicTimeout = 300 * time.Millisecond
 			})
-			done := newOutcomes()
+			done := sinktest.NewOutcomes()
 			produce(ctx, t, s, baseRecord("fresh", []byte("v")), done)
-			o := done.wait(ctx, t)
+			o := done.Wait(ctx, t)
 			td, err := kadm.NewClient(s.Client()).ListTopics(ctx, "fresh")
 			if err != nil {
 				t.Fatalf("list topics: %v", err)
@@ -688,8 +627,8 @@ func TestAutoCreateTopics(t *testing.T) {
 // TestCloseFailsHeldRecords: records held back for a missing topic get one
 // shutdown outcome each at Close; Flush does not return nil while they wait.
 func TestCloseFailsHeldRecords(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s, closeSink := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = time.Minute })
 	res := newResults(3)
 	for i := range 3 {
@@ -714,25 +653,25 @@ func TestCloseFailsHeldRecords(t *testing.T) {
 // resets its sequence numbers and carries on; the sink says so at error
 // level, naming the partition, and the record is still delivered.
 func TestDataLossIsLogged(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	logs := &logRecorder{}
 	s := newSink(t, c, slog.New(logs))
-	first := newOutcomes()
+	first := sinktest.NewOutcomes()
 	produce(ctx, t, s, baseRecord(topic, []byte("0000")), first)
-	if o := first.wait(ctx, t); o != (sink.Outcome{}) {
+	if o := first.Wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("first record: %+v, want a plain delivery", o)
 	}
 	var lost atomic.Bool
-	refused, _ := refuse(c, topicNames(ctx, t, s, topic), nil, func(string, []byte) int16 {
+	refused, _ := sinktest.Refuse(c, sinktest.TopicNames(ctx, t, s.Client(), topic), nil, func(string, []byte) int16 {
 		if lost.CompareAndSwap(false, true) {
 			return kerr.OutOfOrderSequenceNumber.Code // once
 		}
 		return 0
 	})
-	second := newOutcomes()
+	second := sinktest.NewOutcomes()
 	produce(ctx, t, s, baseRecord(topic, []byte("0001")), second)
-	if o := second.wait(ctx, t); o != (sink.Outcome{}) {
+	if o := second.Wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("record after the loss: %+v, want a plain delivery", o)
 	}
 	if refused.Load() != 1 {

@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // lookup learns whether t exists (creating it when allowed) and its
@@ -30,7 +32,7 @@ func (s *Sink) lookup(t *topicState) {
 			break
 		}
 		s.log.Warn("kafka: cannot look up topic; retrying", "topic", t.name, "err", err)
-		if sleep(s.ctx, backoff); s.ctx.Err() != nil {
+		if topicread.Sleep(s.ctx, backoff); s.ctx.Err() != nil {
 			return
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // A record with a partition (an outbox.fields partition column) goes there;
@@ -13,8 +14,8 @@ import (
 // partition the topic lacks fails the record for good, as it fails
 // Debezium's task.
 func TestRecordPartition(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t) // topic has 3 partitions
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t) // topic has 3 partitions
 	s := newSink(t, c, nil)
 	keyed := int32(kgo.StickyKeyPartitioner(nil).ForTopic(topic).Partition(&kgo.Record{Key: []byte("agg-1")}, 3))
 	pinned := (keyed + 1) % 3
@@ -31,9 +32,9 @@ func TestRecordPartition(t *testing.T) {
 	for _, tc := range tests {
 		rec := baseRecord(topic, []byte(tc.name))
 		rec.Partition, rec.HasPartition = tc.p, tc.set
-		done := newOutcomes()
+		done := sinktest.NewOutcomes()
 		produce(ctx, t, s, rec, done)
-		if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+		if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 			t.Fatalf("%s: outcome %+v", tc.name, o)
 		}
 	}
@@ -47,9 +48,9 @@ func TestRecordPartition(t *testing.T) {
 
 	rec := baseRecord(topic, []byte("beyond"))
 	rec.Partition, rec.HasPartition = 3, true
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produce(ctx, t, s, rec, done)
-	o := done.wait(ctx, t)
+	o := done.Wait(ctx, t)
 	if o.Err == nil || sink.Classify(o.Err) != sink.ClassFatal || o.DeadLettered {
 		t.Fatalf("record for partition 3 of 3: outcome %+v (class %v), want a fatal error", o, sink.Classify(o.Err))
 	}

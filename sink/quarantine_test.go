@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
@@ -53,23 +54,23 @@ func byKey(recs []*kgo.Record) map[string][]string {
 // topic complete and in order.
 func TestQuarantineParksLaterEventsInOrder(t *testing.T) {
 	t.Run("in memory", func(t *testing.T) {
-		ctx := testCtx(t)
-		c := newCluster(t, kfake.SeedTopics(3, parking))
+		ctx := sinktest.Ctx(t)
+		c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 		s, _ := newSinkTuned(t, c, nil, quarantineMode)
 		parksLaterEventsInOrder(ctx, t, c, s)
 	})
 	// The key's records wait while the quarantine is saved, some of them
 	// in the topic's repair: they are parked in order all the same.
 	t.Run("saved", func(t *testing.T) {
-		ctx := testCtx(t)
-		c := newCluster(t, kfake.SeedTopics(3, parking))
+		ctx := sinktest.Ctx(t)
+		c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 		parksLaterEventsInOrder(ctx, t, c, startSaved(ctx, t, c, nil))
 	})
 }
 
 func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster, s *sink.Sink) {
 	const n, poison, keys = 400, 201, 4 // poison is k1's 51st record
-	names := topicNames(ctx, t, s, topic, dlq, parking)
+	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking)
 	release, _, most := refusePoison(ctx, c, names)
 	res := newResults(n)
 	want := map[string][]string{}   // on the event topic, by key
@@ -116,8 +117,8 @@ func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster
 		t.Errorf("parking topic by key:\n got %v\nwant %v", got, parked)
 	}
 	for _, r := range precs {
-		q, _ := header(r, quarantine.Header)
-		tp, _ := header(r, "topic")
+		q, _ := sinktest.Header(r, quarantine.Header)
+		tp, _ := sinktest.Header(r, "topic")
 		if q != fmt.Sprintf("ev-%d", poison) || tp != topic {
 			t.Fatalf("parked record %q: quarantine %q, topic %q; want ev-%d and %s", r.Value, q, tp, poison, topic)
 		}
@@ -136,8 +137,8 @@ func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster
 // to the dead-letter topic directly) quarantines its key too; past
 // MaxQuarantined a new quarantine is a fatal outcome, never a silent skip.
 func TestRouterDeadLetterQuarantines(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { quarantineMode(cfg); cfg.MaxQuarantined = 1 })
 	recs := []*router.Record{
 		routerDead("a", 0),
@@ -168,8 +169,8 @@ func TestRouterDeadLetterQuarantines(t *testing.T) {
 // TestSkipModeParksNothing: without a parking topic (dlq.mode skip) later
 // records of a dead-lettered aggregate are delivered as before.
 func TestSkipModeParksNothing(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
 	res := newResults(2)
 	produce(ctx, t, s, routerDead("a", 0), res.slot(0))
@@ -184,8 +185,8 @@ func TestSkipModeParksNothing(t *testing.T) {
 // appears: the first of a key is dead-lettered when the wait ends, the later
 // ones of that key are parked in order, not dead-lettered too.
 func TestQuarantineAfterMissingTopic(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) {
 		quarantineMode(cfg)
 		cfg.UnknownTopicTimeout = 300 * time.Millisecond
@@ -205,11 +206,11 @@ func TestQuarantineAfterMissingTopic(t *testing.T) {
 // dead-lettered as the event it was (its own topic in the topic header, no
 // quarantine header); the key's next record is still parked.
 func TestParkingRefusalDeadLetters(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	s, _ := newSinkTuned(t, c, nil, quarantineMode)
-	names := topicNames(ctx, t, s, topic, dlq, parking)
-	refuse(c, names, nil, func(tp string, b []byte) int16 {
+	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking)
+	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tp == parking && bytes.Contains(b, []byte("poison")) {
 			return kerr.PolicyViolation.Code
 		}
@@ -237,7 +238,7 @@ func TestParkingRefusalDeadLetters(t *testing.T) {
 	for _, h := range refused.Headers {
 		keys = append(keys, h.Key)
 	}
-	if tp, _ := header(refused, "topic"); fmt.Sprint(keys) != "[error topic id]" || tp != topic {
+	if tp, _ := sinktest.Header(refused, "topic"); fmt.Sprint(keys) != "[error topic id]" || tp != topic {
 		t.Errorf("refused parked record's headers %v, want error, topic=%s, id", headerList(refused), topic)
 	}
 	if p := consume(ctx, t, c, parking, 1)[0]; string(p.Value) != "0002" {

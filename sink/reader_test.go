@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // TestReadRangeTransactional: a range read of a topic written in
@@ -17,8 +18,8 @@ import (
 // as a record) and returns the committed records only, not the copies of
 // an aborted transaction.
 func TestReadRangeTransactional(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("writer"), kgo.DefaultProduceTopic("one"))
 	if err != nil {
 		t.Fatalf("client: %v", err)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // Event is one event as both producers hold it (the idempotent sink's
@@ -53,7 +54,7 @@ func (e *Event) init(rec *router.Record, dlq string) {
 	}
 	e.Headers = h
 	if e.Topic == dlq {
-		e.dead, e.reason = true, headerValue(&e.Record, wire.HeaderError)
+		e.dead, e.reason = true, topicread.Header(&e.Record, wire.HeaderError)
 	}
 	e.size = batchSize(&e.Record)
 }

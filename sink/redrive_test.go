@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
@@ -55,7 +56,7 @@ func listed(ctx context.Context, t *testing.T, sc *quarantine.StateClient, key s
 // aggregate is not quarantined, with nothing republished again.
 func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 	t.Run("a newer quarantine", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := sinktest.Ctx(t)
 		c, s, refusing, _, results := redriveSetup(ctx, t)
 		sc := stateClient(t, c)
 		old := listed(ctx, t, sc, "k")
@@ -87,7 +88,7 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 		waitUntil(ctx, t, "the refusal counted", func() bool { return strings.HasSuffix(results.String(), "failed1]") })
 	})
 	t.Run("lifted already", func(t *testing.T) {
-		ctx := testCtx(t)
+		ctx := sinktest.Ctx(t)
 		c, s, refusing, _, _ := redriveSetup(ctx, t)
 		sc := stateClient(t, c)
 		old := listed(ctx, t, sc, "k")
@@ -119,7 +120,7 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 // failure saying so and naming --skip, and does not wait for ever for a
 // record that is gone; --skip then lifts the quarantine.
 func TestRedriveDeadLetterDeleted(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := sinktest.Ctx(t)
 	c, s, refusing, _, _ := redriveSetup(ctx, t)
 	refusing.Store(false)
 	adm := kadm.NewClient(s.Client())
@@ -152,7 +153,7 @@ func TestRedriveDeadLetterDeleted(t *testing.T) {
 // gets its own: the first fails (its dead letter refused again), the
 // second (--skip) lifts the quarantine.
 func TestRedriveAnswersEachRequest(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := sinktest.Ctx(t)
 	c, s, _, slow, _ := redriveSetup(ctx, t)
 	slow.Store(true) // the first redrive waits in its republishing
 	sc := stateClient(t, c)
@@ -182,7 +183,7 @@ func TestRedriveAnswersEachRequest(t *testing.T) {
 // redrive refuses, naming that, rather than lift the quarantine with
 // nothing republished; --skip lifts it.
 func TestRedriveParkingTopicRecreated(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := sinktest.Ctx(t)
 	c, s, refusing, _, _ := redriveSetup(ctx, t)
 	refusing.Store(false)
 	adm := kadm.NewClient(s.Client())

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // TestQuarantineRestoreRetriedReadsFromStart: a restore that fails after it
@@ -17,8 +18,8 @@ import (
 // where the failed attempt stopped: every saved quarantine is restored, and
 // the records of each quarantined key are parked, none delivered.
 func TestQuarantineRestoreRetriedReadsFromStart(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	first, closeFirst := newSinkTuned(t, c, nil, savedMode)
 	if err := first.StartQuarantines(ctx); err != nil {
 		t.Fatal(err)
@@ -31,7 +32,7 @@ func TestQuarantineRestoreRetriedReadsFromStart(t *testing.T) {
 			t.Fatalf("%s: outcome %+v, want dead-lettered", key, o)
 		}
 	}
-	stateID := topicID(ctx, t, first, stateTopic)
+	stateID := sinktest.TopicID(ctx, t, first.Client(), stateTopic)
 	closeFirst()
 
 	// The next start reads one batch per fetch; its first fetch of the

@@ -1,5 +1,6 @@
-// Package sink produces records to Kafka with franz-go. It is the only
-// connector package that imports kgo.
+// Package sink produces records to Kafka with franz-go. With its
+// subpackages (sink/exactlyonce, sink/quarantine, sink/topicread) and
+// kafkaopt, the only connector packages that import franz-go.
 //
 // Every record is produced asynchronously; its outcome reaches the caller
 // exactly once through the Done function passed to Produce. Transient
@@ -37,6 +38,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // Sink wraps one idempotent producer.
@@ -165,7 +167,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 	}
 	// The router's dead letter of a row with an aggregate_id (without one
 	// its key is the event id): later records of the key must not overtake it.
-	if r.dead && headerValue(&r.Record, wire.HeaderAggregateID) != "" {
+	if r.dead && topicread.Header(&r.Record, wire.HeaderAggregateID) != "" {
 		// Its key may be quarantined already, in the set still being read.
 		if err := s.awaitRestore(ctx); err != nil {
 			r.finish(Outcome{Err: err})
@@ -397,13 +399,4 @@ func (s *Sink) Close() {
 			r.finish(Outcome{Err: kgo.ErrClientClosed})
 		}
 	})
-}
-
-func headerValue(rec *kgo.Record, key string) string {
-	for _, h := range rec.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }

@@ -20,76 +20,14 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
+// The topics sinktest.NewCluster seeds.
 const (
-	topic = "t"
-	dlq   = "outbox.dlq"
-	// testTimeout bounds every test; generous for -race on a busy machine.
-	testTimeout = 30 * time.Second
+	topic = sinktest.Topic
+	dlq   = sinktest.DLQ
 )
-
-// outcomes is a Done that hands outcomes to the test goroutine through a
-// buffered channel, so Delivered never blocks; only the test goroutine fails
-// the test.
-type outcomes struct {
-	ch       chan sink.Outcome
-	overflow atomic.Int32 // outcomes that did not fit: more than expected
-}
-
-func (o *outcomes) Delivered(x sink.Outcome) {
-	select {
-	case o.ch <- x:
-	default:
-		o.overflow.Add(1)
-	}
-}
-
-func newOutcomes() *outcomes { return &outcomes{ch: make(chan sink.Outcome, 16)} }
-
-// wait returns the next outcome or fails the test when ctx ends.
-func (o *outcomes) wait(ctx context.Context, t *testing.T) sink.Outcome {
-	t.Helper()
-	select {
-	case x := <-o.ch:
-		return x
-	case <-ctx.Done():
-		t.Fatalf("no outcome: %v", ctx.Err())
-		return sink.Outcome{}
-	}
-}
-
-// none fails when another outcome arrives within d: every record has
-// exactly one outcome. d is an observation window for an absence, which has
-// no signal to wait for.
-func (o *outcomes) none(t *testing.T, d time.Duration) {
-	t.Helper()
-	select {
-	case x := <-o.ch:
-		t.Fatalf("unexpected extra outcome %+v", x)
-	case <-time.After(d): // the window passed without an extra outcome
-	}
-	if n := o.overflow.Load(); n > 0 {
-		t.Fatalf("%d outcomes more than the channel holds", n)
-	}
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
-	t.Helper()
-	opts = append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(3, topic, dlq)}, opts...)
-	c, err := kfake.NewCluster(opts...)
-	if err != nil {
-		t.Fatalf("kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
 
 // newSink creates a sink on c; it is closed before the cluster (cleanups
 // run last-in first-out).
@@ -163,15 +101,6 @@ func consume(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string, 
 	return recs
 }
 
-func header(r *kgo.Record, key string) (string, bool) {
-	for _, h := range r.Headers {
-		if h.Key == key {
-			return string(h.Value), true
-		}
-	}
-	return "", false
-}
-
 func headerList(r *kgo.Record) []string {
 	var out []string
 	for _, h := range r.Headers {
@@ -213,20 +142,20 @@ func checkOriginal(t *testing.T, got *kgo.Record, want *router.Record) {
 		t.Errorf("timestamp = %v, want %v", got.Timestamp, want.Timestamp)
 	}
 	for _, h := range want.Headers {
-		if v, ok := header(got, h.Key); !ok || v != string(h.Value) {
+		if v, ok := sinktest.Header(got, h.Key); !ok || v != string(h.Value) {
 			t.Errorf("header %s = %q (present %v), want %q; headers %v", h.Key, v, ok, h.Value, headerList(got))
 		}
 	}
 }
 
 func TestDelivered(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("Ping: %v", err)
 	}
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	rec := baseRecord(topic, []byte(`{"a":1}`))
 	want := *rec
 	want.Headers = append([]router.Header(nil), rec.Headers...)
@@ -239,14 +168,14 @@ func TestDelivered(t *testing.T) {
 	}
 	// Flush returns only after every outcome was delivered.
 	select {
-	case o := <-done.ch:
+	case o := <-done.C():
 		if o != (sink.Outcome{}) {
 			t.Fatalf("outcome = %+v, want a plain delivery", o)
 		}
 	default:
 		t.Fatal("Flush returned before the outcome")
 	}
-	done.none(t, 50*time.Millisecond)
+	done.None(t, 50*time.Millisecond)
 
 	got := consume(ctx, t, c, topic, 1)[0]
 	checkOriginal(t, got, &want)
@@ -264,16 +193,16 @@ func TestDelivered(t *testing.T) {
 }
 
 func TestDeliveredTombstoneAndManyHeaders(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	rec := baseRecord(topic, nil)
 	for i := 0; i < 12; i++ { // more than the sink's inline header room
 		rec.Headers = append(rec.Headers, router.Header{Key: fmt.Sprintf("h%d", i), Value: []byte{byte('a' + i)}})
 	}
 	produce(ctx, t, s, rec, done)
-	if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+	if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("outcome = %+v", o)
 	}
 	got := consume(ctx, t, c, topic, 1)[0]
@@ -287,14 +216,14 @@ func TestDeliveredTombstoneAndManyHeaders(t *testing.T) {
 }
 
 func TestTooLargeForBatch(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil, kgo.ProducerBatchMaxBytes(2048))
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	rec := baseRecord(topic, bytes.Repeat([]byte("x"), 10<<10))
 	produce(ctx, t, s, rec, done)
 
-	o := done.wait(ctx, t)
+	o := done.Wait(ctx, t)
 	if o.Err != nil || !o.DeadLettered {
 		t.Fatalf("outcome = %+v, want dead-lettered", o)
 	}
@@ -304,67 +233,42 @@ func TestTooLargeForBatch(t *testing.T) {
 	if err := s.Flush(ctx); err != nil {
 		t.Fatalf("Flush: %v", err)
 	}
-	done.none(t, 50*time.Millisecond)
+	done.None(t, 50*time.Millisecond)
 
 	got := consume(ctx, t, c, dlq, 1)[0]
-	if v, _ := header(got, "error"); v != o.Reason {
+	if v, _ := sinktest.Header(got, "error"); v != o.Reason {
 		t.Errorf("error header = %q, want the outcome's reason %q", v, o.Reason)
 	}
 	if got.Headers[0].Key != "error" {
 		t.Errorf("first header is %q, want error", got.Headers[0].Key)
 	}
-	if v, _ := header(got, "topic"); v != topic {
+	if v, _ := sinktest.Header(got, "topic"); v != topic {
 		t.Errorf("topic header = %q, want %q", v, topic)
 	}
 	// The dead-letter copy is too large as well: it goes without payload.
 	if got.Value != nil {
 		t.Errorf("dead-letter value has %d bytes, want nil (payload omitted)", len(got.Value))
 	}
-	if v, ok := header(got, "payload_omitted"); !ok || !strings.Contains(v, "MESSAGE_TOO_LARGE") {
+	if v, ok := sinktest.Header(got, "payload_omitted"); !ok || !strings.Contains(v, "MESSAGE_TOO_LARGE") {
 		t.Errorf("payload_omitted header = %q (present %v)", v, ok)
 	}
 	checkOriginal(t, got, rec)
 	consume(ctx, t, c, topic, 0)
 }
 
-// createTopic creates name with topic-level configs through the sink's own
-// client.
-func createTopic(ctx context.Context, t *testing.T, s *sink.Sink, name string, configs map[string]string) {
-	t.Helper()
-	req := kmsg.NewPtrCreateTopicsRequest()
-	rt := kmsg.NewCreateTopicsRequestTopic()
-	rt.Topic = name
-	rt.NumPartitions = 1
-	rt.ReplicationFactor = 1
-	for k, v := range configs {
-		rc := kmsg.NewCreateTopicsRequestTopicConfig()
-		rc.Name = k
-		rc.Value = kmsg.StringPtr(v)
-		rt.Configs = append(rt.Configs, rc)
-	}
-	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, s.Client())
-	if err != nil {
-		t.Fatalf("create topic %s: %v", name, err)
-	}
-	if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); err != nil {
-		t.Fatalf("create topic %s: %v", name, err)
-	}
-}
-
 func TestBrokerRefusesTooLarge(t *testing.T) {
 	// The broker, not the client, refuses the record (topic max.message.bytes):
 	// the dead-letter copy fits and keeps the payload.
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
-	createTopic(ctx, t, s, "small", map[string]string{"max.message.bytes": "1024"})
-	done := newOutcomes()
+	sinktest.CreateTopic(ctx, t, s.Client(), "small", map[string]string{"max.message.bytes": "1024"})
+	done := sinktest.NewOutcomes()
 	payload := bytes.Repeat([]byte("y"), 4<<10)
 	rec := baseRecord("small", payload)
 	produce(ctx, t, s, rec, done)
 
-	o := done.wait(ctx, t)
+	o := done.Wait(ctx, t)
 	if o.Err != nil || !o.DeadLettered || !strings.Contains(o.Reason, "small") {
 		t.Fatalf("outcome = %+v, want dead-lettered with a reason naming the topic", o)
 	}
@@ -372,17 +276,17 @@ func TestBrokerRefusesTooLarge(t *testing.T) {
 	if !bytes.Equal(got.Value, payload) {
 		t.Errorf("dead-letter value has %d bytes, want the %d-byte payload", len(got.Value), len(payload))
 	}
-	if _, ok := header(got, "payload_omitted"); ok {
+	if _, ok := sinktest.Header(got, "payload_omitted"); ok {
 		t.Error("payload_omitted set although the payload fits the dead-letter topic")
 	}
-	if v, _ := header(got, "topic"); v != "small" {
+	if v, _ := sinktest.Header(got, "topic"); v != "small" {
 		t.Errorf("topic header = %q", v)
 	}
 	checkOriginal(t, got, rec)
 
 	// The producer is still usable afterwards.
 	produce(ctx, t, s, baseRecord(topic, []byte("after")), done)
-	if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+	if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("next record: outcome = %+v", o)
 	}
 }
@@ -390,10 +294,10 @@ func TestBrokerRefusesTooLarge(t *testing.T) {
 func TestAddressedToDLQ(t *testing.T) {
 	// The router dead-letters a NULL aggregate_id itself: the record is
 	// already addressed to the DLQ with its error header.
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	rec := &router.Record{
 		Topic: dlq,
 		Key:   []byte("ev-7"),
@@ -405,40 +309,23 @@ func TestAddressedToDLQ(t *testing.T) {
 		Timestamp: commit,
 	}
 	produce(ctx, t, s, rec, done)
-	o := done.wait(ctx, t)
+	o := done.Wait(ctx, t)
 	if o.Err != nil || !o.DeadLettered || o.Reason != "aggregate_id is NULL" {
 		t.Fatalf("outcome = %+v, want dead-lettered with the router's reason", o)
 	}
 	got := consume(ctx, t, c, dlq, 1)[0]
 	checkOriginal(t, got, rec)
-	if _, ok := header(got, "topic"); ok {
+	if _, ok := sinktest.Header(got, "topic"); ok {
 		t.Error("a record produced to the DLQ directly got a topic header")
 	}
-	done.none(t, 10*time.Millisecond)
-}
-
-// topicID looks up name's topic id, by which produce v13+ addresses it.
-func topicID(ctx context.Context, t *testing.T, s *sink.Sink, name string) [16]byte {
-	t.Helper()
-	req := kmsg.NewPtrMetadataRequest()
-	rt := kmsg.NewMetadataRequestTopic()
-	rt.Topic = kmsg.StringPtr(name)
-	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, s.Client())
-	if err != nil {
-		t.Fatalf("metadata for %s: %v", name, err)
-	}
-	if len(resp.Topics) != 1 || resp.Topics[0].ErrorCode != 0 {
-		t.Fatalf("metadata for %s: %+v", name, resp.Topics)
-	}
-	return resp.Topics[0].TopicID
+	done.None(t, 10*time.Millisecond)
 }
 
 // failProduces makes the next n produce requests for topic (named or, from
 // produce v13 on, addressed by id) fail with code; other topics' requests
 // are untouched. It returns the number of requests it failed so far.
 func failProduces(ctx context.Context, t *testing.T, c *kfake.Cluster, s *sink.Sink, topic string, n int32, code int16) *atomic.Int32 {
-	id := topicID(ctx, t, s, topic)
+	id := sinktest.TopicID(ctx, t, s.Client(), topic)
 	var failed atomic.Int32
 	c.ControlKey(int16(kmsg.Produce), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
@@ -451,19 +338,7 @@ func failProduces(ctx context.Context, t *testing.T, c *kfake.Cluster, s *sink.S
 			return nil, nil, false
 		}
 		failed.Add(1)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return sinktest.ProduceRefused(req, code), nil, true
 	})
 	return &failed
 }
@@ -471,14 +346,14 @@ func failProduces(ctx context.Context, t *testing.T, c *kfake.Cluster, s *sink.S
 func TestTransientErrorsAreRetried(t *testing.T) {
 	for _, e := range []*kerr.Error{kerr.NotLeaderForPartition, kerr.NotEnoughReplicas, kerr.RequestTimedOut} {
 		t.Run(e.Message, func(t *testing.T) {
-			ctx := testCtx(t)
-			c := newCluster(t)
+			ctx := sinktest.Ctx(t)
+			c := sinktest.NewCluster(t)
 			s := newSink(t, c, nil)
 			failed := failProduces(ctx, t, c, s, topic, 3, e.Code)
-			done := newOutcomes()
+			done := sinktest.NewOutcomes()
 			rec := baseRecord(topic, []byte("transient"))
 			produce(ctx, t, s, rec, done)
-			if o := done.wait(ctx, t); o != (sink.Outcome{}) {
+			if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 				t.Fatalf("outcome = %+v, want a plain delivery", o)
 			}
 			if n := failed.Load(); n != 3 {
@@ -487,19 +362,19 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 			got := consume(ctx, t, c, topic, 1)
 			checkOriginal(t, got[0], rec)
 			consume(ctx, t, c, dlq, 0)
-			done.none(t, 10*time.Millisecond)
+			done.None(t, 10*time.Millisecond)
 		})
 	}
 }
 
 func TestFatalError(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
 	failProduces(ctx, t, c, s, topic, 1, kerr.TopicAuthorizationFailed.Code)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
-	o := done.wait(ctx, t)
+	o := done.Wait(ctx, t)
 	if o.Err == nil || o.DeadLettered || !errors.Is(o.Err, kerr.TopicAuthorizationFailed) {
 		t.Fatalf("outcome = %+v, want a fatal TOPIC_AUTHORIZATION_FAILED", o)
 	}
@@ -507,13 +382,13 @@ func TestFatalError(t *testing.T) {
 		t.Fatalf("Classify(%v) = %v", o.Err, sink.Classify(o.Err))
 	}
 	consume(ctx, t, c, dlq, 0)
-	done.none(t, 10*time.Millisecond)
+	done.None(t, 10*time.Millisecond)
 }
 
 func TestCloseFailsBuffered(t *testing.T) {
 	// A record still buffered at Close gets a shutdown outcome, exactly once.
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s, closeSink := newSinkCloser(t, c, nil)
 	// Park every produce request until the cluster closes.
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -521,7 +396,7 @@ func TestCloseFailsBuffered(t *testing.T) {
 		c.SleepControl(func() { <-ctx.Done() })
 		return nil, nil, false
 	})
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
 	closeFailsAll(ctx, t, closeSink, done, 1)
 }
@@ -604,8 +479,8 @@ func (h *gateHandler) Handle(_ context.Context, r slog.Record) error {
 // bug: Flush looked only at the client and the dead-letter queue). The gate
 // holds the worker in its log call before it produces the copy.
 func TestFlushWaitsForDeadLetterCopies(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	gate := &gateHandler{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	released := false
 	release := func() {
@@ -614,10 +489,10 @@ func TestFlushWaitsForDeadLetterCopies(t *testing.T) {
 			close(gate.release)
 		}
 	}
-	t.Cleanup(release) // registered after newCluster: runs before the sink closes
+	t.Cleanup(release) // registered after sinktest.NewCluster: runs before the sink closes
 	s := newSink(t, c, slog.New(gate), kgo.ProducerBatchMaxBytes(2048))
 	t.Cleanup(release) // and before Close, which waits for the worker
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produce(ctx, t, s, baseRecord(topic, bytes.Repeat([]byte("x"), 10<<10)), done)
 	select {
 	case <-gate.entered:
@@ -636,7 +511,7 @@ func TestFlushWaitsForDeadLetterCopies(t *testing.T) {
 			t.Fatalf("Flush: %v", err)
 		}
 	}
-	if o := done.wait(ctx, t); !o.DeadLettered {
+	if o := done.Wait(ctx, t); !o.DeadLettered {
 		t.Fatalf("outcome = %+v", o)
 	}
 }
@@ -644,17 +519,17 @@ func TestFlushWaitsForDeadLetterCopies(t *testing.T) {
 // TestProduceCanceledContext: Produce with a context already done returns
 // its error and still reports the record once, with a shutdown outcome.
 func TestProduceCanceledContext(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	err := s.Produce(canceled, baseRecord(topic, []byte("v")), done)
 	if err == nil {
 		t.Fatal("Produce with a canceled context returned nil")
 	}
-	o := done.wait(ctx, t)
+	o := done.Wait(ctx, t)
 	if o.Err == nil || sink.Classify(o.Err) != sink.ClassShutdown {
 		t.Fatalf("outcome %+v, want one shutdown outcome", o)
 	}
@@ -665,8 +540,8 @@ func TestProduceCanceledContext(t *testing.T) {
 // not yet sent when its Produce context ends), as documented. That is why
 // the pipeline produces under a context that outlives the drain.
 func TestCancelAfterProduceFailsBufferedRecord(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("Ping: %v", err)
@@ -689,7 +564,7 @@ func TestCancelAfterProduceFailsBufferedRecord(t *testing.T) {
 	})
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produce(pctx, t, s, baseRecord(topic, []byte("1")), done)
 	select {
 	case <-parked:
@@ -710,7 +585,7 @@ func TestCancelAfterProduceFailsBufferedRecord(t *testing.T) {
 	// acknowledged, so it is sent again after a restart: never lost).
 	var delivered, shutdown int
 	for i := 1; i <= 2; i++ {
-		o := done.wait(ctx, t)
+		o := done.Wait(ctx, t)
 		switch {
 		case o == (sink.Outcome{}):
 			delivered++

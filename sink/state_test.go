@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
@@ -77,13 +78,13 @@ func stateRecords(ctx context.Context, t *testing.T, c *kfake.Cluster, n int) ma
 // and the key's later records wait meanwhile; the record says where the
 // dead letter sits and where parking starts.
 func TestQuarantineSavedBeforeOutcome(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	s := startSaved(ctx, t, c, nil)
-	names := topicNames(ctx, t, s, topic, dlq, parking, stateTopic)
+	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking, stateTopic)
 	var saving atomic.Bool
 	saving.Store(true)
-	refuse(c, names, nil, func(tp string, _ []byte) int16 {
+	sinktest.Refuse(c, names, nil, func(tp string, _ []byte) int16 {
 		if tp == stateTopic && saving.Load() {
 			return kerr.NotLeaderForPartition.Code // retried by the client
 		}
@@ -139,8 +140,8 @@ func saveQuarantineOfA(ctx context.Context, t *testing.T, c *kfake.Cluster) {
 // restores the quarantine before producing: the key's records are parked,
 // others delivered; another source's quarantine is not its own.
 func TestQuarantineRestored(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	saveQuarantineOfA(ctx, t, c)
 	other := startSaved(ctx, t, c, func(cfg *sink.Config) { cfg.QuarantineSource = "other/app/slot" })
 	if q := other.Quarantined(); len(q) != 0 {
@@ -165,13 +166,13 @@ func TestQuarantineRestored(t *testing.T) {
 // refusing is set, so k is quarantined; records 1 and 2 are parked.
 func redriveSetup(ctx context.Context, t *testing.T) (*kfake.Cluster, *sink.Sink, *atomic.Bool, *atomic.Bool, *reported) {
 	t.Helper()
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	results := new(reported)
 	s := startSaved(ctx, t, c, func(cfg *sink.Config) { cfg.Redrives = results.add })
-	names := topicNames(ctx, t, s, topic, dlq, parking, stateTopic)
+	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking, stateTopic)
 	var refusing, slow atomic.Bool
 	refusing.Store(true)
-	refuse(c, names, nil, func(tp string, b []byte) int16 {
+	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		switch {
 		case tp == topic && slow.Load():
 			return kerr.NotLeaderForPartition.Code // retried: the redrive is under way
@@ -224,7 +225,7 @@ func stateClient(t *testing.T, c *kfake.Cluster) *quarantine.StateClient {
 // order; a record of the key produced during the redrive waits and follows
 // them; the quarantine is lifted with a tombstone.
 func TestRedriveRepublishesInOrder(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := sinktest.Ctx(t)
 	c, s, refusing, slow, results := redriveSetup(ctx, t)
 	refusing.Store(false)
 	slow.Store(true)
@@ -249,7 +250,7 @@ func TestRedriveRepublishesInOrder(t *testing.T) {
 		t.Fatalf("topic holds k %v, want the dead letter, the parked records and the held one, in order", got)
 	}
 	for _, r := range consume(ctx, t, c, topic, 4) {
-		if _, ok := header(r, quarantine.Header); ok || len(r.Headers) != 1 {
+		if _, ok := sinktest.Header(r, quarantine.Header); ok || len(r.Headers) != 1 {
 			t.Errorf("republished %q has headers %v, want only its id", r.Value, headerList(r))
 		}
 	}
@@ -277,7 +278,7 @@ func waitUntil(ctx context.Context, t *testing.T, what string, cond func() bool)
 
 // TestRedriveSkip: --skip republishes the parked records only.
 func TestRedriveSkip(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := sinktest.Ctx(t)
 	c, s, _, _, results := redriveSetup(ctx, t)
 	if err := stateClient(t, c).Redrive(ctx, "k", true); err != nil {
 		t.Fatalf("redrive --skip: %v", err)
@@ -295,7 +296,7 @@ func TestRedriveSkip(t *testing.T) {
 // redrive with a failure record naming the refusal; the quarantine stays
 // and the key's next record is parked; nothing reached the topic.
 func TestRedriveRefusedAgain(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := sinktest.Ctx(t)
 	c, s, _, _, results := redriveSetup(ctx, t)
 	err := stateClient(t, c).Redrive(ctx, "k", false)
 	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("POLICY_VIOLATION")) {
@@ -322,18 +323,18 @@ func TestRedriveRefusedAgain(t *testing.T) {
 // carries out no request until it owns the slot; then it carries out the
 // request the active one left.
 func TestRedriveOnlyByTheOwner(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	var owns atomic.Bool
 	standby := startSaved(ctx, t, c, func(cfg *sink.Config) { cfg.Owner = owns.Load })
 	active, closeActive := newSinkTuned(t, c, nil, savedMode)
 	if err := active.StartQuarantines(ctx); err != nil {
 		t.Fatal(err)
 	}
-	names := topicNames(ctx, t, active, topic, dlq, parking, stateTopic)
+	names := sinktest.TopicNames(ctx, t, active.Client(), topic, dlq, parking, stateTopic)
 	var refusing atomic.Bool
 	refusing.Store(true)
-	refuse(c, names, nil, func(tp string, b []byte) int16 {
+	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tp == topic && refusing.Load() && bytes.Contains(b, []byte("poison")) {
 			return kerr.PolicyViolation.Code
 		}
@@ -381,8 +382,8 @@ func TestRedriveOnlyByTheOwner(t *testing.T) {
 // client before the saved set is restored: a record of a quarantined key
 // produced meanwhile is parked once Kafka answers, never delivered.
 func TestQuarantineRestoreWaitsForKafka(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, parking))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	saveQuarantineOfA(ctx, t, c)
 
 	// The next start finds the state topic unreadable: its configs cannot

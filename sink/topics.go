@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // topicState is what the sink knows about one topic. Fields other than
@@ -167,7 +169,8 @@ func (s *Sink) step(t *topicState) bool {
 	case t.missing && !t.expired:
 		if now.Sub(t.missingSince) < s.unknownTimeout {
 			s.mu.Unlock()
-			return sleep(s.ctx, s.poll)
+			topicread.Sleep(s.ctx, s.poll)
+			return true
 		}
 		t.expired = true
 		s.mu.Unlock()
@@ -282,17 +285,6 @@ func (s *Sink) waitWake(t *topicState) bool {
 	select {
 	case <-t.wake:
 	case <-s.ctx.Done():
-	}
-	return true
-}
-
-// sleep waits for d or until ctx ends (the sink's Close).
-func sleep(ctx context.Context, d time.Duration) bool {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-	case <-ctx.Done():
 	}
 	return true
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // TestTxnProducerSettings: the transactional client produces with the
@@ -15,10 +16,10 @@ import (
 // partitioner; franz-go's default would hash its key), and keyed records
 // stay together.
 func TestTxnProducerSettings(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(3, "three"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, "three"))
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	for _, p := range []int32{2, 0, 1, 2} {
 		rec := &router.Record{Topic: "three", Key: []byte("same-key"), Value: []byte{byte('0' + p)}, HasPartition: true, Partition: p}
 		if err := tx.Produce(ctx, rec, done); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // TestTxnHoldUntil: under a hold, the PostgreSQL transactions handed over
@@ -18,7 +19,7 @@ import (
 func TestTxnHoldUntil(t *testing.T) {
 	oneTxn := func(t *testing.T, c *kfake.Cluster, tp, want string) {
 		t.Helper()
-		recs := readCommitted(testCtx(t), t, c, tp, true, true)
+		recs := readCommitted(sinktest.Ctx(t), t, c, tp, true, true)
 		markers := 0
 		for _, r := range recs {
 			if r.Attrs.IsControl() {
@@ -30,22 +31,22 @@ func TestTxnHoldUntil(t *testing.T) {
 		}
 	}
 	t.Run("a transaction past the hold", func(t *testing.T) {
-		ctx := testCtx(t)
-		c := newCluster(t, kfake.SeedTopics(1, "one"))
+		ctx := sinktest.Ctx(t)
+		c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 		tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
-		done := newOutcomes()
+		done := sinktest.NewOutcomes()
 		produceTxn(ctx, t, tx, done, 100, "one", "repair1", "repair2") // the repair joins the transaction ending at 100
 		tx.HoldUntil(300)
 		produceTxn(ctx, t, tx, done, 200, "one", "b1")
 		tx.Pass(250)
-		done.none(t, 200*time.Millisecond) // 200 times the interval
+		done.None(t, 200*time.Millisecond) // 200 times the interval
 		if err := tx.Flush(ctx); err == nil {
 			t.Fatal("Flush under a hold committed")
 		}
-		done.none(t, 50*time.Millisecond)
+		done.None(t, 50*time.Millisecond)
 		produceTxn(ctx, t, tx, done, 300, "one", "c1")
 		for range 4 {
-			if o := done.wait(ctx, t); o.Err != nil {
+			if o := done.Wait(ctx, t); o.Err != nil {
 				t.Fatalf("outcome %+v", o)
 			}
 		}
@@ -55,15 +56,15 @@ func TestTxnHoldUntil(t *testing.T) {
 		oneTxn(t, c, "one", "[repair1 repair2 b1 c1]")
 	})
 	t.Run("the stream passes the hold", func(t *testing.T) {
-		ctx := testCtx(t)
-		c := newCluster(t, kfake.SeedTopics(1, "one"))
+		ctx := sinktest.Ctx(t)
+		c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 		tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
-		done := newOutcomes()
+		done := sinktest.NewOutcomes()
 		tx.HoldUntil(300)
 		produceTxn(ctx, t, tx, done, 100, "one", "a1")
-		done.none(t, 100*time.Millisecond)
+		done.None(t, 100*time.Millisecond)
 		tx.Pass(300)
-		if o := done.wait(ctx, t); o.Err != nil {
+		if o := done.Wait(ctx, t); o.Err != nil {
 			t.Fatalf("outcome %+v", o)
 		}
 		if got := tx.Committed(); got != 100 {
@@ -71,22 +72,22 @@ func TestTxnHoldUntil(t *testing.T) {
 		}
 	})
 	t.Run("bounded", func(t *testing.T) {
-		ctx := testCtx(t)
-		c := newCluster(t, kfake.SeedTopics(1, "one"))
+		ctx := sinktest.Ctx(t)
+		c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 		tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond, func(cfg *exactlyonce.Config) { cfg.MaxRecords = 2 })
-		done := newOutcomes()
+		done := sinktest.NewOutcomes()
 		tx.HoldUntil(1000)
 		for i := range 19 {
 			produceTxn(ctx, t, tx, done, lsn.LSN(100+i), "one", fmt.Sprint("e", i))
 		}
-		done.none(t, 100*time.Millisecond)              // 19 < 10 x MaxRecords
+		done.None(t, 100*time.Millisecond)              // 19 < 10 x MaxRecords
 		produceTxn(ctx, t, tx, done, 200, "one", "e19") // the 20th: the hold gives up and commits at once
 		for range 16 {                                  // what the outcome channel holds; the other 4 overflow
-			if o := done.wait(ctx, t); o.Err != nil {
+			if o := done.Wait(ctx, t); o.Err != nil {
 				t.Fatalf("outcome %+v", o)
 			}
 		}
-		if n := done.overflow.Load(); n != 4 {
+		if n := done.Overflow(); n != 4 {
 			t.Fatalf("%d outcomes past the channel, want 4", n)
 		}
 		if got := tx.Committed(); got != 200 {

@@ -14,16 +14,17 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // Commits whose answer is lost in each way franz-go can lose it, and the
 // reads that decide what was committed.
 
 // okOutcomes waits for n outcomes and fails on any error.
-func okOutcomes(ctx context.Context, t *testing.T, done *outcomes, n int) {
+func okOutcomes(ctx context.Context, t *testing.T, done *sinktest.Outcomes, n int) {
 	t.Helper()
 	for range n {
-		if o := done.wait(ctx, t); o.Err != nil {
+		if o := done.Wait(ctx, t); o.Err != nil {
 			t.Fatalf("outcome %+v", o)
 		}
 	}
@@ -42,13 +43,13 @@ func wantCommitted(ctx context.Context, t *testing.T, c *kfake.Cluster, topic, w
 // no refusal: the sink settles the commit, learns it went through, and
 // produces nothing again.
 func TestTxnRetriableCommitAnswer(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 	f := &txnFaults{forgeCode: kerr.CoordinatorLoadInProgress.Code}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(f.dial), kgo.RequestRetries(2))
 	})
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, tx, done, 100, "one", "a1")
 	okOutcomes(ctx, t, done, 1)
 	f.forge.Store(3) // the commit and franz-go's two retries of it (RequestRetries)
@@ -71,25 +72,25 @@ func TestTxnRetriableCommitAnswer(t *testing.T) {
 // attempt aborts again before it begins, instead of failing for good on
 // "already in a transaction".
 func TestTxnAbortCut(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 	f := &txnFaults{}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(f.dial))
 	})
-	names := topicNames(ctx, t, c, "one")
-	refuse(c, names, func(tp string, b []byte) int16 {
+	names := sinktest.TopicNames(ctx, t, sinktest.Admin(t, c), "one")
+	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tp == "one" && bytes.Contains(b, []byte("poison")) {
 			return kerr.PolicyViolation.Code
 		}
 		return 0
 	})
 	f.cutAbort.Store(true)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, tx, done, 100, "one", "e1", "poison", "e2")
 	var dead int
 	for range 3 {
-		o := done.wait(ctx, t)
+		o := done.Wait(ctx, t)
 		if o.Err != nil {
 			t.Fatalf("outcome %+v", o)
 		}
@@ -109,13 +110,13 @@ func TestTxnAbortCut(t *testing.T) {
 // number tells that it did not commit, so its events go again instead of
 // being acknowledged unpublished.
 func TestTxnSettleSamePosition(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 	d := &cutEndTxn{lose: true, refusal: 500 * time.Millisecond}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 	})
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, tx, done, 100, "one", "a1")
 	okOutcomes(ctx, t, done, 1)
 	d.armed.Store(true)
@@ -132,14 +133,14 @@ func TestTxnSettleSamePosition(t *testing.T) {
 // comes next settles it with its own events (it used to slice its empty
 // batch by the unconfirmed count, and panic).
 func TestTxnProbeAfterFlushGaveUp(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 	d := &cutEndTxn{refusal: 800 * time.Millisecond}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Hour, func(cfg *exactlyonce.Config) {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 		cfg.FenceCheck = 200 * time.Millisecond
 	})
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, tx, done, 100, "one", "a1")
 	if err := tx.Flush(ctx); err != nil {
 		t.Fatalf("flush: %v", err)
@@ -187,10 +188,10 @@ func TestTxnProbeAfterFlushGaveUp(t *testing.T) {
 // without waiting for the open one (read_committed stops before it and
 // hides the aborted record, so waiting for the offset before it stalled).
 func TestTxnStartPastOpenTransaction(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 	first, _, closeFirst := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, first, done, 100, "one", "a1")
 	okOutcomes(ctx, t, done, 1)
 	closeFirst()

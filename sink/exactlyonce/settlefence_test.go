@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 // TestTxnSettleFencedByOwnCommit: a commit the broker completed but whose
@@ -33,8 +34,8 @@ func TestTxnSettleFencedByOwnCommit(t *testing.T) {
 		{"another instance took the id over", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t)
-			c := newCluster(t, kfake.SeedTopics(1, "one"))
+			ctx := sinktest.Ctx(t)
+			c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 			d := &cutEndTxn{refusal: time.Second}
 			failed := make(chan error, 1)
 			fast := func(cfg *exactlyonce.Config) {
@@ -43,7 +44,7 @@ func TestTxnSettleFencedByOwnCommit(t *testing.T) {
 				cfg.Fail = func(err error) { failed <- err }
 			}
 			tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, fast)
-			done := newOutcomes()
+			done := sinktest.NewOutcomes()
 			produceTxn(ctx, t, tx, done, 100, "one", "a1", "a2")
 			okOutcomes(ctx, t, done, 2)
 
@@ -84,7 +85,7 @@ func TestTxnSettleFencedByOwnCommit(t *testing.T) {
 				case <-ctx.Done():
 					t.Fatal("no fatal error after the takeover")
 				}
-				done.none(t, 100*time.Millisecond)
+				done.None(t, 100*time.Millisecond)
 				if !forged.Load() {
 					t.Fatal("the reload was not refused: the test tested nothing")
 				}

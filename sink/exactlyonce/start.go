@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // Start checks what transactions need (brokers that support them, the
@@ -158,7 +159,7 @@ func (t *Txn) fence(parent context.Context) error {
 	}
 }
 
-// readPosition reads the positions topic to its end (sink.ReadTopic:
+// readPosition reads the positions topic to its end (readTopic:
 // committed records only) and returns the last position of this source; a
 // tombstone for it (an operator forgetting the position) is none.
 func (t *Txn) readPosition(ctx context.Context) (Position, error) {
@@ -166,7 +167,7 @@ func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var pos Position
-	err := sink.ReadTopic(ctx, t.cfg.Sink, name, func(r *kgo.Record) error {
+	err := readTopic(ctx, t.cfg.Sink, name, func(r *kgo.Record) error {
 		if string(r.Key) != t.cfg.Source {
 			return nil
 		}
@@ -186,4 +187,27 @@ func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 		return Position{}, fmt.Errorf("read positions from %s: %w", name, err)
 	}
 	return pos, nil
+}
+
+// readTopic reads every partition of topic from its start to its end as
+// listed when the read starts, handing fn the committed records in offset
+// order (topicread), on the calling goroutine.
+func readTopic(ctx context.Context, cfg sink.Config, topic string, fn func(*kgo.Record) error) error {
+	conn, err := cfg.ConnOpts()
+	if err != nil {
+		return err
+	}
+	rd, err := topicread.New(append(conn, cfg.TestOpts...)...)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	ranges, missing, err := rd.Whole(ctx, topic)
+	if err == nil && len(missing) > 0 {
+		err = fmt.Errorf("end offsets of %s: %w", topic, kerr.UnknownTopicOrPartition)
+	}
+	if err != nil {
+		return err
+	}
+	return rd.Read(ctx, ranges, fn)
 }

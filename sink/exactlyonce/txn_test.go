@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
 const positions = "outbox-cdc.positions"
@@ -129,13 +130,13 @@ func lastPosition(ctx context.Context, t *testing.T, c *kfake.Cluster, source st
 // acknowledged or visible to read_committed before the commit, and a
 // transaction not ended is never part of one.
 func TestTxnGroupsWholeTransactions(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 	tx, start, _ := newTxn(ctx, t, c, "sys/db/slot", 300*time.Millisecond)
 	if start != 0 {
 		t.Fatalf("start position %v on a new cluster", start)
 	}
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, tx, done, 100, "one", "a1", "a2", "a3")
 	produceTxn(ctx, t, tx, done, 200, "one", "b1", "b2")
 	// Handed over, not ended: must not travel with them.
@@ -145,16 +146,16 @@ func TestTxnGroupsWholeTransactions(t *testing.T) {
 		}
 	}
 	select {
-	case o := <-done.ch:
+	case o := <-done.C():
 		t.Fatalf("outcome %+v before the interval passed", o)
 	case <-time.After(100 * time.Millisecond): // well inside the 300ms interval
 	}
 	for range 5 {
-		if o := done.wait(ctx, t); o.Err != nil || o.DeadLettered {
+		if o := done.Wait(ctx, t); o.Err != nil || o.DeadLettered {
 			t.Fatalf("outcome %+v", o)
 		}
 	}
-	done.none(t, 100*time.Millisecond)
+	done.None(t, 100*time.Millisecond)
 	if got := tx.Committed(); got != 200 {
 		t.Fatalf("Committed() = %v, want 200", got)
 	}
@@ -177,13 +178,13 @@ func TestTxnGroupsWholeTransactions(t *testing.T) {
 // position and fences the first, whose next commit fails for good with the
 // fencing error; a sink of another source is not affected.
 func TestTxnFencing(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	first, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
 	other, _, _ := newTxn(ctx, t, c, "sys/db/other", time.Millisecond)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, first, done, 100, topic, "x1")
-	if o := done.wait(ctx, t); o.Err != nil {
+	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("first commit: %+v", o)
 	}
 
@@ -192,20 +193,20 @@ func TestTxnFencing(t *testing.T) {
 		t.Fatalf("second instance starts at %v, want the committed 100", pos)
 	}
 	produceTxn(ctx, t, first, done, 200, topic, "zombie")
-	o := done.wait(ctx, t)
+	o := done.Wait(ctx, t)
 	var fenced *sink.FencedError
 	if !errors.As(o.Err, &fenced) || sink.Classify(o.Err) == sink.ClassShutdown {
 		t.Fatalf("fenced instance's outcome %+v, want a fatal FencedError", o)
 	}
 	// Never commits again, whatever it is given.
 	produceTxn(ctx, t, first, done, 300, topic, "zombie2")
-	if o := done.wait(ctx, t); !errors.As(o.Err, &fenced) {
+	if o := done.Wait(ctx, t); !errors.As(o.Err, &fenced) {
 		t.Fatalf("after fencing: %+v", o)
 	}
 	produceTxn(ctx, t, second, done, 200, topic, "x2")
 	produceTxn(ctx, t, other, done, 500, topic, "y1")
 	for range 2 {
-		if o := done.wait(ctx, t); o.Err != nil {
+		if o := done.Wait(ctx, t); o.Err != nil {
 			t.Fatalf("commit after takeover: %+v", o)
 		}
 	}
@@ -226,16 +227,16 @@ func TestTxnFencing(t *testing.T) {
 // TestTxnFencedIdleStops: a fenced instance with nothing to publish learns
 // it from its idle check and reports the fatal error once.
 func TestTxnFencedIdleStops(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
 	fatal := make(chan error, 4) // more than one report overflows into a failure below
 	first, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.FenceCheck = 50 * time.Millisecond
 		cfg.Fail = func(err error) { fatal <- err }
 	})
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, first, done, 100, topic, "x1")
-	if o := done.wait(ctx, t); o.Err != nil {
+	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("commit: %+v", o)
 	}
 	select {
@@ -268,22 +269,22 @@ func TestTxnFencedIdleStops(t *testing.T) {
 // dead-lettered in the redone transaction, with the rest exactly once and
 // in order for read_committed. read_uncommitted sees the aborted copies.
 func TestTxnRefusedRecordRedone(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t, kfake.SeedTopics(1, "one"))
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 50*time.Millisecond)
-	names := topicNames(ctx, t, c, "one")
-	refused := refuse(c, names, func(tp string, b []byte) int16 {
+	names := sinktest.TopicNames(ctx, t, sinktest.Admin(t, c), "one")
+	refused, _ := sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tp == "one" && bytes.Contains(b, []byte("poison")) {
 			return kerr.PolicyViolation.Code
 		}
 		return 0
 	})
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	produceTxn(ctx, t, tx, done, 100, "one", "e1", "poison", "e2")
 	produceTxn(ctx, t, tx, done, 200, "one", "e3")
 	var dead int
 	for range 4 {
-		o := done.wait(ctx, t)
+		o := done.Wait(ctx, t)
 		if o.Err != nil {
 			t.Fatalf("outcome %+v", o)
 		}
@@ -291,7 +292,7 @@ func TestTxnRefusedRecordRedone(t *testing.T) {
 			dead++
 		}
 	}
-	done.none(t, 100*time.Millisecond)
+	done.None(t, 100*time.Millisecond)
 	if dead != 1 || refused.Load() < 2 {
 		t.Fatalf("%d dead-lettered, %d refusals; want 1 and at least 2 (with others, then alone)", dead, refused.Load())
 	}
@@ -302,7 +303,7 @@ func TestTxnRefusedRecordRedone(t *testing.T) {
 	if len(dl) != 1 || string(dl[0].Value) != "poison" {
 		t.Fatalf("dead-letter topic holds %v, want the poison record", values(dl))
 	}
-	if v, _ := header(dl[0], "topic"); v != "one" {
+	if v, _ := sinktest.Header(dl[0], "topic"); v != "one" {
 		t.Fatalf("dead letter's topic header %q", v)
 	}
 	// The aborted attempt's copies are in the log: only isolation hides them.
@@ -317,16 +318,16 @@ func TestTxnRefusedRecordRedone(t *testing.T) {
 // TestTxnTooLargeDeadLettered: a record over its topic's limit is
 // dead-lettered before it is sent, inside the transaction.
 func TestTxnTooLargeDeadLettered(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
-	createTopic(ctx, t, c, "small", map[string]string{"max.message.bytes": "1024"})
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
+	sinktest.CreateTopic(ctx, t, sinktest.Admin(t, c), "small", map[string]string{"max.message.bytes": "1024"})
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
-	done := newOutcomes()
+	done := sinktest.NewOutcomes()
 	big := string(bytes.Repeat([]byte("y"), 4<<10))
 	produceTxn(ctx, t, tx, done, 100, "small", "ok", big)
 	var dead []sink.Outcome
 	for range 2 {
-		if o := done.wait(ctx, t); o.Err != nil {
+		if o := done.Wait(ctx, t); o.Err != nil {
 			t.Fatalf("outcome %+v", o)
 		} else if o.DeadLettered {
 			dead = append(dead, o)
@@ -344,9 +345,9 @@ func TestTxnTooLargeDeadLettered(t *testing.T) {
 // TestTxnPositionsTopicChecked: a positions topic that deletes is a
 // prerequisite error naming the fix; a missing one is created compacted.
 func TestTxnPositionsTopicChecked(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
-	createTopic(ctx, t, c, positions, map[string]string{"cleanup.policy": "delete"})
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
+	sinktest.CreateTopic(ctx, t, sinktest.Admin(t, c), positions, map[string]string{"cleanup.policy": "delete"})
 	tx, err := exactlyonce.New(exactlyonce.Config{Sink: sink.Config{Brokers: c.ListenAddrs(), DLQTopic: dlq},
 		Positions: positions, Source: "s"}, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -425,17 +426,17 @@ func TestTxnUnconfirmedCommit(t *testing.T) {
 		{"the request was lost", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ctx := testCtx(t)
-			c := newCluster(t, kfake.SeedTopics(1, "one"))
+			ctx := sinktest.Ctx(t)
+			c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
 			d := &cutEndTxn{lose: tt.lose, refusal: time.Second}
 			tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 				cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 			})
-			done := newOutcomes()
+			done := sinktest.NewOutcomes()
 			ok := func(n int) {
 				t.Helper()
 				for range n {
-					if o := done.wait(ctx, t); o.Err != nil {
+					if o := done.Wait(ctx, t); o.Err != nil {
 						t.Fatalf("outcome %+v", o)
 					}
 				}
@@ -463,9 +464,9 @@ func TestTxnUnconfirmedCommit(t *testing.T) {
 // TestTxnPositionsTopicCompactListAccepted: "delete,compact" with an
 // infinite retention keeps every position; the start accepts it.
 func TestTxnPositionsTopicCompactListAccepted(t *testing.T) {
-	ctx := testCtx(t)
-	c := newCluster(t)
-	createTopic(ctx, t, c, positions, map[string]string{"cleanup.policy": "delete,compact", "retention.ms": "-1"})
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
+	sinktest.CreateTopic(ctx, t, sinktest.Admin(t, c), positions, map[string]string{"cleanup.policy": "delete,compact", "retention.ms": "-1"})
 	tx, err := exactlyonce.New(exactlyonce.Config{Sink: sink.Config{Brokers: c.ListenAddrs(), DLQTopic: dlq},
 		Positions: positions, Source: "s"}, slog.New(slog.DiscardHandler))
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // Header names the quarantine a parked record belongs to: the id of the
@@ -199,7 +200,7 @@ func (s *Set) Begin(r Record, topic, reason string) error {
 	if len(s.quarantined) >= s.maxQuarantined {
 		return fmt.Errorf("cannot quarantine aggregate %q: %d aggregates are quarantined already (dlq.max_quarantined); redrive or skip some, or raise the bound", key, len(s.quarantined))
 	}
-	id := header(kr, wire.HeaderID)
+	id := topicread.Header(kr, wire.HeaderID)
 	if id == "" {
 		id = key
 	}
@@ -307,24 +308,4 @@ func (s *Set) reportQuarantines(result string, n int) {
 	if s.onQuarantines != nil {
 		s.onQuarantines(result, n)
 	}
-}
-
-// sleep waits for d or for the producer's Close.
-func (s *Set) sleep(d time.Duration) bool {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-	case <-s.ctx.Done():
-	}
-	return true
-}
-
-func header(rec *kgo.Record, key string) string {
-	for _, h := range rec.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // A redrive is carried out by the connector, the only writer of the key's
@@ -56,12 +57,13 @@ func (s *Set) redriveLoop() {
 		}
 		if err := fetchErr(fs); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			s.log.Error("reading the quarantine topic", "topic", st.name, "err", err)
-			if !s.sleep(time.Second) {
-				return
-			}
+			topicread.Sleep(s.ctx, time.Second)
 			continue
 		}
 		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset < st.restoredTo[r.Partition] {
+				return // the restore took it in
+			}
 			if key, ok := strings.CutPrefix(string(r.Key), prefix); ok {
 				s.follow(key, r)
 			}
@@ -148,9 +150,7 @@ func (s *Set) redrive(req *StateRecord) {
 	skip := req.State == StateSkip
 	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", rec.FirstID, "skip_dead_letter", skip)
 	for q.inflight.Load() > 0 { // parked records before the hold must be on the parking topic
-		if !s.sleep(10 * time.Millisecond) {
-			return
-		}
+		topicread.Sleep(s.ctx, 10*time.Millisecond)
 	}
 	n, err := s.republish(s.ctx, &rec, skip)
 	if s.ctx.Err() != nil {
@@ -227,7 +227,7 @@ func (s *Set) republish(ctx context.Context, rec *StateRecord, skip bool) (int, 
 		return 0, err
 	}
 	for _, r := range parked {
-		id := header(r, wire.HeaderID)
+		id := topicread.Header(r, wire.HeaderID)
 		if id != "" && seen[id] {
 			continue
 		}
@@ -249,7 +249,7 @@ func (s *Set) republish(ctx context.Context, rec *StateRecord, skip bool) (int, 
 	defer cl.Close()
 	for i, r := range out {
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-			return i, fmt.Errorf("republish event %s to %s: %w", header(r, wire.HeaderID), r.Topic, err)
+			return i, fmt.Errorf("republish event %s to %s: %w", topicread.Header(r, wire.HeaderID), r.Topic, err)
 		}
 	}
 	return len(out), nil
@@ -266,7 +266,7 @@ func (s *Set) readDeadLetter(ctx context.Context, rec *StateRecord) (*kgo.Record
 	}
 	var dl *kgo.Record
 	if gone == nil {
-		err = readRange(ctx, s.consumerOpts, s.dlq, from, to, func(r *kgo.Record) {
+		err = s.readRange(ctx, s.dlq, from, to, func(r *kgo.Record) {
 			if r.Offset == rec.DLQOffset {
 				dl = r
 			}
@@ -277,11 +277,11 @@ func (s *Set) readDeadLetter(ctx context.Context, rec *StateRecord) (*kgo.Record
 		return nil, fmt.Errorf("read the dead letter at %s/%d@%d: %w", s.dlq, rec.DLQPartition, rec.DLQOffset, err)
 	case dl == nil || string(dl.Key) != rec.Key:
 		return nil, fmt.Errorf("the dead letter at %s/%d@%d is gone (retention?); redrive with --skip", s.dlq, rec.DLQPartition, rec.DLQOffset)
-	case header(dl, wire.HeaderPayloadOmitted) != "":
+	case topicread.Header(dl, wire.HeaderPayloadOmitted) != "":
 		return nil, fmt.Errorf("the dead letter at %s/%d@%d lost its payload (%s): publish event %s yourself, then redrive with --skip",
-			s.dlq, rec.DLQPartition, rec.DLQOffset, header(dl, wire.HeaderPayloadOmitted), rec.FirstID)
+			s.dlq, rec.DLQPartition, rec.DLQOffset, topicread.Header(dl, wire.HeaderPayloadOmitted), rec.FirstID)
 	}
-	topic := header(dl, wire.HeaderTopic)
+	topic := topicread.Header(dl, wire.HeaderTopic)
 	if topic == "" {
 		return nil, fmt.Errorf("event %s was dead-lettered by the router (%s), it has no topic to go to: fix the row's event and publish it yourself, then redrive with --skip",
 			rec.FirstID, rec.Reason)
@@ -328,9 +328,9 @@ func (s *Set) readParked(ctx context.Context, rec *StateRecord, skip bool) ([]*k
 		}
 	}
 	var out []*kgo.Record
-	err = readRange(ctx, s.consumerOpts, s.parking, from, to, func(r *kgo.Record) {
-		if string(r.Key) == rec.Key && header(r, Header) == rec.FirstID {
-			out = append(out, restored(r, header(r, wire.HeaderTopic), Header))
+	err = s.readRange(ctx, s.parking, from, to, func(r *kgo.Record) {
+		if string(r.Key) == rec.Key && topicread.Header(r, Header) == rec.FirstID {
+			out = append(out, restored(r, topicread.Header(r, wire.HeaderTopic), Header))
 		}
 	})
 	if err != nil {
@@ -399,47 +399,20 @@ func restored(r *kgo.Record, topic, first string) *kgo.Record {
 }
 
 // readRange reads topic's partitions from from[p] (0 when missing) up to
-// to[p], exclusive, calling fn in offset order for each partition. Records
-// deleted before they are read are an error (OFFSET_OUT_OF_RANGE): a reset
-// to the log start would skip them, or wait for ever on a log emptied.
-func readRange(ctx context.Context, opts func(...kgo.Opt) []kgo.Opt, topic string, from, to map[int32]int64, fn func(*kgo.Record)) error {
-	parts := map[int32]kgo.Offset{}
-	left := map[int32]int64{}
+// to[p], exclusive, calling fn in offset order for each partition
+// (topicread: records deleted before they are read are an error).
+func (s *Set) readRange(ctx context.Context, topic string, from, to map[int32]int64, fn func(*kgo.Record)) error {
+	ranges := topicread.Ranges{}
 	for p, end := range to {
-		if start := from[p]; start < end {
-			parts[p] = kgo.NewOffset().At(start)
-			left[p] = end
-		}
+		ranges.Add(topic, p, topicread.Span{From: from[p], Until: end})
 	}
-	if len(parts) == 0 {
-		return nil
-	}
-	cl, err := kgo.NewClient(opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}),
-		kgo.ConsumeResetOffset(kgo.NoResetOffset()))...)
+	rd, err := topicread.New(s.consumerOpts()...)
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
-	for len(left) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := fetchErr(fs); err != nil {
-			return err
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			end, ok := left[r.Partition]
-			if !ok {
-				return
-			}
-			if r.Offset < end {
-				fn(r)
-			}
-			if r.Offset+1 >= end { // past end too: offsets need not be contiguous
-				delete(left, r.Partition)
-			}
-		})
-	}
-	return nil
+	defer rd.Close()
+	return rd.Read(ctx, ranges, func(r *kgo.Record) error {
+		fn(r)
+		return nil
+	})
 }

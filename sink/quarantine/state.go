@@ -11,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // The quarantine state topic (kafka.quarantine_topic) is compacted, keyed
@@ -74,6 +76,7 @@ func (e *NotCompactedError) Error() string {
 type stateTopic struct {
 	name, source string
 	cons         *kgo.Client             // follows the topic (redriveLoop)
+	restoredTo   map[int32]int64         // per partition, the end the restore read to
 	pending      map[string]*StateRecord // requests not carried out yet, by key; the loop's
 	owner        func() bool             // nil: always
 }
@@ -132,24 +135,25 @@ func (s *Set) Start(ctx context.Context) error {
 }
 
 // readStateTopic creates or checks the state topic and reads it to its end
-// with a consumer of its own from the start: an attempt that failed may
-// have read part of the topic. On success the consumer is the one
-// redriveLoop follows the topic with, from where the read ended.
+// from the start: an attempt that failed may have read part of the topic.
+// On success it makes the consumer redriveLoop follows the topic with; it
+// passes over what the read took in (restoredTo).
 func (s *Set) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
 	if err := s.ensureStateTopic(ctx); err != nil {
 		return nil, err
 	}
 	st := s.state
+	latest, ends, err := readState(ctx, s.consumerOpts(), st.name, st.source)
+	if err != nil {
+		return nil, err
+	}
+	// The whole topic, partitions added later too; the restored part is
+	// small (a record per key).
 	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
 	if err != nil {
 		return nil, fmt.Errorf("quarantine topic consumer: %w", err)
 	}
-	latest, err := readState(ctx, s.adm, cons, st.name, st.source)
-	if err != nil {
-		cons.Close()
-		return nil, err
-	}
-	st.cons = cons // closed by Close, after the restore and the loop
+	st.cons, st.restoredTo = cons, ends // closed by Close, after the restore and the loop
 	return latest, nil
 }
 
@@ -254,54 +258,46 @@ type stateAt struct {
 	offset int64
 }
 
-// readState reads topic to its current end and returns the last record
-// of each of source's keys, tombstoned keys left out.
-func readState(ctx context.Context, adm *kadm.Client, cl *kgo.Client, topic, source string) (map[string]stateAt, error) {
-	ends, err := adm.ListEndOffsets(ctx, topic)
+// readState reads topic to its current end with a reader of its own (opts)
+// and returns the last record of each of source's keys, tombstoned keys
+// left out, and the end it read each partition to.
+func readState(ctx context.Context, opts []kgo.Opt, topic, source string) (map[string]stateAt, map[int32]int64, error) {
+	rd, err := topicread.New(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("quarantine topic %s: end offsets: %w", topic, err)
+		return nil, nil, err
 	}
-	starts, err := adm.ListStartOffsets(ctx, topic)
+	defer rd.Close()
+	ranges, _, err := rd.Whole(ctx, topic) // a topic not created yet holds none
 	if err != nil {
-		return nil, fmt.Errorf("quarantine topic %s: start offsets: %w", topic, err)
+		return nil, nil, fmt.Errorf("quarantine topic %s: %w", topic, err)
 	}
-	left := map[int32]int64{} // partition → end offset still to reach
-	ends.Each(func(o kadm.ListedOffset) {
-		if st, ok := starts.Lookup(topic, o.Partition); o.Err == nil && o.Offset > 0 && (!ok || st.Offset < o.Offset) {
-			left[o.Partition] = o.Offset
-		}
-	})
 	out := map[string]stateAt{}
 	prefix := source + "/"
-	for len(left) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("read quarantine topic %s: %w", topic, err)
+	err = rd.Read(ctx, ranges, func(r *kgo.Record) error {
+		key, ok := strings.CutPrefix(string(r.Key), prefix)
+		if !ok {
+			return nil
 		}
-		if err := fetchErr(fs); err != nil {
-			return nil, fmt.Errorf("read quarantine topic %s: %w", topic, err)
+		if r.Value == nil {
+			delete(out, key)
+			return nil
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := left[r.Partition]; ok && r.Offset+1 >= end {
-				delete(left, r.Partition)
-			}
-			key, ok := strings.CutPrefix(string(r.Key), prefix)
-			if !ok {
-				return
-			}
-			if r.Value == nil {
-				delete(out, key)
-				return
-			}
-			var q StateRecord
-			if json.Unmarshal(r.Value, &q) != nil {
-				return // not ours to judge: another version's record
-			}
-			q.Key = key
-			out[key] = stateAt{&q, r.Offset}
-		})
+		var q StateRecord
+		if json.Unmarshal(r.Value, &q) != nil {
+			return nil // not ours to judge: another version's record
+		}
+		q.Key = key
+		out[key] = stateAt{&q, r.Offset}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read quarantine topic %s: %w", topic, err)
 	}
-	return out, nil
+	ends := map[int32]int64{}
+	for p, sp := range ranges[topic] {
+		ends[p] = sp.Until
+	}
+	return out, ends, nil
 }
 
 // fetchErr is a poll's first error that is not a retriable broker error.

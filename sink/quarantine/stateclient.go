@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -16,7 +15,6 @@ import (
 // command line (outbox-cdc redrive).
 type StateClient struct {
 	cl     *kgo.Client
-	adm    *kadm.Client
 	topic  string
 	source string
 }
@@ -33,7 +31,7 @@ func NewStateClient(conn []kgo.Opt, partitioner kgo.Partitioner, topic, source s
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	return &StateClient{cl: cl, adm: kadm.NewClient(cl), topic: topic, source: source}, nil
+	return &StateClient{cl: cl, topic: topic, source: source}, nil
 }
 
 // Close closes the client.
@@ -41,12 +39,7 @@ func (c *StateClient) Close() { c.cl.Close() }
 
 // List returns this connector's quarantines as the state topic holds them.
 func (c *StateClient) List(ctx context.Context) (map[string]*StateRecord, error) {
-	cons, err := kgo.NewClient(c.opts(kgo.ConsumeTopics(c.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
-	}
-	defer cons.Close()
-	latest, err := readState(ctx, c.adm, cons, c.topic, c.source)
+	latest, _, err := readState(ctx, c.opts(), c.topic, c.source)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,136 @@
+package topicread
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Read reads every non-empty span of ranges and hands fn the committed
+// records, each partition in offset order, on the calling goroutine: a
+// record outside transactions at once, a transaction's records when its
+// commit marker is read, never an aborted one's nor one still open at the
+// end. It ends when every span is read, with fn's first error, with the
+// first fetch error (a record deleted before it was read among them:
+// OFFSET_OUT_OF_RANGE), or when ctx ends (the caller's deadline).
+//
+// Why not read_committed: its fetches stop at the last stable offset and
+// drop aborted records and (without KeepControlRecords) markers, so a
+// reader cannot tell when it has passed a given offset: an aborted record
+// before an open transaction of another producer, or a marker at the end,
+// left earlier readers waiting for an offset never returned. Raw reading
+// returns every offset of the log, markers included, so "done" is the
+// offset itself. A partition ends when a record at or past Until-1 is read
+// (offsets need not be contiguous; the last record before Until is in the
+// active segment, which compaction leaves alone, unless the log rolled).
+func (r *Reader) Read(ctx context.Context, ranges Ranges, fn func(*kgo.Record) error) error {
+	from := map[string]map[int32]kgo.Offset{}
+	until := map[string]map[int32]int64{}
+	left := 0
+	for t, ps := range ranges {
+		for p, s := range ps {
+			if s.From >= s.Until {
+				continue
+			}
+			if from[t] == nil {
+				from[t], until[t] = map[int32]kgo.Offset{}, map[int32]int64{}
+			}
+			from[t][p], until[t][p] = kgo.NewOffset().At(s.From), s.Until
+			left++
+		}
+	}
+	if left == 0 {
+		return nil
+	}
+	r.cl.AddConsumePartitions(from)
+	txns := committedLog{open: make(map[txnKey][]*kgo.Record)}
+	for left > 0 {
+		fs := r.cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := firstError(fs); err != nil {
+			return err
+		}
+		var cbErr error
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			end, reading := until[p.Topic][p.Partition]
+			if !reading || cbErr != nil {
+				return
+			}
+			for _, rec := range p.Records {
+				if rec.Offset >= end {
+					break // written after the read started
+				}
+				if cbErr = txns.add(rec, fn); cbErr != nil {
+					return
+				}
+			}
+			if n := len(p.Records); n > 0 && p.Records[n-1].Offset+1 >= end {
+				delete(until[p.Topic], p.Partition)
+				r.cl.RemoveConsumePartitions(map[string][]int32{p.Topic: {p.Partition}})
+				left--
+			}
+		})
+		if cbErr != nil {
+			return cbErr
+		}
+	}
+	return nil
+}
+
+// firstError is a poll's first error, naming its partition. franz-go
+// retries the retriable ones itself; what reaches a poll stops the read.
+func firstError(fs kgo.Fetches) error {
+	var err error
+	fs.EachError(func(t string, p int32, e error) {
+		if err == nil {
+			err = fmt.Errorf("fetch %s/%d: %w", t, p, e)
+		}
+	})
+	return err
+}
+
+// committedLog resolves transactions in a raw read: each producer's
+// transactional records wait, per partition, for the marker that ends their
+// transaction there.
+type committedLog struct {
+	open map[txnKey][]*kgo.Record
+}
+
+type txnKey struct {
+	topic     string
+	partition int32
+	producer  int64
+}
+
+func (l *committedLog) add(r *kgo.Record, fn func(*kgo.Record) error) error {
+	k := txnKey{r.Topic, r.Partition, r.ProducerID}
+	switch {
+	case r.Attrs.IsControl():
+		recs := l.open[k]
+		delete(l.open, k)
+		if !commitMarker(r.Key) {
+			return nil // aborted
+		}
+		for _, x := range recs {
+			if err := fn(x); err != nil {
+				return err
+			}
+		}
+		return nil
+	case r.Attrs.IsTransactional():
+		l.open[k] = append(l.open[k], r)
+		return nil
+	}
+	return fn(r)
+}
+
+// commitMarker: a control record's key is a version (int16) and a type
+// (int16): 0 abort, 1 commit (Kafka protocol, "Record Batch", control
+// batches).
+func commitMarker(key []byte) bool {
+	return len(key) >= 4 && binary.BigEndian.Uint16(key[2:4]) == 1
+}

@@ -1,0 +1,123 @@
+package topicread_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
+)
+
+func setup(t *testing.T) (context.Context, *kfake.Cluster, *topicread.Reader) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "one"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	rd, err := topicread.New(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rd.Close)
+	return ctx, c, rd
+}
+
+// writer is a producer to topic one of c, closed when the test ends.
+func writer(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("one")}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func values(ctx context.Context, t *testing.T, rd *topicread.Reader, ranges topicread.Ranges) (string, error) {
+	t.Helper()
+	var got []string
+	err := rd.Read(ctx, ranges, func(r *kgo.Record) error {
+		got = append(got, string(r.Value))
+		return nil
+	})
+	return fmt.Sprint(got), err
+}
+
+// TestReadCommittedToTheEnd: a read hands out the records outside
+// transactions and the committed ones, not an aborted transaction's nor one
+// still open at the end, and it ends although the last offsets listed are
+// the open transaction's.
+func TestReadCommittedToTheEnd(t *testing.T) {
+	ctx, c, rd := setup(t)
+	plain, txn := writer(t, c), writer(t, c, kgo.TransactionalID("w"))
+	produce := func(cl *kgo.Client, v string) {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatalf("produce %s: %v", v, err)
+		}
+	}
+	begin := func(vs ...string) {
+		if err := txn.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vs {
+			produce(txn, v)
+		}
+	}
+	end := func(how kgo.TransactionEndTry) {
+		if err := txn.EndTransaction(ctx, how); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce(plain, "a")
+	begin("b", "c")
+	end(kgo.TryCommit)
+	begin("x")
+	end(kgo.TryAbort)
+	produce(plain, "d")
+	begin("y") // left open
+	ranges, missing, err := rd.Whole(ctx, "one", "none")
+	if err != nil || fmt.Sprint(missing) != "[none]" {
+		t.Fatalf("Whole: %v, missing %v; want [none] missing", err, missing)
+	}
+	got, err := values(ctx, t, rd, ranges)
+	if err != nil || got != "[a b c d]" {
+		t.Fatalf("read %s, %v; want [a b c d]", got, err)
+	}
+}
+
+// TestReadDeletedIsAnError: records deleted before they are read stop the
+// read with OFFSET_OUT_OF_RANGE instead of a reset past them; Whole starts
+// at the log start.
+func TestReadDeletedIsAnError(t *testing.T) {
+	ctx, c, rd := setup(t)
+	cl := writer(t, c)
+	for i := range 5 {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: fmt.Appendf(nil, "v%d", i)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	offs := kadm.Offsets{}
+	offs.AddOffset("one", 0, 3, -1)
+	if _, err := kadm.NewClient(cl).DeleteRecords(ctx, offs); err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	ranges := topicread.Ranges{}
+	ranges.Add("one", 0, topicread.Span{From: 1, Until: 5})
+	if got, err := values(ctx, t, rd, ranges); !errors.Is(err, kerr.OffsetOutOfRange) {
+		t.Fatalf("read %s, %v; want OFFSET_OUT_OF_RANGE", got, err)
+	}
+	whole, _, err := rd.Whole(ctx, "one")
+	if err != nil || whole["one"][0] != (topicread.Span{From: 3, Until: 5}) {
+		t.Fatalf("Whole: %+v, %v; want 3 to 5", whole, err)
+	}
+}
