@@ -73,6 +73,23 @@ func Load(path string, environ []string) (*Config, error) {
 			}
 		}
 	}
+	implied(&cfg, raw)
+	loaded := len(problems) // validation does not report these keys again
+	for _, p := range cfg.problems() {
+		parent, _, _ := strings.Cut(p.Key, "[") // kafka.brokers[1] → kafka.brokers
+		if !slices.ContainsFunc(problems[:loaded], func(q FieldError) bool { return q.Key == p.Key || q.Key == parent }) {
+			problems = append(problems, p)
+		}
+	}
+	if len(problems) > 0 {
+		return nil, join(problems)
+	}
+	return &cfg, nil
+}
+
+// implied sets the defaults that depend on what else the file or the
+// environment set.
+func implied(cfg *Config, raw map[string]any) {
 	if _, set := lookup(raw, "outbox.table"); !set && len(cfg.Outbox.Tables) > 0 {
 		cfg.Outbox.Table = "" // the default names no table of the list
 	}
@@ -86,17 +103,6 @@ func Load(path string, environ []string) (*Config, error) {
 		// skip there; set to quarantine, validation refuses it with the fix.
 		cfg.DLQ.Mode = DLQSkip
 	}
-	loaded := len(problems) // validation does not report these keys again
-	for _, p := range cfg.problems() {
-		parent, _, _ := strings.Cut(p.Key, "[") // kafka.brokers[1] → kafka.brokers
-		if !slices.ContainsFunc(problems[:loaded], func(q FieldError) bool { return q.Key == p.Key || q.Key == parent }) {
-			problems = append(problems, p)
-		}
-	}
-	if len(problems) > 0 {
-		return nil, join(problems)
-	}
-	return &cfg, nil
 }
 
 // The schema is derived from the Config struct tags, so the known keys, their

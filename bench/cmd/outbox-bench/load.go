@@ -34,6 +34,23 @@ func writeLatency(writeNs []int64) Percentiles {
 	return percentiles(msList)
 }
 
+// connectWriters opens s.writers connections with the insert prepared, so
+// the first insert of each writer is not slower; on error, the ones opened.
+func connectWriters(ctx context.Context, s loadSpec) ([]*pgx.Conn, error) {
+	conns := make([]*pgx.Conn, 0, s.writers)
+	for range s.writers {
+		c, err := pgx.Connect(ctx, s.dsn)
+		if err != nil {
+			return conns, fmt.Errorf("writer: %w", err)
+		}
+		conns = append(conns, c)
+		if _, err := c.Prepare(ctx, "insert", insertSQL(s.table)); err != nil {
+			return conns, fmt.Errorf("writer: prepare: %w", err)
+		}
+	}
+	return conns, nil
+}
+
 // runLoad offers event i at start + i/rate, taking the next event from a
 // shared counter, so concurrent writers share one schedule; a writer that
 // falls behind inserts at once until it catches up. It stops at start +
@@ -42,23 +59,14 @@ func writeLatency(writeNs []int64) Percentiles {
 // not nil, to how long its INSERT and COMMIT took. It returns how many
 // committed and the measured window.
 func runLoad(ctx context.Context, s loadSpec, commitNs, writeNs []int64) (int, time.Duration, error) {
-	conns := make([]*pgx.Conn, 0, s.writers)
+	conns, err := connectWriters(ctx, s)
 	defer func() {
 		for _, c := range conns {
 			c.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	sql := insertSQL(s.table)
-	for range s.writers {
-		c, err := pgx.Connect(ctx, s.dsn)
-		if err != nil {
-			return 0, 0, fmt.Errorf("writer: %w", err)
-		}
-		// Prepare now, so the first insert of each writer is not slower.
-		if _, err := c.Prepare(ctx, "insert", sql); err != nil {
-			return 0, 0, fmt.Errorf("writer: prepare: %w", err)
-		}
-		conns = append(conns, c)
+	if err != nil {
+		return 0, 0, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
