@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,7 +61,10 @@ func PartitionName(root string, from time.Time) string {
 }
 
 // Partitions lists the partitions the connector made of this root,
-// attached, pending detach, or detached and not dropped yet.
+// attached, pending detach, or detached and not dropped yet: one pending
+// detach first (PostgreSQL refuses any other DETACH … CONCURRENTLY on the
+// root until it is finalized, and a round stops at its first error), then
+// by start.
 func (r *Retainer) Partitions(ctx context.Context) ([]Partition, error) {
 	conn, err := r.connect(ctx)
 	if err != nil {
@@ -92,6 +96,15 @@ func (r *Retainer) Partitions(ctx context.Context) ([]Partition, error) {
 			out = append(out, p)
 		}
 	}
+	slices.SortFunc(out, func(a, b Partition) int {
+		if a.DetachPending != b.DetachPending {
+			if a.DetachPending {
+				return -1
+			}
+			return 1
+		}
+		return a.From.Compare(b.From)
+	})
 	return out, rows.Err()
 }
 

@@ -124,36 +124,7 @@ func TestPartitionsDB(t *testing.T) {
 	// A detached partition, not dropped yet, is found by its mark and dropped.
 	exec(conn, "ALTER TABLE part DETACH PARTITION "+byFrom[f2].Name)
 	// A DETACH CONCURRENTLY cut short while it waits for an older snapshot.
-	reader := connect()
-	exec(reader, "BEGIN ISOLATION LEVEL REPEATABLE READ")
-	exec(reader, "SELECT count(*) FROM part")
-	detacher := connect()
-	var pid int
-	if err := detacher.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	detached := make(chan error, 1)
-	go func() {
-		_, err := detacher.Exec(ctx, "ALTER TABLE part DETACH PARTITION "+byFrom[f3].Name+" CONCURRENTLY")
-		detached <- err
-	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var waiting bool
-		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass($1) AND inhdetachpending)",
-			"public."+byFrom[f3].Name).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // poll: the detach's first transaction commits the pending state
-	}
-	exec(conn, "SELECT pg_cancel_backend($1)", pid)
-	if err := <-detached; err == nil {
-		t.Fatal("the detach was not cut short")
-	}
-	exec(reader, "ROLLBACK")
+	cutDetachShort(ctx, t, pg.DSN("postgres"), "part", byFrom[f3].Name)
 	parts, err = r.Partitions(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -220,4 +191,54 @@ func mustCount(t *testing.T, conn *pgx.Conn, q string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// cutDetachShort leaves the partition name of root pending detach: its
+// DETACH … CONCURRENTLY is cancelled while it waits, in its second
+// transaction, for a snapshot older than its first.
+func cutDetachShort(ctx context.Context, t *testing.T, dsn, root, name string) {
+	t.Helper()
+	connect := func() *pgx.Conn {
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	exec := func(c *pgx.Conn, sql string, args ...any) {
+		t.Helper()
+		if _, err := c.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	conn, reader, detacher := connect(), connect(), connect()
+	exec(reader, "BEGIN ISOLATION LEVEL REPEATABLE READ")
+	exec(reader, "SELECT count(*) FROM "+root)
+	var pid int
+	if err := detacher.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	detached := make(chan error, 1)
+	go func() {
+		_, err := detacher.Exec(ctx, "ALTER TABLE "+root+" DETACH PARTITION "+name+" CONCURRENTLY")
+		detached <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass($1) AND inhdetachpending)",
+			"public."+name).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // poll: the detach's first transaction commits the pending state
+	}
+	exec(conn, "SELECT pg_cancel_backend($1)", pid)
+	if err := <-detached; err == nil {
+		t.Fatal("the detach was not cut short")
+	}
+	exec(reader, "ROLLBACK")
 }

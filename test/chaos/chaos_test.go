@@ -237,6 +237,12 @@ type run struct {
 	// flowStart: the writers run from before it; verify checks the rows
 	// written since.
 	flowStart time.Time
+	// lastDeleted is the last connector process's count of rows retention
+	// deleted, read before the final stop (-1: not read); retDeleted the
+	// ids of the rows retention deleted, set by the analysis
+	// (retention_test.go).
+	lastDeleted float64
+	retDeleted  map[string]bool
 	// firstPrimary is env.pg before the first promotion (promote_test.go).
 	firstPrimary *testenv.Postgres
 }
@@ -364,6 +370,12 @@ func TestChaos(t *testing.T) {
 		r.hangs = append(r.hangs, fmt.Sprintf("final catch-up: %v", err))
 		t.Errorf("not every committed event was delivered after the last fault: %v\n%s\n%s", err, r.conn.logTail(60), r.conn.keepGoroutines())
 	}
+	r.lastDeleted = -1
+	if n, err := r.conn.metric(deletedMetric); err == nil {
+		r.lastDeleted = n
+	} else {
+		t.Logf("chaos: %s of the last process: %v", deletedMetric, err)
+	}
 	if err := r.conn.stop(time.Minute); err != nil {
 		t.Errorf("clean stop: %v\n%s", err, r.conn.logTail(40))
 	}
@@ -413,7 +425,7 @@ func (r *run) setup(ctx context.Context) {
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	ddl := outboxDDL(r.partitioned) + ";\n" + secondTableDDL
+	ddl := outboxDDL(r.partitioned) + ";\n" + secondTableDDL + ";\n" + retentionDDL
 	r.bucket.Store(1)
 	r.scratch = 1
 	_, err = conn.Exec(ctx, ddl)
@@ -510,7 +522,7 @@ log:
 	r.samp = &sampler{dsn: dsn, slot: slot}
 	shape := "plain"
 	if r.partitioned {
-		shape = "RANGE-partitioned on bucket"
+		shape = "RANGE-partitioned on created_at, its one partition on bucket"
 	}
 	t.Logf("chaos: database %s, slot and publication %s, outbox %s, topics %s.{order,payment,big}, %s, %s", db, slot, shape, r.prefix, env.brokerProxy, env.pgProxy)
 }

@@ -167,6 +167,8 @@ type Report struct {
 	GapReplayJumps int `json:"gap_replay_jumps,omitempty"`
 	// Verify is outbox-cdc verify over the run, after the last stop.
 	Verify *verifyJSON `json:"verify,omitempty"`
+	// Retention: the rows outbox.retention deleted (retention_test.go).
+	Retention *retentionReport `json:"retention,omitempty"`
 	// Events a restore or a promotion undid (restore_test.go), and their
 	// copies in Kafka: expected, neither lost nor unexpected records.
 	EventsUndone int `json:"events_undone_by_restore_or_promotion"`
@@ -341,6 +343,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	}
 	r.checkParking(rctx, rep, recs, dlq, byID, copies, fail)
 	checkLoss(rep, events, copies, r.rd.lost, fail)
+	r.checkRetention(rep, table, copies, fail)
 
 	r.noteBackfills(rep)
 	dead := deadLettered(dlq)
@@ -468,9 +471,13 @@ func (r *run) checkDeadLetters(rep *Report, dlq []copyRec, byID map[string]*even
 	}
 }
 
+// tableRow is an outbox row the database holds: in its table, or deleted
+// by retention (deleted: when; tbl: which table, for those only).
 type tableRow struct {
-	agg string
-	seq int
+	agg     string
+	seq     int
+	tbl     string
+	deleted time.Time
 }
 
 func readTable(ctx context.Context, dsn string) (map[string]tableRow, error) {
@@ -479,7 +486,8 @@ func readTable(ctx context.Context, dsn string) (map[string]tableRow, error) {
 		return nil, err
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT id::text, aggregate_id, (payload->>'seq')::int FROM outbox`+secondTableRows)
+	// Rows in the tables first: a deletion record never hides one.
+	rows, err := conn.Query(ctx, `SELECT id::text, aggregate_id, (payload->>'seq')::int, NULL::timestamptz, '' FROM outbox`+secondTableRows+deletedRows)
 	if err != nil {
 		return nil, err
 	}
@@ -487,8 +495,15 @@ func readTable(ctx context.Context, dsn string) (map[string]tableRow, error) {
 	for rows.Next() {
 		var id string
 		var r tableRow
-		if err := rows.Scan(&id, &r.agg, &r.seq); err != nil {
+		var deleted *time.Time
+		if err := rows.Scan(&id, &r.agg, &r.seq, &deleted, &r.tbl); err != nil {
 			return nil, err
+		}
+		if deleted != nil {
+			if _, ok := out[id]; ok {
+				continue
+			}
+			r.deleted = *deleted
 		}
 		out[id] = r
 	}
@@ -1199,6 +1214,9 @@ func (r *run) report(rep *Report) {
 	}
 	if er := rep.ExactlyOnce; er != nil {
 		lines = append(lines, er.String())
+	}
+	if rr := rep.Retention; rr != nil {
+		lines = append(lines, rr.String())
 	}
 	if v := rep.Verify; v != nil {
 		lines = append(lines, fmt.Sprintf("verify over the run: exit %d, %d rows, %d found, %d missing, %.1fs %s",

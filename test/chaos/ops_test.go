@@ -50,12 +50,15 @@ func wantForeignSystem(foreign string) *regexp.Regexp {
 	return regexp.MustCompile(`(?i)system[ _]?id|\bsystem\b.*\b` + f + `\b|\b` + f + `\b.*\bsystem\b`)
 }
 
-// outboxDDL creates the outbox. Partitioned, it is RANGE-partitioned on the
-// synthetic bucket column (the primary key includes it): bucket 1, a
-// default partition (empty; it would take any row the others do not), and
-// an empty scratch partition that the first ops-partition detaches and
-// drops. Writers name the bucket, so a retried transaction hits the
-// primary key whatever the current bucket is by then.
+// outboxDDL creates the outbox, with the index on created_at that
+// retention needs. Partitioned, its root is RANGE-partitioned on
+// created_at (as retention asks of a partitioned outbox) with a single
+// partition for all time, bucketParent, RANGE-partitioned on the synthetic
+// bucket column (its primary key includes it; retention_test.go says why
+// two levels): bucket 1, a default partition (empty; it would take any
+// row the others do not), and an empty scratch partition that the first
+// ops-partition detaches and drops. Writers name the bucket, so a retried
+// transaction hits the primary key whatever the current bucket is by then.
 func outboxDDL(partitioned bool) string {
 	cols := `
 		bucket         integer     NOT NULL DEFAULT 1,
@@ -66,15 +69,22 @@ func outboxDDL(partitioned bool) string {
 		created_at     timestamptz NOT NULL DEFAULT now()`
 	if !partitioned {
 		return `CREATE TABLE outbox (
-		id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),` + cols + `)`
+		id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),` + cols + `);
+	CREATE INDEX ON outbox (created_at)`
 	}
 	return `CREATE TABLE outbox (
-		id             uuid        NOT NULL DEFAULT gen_random_uuid(),` + cols + `,
-		PRIMARY KEY (id, bucket)) PARTITION BY RANGE (bucket);
-	CREATE TABLE outbox_default PARTITION OF outbox DEFAULT;
-	CREATE TABLE outbox_b1 PARTITION OF outbox FOR VALUES FROM (1) TO (2);
-	CREATE TABLE outbox_scratch_1 PARTITION OF outbox FOR VALUES FROM (-1) TO (0);`
+		id             uuid        NOT NULL DEFAULT gen_random_uuid(),` + cols + `) PARTITION BY RANGE (created_at);
+	CREATE INDEX ON outbox (created_at);
+	CREATE TABLE ` + bucketParent + ` PARTITION OF outbox (PRIMARY KEY (id, bucket))
+		FOR VALUES FROM (MINVALUE) TO (MAXVALUE) PARTITION BY RANGE (bucket);
+	CREATE TABLE outbox_default PARTITION OF ` + bucketParent + ` DEFAULT;
+	CREATE TABLE outbox_b1 PARTITION OF ` + bucketParent + ` FOR VALUES FROM (1) TO (2);
+	CREATE TABLE outbox_scratch_1 PARTITION OF ` + bucketParent + ` FOR VALUES FROM (-1) TO (0);`
 }
+
+// bucketParent is the partitioned outbox's partition for all time, whose
+// partitions by bucket ops-partition makes and drops.
+const bucketParent = "outbox_all"
 
 // skippedKinds reads OUTBOX_CDC_CHAOS_SKIP.
 func skippedKinds(t *testing.T) map[string]bool {
@@ -212,12 +222,12 @@ func (r *run) opsPartition(ctx context.Context) (string, error) {
 	var err error
 	if r.rng.IntN(2) == 0 {
 		how = "CREATE TABLE ... PARTITION OF"
-		err = r.ddl(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF outbox FOR VALUES FROM (%d) TO (%d)", name, n, n+1))
+		err = r.ddl(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM (%d) TO (%d)", name, bucketParent, n, n+1))
 	} else {
 		how = "CREATE TABLE + ATTACH PARTITION"
 		err = r.ddl(ctx,
 			fmt.Sprintf("CREATE TABLE %s (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS)", name),
-			fmt.Sprintf("ALTER TABLE outbox ATTACH PARTITION %s FOR VALUES FROM (%d) TO (%d)", name, n, n+1))
+			fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%d) TO (%d)", bucketParent, name, n, n+1))
 	}
 	if err != nil {
 		return "", err
@@ -236,9 +246,9 @@ func (r *run) opsPartition(ctx context.Context) (string, error) {
 	}
 	next := r.scratch + 1
 	if err := r.ddl(ctx,
-		"ALTER TABLE outbox DETACH PARTITION "+old,
+		"ALTER TABLE "+bucketParent+" DETACH PARTITION "+old,
 		"DROP TABLE "+old,
-		fmt.Sprintf("CREATE TABLE outbox_scratch_%d PARTITION OF outbox FOR VALUES FROM (%d) TO (%d)", next, -next, -next+1)); err != nil {
+		fmt.Sprintf("CREATE TABLE outbox_scratch_%d PARTITION OF %s FOR VALUES FROM (%d) TO (%d)", next, bucketParent, -next, -next+1)); err != nil {
 		return "", err
 	}
 	r.scratch = next

@@ -94,11 +94,22 @@ func (r *run) awaitOn(ctx context.Context, topic string, evs []event, d time.Dur
 // redrive runs `outbox-cdc redrive` with the connector's configuration;
 // it returns the exit code and the output.
 func (r *run) redrive(ctx context.Context, args ...string) (int, string) {
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	cmd, cancel := r.redriveCmd(ctx, args...)
 	defer cancel()
+	return exitOf(cmd.CombinedOutput())
+}
+
+// redriveCmd is `outbox-cdc redrive args` with the connector's
+// configuration, bounded at three minutes.
+func (r *run) redriveCmd(ctx context.Context, args ...string) (*exec.Cmd, context.CancelFunc) {
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	cmd := exec.CommandContext(rctx, r.conn.bin, append([]string{"redrive", "--config", r.conn.cfgPath}, args...)...)
 	cmd.Env = cleanEnv()
-	out, err := cmd.CombinedOutput()
+	return cmd, cancel
+}
+
+// exitOf is a command's exit code and output.
+func exitOf(out []byte, err error) (int, string) {
 	var ee *exec.ExitError
 	switch {
 	case errors.As(err, &ee):
@@ -116,11 +127,17 @@ type listed struct {
 	FirstID string `json:"first_id"`
 }
 
+// listQuarantines reads the JSON on the standard output only: the log
+// (the configuration's warnings among it) goes to the standard error.
 func (r *run) listQuarantines(ctx context.Context) ([]listed, error) {
-	code, out := r.redrive(ctx, "--list", "--json")
+	cmd, cancel := r.redriveCmd(ctx, "--list", "--json")
+	defer cancel()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	code, out := exitOf(cmd.Output())
 	var ls []listed
 	if code != 0 {
-		return nil, fmt.Errorf("redrive --list --json: exit %d: %s", code, out)
+		return nil, fmt.Errorf("redrive --list --json: exit %d: %s%s", code, out, stderr.String())
 	}
 	if err := json.Unmarshal([]byte(out), &ls); err != nil {
 		return nil, fmt.Errorf("redrive --list --json: %w: %s", err, out)

@@ -119,7 +119,7 @@ func TestLedgerUndo(t *testing.T) {
 	a, b := &aggregate{id: "a", next: 5}, &aggregate{id: "b", next: 2}
 	newWriter(0, "", []*aggregate{a, b}, 0, 1, l, &writerStats{})
 	l.add([]event{{ID: "e1", Agg: "a", Seq: 1}, {ID: "e2", Agg: "a", Seq: 2}, {ID: "e3", Agg: "a", Seq: 3}, {ID: "e4", Agg: "a", Seq: 4}, {ID: "f1", Agg: "b", Seq: 1}})
-	n := l.undo(map[string]tableRow{"e1": {"a", 1}, "e2": {"a", 2}})
+	n := l.undo(map[string]tableRow{"e1": {agg: "a", seq: 1}, "e2": {agg: "a", seq: 2}})
 	if n != 3 || l.len() != 2 || a.next != 3 || b.next != 1 {
 		t.Fatalf("undone %d, kept %d, next a %d b %d", n, l.len(), a.next, b.next)
 	}
@@ -135,7 +135,7 @@ func TestLedgerUndo(t *testing.T) {
 	w.msgAggs = []*aggregate{m}
 	l.add([]event{{ID: "r1", Agg: "a", Seq: 1, Txn: 1}, {ID: "m1", Agg: "m", Seq: 1, Txn: 1, Message: true},
 		{ID: "r2", Agg: "a", Seq: 2, Txn: 2}, {ID: "m2", Agg: "m", Seq: 2, Txn: 2, Message: true}})
-	n = l.undo(map[string]tableRow{"r1": {"a", 1}})
+	n = l.undo(map[string]tableRow{"r1": {agg: "a", seq: 1}})
 	if u := l.undoneIDs(); n != 2 || l.len() != 2 || !u["r2"] || !u["m2"] || a.next != 2 || m.next != 2 {
 		t.Fatalf("with messages: undone %d %v, kept %d, next a %d m %d; want r2 and m2 undone, next a 2 m 2", n, u, l.len(), a.next, m.next)
 	}

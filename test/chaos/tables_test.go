@@ -32,7 +32,7 @@ CREATE TABLE billing.events (
 	secondInsertSQL = `INSERT INTO billing.events (event_id, kind, invoice_id, name, body, region)
 	VALUES ($1::uuid, $2, $3, 'Billed', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint), 'eu')`
 	// secondTableRows is added to the checker's read of the outbox table.
-	secondTableRows = ` UNION ALL SELECT event_id::text, invoice_id, (body->>'seq')::int FROM billing.events`
+	secondTableRows = ` UNION ALL SELECT event_id::text, invoice_id, (body->>'seq')::int, NULL::timestamptz, '' FROM billing.events`
 )
 
 // secondTopic is the topic of billing.events rows (kind invoice).
@@ -42,7 +42,7 @@ func secondTopic(prefix string) string { return prefix + "." + secondTablePrefix
 // with its own mapping, header column and topic.
 func outboxSection(prefix string) string {
 	return fmt.Sprintf(`outbox:
-`+messageSection()+`  tables:
+`+messageSection()+retentionSection()+`  tables:
     - table: public.outbox
     - table: billing.events
       columns: {id: event_id, aggregate_type: kind, aggregate_id: invoice_id, event_type: name, payload: body}
@@ -78,7 +78,7 @@ func (r *run) startSecondWriters(ctx context.Context, stop <-chan struct{}, wg *
 		aggs := []*aggregate{{id: fmt.Sprintf("inv-w%d-a0", n), typ: secondTablePrefix + "invoice", next: 1},
 			{id: fmt.Sprintf("inv-w%d-a1", n), typ: secondTablePrefix + "invoice", next: 1}}
 		wr := newWriter(n, r.dsn, aggs, m.Multi, seed, r.ledger, r.wstats)
-		wr.ins, wr.lookup = insertSecond, "SELECT count(*) FROM billing.events WHERE event_id = $1::uuid"
+		wr.ins, wr.lookup = insertSecond, committedSQL("billing.events", "event_id")
 		wg.Go(func() {
 			// Twice the outbox writers' pause: the second table is the smaller stream.
 			if err := wr.run(ctx, stop, 2*m.Interval); err != nil {

@@ -60,10 +60,12 @@ func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, 
 	v.Rows, v.Found, v.Missing = rep.Rows, rep.Found, rep.Missing.Count
 	// An event lost to retention that a restore or a promotion undid
 	// later has no row left to miss; one a later verify --repair (a
-	// runbook's) republished is on its topic again.
+	// runbook's) republished is on its topic again; nor has one whose row
+	// outbox retention deleted, once it was parked (checkRetention: after
+	// the broker appended it).
 	undone := r.ledger.undoneIDs()
 	for id := range r.rd.lost {
-		if !undone[id] && len(r.live.copiesOf(r.bigTopic, id)) == 0 {
+		if !undone[id] && !r.retDeleted[id] && len(r.live.copiesOf(r.bigTopic, id)) == 0 {
 			v.LostToRetention++
 		}
 	}

@@ -362,7 +362,7 @@ func (w *writer) resolve(ctx context.Context, id string) (outcome, error) {
 		if err := w.connect(ctx); err == nil {
 			octx, cancel := context.WithTimeout(ctx, opTimeout)
 			var n int
-			err = w.conn.QueryRow(octx, cmp.Or(w.lookup, "SELECT count(*) FROM outbox WHERE id = $1::uuid"), id).Scan(&n)
+			err = w.conn.QueryRow(octx, cmp.Or(w.lookup, committedSQL("outbox", "id")), id).Scan(&n)
 			cancel()
 			if err == nil {
 				if n > 0 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
@@ -18,21 +19,77 @@ import (
 // behind, only once every row in them is delivered: an undelivered event
 // keeps its partition and every later one past the retention. A partition
 // made by hand is left alone.
-func TestRetentionPartitions(t *testing.T) {
-	dsn := newDatabase(t)
+// partitionedOutbox creates public.outbox partitioned by range on
+// created_at, with no partition (the connector makes them), the index
+// retention needs, and an event trigger that records each table dropped,
+// with the time, in dropped.
+func partitionedOutbox(t *testing.T, dsn string) {
+	t.Helper()
 	exec1(t, dsn, `CREATE TABLE outbox (
 		id uuid NOT NULL DEFAULT gen_random_uuid(),
 		aggregate_type text NOT NULL, aggregate_id text, event_type text NOT NULL, payload jsonb, tenant text,
 		created_at timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at)`)
 	exec1(t, dsn, `CREATE INDEX ON outbox (created_at)`)
-	exec1(t, dsn, `CREATE TABLE outbox_hand PARTITION OF outbox FOR VALUES FROM ('2000-01-01') TO ('2001-01-01')`)
-	exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, created_at) VALUES ('hand', 'h', 'E', '2000-06-01')`) // before the slot: never published
 	exec1(t, dsn, `CREATE TABLE dropped (name text, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	exec1(t, dsn, `CREATE TABLE deleted_rows (id uuid, deleted_at timestamptz)`) // stays empty: partitions are dropped, no row deleted
 	exec1(t, dsn, `CREATE FUNCTION record_drop() RETURNS event_trigger LANGUAGE plpgsql AS $$
 		BEGIN INSERT INTO dropped (name) SELECT object_name FROM pg_event_trigger_dropped_objects() WHERE object_type = 'table'; END $$`)
 	exec1(t, dsn, `CREATE EVENT TRIGGER record_drop ON sql_drop EXECUTE FUNCTION record_drop()`)
+}
+
+// droppedTables returns each table dropped (partitionedOutbox) and when.
+func droppedTables(t *testing.T, conn *pgx.Conn) map[string]time.Time {
+	t.Helper()
+	dropAt := map[string]time.Time{}
+	q, err := conn.Query(context.Background(), "SELECT name, at FROM dropped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for q.Next() {
+		var n string
+		var at time.Time
+		if err := q.Scan(&n, &at); err != nil {
+			t.Fatal(err)
+		}
+		dropAt[n] = at
+	}
+	if err := q.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return dropAt
+}
+
+// checkDroppedAfterAck checks that every dropped partition (of width, by
+// name) went after the events of all its rows (created: id → created_at)
+// were appended (the topics use LogAppendTime).
+func checkDroppedAfterAck(t *testing.T, recs []*kgo.Record, created map[string]time.Time, dropAt map[string]time.Time, width time.Duration) {
+	t.Helper()
+	appended := map[string]time.Time{}
+	for _, r := range recs {
+		if id, ok := header(r, "id"); ok {
+			appended[id] = r.Timestamp
+		}
+	}
+	early := 0
+	for id, c := range created {
+		if at, ok := dropAt[replication.PartitionName("outbox", c.Truncate(width))]; ok {
+			if app, ok := appended[id]; !ok || at.Before(app) {
+				early++
+			}
+		}
+	}
+	if early > 0 {
+		t.Errorf("%d rows' partitions dropped before their event was appended", early)
+	}
+}
+
+func TestRetentionPartitions(t *testing.T) {
+	dsn := newDatabase(t)
+	partitionedOutbox(t, dsn)
+	exec1(t, dsn, `CREATE TABLE outbox_hand PARTITION OF outbox FOR VALUES FROM ('2000-01-01') TO ('2001-01-01')`)
+	exec1(t, dsn, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, created_at) VALUES ('hand', 'h', 'E', '2000-06-01')`) // before the slot: never published
 	okType, heldType := "retpartok"+runID, "retpartheld"+runID
 	appendTimeTopic(t, topicFor(okType))
 	const width, retain = 2 * time.Second, 3 * time.Second
@@ -119,40 +176,14 @@ func TestRetentionPartitions(t *testing.T) {
 	// Every event is in Kafka, and every dropped partition went after the
 	// events of all its rows were appended.
 	ids := make([]string, len(rows))
+	createdAt := map[string]time.Time{}
 	for i, r := range rows {
-		ids[i] = r.id
+		ids[i], createdAt[r.id] = r.id, r.at
 	}
 	recs := consumeN(t, []string{topicFor(okType), topicFor(heldType)}, len(ids), time.Minute, 0)
 	checkDeletedAfterAck(t, conn, recs, ids) // no row deletes here: checks 0 lost
-	appended := map[string]time.Time{}
-	for _, r := range recs {
-		if id, ok := header(r, "id"); ok {
-			appended[id] = r.Timestamp
-		}
-	}
-	dropAt := map[string]time.Time{}
-	q, err := conn.Query(context.Background(), "SELECT name, at FROM dropped")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for q.Next() {
-		var n string
-		var at time.Time
-		if err := q.Scan(&n, &at); err != nil {
-			t.Fatal(err)
-		}
-		dropAt[n] = at
-	}
-	q.Close()
-	early := 0
-	for _, r := range rows {
-		if at, ok := dropAt[replication.PartitionName("outbox", r.at.Truncate(width))]; ok && at.Before(appended[r.id]) {
-			early++
-		}
-	}
-	if early > 0 {
-		t.Errorf("%d rows' partitions dropped before their event was appended", early)
-	}
+	dropAt := droppedTables(t, conn)
+	checkDroppedAfterAck(t, recs, createdAt, dropAt, width)
 	if n := queryInt(t, conn, "SELECT count(*) FROM outbox_hand"); n != 1 {
 		t.Errorf("the partition made by hand lost rows: %d", n)
 	}

@@ -81,6 +81,7 @@ type writer struct {
 	quit     chan struct{}
 	done     chan struct{}
 	ids      []string
+	created  map[string]time.Time // id → created_at; read after stop
 	err      error
 }
 
@@ -90,7 +91,7 @@ func startWriter(t *testing.T, dsn, table, aggType string) *writer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &writer{quit: make(chan struct{}), done: make(chan struct{})}
+	w := &writer{quit: make(chan struct{}), done: make(chan struct{}), created: map[string]time.Time{}}
 	go func() {
 		defer close(w.done)
 		defer conn.Close(context.Background())
@@ -101,11 +102,13 @@ func startWriter(t *testing.T, dsn, table, aggType string) *writer {
 			case <-time.After(5 * time.Millisecond): // the writers' pace: ~150 rows/s with the insert
 			}
 			var id string
+			var at time.Time
 			if w.err = conn.QueryRow(context.Background(), "INSERT INTO "+table+` (aggregate_type, aggregate_id, event_type, payload)
-				VALUES ($1, 'w', 'E', '{}') RETURNING id::text`, aggType).Scan(&id); w.err != nil {
+				VALUES ($1, 'w', 'E', '{}') RETURNING id::text, created_at`, aggType).Scan(&id, &at); w.err != nil {
 				return
 			}
 			w.ids = append(w.ids, id)
+			w.created[id] = at
 		}
 	}()
 	t.Cleanup(func() { w.stop(t) })
