@@ -18,6 +18,9 @@ type Store interface {
 	Save(ctx context.Context, c Checkpoint) error
 	// Replace stores c whatever is stored: a new slot or snapshot starts over.
 	Replace(ctx context.Context, c Checkpoint) error
+	// ClearRepair removes the repair hold (Checkpoint.RepairSince) if a
+	// repair from since covered it, and reports whether it did.
+	ClearRepair(ctx context.Context, since time.Time) (bool, error)
 	// Forget tells an operator how to drop the checkpoint (SQL, or a file).
 	Forget() string
 	Close()

@@ -28,6 +28,12 @@ type Checkpoint struct {
 	// Identity says where LSN is a position; zero in checkpoints written by
 	// versions before it was recorded.
 	Identity
+	// RepairSince, when set, says that a lost slot may have left rows
+	// created at or after it undelivered (the slot was created again over
+	// this checkpoint): outbox retention keeps them until verify --repair
+	// from at most this time clears it (ClearRepair). Saves keep the
+	// earliest of the stored and the saved one; only ClearRepair removes it.
+	RepairSince time.Time `json:"repair_since,omitzero"`
 	// Gap, when set, records that the outbox table left the stream (removed
 	// from the publication, dropped): the rows written since could not be
 	// decoded and are read back from the table at the next start.
@@ -98,10 +104,29 @@ func (s *FileStore) Save(ctx context.Context, c Checkpoint) error {
 	return s.Replace(ctx, c)
 }
 
-// Replace writes the checkpoint durably whatever the file holds: temp file,
-// fsync, rename, fsync of the directory, so a crash leaves either the old
-// or the new file, whole.
-func (s *FileStore) Replace(_ context.Context, c Checkpoint) error {
+// Replace writes the checkpoint whatever the file holds, but for its
+// repair hold (EarliestHold).
+func (s *FileStore) Replace(ctx context.Context, c Checkpoint) error {
+	if cur, err := s.Load(ctx); err == nil {
+		c.RepairSince = EarliestHold(cur.RepairSince, c.RepairSince)
+	}
+	return s.write(c)
+}
+
+// ClearRepair removes the repair hold when a repair from since covered it,
+// and reports whether one was removed.
+func (s *FileStore) ClearRepair(ctx context.Context, since time.Time) (bool, error) {
+	cur, err := s.Load(ctx)
+	if err != nil || cur.RepairSince.IsZero() || since.After(cur.RepairSince) {
+		return false, ignoreNone(err)
+	}
+	cur.RepairSince = time.Time{}
+	return true, s.write(cur)
+}
+
+// write stores c durably: temp file, fsync, rename, fsync of the
+// directory, so a crash leaves either the old or the new file, whole.
+func (s *FileStore) write(c Checkpoint) error {
 	c.UpdatedAt = time.Now().UTC()
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -141,3 +166,22 @@ func (s *FileStore) Replace(_ context.Context, c Checkpoint) error {
 
 // Close does nothing; it completes the store interface.
 func (s *FileStore) Close() {}
+
+// EarliestHold is the earlier of two repair holds, zero meaning none.
+func EarliestHold(a, b time.Time) time.Time {
+	switch {
+	case a.IsZero():
+		return b
+	case b.IsZero() || a.Before(b):
+		return a
+	}
+	return b
+}
+
+// ignoreNone is err, except that no checkpoint is no error.
+func ignoreNone(err error) error {
+	if errors.Is(err, ErrNoCheckpoint) {
+		return nil
+	}
+	return err
+}

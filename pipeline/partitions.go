@@ -45,7 +45,12 @@ func (p *Pipeline) partitionRound(ctx context.Context, tb *retentionTable, d ret
 		return
 	}
 	for _, part := range parts {
-		if !retention.Behind(retention.Window{From: part.From, To: part.To}, now, cfg.After) {
+		w := retention.Window{From: part.From, To: part.To}
+		if !retention.Behind(w, now, cfg.After) {
+			continue
+		}
+		if hold := p.retentionState().Hold; retention.Held(w, hold) {
+			p.logBlocked(tb, repairHeld(hold))
 			continue
 		}
 		// The state may change between partitions (a gap found, the slot lost).

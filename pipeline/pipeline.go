@@ -129,6 +129,7 @@ type Pipeline struct {
 	gap       atomic.Pointer[gapInfo] // a gap not yet repaired: recorded in every checkpoint
 	gapClear  atomic.Uint64           // set once the backfill ran: the gap is repaired past it
 	savedGap  *gapInfo                // the gap in the last checkpoint saved (checkpoint writers only)
+	holdSince atomic.Int64            // the lost slot's repair hold in unix ns, 0: none (retention.go)
 	loadedGap *gapInfo                // the gap the checkpoint held at start, repaired by this run
 	anchored  *gapInfo                // the gap anchorGap raised (checkpoint writers only)
 	// exactly_once: the hold (hold.go), the repair's progress for it, and

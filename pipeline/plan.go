@@ -268,14 +268,20 @@ func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.
 	src := p.cfg.Source
 	if res.Created && l.have {
 		// A new slot is a new stream: a position saved for another one must
-		// not skip any of it.
+		// not skip any of it. The rows it did not stream are in the table
+		// only: retention keeps them until verify --repair has run.
+		hold := offsets.EarliestHold(l.ckpt.RepairSince, repairHold(l.ckpt))
 		p.log.Warn("ignoring the checkpoint: the slot was created by this run; overwriting it. If the slot was lost, "+
 			"events committed after the checkpoint and before now were not streamed: see repair", "checkpoint", l.ckpt.LSN,
-			"slot", src.Slot, "slot_start", res.Confirmed, "repair", p.repairCommand(l.ckpt))
-		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: res.Confirmed, SnapshotDone: res.Snapshot == nil}); err != nil {
+			"slot", src.Slot, "slot_start", res.Confirmed, "repair", p.repairCommand(l.ckpt), "retention_keeps_rows_since", hold)
+		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: res.Confirmed, SnapshotDone: res.Snapshot == nil, RepairSince: hold}); err != nil {
 			return fmt.Errorf("save checkpoint: %w", err)
 		}
+		p.setRepairHold(hold)
 		l.have = false
+	}
+	if l.have {
+		p.setRepairHold(l.ckpt.RepairSince)
 	}
 	if !l.have {
 		return nil

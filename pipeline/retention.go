@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +43,7 @@ func (p *Pipeline) retentionLoop(ctx context.Context) {
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
 	for {
+		p.readRepairHold(ctx)
 		for _, tb := range tables {
 			if ctx.Err() != nil {
 				return
@@ -76,7 +78,52 @@ func (p *Pipeline) retentionState() retention.State {
 		Acked:    p.confirmable(), // exactly_once: outcomes reach the tracker after the Kafka commit
 		Gap:      p.gap.Load() != nil || p.repairPending.Load(),
 		Snapshot: !p.snapDone.Load(),
+		Hold:     p.repairHold(),
 	}
+}
+
+// repairHold is the lost slot's repair hold (offsets.Checkpoint.RepairSince)
+// as last read: zero for none.
+func (p *Pipeline) repairHold() time.Time {
+	if ns := p.holdSince.Load(); ns != 0 {
+		return time.Unix(0, ns).UTC()
+	}
+	return time.Time{}
+}
+
+// setRepairHold records the hold the checkpoint store holds.
+func (p *Pipeline) setRepairHold(t time.Time) {
+	var ns int64
+	if !t.IsZero() {
+		ns = t.UnixNano()
+	}
+	switch old := p.holdSince.Swap(ns); {
+	case old == ns:
+	case ns == 0:
+		p.log.Info("retention: the lost slot's repair hold is cleared (verify --repair ran)")
+	case p.cfg.Retention.After > 0:
+		p.log.Warn("retention: " + repairHeld(t))
+	}
+}
+
+// readRepairHold reads the hold again: verify --repair clears it in the
+// store while the connector runs. A failed read keeps the last one.
+func (p *Pipeline) readRepairHold(ctx context.Context) {
+	cs := p.plan.checkpoints
+	if cs == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if c, err := cs.Load(ctx); err == nil {
+		p.setRepairHold(c.RepairSince)
+	}
+}
+
+// repairHeld says why a hold keeps rows.
+func repairHeld(hold time.Time) string {
+	return fmt.Sprintf("the slot was lost and created again: rows created since %s may never have been delivered and are "+
+		"kept until outbox-cdc verify --repair --since %s (or earlier) completes", hold.Format(time.RFC3339), hold.Format(time.RFC3339))
 }
 
 // retentionRound reads the table's figures, takes a reading, and deletes
@@ -121,7 +168,7 @@ func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
 			break
 		}
 		start := time.Now()
-		n, busy, err := tb.r.Delete(ctx, d.Below, cfg.After, cfg.BatchSize)
+		n, busy, err := tb.r.Delete(ctx, d.Below, cfg.After, p.repairHold(), cfg.BatchSize)
 		if err != nil {
 			p.roundError(ctx, tb, "delete", err)
 			break

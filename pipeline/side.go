@@ -165,6 +165,16 @@ func (p *Pipeline) runbook(err error) error {
 	return &replication.FatalError{Reason: f.Reason, Err: fmt.Errorf("%w\n%s", err, p.repairCommand(last))}
 }
 
+// repairHold is where a lost slot's rows may begin, for retention: the
+// repair command's --since, or every row when the checkpoint records no
+// commit time.
+func repairHold(c offsets.Checkpoint) time.Time {
+	if c.CommitTime.IsZero() {
+		return time.Unix(0, 0).UTC()
+	}
+	return c.CommitTime.Add(-repairMargin).UTC()
+}
+
 // repairCommand says how to republish what was committed after c.
 func (p *Pipeline) repairCommand(c offsets.Checkpoint) string {
 	cfg := p.cfg.ConfigPath

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +16,7 @@ import (
 )
 
 // identityColumns were added after the first release; older tables lack them.
-var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time"}
+var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time", "repair_since"}
 
 // TableStore keeps checkpoints in a table of the source database, one row
 // per slot, so they live and fail over with the data they describe.
@@ -24,7 +25,10 @@ type TableStore struct {
 	slot         string
 	schema, name string // unquoted
 	table        string // quoted schema.table
-	conn         *pgx.Conn
+	// mu serialises the connection's users: the checkpoint saver, and the
+	// retention loop reading the repair hold.
+	mu   sync.Mutex
+	conn *pgx.Conn
 	// seen is the highest WAL end the server showed at a save on timeline
 	// seenTLI: a server on that timeline whose WAL ends below it was rewound
 	// (restored from an older copy), and positions acknowledged before mean
@@ -68,7 +72,8 @@ func (s *TableStore) DDL() string {
 	database      text,
 	gap_since     pg_lsn,
 	gap_xmin      bigint,
-	commit_time   timestamptz)`, s.table)
+	commit_time   timestamptz,
+	repair_since  timestamptz)`, s.table)
 }
 
 func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -123,7 +128,7 @@ func (s *TableStore) prepare(ctx context.Context, conn *pgx.Conn) error {
 	}
 	alter := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline integer, "+
 		"ADD COLUMN IF NOT EXISTS database text, ADD COLUMN IF NOT EXISTS gap_since pg_lsn, ADD COLUMN IF NOT EXISTS gap_xmin bigint, "+
-		"ADD COLUMN IF NOT EXISTS commit_time timestamptz", s.table)
+		"ADD COLUMN IF NOT EXISTS commit_time timestamptz, ADD COLUMN IF NOT EXISTS repair_since timestamptz", s.table)
 	if _, err := conn.Exec(ctx, alter); err != nil {
 		return fmt.Errorf("checkpoint store: %s lacks the columns %s (written by an older version) and this role cannot add them (%w); "+
 			"have the table's owner run: %s", s.table, strings.Join(missing, ", "), err, alter)
@@ -149,6 +154,8 @@ func (s *TableStore) create(ctx context.Context, conn *pgx.Conn) error {
 
 // Load returns the slot's checkpoint, or offsets.ErrNoCheckpoint.
 func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return offsets.Checkpoint{}, err
@@ -156,10 +163,10 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	var c offsets.Checkpoint
 	var gapSince *lsn.LSN
 	var gapXmin *int64
-	var commitTime *time.Time
+	var commitTime, repairSince *time.Time
 	err = conn.QueryRow(ctx, fmt.Sprintf(`SELECT lsn, snapshot_done, updated_at, coalesce(system_id, ''), coalesce(timeline, 0),
-		coalesce(database, ''), gap_since, gap_xmin, commit_time FROM %s WHERE slot = $1`, s.table), s.slot).
-		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin, &commitTime)
+		coalesce(database, ''), gap_since, gap_xmin, commit_time, repair_since FROM %s WHERE slot = $1`, s.table), s.slot).
+		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin, &commitTime, &repairSince)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return offsets.Checkpoint{}, offsets.ErrNoCheckpoint
 	}
@@ -170,6 +177,9 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	c.Slot = s.slot // the row's key
 	if commitTime != nil {
 		c.CommitTime = *commitTime
+	}
+	if repairSince != nil {
+		c.RepairSince = *repairSince
 	}
 	if gapSince != nil && gapXmin != nil {
 		c.Gap = &offsets.Gap{Since: *gapSince, Xmin: uint64(*gapXmin)}
@@ -189,6 +199,23 @@ func (s *TableStore) Save(ctx context.Context, c offsets.Checkpoint) error {
 // a new history.
 func (s *TableStore) Replace(ctx context.Context, c offsets.Checkpoint) error {
 	return s.save(ctx, c, "")
+}
+
+// ClearRepair removes the slot's repair hold when a repair from since
+// covered it (offsets.Checkpoint.RepairSince).
+func (s *TableStore) ClearRepair(ctx context.Context, since time.Time) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return false, err
+	}
+	tag, err := conn.Exec(ctx, fmt.Sprintf("UPDATE %s SET repair_since = NULL WHERE slot = $1 AND repair_since >= $2", s.table), s.slot, since)
+	if err != nil {
+		s.reset(ctx)
+		return false, fmt.Errorf("checkpoint store: clear the repair hold: %w", err)
+	}
+	return tag.RowsAffected() > 0, nil
 }
 
 // sameHistory refuses to save on a server whose WAL ends below what it
@@ -225,6 +252,8 @@ func (s *TableStore) sameHistory(ctx context.Context, conn *pgx.Conn) error {
 }
 
 func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	conn, err := s.connect(ctx)
 	if err != nil {
 		return err
@@ -233,9 +262,12 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	if c.Gap != nil {
 		gapSince, gapXmin = c.Gap.Since, int64(c.Gap.Xmin)
 	}
-	var commitTime any
+	var commitTime, repairSince any
 	if !c.CommitTime.IsZero() {
 		commitTime = c.CommitTime
+	}
+	if !c.RepairSince.IsZero() {
+		repairSince = c.RepairSince
 	}
 	if err := s.sameHistory(ctx, conn); err != nil {
 		return err
@@ -244,13 +276,15 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	// the server was restored from an older copy while the connector ran,
 	// and the next start would refuse it (CheckPosition).
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
-			gap_since, gap_xmin, commit_time)
-		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9
+			gap_since, gap_xmin, commit_time, repair_since)
+		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10
 		WHERE $2::pg_lsn <= `+walPosition+`
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
 			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
-			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time %s`, s.table, serverTimeline, where),
-		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin, commitTime)
+			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time,
+			repair_since = LEAST(t.repair_since, excluded.repair_since) %s`, s.table, serverTimeline, where),
+		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin, commitTime,
+		repairSince)
 	if err != nil {
 		s.reset(ctx)
 		return fmt.Errorf("checkpoint store: save: %w", err)
@@ -301,7 +335,11 @@ func (s *TableStore) reset(ctx context.Context) {
 }
 
 // Close releases the connection.
-func (s *TableStore) Close() { s.reset(context.Background()) }
+func (s *TableStore) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reset(context.Background())
+}
 
 // ForeignCheckpoint refuses a checkpoint written for another cluster,
 // database or slot: its LSN is no position of this stream, and trusting it

@@ -10,6 +10,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
+	"github.com/outbox-cdc/outbox-cdc/offsets/offsetstest"
 )
 
 // TestTableStoreStampsServerTimeline: a connector that followed a
@@ -187,4 +188,17 @@ func TestTableStoreRefusesRewoundServer(t *testing.T) {
 		!strings.Contains(err.Error(), "which it had sent the connector") {
 		t.Fatalf("save by a store with the acknowledged floor above the restored WAL end: %v, want it refused", err)
 	}
+}
+
+// TestTableStoreRepairHold: the table store keeps a lost slot's repair
+// hold as every store must (offsetstest.RepairHold), in the upsert itself.
+func TestTableStoreRepairHold(t *testing.T) {
+	ctx, pg, _ := startServer(t)
+	db, err := ParseDB(pg.DSN("postgres"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := NewTableStore(db, "outbox_cdc.checkpoints", "s")
+	defer store.Close()
+	offsetstest.RepairHold(ctx, t, store)
 }

@@ -140,7 +140,8 @@ func (r *Retainer) Read(ctx context.Context) (retention.Reading, error) {
 }
 
 // deleteBatch deletes up to limit rows older than the retention (on the
-// server's clock) whose xmin precedes below. xmin is a 32-bit xid: it
+// server's clock) whose xmin precedes below, and under a repair hold ($4)
+// only rows created before it. xmin is a 32-bit xid: it
 // precedes below when (below - xmin) mod 2^32 is in [1, 2^31), as
 // PostgreSQL's TransactionIdPrecedes decides; a reading is recent
 // (retention.maxReadingAge) so every live row's xid is within 2^31 of it,
@@ -148,6 +149,7 @@ func (r *Retainer) Read(ctx context.Context) (retention.Reading, error) {
 const deleteBatch = `WITH doomed AS (
 	SELECT ctid FROM %[1]s
 	WHERE %[2]s < now() - make_interval(secs => $1::float8)
+	  AND ($4::timestamptz IS NULL OR %[2]s < $4)
 	  AND %[3]s
 	ORDER BY %[2]s LIMIT $3
 	FOR UPDATE SKIP LOCKED)
@@ -158,9 +160,10 @@ DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))`
 // for normal xids (transam.c: (int32) (a - b) < 0).
 const xidPrecedes = "((%[2]s - %[1]s) & 4294967295) BETWEEN 1 AND 2147483647"
 
-// Delete deletes one batch in its own transaction. busy reports that
+// Delete deletes one batch in its own transaction (hold: rows created at
+// or after it are kept; zero: none). busy reports that
 // `verify` holds the table's lock: nothing was deleted.
-func (r *Retainer) Delete(ctx context.Context, below uint64, olderThan time.Duration, limit int) (n int64, busy bool, err error) {
+func (r *Retainer) Delete(ctx context.Context, below uint64, olderThan time.Duration, hold time.Time, limit int) (n int64, busy bool, err error) {
 	conn, err := r.connect(ctx)
 	if err != nil {
 		return 0, false, err
@@ -176,7 +179,7 @@ func (r *Retainer) Delete(ctx context.Context, below uint64, olderThan time.Dura
 		}
 		below32 := fmt.Sprintf(xidPrecedes, "xmin::text::bigint", "$2::bigint")
 		tag, err := tx.Exec(ctx, fmt.Sprintf(deleteBatch, r.table, pgx.Identifier{RetentionColumn}.Sanitize(), below32),
-			olderThan.Seconds(), int64(below&0xffffffff), limit)
+			olderThan.Seconds(), int64(below&0xffffffff), limit, nullable(hold))
 		n = tag.RowsAffected()
 		return err
 	})

@@ -48,7 +48,7 @@ func TestRetentionDB(t *testing.T) {
 	}
 	del := func(below uint64, limit int) int64 {
 		t.Helper()
-		n, busy, err := r.Delete(ctx, below, time.Hour, limit)
+		n, busy, err := r.Delete(ctx, below, time.Hour, time.Time{}, limit)
 		if err != nil || busy {
 			t.Fatalf("delete: %d, busy %v, %v", n, busy, err)
 		}
@@ -95,7 +95,7 @@ func TestRetentionDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, busy, err := r.Delete(ctx, y.Xmin, time.Hour, 100); n != 0 || !busy || err != nil {
+	if n, busy, err := r.Delete(ctx, y.Xmin, time.Hour, time.Time{}, 100); n != 0 || !busy || err != nil {
 		t.Fatalf("delete under verify's lock: %d, busy %v, %v", n, busy, err)
 	}
 	release()

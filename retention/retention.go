@@ -40,6 +40,10 @@ type State struct {
 	Gap bool
 	// Snapshot: the initial snapshot is not done; it reads rows too.
 	Snapshot bool
+	// Hold: rows created at or after it may never have been delivered: the
+	// slot was lost and created again, and verify --repair has not covered
+	// them yet (offsets.Checkpoint.RepairSince). Zero: none.
+	Hold time.Time
 }
 
 // maxReadingAge bounds how old a reading may be when its Xmin is compared

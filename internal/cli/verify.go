@@ -94,6 +94,9 @@ type RepairReport struct {
 	Parked int64  `json:"parked"`
 	Failed int64  `json:"failed"`
 	Error  string `json:"error,omitempty"`
+	// HoldCleared: the repair lifted a lost slot's hold on outbox
+	// retention (offsets.Checkpoint.RepairSince).
+	HoldCleared bool `json:"hold_cleared,omitempty"`
 }
 
 // verifyProgress is read by the progress printer.
@@ -137,8 +140,8 @@ func (o *verifyOpts) run(ctx context.Context, e env) int {
 	} else {
 		printVerify(e.stdout, rep)
 	}
-	if r := rep.Repair; r != nil {
-		if r.Failed > 0 || r.Error != "" || r.Published+r.DeadLettered+r.Parked != rep.Missing.Count {
+	if rep.Repair != nil {
+		if !rep.repaired() {
 			return ExitFailure
 		}
 		return ExitOK
@@ -281,7 +284,31 @@ func (v *verifyRun) run(ctx context.Context) (*VerifyReport, error) {
 		return nil, err
 	}
 	rep.Result = v.c.Result()
+	v.clearRepairHold(ctx, rep)
 	return rep, nil
+}
+
+// repaired reports whether --repair republished every missing row.
+func (r *VerifyReport) repaired() bool {
+	p := r.Repair
+	return p != nil && p.Failed == 0 && p.Error == "" && p.Published+p.DeadLettered+p.Parked == r.Missing.Count
+}
+
+// clearRepairHold lifts a lost slot's repair hold on retention
+// (offsets.Checkpoint.RepairSince) once a whole repair from at most the
+// hold republished every missing row: nothing it kept is undelivered now.
+func (v *verifyRun) clearRepairHold(ctx context.Context, rep *VerifyReport) {
+	cs := v.pc.Checkpoints
+	if cs == nil || !rep.repaired() || !v.o.until.IsZero() {
+		return
+	}
+	cleared, err := cs.ClearRepair(ctx, v.o.since.Time)
+	switch {
+	case err != nil:
+		v.log.Warn("the repair is done, but the lost slot's hold on retention could not be cleared; run verify --repair again", "err", err)
+	case cleared:
+		rep.Repair.HoldCleared = true
+	}
 }
 
 // route gives ev's record (in v.rec): its topic, or the dead-letter one.
@@ -457,6 +484,9 @@ func printVerify(w io.Writer, r *VerifyReport) {
 			p.Published+p.DeadLettered+p.Parked, p.DeadLettered, p.Parked, p.Failed)
 		if p.Error != "" {
 			fmt.Fprintf(w, "repair error    %s\n", p.Error)
+		}
+		if p.HoldCleared {
+			fmt.Fprintf(w, "retention       the lost slot's hold is cleared: outbox retention deletes these rows again once delivered\n")
 		}
 	}
 	fmt.Fprintf(w, "took            %.1fs\n", r.Seconds)
