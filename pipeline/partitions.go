@@ -9,6 +9,11 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/retention"
 )
 
+// overlapRecheck is how long a range found to be another partition's is
+// left alone before creating it is tried again (that partition may have
+// been dropped since).
+const overlapRecheck = time.Hour
+
 // partitionRound makes the partitions that should exist ahead, then drops
 // the partitions the connector made that are wholly past the retention and
 // whose rows are all delivered (d: the rule's decision). Making ahead never
@@ -17,16 +22,22 @@ func (p *Pipeline) partitionRound(ctx context.Context, tb *retentionTable, d ret
 	cfg := p.cfg.Retention
 	now := time.Now()
 	for _, w := range retention.Ahead(now, cfg.PartitionWidth, cfg.PartitionsAhead) {
+		// Creating a partition locks the root against the application's
+		// inserts, also when it fails on an overlap: a range found to be
+		// another partition's is tried again only after overlapRecheck.
+		if at, ok := tb.overlaps[w.From]; ok && now.Sub(at) < overlapRecheck {
+			continue
+		}
 		created, err := tb.r.CreatePartition(ctx, w.From, w.To)
 		switch {
 		case errors.Is(err, replication.ErrPartitionOverlap):
 			if tb.overlaps == nil {
-				tb.overlaps = map[time.Time]bool{}
+				tb.overlaps = map[time.Time]time.Time{}
 			}
-			if !tb.overlaps[w.From] {
-				tb.overlaps[w.From] = true
+			if _, warned := tb.overlaps[w.From]; !warned {
 				p.log.Warn("retention: not making a partition; the range is another's", "table", tb.name, "err", err)
 			}
+			tb.overlaps[w.From] = now
 		case err != nil:
 			p.roundError(ctx, tb, "create a partition", err)
 			return

@@ -67,8 +67,8 @@ type retentionTable struct {
 	deleted  prometheus.Counter
 	created  prometheus.Counter
 	dropped  prometheus.Counter
-	overlaps map[time.Time]bool // windows already warned about (partitions.go)
-	blocked  string             // the last reason nothing was deleted, logged once
+	overlaps map[time.Time]time.Time // windows found to be another partition's, and when (partitions.go)
+	blocked  string                  // the last reason nothing was deleted, logged once
 }
 
 // retentionState is what the rule needs besides the readings.
@@ -131,7 +131,9 @@ func repairHeld(hold time.Time) string {
 // deletes less, never more, and the next one tries again.
 func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
 	if st, err := tb.r.Stats(ctx); err != nil {
-		p.roundError(ctx, tb, "read the table's size", err)
+		if ctx.Err() == nil {
+			p.log.Warn("retention: could not read the table's size and oldest row; the round goes on", "table", tb.name, "err", err)
+		}
 	} else {
 		p.setTableStats(tb.name, st)
 	}
