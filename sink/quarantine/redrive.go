@@ -320,7 +320,7 @@ func (s *Set) readParked(ctx context.Context, rec *StateRecord, skip bool) ([]*k
 		return nil, fmt.Errorf("read the parked records on %s: %w", s.parking, err)
 	case gone != nil && !skip:
 		return nil, fmt.Errorf("%w: the quarantine's events among them cannot be republished; publish those yourself "+
-			"(the outbox table has them), then redrive with --skip to lift the quarantine without them and without the dead letter", gone)
+			"(the outbox table has them unless outbox.retention deleted them: a parked event's row counts as delivered), then redrive with --skip to lift the quarantine without them and without the dead letter", gone)
 	case gone != nil:
 		s.log.Warn("redrive --skip: parked records deleted before the redrive are not republished", "aggregate", rec.Key, "deleted", gone.Error())
 		for _, g := range gone.Ranges {
