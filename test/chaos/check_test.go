@@ -386,19 +386,33 @@ func (r *run) noteBackfills(rep *Report) {
 
 // withoutRedriven leaves out of copies, for the duplicate checks, the
 // copies on their topic of the events a redrive republished: the redrive
-// sends again on purpose what was parked (or dead-lettered) earlier.
+// sends again on purpose what was parked (or dead-lettered) earlier. So are
+// the copies a runbook's verify --repair republished of an event lost to the
+// parking topic's retention (outbox retention keeps its row while a lost
+// slot's repair is pending; the order check counts them,
+// RepairedAfterRetention): one on its topic, and one parked again when its
+// aggregate was quarantined then (a later redrive delivers that one, the
+// copy on its topic). Any further copy stays a duplicate.
 func (r *run) withoutRedriven(rep *Report, copies map[string][]copyRec) map[string][]copyRec {
 	out := make(map[string][]copyRec, len(copies))
 	for id, cs := range copies {
-		if !r.rd.republished[id] {
+		redriven, lost := r.rd.republished[id], r.rd.lost[id] != ""
+		if !redriven && !lost {
 			out[id] = cs
 			continue
 		}
+		reparked, repaired := false, false
 		for _, c := range cs {
-			if c.Topic == r.parkingTopic() || c.Topic == r.dlq {
-				out[id] = append(out[id], c)
-			} else {
+			aside := c.Topic == r.parkingTopic() || c.Topic == r.dlq
+			switch {
+			case redriven && !aside:
 				rep.Redriven++
+			case lost && !c.Deleted && aside && !reparked:
+				reparked = true
+			case lost && !aside && !repaired:
+				repaired = true
+			default:
+				out[id] = append(out[id], c)
 			}
 		}
 	}
