@@ -493,3 +493,40 @@ func TestLostToRetention(t *testing.T) {
 		t.Fatalf("after seq 4 with dead letter 5 republished: next %d, want 5", n)
 	}
 }
+
+// TestWithoutRedriven: for the duplicate checks, a redrive's copies on the
+// topic are left out, and so are the repair's copies of an event lost to
+// the parking topic's retention: one parked again and one on its topic;
+// any further copy, or a second copy of an event not lost, stays.
+func TestWithoutRedriven(t *testing.T) {
+	r := &run{prefix: "p", dlq: "p-dlq"}
+	main := func(off int64) copyRec { return copyRec{Topic: "p.big", Key: "big", Offset: off} }
+	parked := func(off int64, deleted bool) copyRec {
+		return copyRec{Topic: "p-parking", Key: "big", Offset: off, Deleted: deleted}
+	}
+	for _, tc := range []struct {
+		name       string
+		lost, redr bool
+		cs         []copyRec
+		keep       int
+	}{
+		{"not lost, not redriven: every copy", false, false, []copyRec{main(1), main(2)}, 2},
+		{"redriven: the parked copy only", false, true, []copyRec{parked(1, false), main(2)}, 1},
+		{"lost, repaired on its topic", true, false, []copyRec{parked(1, true), main(2)}, 1},
+		{"lost, parked again, then redriven by the next lift", true, false, []copyRec{main(5), parked(1, true), parked(4, false)}, 1},
+		{"lost, repaired twice on its topic", true, false, []copyRec{parked(1, true), main(2), main(3)}, 2},
+		{"lost, parked again twice", true, false, []copyRec{parked(1, true), parked(4, false), parked(6, false)}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r.rd = redriveState{lost: map[string]string{}, republished: map[string]bool{}}
+			if tc.lost {
+				r.rd.lost["e"] = "partition 0 offset 1"
+			}
+			r.rd.republished["e"] = tc.redr
+			got := r.withoutRedriven(&Report{}, map[string][]copyRec{"e": tc.cs})["e"]
+			if len(got) != tc.keep {
+				t.Fatalf("kept %+v, want %d copies", got, tc.keep)
+			}
+		})
+	}
+}
