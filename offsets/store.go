@@ -98,19 +98,27 @@ func (s *FileStore) Load(context.Context) (Checkpoint, error) {
 // (ErrStale). Two processes sharing one file can still race; the table
 // store is the one for active/standby.
 func (s *FileStore) Save(ctx context.Context, c Checkpoint) error {
-	if cur, err := s.Load(ctx); err == nil && cur.Identity == c.Identity && cur.LSN > c.LSN {
+	cur, err := s.Load(ctx)
+	if err == nil && cur.Identity == c.Identity && cur.LSN > c.LSN {
 		return ErrStale
 	}
-	return s.Replace(ctx, c)
+	return s.write(keepHold(c, cur, err))
 }
 
 // Replace writes the checkpoint whatever the file holds, but for its
 // repair hold (EarliestHold).
 func (s *FileStore) Replace(ctx context.Context, c Checkpoint) error {
-	if cur, err := s.Load(ctx); err == nil {
+	cur, err := s.Load(ctx)
+	return s.write(keepHold(c, cur, err))
+}
+
+// keepHold is c with the earlier of its repair hold and the stored one
+// (cur, loaded with err).
+func keepHold(c, cur Checkpoint, err error) Checkpoint {
+	if err == nil {
 		c.RepairSince = EarliestHold(cur.RepairSince, c.RepairSince)
 	}
-	return s.write(c)
+	return c
 }
 
 // ClearRepair removes the repair hold when a repair from since covered it,

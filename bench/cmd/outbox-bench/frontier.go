@@ -43,7 +43,6 @@ type frontierPoint struct {
 	Fixed                  bool // a fixed linger, budget off
 	P50, P99               float64
 	ConnectorUs, BrokerUs  float64
-	Committed, Duplicates  int64
 	OtherBusyCores, Linger float64
 }
 
@@ -60,8 +59,7 @@ func frontierPoints(r *Results, rate int) []frontierPoint {
 		}
 		pe := perEventOf(&s)
 		p := frontierPoint{System: s.System, Fixed: s.Linger != "", P50: s.CommitToConsume.P50Ms, P99: s.CommitToConsume.P99Ms,
-			ConnectorUs: pe.client, BrokerUs: pe.broker, Committed: int64(s.Committed), Duplicates: s.Duplicates,
-			OtherBusyCores: s.CPU.Other / max(s.CPU.WallSeconds, 1e-9)}
+			ConnectorUs: pe.client, BrokerUs: pe.broker, OtherBusyCores: s.CPU.Other / max(s.CPU.WallSeconds, 1e-9)}
 		if p.Fixed {
 			p.Linger = lingerMs(s.Linger)
 		}
