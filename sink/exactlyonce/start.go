@@ -161,14 +161,20 @@ func (t *Txn) fence(parent context.Context) error {
 
 // readPosition reads the positions topic to its end (readTopic:
 // committed records only) and returns the last position of this source; a
-// tombstone for it (an operator forgetting the position) is none.
+// tombstone for it (an operator forgetting the position) is none. A
+// transaction of this source still open at the end is waited for: it may
+// be a commit whose markers are not written yet (topicread.ReadAwaiting),
+// which the settle of a lost answer and the start after it must count. The
+// broker aborts one left open after TransactionTimeout, so the read waits
+// that long and a minute more.
 func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 	name := t.cfg.Positions
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.TransactionTimeout+time.Minute)
 	defer cancel()
+	ours := func(r *kgo.Record) bool { return string(r.Key) == t.cfg.Source }
 	var pos Position
-	err := readTopic(ctx, t.cfg.Sink, name, func(r *kgo.Record) error {
-		if string(r.Key) != t.cfg.Source {
+	err := readTopic(ctx, t.cfg.Sink, name, ours, func(r *kgo.Record) error {
+		if !ours(r) {
 			return nil
 		}
 		if r.Value == nil {
@@ -191,8 +197,9 @@ func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 
 // readTopic reads every partition of topic from its start to its end as
 // listed when the read starts, handing fn the committed records in offset
-// order (topicread), on the calling goroutine.
-func readTopic(ctx context.Context, cfg sink.Config, topic string, fn func(*kgo.Record) error) error {
+// order (topicread), on the calling goroutine; an open transaction holding
+// a record await accepts is waited for (topicread.ReadAwaiting).
+func readTopic(ctx context.Context, cfg sink.Config, topic string, await func(*kgo.Record) bool, fn func(*kgo.Record) error) error {
 	conn, err := cfg.ConnOpts()
 	if err != nil {
 		return err
@@ -209,5 +216,5 @@ func readTopic(ctx context.Context, cfg sink.Config, topic string, fn func(*kgo.
 	if err != nil {
 		return err
 	}
-	return rd.Read(ctx, ranges, fn)
+	return rd.ReadAwaiting(ctx, ranges, await, fn)
 }

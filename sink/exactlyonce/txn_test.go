@@ -31,13 +31,7 @@ const positions = "outbox-cdc.positions"
 // the cluster.
 func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, interval time.Duration, tune ...func(*exactlyonce.Config)) (*exactlyonce.Txn, lsn.LSN, func()) {
 	t.Helper()
-	cfg := exactlyonce.Config{
-		Sink: sink.Config{Brokers: c.ListenAddrs(), ClientID: "txn-test", DLQTopic: dlq,
-			TestOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
-				kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}},
-		Positions: positions, Source: source, Interval: interval,
-		FenceCheck: time.Hour, // tests that want the idle check set it
-	}
+	cfg := txnConfig(c, source, interval)
 	for _, f := range tune {
 		f(&cfg)
 	}
@@ -52,6 +46,18 @@ func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, 
 		t.Fatalf("Start: %v", err)
 	}
 	return tx, pos.LSN, closeOnce
+}
+
+// txnConfig is the tests' configuration of a transactional sink for source
+// on c.
+func txnConfig(c *kfake.Cluster, source string, interval time.Duration) exactlyonce.Config {
+	return exactlyonce.Config{
+		Sink: sink.Config{Brokers: c.ListenAddrs(), ClientID: "txn-test", DLQTopic: dlq,
+			TestOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
+				kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}},
+		Positions: positions, Source: source, Interval: interval,
+		FenceCheck: time.Hour, // tests that want the idle check set it
+	}
 }
 
 // produceTxn hands one PostgreSQL transaction over: a record per value,

@@ -26,6 +26,21 @@ import (
 // (offsets need not be contiguous; the last record before Until is in the
 // active segment, which compaction leaves alone, unless the log rolled).
 func (r *Reader) Read(ctx context.Context, ranges Ranges, fn func(*kgo.Record) error) error {
+	return r.ReadAwaiting(ctx, ranges, nil, fn)
+}
+
+// ReadAwaiting is Read, except that a transaction still open at a
+// partition's end that holds a record await accepts is waited for: its
+// outcome is not known yet, so the partition is read on, past its end, to
+// that transaction's marker (only the marker is taken from there). The
+// transaction coordinator answers EndTxn once the outcome is durable and
+// writes the markers after it (Kafka's transactions design, KIP-98: the
+// markers follow the PREPARE_COMMIT record of the transaction log), so a
+// commit whose answer was lost can be unmarked for a while, longer after a
+// broker restart; taking it for aborted repeats it. The wait ends with the
+// marker, or with ctx: the coordinator aborts a transaction left open once
+// its timeout passed.
+func (r *Reader) ReadAwaiting(ctx context.Context, ranges Ranges, await func(*kgo.Record) bool, fn func(*kgo.Record) error) error {
 	from := map[string]map[int32]kgo.Offset{}
 	until := map[string]map[int32]int64{}
 	left := 0
@@ -45,7 +60,7 @@ func (r *Reader) Read(ctx context.Context, ranges Ranges, fn func(*kgo.Record) e
 		return nil
 	}
 	r.cl.AddConsumePartitions(from)
-	txns := committedLog{open: make(map[txnKey][]*kgo.Record)}
+	txns := committedLog{open: make(map[txnKey][]*kgo.Record), await: await}
 	for left > 0 {
 		fs := r.cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -61,14 +76,14 @@ func (r *Reader) Read(ctx context.Context, ranges Ranges, fn func(*kgo.Record) e
 				return
 			}
 			for _, rec := range p.Records {
-				if rec.Offset >= end {
-					break // written after the read started
+				if rec.Offset >= end && !txns.awaited(rec) {
+					continue // written after the read started
 				}
 				if cbErr = txns.add(rec, fn); cbErr != nil {
 					return
 				}
 			}
-			if n := len(p.Records); n > 0 && p.Records[n-1].Offset+1 >= end {
+			if n := len(p.Records); n > 0 && p.Records[n-1].Offset+1 >= end && !txns.awaiting(p.Topic, p.Partition) {
 				delete(until[p.Topic], p.Partition)
 				r.cl.RemoveConsumePartitions(map[string][]int32{p.Topic: {p.Partition}})
 				left--
@@ -97,7 +112,37 @@ func firstError(fs kgo.Fetches) error {
 // transactional records wait, per partition, for the marker that ends their
 // transaction there.
 type committedLog struct {
-	open map[txnKey][]*kgo.Record
+	open  map[txnKey][]*kgo.Record
+	await func(*kgo.Record) bool // ReadAwaiting's; nil: nothing is waited for
+}
+
+// awaiting reports whether a transaction open in topic's partition p holds
+// an awaited record.
+func (l *committedLog) awaiting(topic string, p int32) bool {
+	for k := range l.open {
+		if k.topic == topic && k.partition == p && l.holdsAwaited(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// awaited reports whether r, read past its partition's end, is the marker
+// of a transaction that holds an awaited record.
+func (l *committedLog) awaited(r *kgo.Record) bool {
+	return r.Attrs.IsControl() && l.holdsAwaited(txnKey{r.Topic, r.Partition, r.ProducerID})
+}
+
+func (l *committedLog) holdsAwaited(k txnKey) bool {
+	if l.await == nil {
+		return false
+	}
+	for _, r := range l.open[k] {
+		if l.await(r) {
+			return true
+		}
+	}
+	return false
 }
 
 type txnKey struct {

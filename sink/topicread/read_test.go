@@ -121,3 +121,74 @@ func TestReadDeletedIsAnError(t *testing.T) {
 		t.Fatalf("Whole: %+v, %v; want 3 to 5", whole, err)
 	}
 }
+
+// TestReadAwaitingOpenTransaction: a transaction open at the end that holds
+// an awaited record is read to its marker, past the end (its records when
+// it commits, none when it aborts); what others wrote past the end stays
+// out; an open transaction without an awaited record is not waited for.
+func TestReadAwaitingOpenTransaction(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		how  kgo.TransactionEndTry
+		want string
+	}{
+		{"committed", kgo.TryCommit, "[a y1 y2]"},
+		{"aborted", kgo.TryAbort, "[a]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, c, rd := setup(t)
+			plain, awaited, other := writer(t, c), writer(t, c, kgo.TransactionalID("w")), writer(t, c, kgo.TransactionalID("o"))
+			produce := func(cl *kgo.Client, vs ...string) {
+				for _, v := range vs {
+					if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+						t.Fatalf("produce %s: %v", v, err)
+					}
+				}
+			}
+			for _, cl := range []*kgo.Client{awaited, other} {
+				if err := cl.BeginTransaction(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			produce(plain, "a")
+			produce(awaited, "y1", "y2")
+			produce(other, "o1") // open for good: not awaited
+			ranges, _, err := rd.Whole(ctx, "one")
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				got []string
+				err error
+			}
+			res := make(chan result, 1)
+			go func() {
+				var got []string
+				err := rd.ReadAwaiting(ctx, ranges, func(r *kgo.Record) bool { return string(r.Value) == "y2" },
+					func(r *kgo.Record) error {
+						got = append(got, string(r.Value))
+						return nil
+					})
+				res <- result{got, err}
+			}()
+			produce(plain, "late") // past the end: not read
+			time.Sleep(200 * time.Millisecond)
+			select {
+			case r := <-res:
+				t.Fatalf("the read ended (%v, %v) before the awaited transaction did", r.got, r.err)
+			default:
+			}
+			if err := awaited.EndTransaction(ctx, tc.how); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case r := <-res:
+				if r.err != nil || fmt.Sprint(r.got) != tc.want {
+					t.Fatalf("read %v, %v; want %s", r.got, r.err, tc.want)
+				}
+			case <-ctx.Done():
+				t.Fatal("the read did not end after the awaited transaction's marker")
+			}
+		})
+	}
+}
