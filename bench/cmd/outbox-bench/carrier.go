@@ -56,13 +56,17 @@ type cdcCarrier struct {
 	positions string // kafka.positions_topic with exactly_once, else ""
 	walsender int
 	before    cdctest.Metrics
+	sampler   *walSampler // the walsender's lag and waits over the measured run
 	closed    bool
 }
 
 func (c *cdcCarrier) account(p *cpuProbe) { p.clientPID, p.pathPID = c.k.Pid(), c.walsender }
 
 func (c *cdcCarrier) mark(ctx context.Context) (err error) {
-	c.before, err = c.k.scrape(ctx)
+	if c.before, err = c.k.scrape(ctx); err != nil {
+		return err
+	}
+	c.sampler, err = startWALSampler(ctx, c.e.dsn, c.slot)
 	return err
 }
 
@@ -80,6 +84,13 @@ func (c *cdcCarrier) finish(ctx context.Context, res *SteadyResult) error {
 	}
 	res.CommitToAck = quantiles(commitToAck(after).Minus(commitToAck(c.before)))
 	res.RowsDeleted = int64(after.Sum(rowsDeletedMetric) - c.before.Sum(rowsDeletedMetric))
+	if c.sampler != nil {
+		s := c.sampler
+		c.sampler = nil
+		if res.WALSender, err = s.stop(); err != nil {
+			return err
+		}
+	}
 	if res.PeakRSSBytes, _, err = c.k.Memory(); err != nil {
 		return err
 	}
@@ -93,6 +104,9 @@ func (c *cdcCarrier) close() {
 		return
 	}
 	c.closed = true
+	if c.sampler != nil {
+		_, _ = c.sampler.stop()
+	}
 	c.k.Kill()
 	c.e.dropSlots(context.Background(), c.slot)
 	c.e.deletePositions(context.Background(), c.positions)

@@ -61,6 +61,7 @@ func renderReport(r *Results, chart string, frontier map[int]string) string {
 	renderEOSCost(w, r)
 	renderPerEvent(w, r)
 	renderCPU(w, r)
+	renderWALSender(w, r)
 	renderMemory(w, r)
 	renderMicro(w, r)
 	renderProfiles(w, r)
@@ -173,6 +174,33 @@ func renderCPU(w func(string, ...any), r *Results) {
 			c.Kafka, conn, c.Bench, c.Other, c.MachineBusyCores)
 	}
 	w("\nThe benchmark process runs the writers and the consumer, the relay in the relay rows and the bare producer in the producer-floor rows; the client process is the connector, Debezium's JVM or pg_recvlogical.\n\n")
+}
+
+// renderWALSender is the connector's walsender over each steady run.
+func renderWALSender(w func(string, ...any), r *Results) {
+	var rows []SteadyResult
+	for _, s := range r.Steady {
+		if s.WALSender != nil && s.WALSender.Samples > 0 {
+			rows = append(rows, s)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	w("## The walsender during the steady runs\n\n")
+	w("`pg_stat_replication` and `pg_stat_activity` sampled every %s for the connector's slot: WAL written but **not sent** "+
+		"(`pg_current_wal_lsn() - sent_lsn`), WAL sent but **not confirmed** by the connector (`sent_lsn - flush_lsn`), and "+
+		"what the walsender waited on (CPU: no wait event; `Client:WalSenderWriteData`: its socket was full, the connector "+
+		"read slower than it sent). **Behind**: more than %d KB not sent.\n\n", walEvery, walBehindBytes>>10)
+	w("| offered/s | system | not sent p50 / p99 / max | not confirmed p50 / p99 / max | behind | spans, longest | waits | waits while behind |\n")
+	w("|---|---|---|---|---|---|---|---|\n")
+	for _, s := range rows {
+		x := s.WALSender
+		w("| %s | %s | %.0f / %.0f / %.0f KB | %.0f / %.0f / %.0f KB | %.1f%% | %d, %.0f ms | %s | %s |\n", thousands(s.OfferedRate), s.System,
+			x.NotSentP50KB, x.NotSentP99KB, x.NotSentMaxKB, x.UnconfP50KB, x.UnconfP99KB, x.UnconfMaxKB,
+			100*x.BehindShare, x.BehindSpans, x.LongestBehind, waitsText(x.Waits), dash(waitsText(x.WaitsBehind)))
+	}
+	w("\n")
 }
 
 func renderMemory(w func(string, ...any), r *Results) {

@@ -102,6 +102,8 @@ type SteadyResult struct {
 	// warm-up and this run).
 	PeakRSSBytes int64    `json:"peak_rss_bytes,omitempty"`
 	CPU          CPUUsage `json:"cpu"`
+	// WALSender is the connector's walsender over the run (outbox-cdc only).
+	WALSender *WALSenderStats `json:"walsender,omitempty"`
 	// RelayStats are the relay's counters.
 	RelayStats *relay.Stats `json:"relay_stats,omitempty"`
 }
