@@ -39,14 +39,6 @@ type sessionLoop struct {
 	pend   *Batch
 	pendAt time.Time
 	inTxn  bool
-	// parked is the last keepalive's position, held back while events are
-	// in flight (0: none). The tracker cannot apply a keepalive then
-	// (offsets.Tracker.Idle), and handing one over alone woke the processor
-	// for nothing about once per status update; it goes ahead of the next
-	// batch's messages instead, or alone when a read times out (within the
-	// confirm delay while events are in flight), so the gap repair, the
-	// exactly_once hold and a replay's end still see it.
-	parked lsn.LSN
 }
 
 // liveness, as PostgreSQL's walreceiver keeps it (walreceiver.c,
@@ -165,8 +157,7 @@ func (l *sessionLoop) run(ctx context.Context) error {
 			l.replyNow = false
 			l.live.pinged = l.live.pinged || ping
 		}
-		// A parked keepalive also wakes the loop soon: it goes alone then.
-		deadline := c.statusDeadline(now, l.st.at, l.s.pos.InFlight() > 0 || acked != l.st.flush || l.parked != 0)
+		deadline := c.statusDeadline(now, l.st.at, l.s.pos.InFlight() > 0 || acked != l.st.flush)
 		if !reading {
 			l.drain(ctx, deadline)
 			continue
@@ -185,7 +176,6 @@ func (l *sessionLoop) run(ctx context.Context) error {
 						return err
 					}
 				}
-				l.unpark()
 				continue
 			}
 			return fmt.Errorf("receive: %w", classify(err))
@@ -263,36 +253,18 @@ func (l *sessionLoop) keepalive(data []byte) error {
 	l.s.observe(l.received)
 	l.replyNow = ka.ReplyRequested
 	k := Message{Kind: Keepalive, WALEnd: end}
-	switch {
-	case l.pend != nil:
+	if l.pend != nil {
 		l.pend.add(k)
-	case l.s.pos.InFlight() > 0:
-		l.parked = end
-	default:
-		l.parked = 0 // this one is later
-		l.sendKeepalive(k)
+		return nil
 	}
-	return nil
-}
-
-// unpark hands the parked keepalive over alone.
-func (l *sessionLoop) unpark() {
-	if l.parked != 0 {
-		k := Message{Kind: Keepalive, WALEnd: l.parked}
-		l.parked = 0
-		l.sendKeepalive(k)
-	}
-}
-
-// sendKeepalive hands k over alone. Best effort: a full queue means data
-// is pending anyway, and a later keepalive says the same.
-func (l *sessionLoop) sendKeepalive(k Message) {
+	// Best effort: a full queue means data is pending anyway.
 	b := NewBatch(k)
 	select {
 	case l.out <- b:
 	default:
 		b.Release()
 	}
+	return nil
 }
 
 func (l *sessionLoop) xlogData(data []byte) error {
@@ -306,11 +278,6 @@ func (l *sessionLoop) xlogData(data []byte) error {
 	l.s.observe(l.received)
 	if l.pend == nil {
 		l.pend, l.pendAt = NewBatch(), time.Now() // not the loop's now: that was before the read
-		if l.parked != 0 {
-			// Received before this message: it goes first.
-			l.pend.add(Message{Kind: Keepalive, WALEnd: l.parked})
-			l.parked = 0
-		}
 	}
 	l.pend.add(m)
 	// Begin and Commit bracket a transaction (PG docs 55.9); any other
