@@ -34,6 +34,10 @@ const (
 	// ops-partition also leaves the outbox unpartitioned. The report names
 	// the skipped kinds.
 	EnvSkip = "OUTBOX_CDC_CHAOS_SKIP"
+	// EnvOnly runs one fault kind n times and nothing else, with the
+	// mode's writers and checks: OUTBOX_CDC_CHAOS_ONLY=kafka-kill-after-endtxn=12
+	// (a focused replay of a kind a run failed on).
+	EnvOnly = "OUTBOX_CDC_CHAOS_ONLY"
 )
 
 // Fault kinds.
@@ -65,6 +69,10 @@ const (
 	fNetKafkaForge   = "net-kafka-endtxn-forge"
 	fNetKafkaSwallow = "net-kafka-endtxn-swallow"
 	fNetKafkaAbort   = "net-kafka-abort-cut"
+	// fKafkaKillCommit: an EndTxn commit reaches the coordinator, its answer
+	// is cut and the broker is killed at once: the commit is decided or not
+	// when it dies, and finished (markers written) only after its restart.
+	fKafkaKillCommit = "kafka-kill-after-endtxn"
 	// Operations (ops_test.go): schema, publication and checkpoint changes
 	// an operator makes under load.
 	fOpsPartition   = "ops-partition"
@@ -80,8 +88,25 @@ const (
 
 var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate, fPGRestore, fPGPromote,
 	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
-	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize,
+	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fKafkaKillCommit, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize,
 	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention}
+
+// onlyKind narrows m to OUTBOX_CDC_CHAOS_ONLY's kind, n times, if set.
+func onlyKind(t *testing.T, m mode) mode {
+	v := os.Getenv(EnvOnly)
+	if v == "" {
+		return m
+	}
+	kind, count, _ := strings.Cut(v, "=")
+	n, err := strconv.Atoi(count)
+	if !slices.Contains(allFaults, kind) || err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want <kind>=<count>, a kind of %s", EnvOnly, v, strings.Join(allFaults, ", "))
+	}
+	m.Name += "-only-" + kind
+	m.Deck, m.MinChaos, m.MinFaults = map[string]int{kind: n}, 0, 0
+	t.Logf("chaos: %s: only %s, %d times", EnvOnly, kind, n)
+	return m
+}
 
 // faultClass groups the kinds for the report.
 func faultClass(kind string) string {
@@ -138,7 +163,7 @@ var shortMode = mode{
 		fPGFast: 3, fPGCrash: 2, fPGImmediate: 1, fPGRestore: 1, fPGPromote: 1,
 		fNetKafkaDrop: 1, fNetKafkaStall: 1, fNetKafkaSlow: 1, fNetKafkaReset: 1,
 		fNetPGDrop: 1, fNetPGStall: 1, fNetPGSlow: 1, fNetPGReset: 1,
-		fNetKafkaForge: 1, fNetKafkaSwallow: 1, fNetKafkaAbort: 1,
+		fNetKafkaForge: 1, fNetKafkaSwallow: 1, fNetKafkaAbort: 1, fKafkaKillCommit: 1,
 		fOpsPartition: 1, fOpsAddColumn: 1, fOpsDropMapped: 1, fOpsPubGap: 1, fOpsForeignCkpt: 1, fOpsOversize: 1,
 		fOpsPubGapMsg: 1, fOpsRedrive: 1, fOpsParkingRetention: 1,
 	},
@@ -156,7 +181,7 @@ var longMode = mode{
 		fPGFast: 4, fPGCrash: 4, fPGImmediate: 2, fPGRestore: 2, fPGPromote: 1,
 		fNetKafkaDrop: 3, fNetKafkaStall: 3, fNetKafkaSlow: 3, fNetKafkaReset: 3,
 		fNetPGDrop: 3, fNetPGStall: 3, fNetPGSlow: 3, fNetPGReset: 3,
-		fNetKafkaForge: 3, fNetKafkaSwallow: 3, fNetKafkaAbort: 2,
+		fNetKafkaForge: 3, fNetKafkaSwallow: 3, fNetKafkaAbort: 2, fKafkaKillCommit: 3,
 		fOpsPartition: 4, fOpsAddColumn: 3, fOpsDropMapped: 2, fOpsPubGap: 3, fOpsForeignCkpt: 2, fOpsOversize: 3,
 		fOpsPubGapMsg: 2, fOpsRedrive: 2, fOpsParkingRetention: 2,
 	},
@@ -256,6 +281,7 @@ func TestChaos(t *testing.T) {
 	if os.Getenv(EnvMode) == "long" {
 		m = longMode
 	}
+	m = onlyKind(t, m)
 	seed := mrand.Uint64()
 	if s := os.Getenv(EnvSeed); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
@@ -606,6 +632,8 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		down := time.Duration(r.rng.Int64N(int64(2 * time.Second)))
 		sleepCtx(ctx, down) // the outage under test
 		return fmt.Sprintf("SIGKILL, down %v before restart", down.Round(time.Millisecond)), restartKafka(ctx)
+	case fKafkaKillCommit:
+		return r.txnFault(ctx, kind)
 	case fKafkaStop:
 		sctx, cancel := context.WithTimeout(ctx, time.Minute)
 		err := env.kafka.Stop(sctx)

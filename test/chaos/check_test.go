@@ -1121,7 +1121,7 @@ func (r *run) inFault(t time.Time) bool {
 // the broker at all.
 func kafkaUnreachable(kind string) bool {
 	switch kind {
-	case fKafkaKill, fKafkaStop, fNetKafkaDrop, fNetKafkaStall:
+	case fKafkaKill, fKafkaKillCommit, fKafkaStop, fNetKafkaDrop, fNetKafkaStall:
 		return true
 	}
 	return false

@@ -166,15 +166,18 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 }
 
 // txnFaults are the EndTxn faults of the Kafka proxy: exactly_once only.
-var txnFaults = []string{fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort}
+var txnFaults = []string{fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fKafkaKillCommit}
 
 // txnFault arms an EndTxn fault of the Kafka proxy: forged retriable
 // answers for a while, or the next commit swallowed, or the next abort's
-// answer cut (armed for at most 10s: aborts are rare in a healthy run).
+// answer cut (armed for at most 10s: aborts are rare in a healthy run), or
+// the next commit's answer cut and the broker killed (killAfterCommit).
 func (r *run) txnFault(ctx context.Context, kind string) (string, error) {
 	p := env.brokerProxy
 	forged0, swallowed0, aborts0 := p.TxnCounts()
 	switch kind {
+	case fKafkaKillCommit:
+		return r.killAfterCommit(ctx)
 	case fNetKafkaForge:
 		d := r.between(time.Second, 4*time.Second)
 		p.SetTxnFault(TxnForge)
@@ -200,6 +203,31 @@ func (r *run) txnFault(ctx context.Context, kind string) (string, error) {
 		return fmt.Sprintf("EndTxn commits swallowed (connection reset): %d", swallowed-swallowed0), nil
 	}
 	return fmt.Sprintf("EndTxn aborts cut before the answer: %d (armed up to 10s)", aborts-aborts0), nil
+}
+
+// killAfterCommit cuts the answer of the next EndTxn commit (forwarded to
+// the coordinator) and SIGKILLs the broker as soon as it is cut, down up to
+// 2s: whether the commit was decided before the broker died, and when its
+// markers are written after the restart, is the broker's; the connector
+// must settle it without publishing its events twice.
+func (r *run) killAfterCommit(ctx context.Context) (string, error) {
+	p := env.brokerProxy
+	cut0 := p.CommitsCut()
+	p.SetTxnFault(TxnCutCommit)
+	deadline := time.Now().Add(10 * time.Second)
+	for p.CommitsCut() == cut0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(time.Millisecond) // polls the proxy's counter: the kill follows the cut closely
+	}
+	p.Heal()
+	if p.CommitsCut() == cut0 {
+		return "no EndTxn commit within 10s: nothing cut, broker not killed", nil
+	}
+	if err := env.kafka.Kill(); err != nil {
+		return "", err
+	}
+	down := time.Duration(r.rng.Int64N(int64(2 * time.Second)))
+	sleepCtx(ctx, down) // the outage under test
+	return fmt.Sprintf("EndTxn commit forwarded, its answer cut, SIGKILL; down %v before restart", down.Round(time.Millisecond)), restartKafka(ctx)
 }
 
 // detectionWindow reports whether a writer learned of a commit while the

@@ -30,6 +30,10 @@ const (
 	// EndTxn abort that follows is forwarded, then its connection reset
 	// before the answer: the abort may have happened, the client cannot know.
 	TxnCutAbort
+	// TxnCutCommit forwards the next EndTxn commit and resets its
+	// connection before the answer: the commit is the coordinator's to
+	// finish, and the client cannot know whether it did.
+	TxnCutCommit
 )
 
 const (
@@ -43,10 +47,12 @@ type txnState struct {
 	forged   atomic.Int64 // answers rewritten
 	swallows atomic.Int64
 	aborts   atomic.Int64 // aborts cut
+	commits  atomic.Int64 // commits cut (TxnCutCommit)
 	refusal  atomic.Bool  // a Produce answer was forged for TxnCutAbort
 }
 
-// SetTxnFault arms f until Heal (TxnSwallow and TxnCutAbort act once).
+// SetTxnFault arms f until Heal (TxnSwallow, TxnCutAbort and TxnCutCommit
+// act once).
 // The proxy must have been made with NewKafkaProxy.
 func (p *Proxy) SetTxnFault(f TxnFault) {
 	p.txn.refusal.Store(false)
@@ -58,6 +64,9 @@ func (p *Proxy) SetTxnFault(f TxnFault) {
 func (p *Proxy) TxnCounts() (forged, swallowed, aborts int64) {
 	return p.txn.forged.Load(), p.txn.swallows.Load(), p.txn.aborts.Load()
 }
+
+// CommitsCut reports the EndTxn commits forwarded and cut (TxnCutCommit).
+func (p *Proxy) CommitsCut() int64 { return p.txn.commits.Load() }
 
 // NewKafkaProxy is NewProxy with the Kafka protocol read frame by frame, so
 // that SetTxnFault can act on EndTxn.
@@ -103,6 +112,9 @@ func (p *Proxy) request(fl *frameLink, frame []byte) (forward, cut bool) {
 		return false, true
 	case f == TxnCutAbort && !commit && p.txn.fault.CompareAndSwap(int32(f), int32(TxnNone)):
 		p.txn.aborts.Add(1)
+		return true, true
+	case f == TxnCutCommit && commit && p.txn.fault.CompareAndSwap(int32(f), int32(TxnNone)):
+		p.txn.commits.Add(1)
 		return true, true
 	}
 	return true, false
