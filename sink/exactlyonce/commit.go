@@ -77,7 +77,7 @@ func (t *Txn) probe() {
 	}
 	var b []*entry
 	_, err := t.try(t.ctx, &b, pos)
-	if err != nil && (sink.IsFatalTxn(err) || errors.Is(err, errBegin)) {
+	if err != nil && fatal(err) {
 		t.setFatal(err)
 	}
 	if len(b) > 0 {
@@ -88,6 +88,12 @@ func (t *Txn) probe() {
 	}
 }
 
+// fatal: no further attempt of this producer can succeed (sink.IsFatalTxn,
+// a client that cannot begin, a hanging transaction only an operator ends).
+func fatal(err error) bool {
+	return sink.IsFatalTxn(err) || errors.Is(err, errBegin) || errors.Is(err, errHanging)
+}
+
 // setFatal records the first fatal error and reports it. Called with
 // commitMu held.
 func (t *Txn) setFatal(err error) {
@@ -95,6 +101,9 @@ func (t *Txn) setFatal(err error) {
 		return
 	}
 	t.fatal = sink.FatalTxnError(t.txnID, err)
+	if errors.Is(err, errHanging) {
+		t.fatal = err // says what to do itself
+	}
 	t.log.Error("kafka: the transactional producer cannot commit again", "transactional_id", t.txnID, "err", err)
 	if t.cfg.Fail != nil {
 		t.cfg.Fail(t.fatal)
@@ -127,7 +136,7 @@ func (t *Txn) commit(ctx context.Context) error {
 			t.batch = append(b, t.batch...)
 			t.mu.Unlock()
 			return ctx.Err()
-		case sink.IsFatalTxn(err) || errors.Is(err, errBegin):
+		case fatal(err):
 			t.setFatal(err)
 		case errors.Is(err, errRefused):
 			// The records to dead-letter or send alone are marked: at once.

@@ -121,6 +121,9 @@ func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool,
 	case <-time.After(2*t.cfg.FenceCheck + time.Second):
 	}
 	pos, err := t.readPosition(ctx)
+	if errors.Is(err, errHanging) {
+		return false, fmt.Errorf("settle an unconfirmed commit: %w", err) // not a fence: its own message
+	}
 	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", errors.Join(fenced, err))
 	}

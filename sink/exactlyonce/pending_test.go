@@ -3,6 +3,7 @@ package exactlyonce_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,4 +105,37 @@ func startPosition(ctx context.Context, c *kfake.Cluster, source string) (lsn.LS
 	defer tx.Close()
 	pos, err := tx.Start(ctx)
 	return pos.LSN, err
+}
+
+// TestTxnStartRefusesHangingPosition: a position of this source in a
+// transaction that stays unmarked while its coordinator has ended it (here:
+// another producer id's, which this transactional id's coordinator state
+// cannot be running) is a hanging transaction: the start stops with what
+// to do instead of guessing its outcome.
+func TestTxnStartRefusesHangingPosition(t *testing.T) {
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
+	first, _, closeFirst := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
+	done := sinktest.NewOutcomes()
+	produceTxn(ctx, t, first, done, 100, "one", "a1")
+	okOutcomes(ctx, t, done, 1)
+	closeFirst()
+
+	hung, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("hung"), kgo.DefaultProduceTopic(positions))
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	defer hung.Close()
+	if err := hung.BeginTransaction(); err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	rec := &kgo.Record{Key: []byte("sys/db/slot"), Value: []byte(`{"lsn":"0/C8","source":"sys/db/slot","txn":9}`)}
+	if err := hung.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	_, err = startPosition(ctx, c, "sys/db/slot")
+	if err == nil || !strings.Contains(err.Error(), "hanging transaction") || !strings.Contains(err.Error(), "kafka-transactions.sh") ||
+		!strings.Contains(err.Error(), positions+" 0 ") {
+		t.Fatalf("start: %v; want the hanging transaction on %s/0 and the commands that end it", err, positions)
+	}
 }

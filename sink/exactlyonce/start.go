@@ -173,7 +173,7 @@ func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 	defer cancel()
 	ours := func(r *kgo.Record) bool { return string(r.Key) == t.cfg.Source }
 	var pos Position
-	err := readTopic(ctx, t.cfg.Sink, name, ours, func(r *kgo.Record) error {
+	err := readTopic(ctx, t.cfg.Sink, name, topicread.Await{Holds: ours, Ended: t.ended}, func(r *kgo.Record) error {
 		if !ours(r) {
 			return nil
 		}
@@ -189,6 +189,10 @@ func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 		pos = p
 		return nil
 	})
+	var hanging *topicread.HangingError
+	if errors.As(err, &hanging) {
+		return Position{}, t.hangingError(hanging)
+	}
 	if err != nil {
 		return Position{}, fmt.Errorf("read positions from %s: %w", name, err)
 	}
@@ -198,8 +202,8 @@ func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 // readTopic reads every partition of topic from its start to its end as
 // listed when the read starts, handing fn the committed records in offset
 // order (topicread), on the calling goroutine; an open transaction holding
-// a record await accepts is waited for (topicread.ReadAwaiting).
-func readTopic(ctx context.Context, cfg sink.Config, topic string, await func(*kgo.Record) bool, fn func(*kgo.Record) error) error {
+// a record await holds is waited for (topicread.ReadAwaiting).
+func readTopic(ctx context.Context, cfg sink.Config, topic string, await topicread.Await, fn func(*kgo.Record) error) error {
 	conn, err := cfg.ConnOpts()
 	if err != nil {
 		return err

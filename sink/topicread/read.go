@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -26,21 +27,51 @@ import (
 // (offsets need not be contiguous; the last record before Until is in the
 // active segment, which compaction leaves alone, unless the log rolled).
 func (r *Reader) Read(ctx context.Context, ranges Ranges, fn func(*kgo.Record) error) error {
-	return r.ReadAwaiting(ctx, ranges, nil, fn)
+	return r.ReadAwaiting(ctx, ranges, Await{}, fn)
 }
 
-// ReadAwaiting is Read, except that a transaction still open at a
-// partition's end that holds a record await accepts is waited for: its
-// outcome is not known yet, so the partition is read on, past its end, to
-// that transaction's marker (only the marker is taken from there). The
+// Await is what ReadAwaiting waits for: a transaction still open at a
+// partition's end that holds a record Holds accepts. Its outcome is not
+// known yet, so the partition is read on, past its end, to that
+// transaction's marker (only the marker is taken from there). The
 // transaction coordinator answers EndTxn once the outcome is durable and
 // writes the markers after it (Kafka's transactions design, KIP-98: the
 // markers follow the PREPARE_COMMIT record of the transaction log), so a
 // commit whose answer was lost can be unmarked for a while, longer after a
-// broker restart; taking it for aborted repeats it. The wait ends with the
-// marker, or with ctx: the coordinator aborts a transaction left open once
-// its timeout passed.
-func (r *Reader) ReadAwaiting(ctx context.Context, ranges Ranges, await func(*kgo.Record) bool, fn func(*kgo.Record) error) error {
+// broker restart; taking it for aborted repeats it.
+//
+// Ended, if set, asks the coordinator whether such a transaction has ended
+// there, after each poll that did not bring its marker. A broker can end a
+// transaction without writing its markers (Kafka 4.x drops the markers of a
+// partition that has no leader at that moment, logging "these partitions
+// are likely deleted already"); the records then stay unmarked, and the
+// producer's next marker on that partition decides them, commit or abort.
+// When Ended says so twice, with a poll in between (a marker written just
+// before the coordinator's answer is read by then), the read ends with a
+// *HangingError.
+type Await struct {
+	Holds func(*kgo.Record) bool
+	Ended func(context.Context, *kgo.Record) (bool, error)
+}
+
+// HangingError is a transaction whose coordinator has ended it without a
+// marker on this partition (Await.Ended): a hanging transaction, KIP-664.
+type HangingError struct {
+	Topic      string
+	Partition  int32
+	Offset     int64 // its first record here
+	ProducerID int64
+	Epoch      int16
+}
+
+func (e *HangingError) Error() string {
+	return fmt.Sprintf("the transaction of producer id %d (epoch %d) starting at %s/%d offset %d has no marker, and its coordinator has ended it",
+		e.ProducerID, e.Epoch, e.Topic, e.Partition, e.Offset)
+}
+
+// ReadAwaiting is Read, except that a transaction open at a partition's
+// end that await.Holds a record of is waited for (Await).
+func (r *Reader) ReadAwaiting(ctx context.Context, ranges Ranges, await Await, fn func(*kgo.Record) error) error {
 	from := map[string]map[int32]kgo.Offset{}
 	until := map[string]map[int32]int64{}
 	left := 0
@@ -60,13 +91,13 @@ func (r *Reader) ReadAwaiting(ctx context.Context, ranges Ranges, await func(*kg
 		return nil
 	}
 	r.cl.AddConsumePartitions(from)
-	txns := committedLog{open: make(map[txnKey][]*kgo.Record), await: await}
+	txns := committedLog{open: make(map[txnKey][]*kgo.Record), await: await.Holds, ended: map[txnKey]bool{}, past: map[tp]bool{}}
 	for left > 0 {
-		fs := r.cl.PollFetches(ctx)
+		fs, polled := r.poll(ctx, len(txns.past) > 0 && await.Ended != nil)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := firstError(fs); err != nil {
+		if err := firstError(fs); polled && err != nil {
 			return err
 		}
 		var cbErr error
@@ -83,17 +114,68 @@ func (r *Reader) ReadAwaiting(ctx context.Context, ranges Ranges, await func(*kg
 					return
 				}
 			}
-			if n := len(p.Records); n > 0 && p.Records[n-1].Offset+1 >= end && !txns.awaiting(p.Topic, p.Partition) {
-				delete(until[p.Topic], p.Partition)
-				r.cl.RemoveConsumePartitions(map[string][]int32{p.Topic: {p.Partition}})
-				left--
+			n := len(p.Records)
+			if n == 0 || p.Records[n-1].Offset+1 < end {
+				return
 			}
+			if txns.awaiting(p.Topic, p.Partition) {
+				txns.past[tp{p.Topic, p.Partition}] = true
+				return
+			}
+			delete(until[p.Topic], p.Partition)
+			r.cl.RemoveConsumePartitions(map[string][]int32{p.Topic: {p.Partition}})
+			left--
 		})
 		if cbErr != nil {
 			return cbErr
 		}
+		if left > 0 && await.Ended != nil {
+			if err := txns.checkEnded(ctx, await.Ended); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// checkEnded asks ended about each awaited transaction still open, and
+// returns a *HangingError for one it said ended at the previous check too.
+func (l *committedLog) checkEnded(ctx context.Context, ended func(context.Context, *kgo.Record) (bool, error)) error {
+	for k, recs := range l.open {
+		if !l.past[tp{k.topic, k.partition}] || !l.holdsAwaited(k) {
+			continue
+		}
+		done, err := ended(ctx, recs[0])
+		if err != nil {
+			return err
+		}
+		switch {
+		case !done:
+			delete(l.ended, k)
+		case l.ended[k]:
+			return &HangingError{Topic: k.topic, Partition: k.partition, Offset: recs[0].Offset, ProducerID: k.producer, Epoch: recs[0].ProducerEpoch}
+		default:
+			l.ended[k] = true // once more after the next poll
+		}
+	}
+	return nil
+}
+
+// awaitPoll bounds a poll while an awaited transaction is open past its
+// partition's end: an empty long poll returns nothing to PollFetches, and
+// Await.Ended must still be asked.
+const awaitPoll = time.Second
+
+// poll polls once; bounded, it reports polled false when awaitPoll passed
+// with nothing fetched.
+func (r *Reader) poll(ctx context.Context, bounded bool) (kgo.Fetches, bool) {
+	if !bounded {
+		return r.cl.PollFetches(ctx), true
+	}
+	pctx, cancel := context.WithTimeout(ctx, awaitPoll)
+	defer cancel()
+	fs := r.cl.PollFetches(pctx)
+	return fs, pctx.Err() == nil || ctx.Err() != nil
 }
 
 // firstError is a poll's first error, naming its partition. franz-go
@@ -113,7 +195,14 @@ func firstError(fs kgo.Fetches) error {
 // transaction there.
 type committedLog struct {
 	open  map[txnKey][]*kgo.Record
-	await func(*kgo.Record) bool // ReadAwaiting's; nil: nothing is waited for
+	await func(*kgo.Record) bool // Await.Holds; nil: nothing is waited for
+	ended map[txnKey]bool        // Await.Ended said so at the last check
+	past  map[tp]bool            // partitions read to their end with an awaited transaction open
+}
+
+type tp struct {
+	topic     string
+	partition int32
 }
 
 // awaiting reports whether a transaction open in topic's partition p holds

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,7 +165,9 @@ func TestReadAwaitingOpenTransaction(t *testing.T) {
 			res := make(chan result, 1)
 			go func() {
 				var got []string
-				err := rd.ReadAwaiting(ctx, ranges, func(r *kgo.Record) bool { return string(r.Value) == "y2" },
+				await := topicread.Await{Holds: func(r *kgo.Record) bool { return string(r.Value) == "y2" },
+					Ended: func(context.Context, *kgo.Record) (bool, error) { return false, nil }}
+				err := rd.ReadAwaiting(ctx, ranges, await,
 					func(r *kgo.Record) error {
 						got = append(got, string(r.Value))
 						return nil
@@ -190,5 +193,43 @@ func TestReadAwaitingOpenTransaction(t *testing.T) {
 				t.Fatal("the read did not end after the awaited transaction's marker")
 			}
 		})
+	}
+}
+
+// TestReadAwaitingHanging: an awaited transaction that stays unmarked while
+// its coordinator says it ended (twice, a poll apart) ends the read with a
+// *HangingError naming it; one the coordinator still runs is waited for.
+func TestReadAwaitingHanging(t *testing.T) {
+	ctx, c, rd := setup(t)
+	txn := writer(t, c, kgo.TransactionalID("w"))
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"h1", "h2"} {
+		if err := txn.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ranges, _, err := rd.Whole(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int32
+	await := topicread.Await{Holds: func(r *kgo.Record) bool { return string(r.Value) == "h2" },
+		Ended: func(_ context.Context, r *kgo.Record) (bool, error) {
+			if string(r.Value) != "h1" {
+				return false, fmt.Errorf("asked about %q, want the transaction's first record", r.Value)
+			}
+			return asked.Add(1) > 2, nil // running for two checks, then ended
+		}}
+	short, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	err = rd.ReadAwaiting(short, ranges, await, func(*kgo.Record) error { return nil })
+	var hanging *topicread.HangingError
+	if !errors.As(err, &hanging) || hanging.Offset != 0 || hanging.Topic != "one" {
+		t.Fatalf("read: %v (asked %d); want a HangingError at one/0 offset 0", err, asked.Load())
+	}
+	if n := asked.Load(); n != 4 {
+		t.Fatalf("the coordinator was asked %d times, want 4 (twice running, twice ended)", n)
 	}
 }

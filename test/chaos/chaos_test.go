@@ -252,7 +252,10 @@ type run struct {
 	rd     redriveState
 	faults []faultRecord
 	exits  []string // unexpected connector exits, with evidence
-	hangs  []string // catch-up timeouts
+	// runbooks: hanging transactions the connector stopped on, and the
+	// abort the suite made for it (hanging_test.go).
+	runbooks []string
+	hangs    []string // catch-up timeouts
 	// expectedExits are the exits the operations faults required (exit 1
 	// and the message); opsFailures what went wrong with them (a connector
 	// that did not stop, or stopped the wrong way).
@@ -791,7 +794,22 @@ func (r *run) checkConnector(ctx context.Context) {
 	if in == nil {
 		return
 	}
-	msg := fmt.Sprintf("connector #%d exited on its own at %s: %v\n%s", in.N, in.ExitAt.Format("15:04:05.000"), in.err, r.conn.logTail(30))
+	tail := r.conn.logTail(30)
+	if hangingExit(tail) {
+		// The connector's own runbook (hanging_test.go): an operator's
+		// abort, then a restart; not a failure.
+		aborted, err := abortHanging(ctx)
+		if err != nil {
+			r.t.Fatalf("connector #%d stopped on a hanging transaction; its runbook failed: %v\n%s", in.N, err, tail)
+		}
+		r.runbooks = append(r.runbooks, fmt.Sprintf("connector #%d stopped on a hanging transaction at %s; aborted on %v", in.N, in.ExitAt.Format("15:04:05.000"), aborted))
+		r.t.Logf("chaos: %s", r.runbooks[len(r.runbooks)-1])
+		if _, err := r.conn.start(ctx, "after-hanging-abort"); err != nil {
+			r.t.Fatalf("restart connector after the abort: %v\n%s", err, r.conn.logTail(40))
+		}
+		return
+	}
+	msg := fmt.Sprintf("connector #%d exited on its own at %s: %v\n%s", in.N, in.ExitAt.Format("15:04:05.000"), in.err, tail)
 	r.exits = append(r.exits, msg)
 	r.t.Errorf("%s", msg)
 	if _, err := r.conn.start(ctx, "after-exit"); err != nil {

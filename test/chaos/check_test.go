@@ -139,8 +139,11 @@ type Report struct {
 	UnmeasuredRecoveries int                 `json:"recoveries_not_measured_next_fault_too_soon"`
 
 	UnexpectedExits []string `json:"connector_unexpected_exits,omitempty"`
-	Hangs           []string `json:"hangs,omitempty"`
-	Failures        []string `json:"failures,omitempty"`
+	// HangingAborted: stops on a hanging transaction and the suite's abort
+	// (the connector's runbook, hanging_test.go).
+	HangingAborted []string `json:"hanging_transactions_aborted,omitempty"`
+	Hangs          []string `json:"hangs,omitempty"`
+	Failures       []string `json:"failures,omitempty"`
 
 	Faults       []faultJSON `json:"faults"`
 	Incarnations []incJSON   `json:"connector_processes"`
@@ -249,6 +252,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	}
 	rep.WriterRefusedCol = r.wstats.undefinedColumn.Load()
 	rep.UnexpectedExits = r.exits
+	rep.HangingAborted = r.runbooks
 	rep.Hangs = r.hangs
 	for _, h := range r.hangs {
 		rep.Failures = append(rep.Failures, "hang: "+h)
@@ -1220,7 +1224,7 @@ func (r *run) report(rep *Report) {
 		fmt.Sprintf("longest recovery: first new delivery %dms (%s at %s), all caught up %dms (%s at %s); %d recoveries overlapped by the next fault",
 			rep.LongestFirstDelivery.Millis, rep.LongestFirstDelivery.Fault, rep.LongestFirstDelivery.At,
 			rep.LongestCaughtUp.Millis, rep.LongestCaughtUp.Fault, rep.LongestCaughtUp.At, rep.UnmeasuredRecoveries),
-		fmt.Sprintf("connector processes %d, unexpected exits %d, hangs %d", len(rep.Incarnations), len(rep.UnexpectedExits), len(rep.Hangs)),
+		fmt.Sprintf("connector processes %d, unexpected exits %d, hangs %d, stops on a hanging transaction (aborted by the suite, the runbook) %d", len(rep.Incarnations), len(rep.UnexpectedExits), len(rep.Hangs), len(rep.HangingAborted)),
 		fmt.Sprintf("table-less events (messages) written %d; parked records %d (%d deleted by retention); lost to retention, named by the redrive's refusal: %d %v; copies republished by redrives %d, by a verify --repair after retention %d; quarantine order violations %d",
 			rep.MessageEvents, rep.Parked, rep.ParkedDeleted, rep.LostToRetention, rep.LostToRetentionIDs, rep.Redriven, rep.RepairedAfterRetention, rep.QuarantineViolations),
 		fmt.Sprintf("undone by a restore or a promotion: %d events, %d of their records in Kafka (expected, not counted as delivered or unexpected)",
