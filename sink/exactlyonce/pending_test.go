@@ -37,29 +37,11 @@ func TestTxnPositionReadAwaitsOpenCommit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := sinktest.Ctx(t)
 			c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
-			first, _, closeFirst := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
-			done := sinktest.NewOutcomes()
-			produceTxn(ctx, t, first, done, 100, "one", "a1")
-			okOutcomes(ctx, t, done, 1)
-			closeFirst()
-
 			// The lost commit: this source's next position, its records
 			// written, its outcome not yet marked. (Another transactional
 			// id stands in for the earlier instance's: a start's fence
 			// does not touch it.)
-			late, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("earlier-instance"),
-				kgo.DefaultProduceTopic(positions))
-			if err != nil {
-				t.Fatalf("client: %v", err)
-			}
-			defer late.Close()
-			if err := late.BeginTransaction(); err != nil {
-				t.Fatalf("begin: %v", err)
-			}
-			rec := &kgo.Record{Key: []byte("sys/db/slot"), Value: []byte(`{"lsn":"0/C8","source":"sys/db/slot","txn":9}`)}
-			if err := late.ProduceSync(ctx, rec).FirstErr(); err != nil {
-				t.Fatalf("produce: %v", err)
-			}
+			late := openPosition(ctx, t, c, "earlier-instance")
 
 			type started struct {
 				pos lsn.LSN
@@ -94,6 +76,31 @@ func TestTxnPositionReadAwaitsOpenCommit(t *testing.T) {
 	}
 }
 
+// openPosition commits position 0/64 of source sys/db/slot, then leaves
+// the next one, 0/C8, open in a transaction of transactional id txnID
+// (closed when the test ends).
+func openPosition(ctx context.Context, t *testing.T, c *kfake.Cluster, txnID string) *kgo.Client {
+	t.Helper()
+	first, _, closeFirst := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
+	done := sinktest.NewOutcomes()
+	produceTxn(ctx, t, first, done, 100, "one", "a1")
+	okOutcomes(ctx, t, done, 1)
+	closeFirst()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID(txnID), kgo.DefaultProduceTopic(positions))
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatalf("begin: %v", err)
+	}
+	rec := &kgo.Record{Key: []byte("sys/db/slot"), Value: []byte(`{"lsn":"0/C8","source":"sys/db/slot","txn":9}`)}
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	return cl
+}
+
 // startPosition starts a transactional sink for source and returns the
 // position its start read; it reports through its results only, so that it
 // can run off the test goroutine.
@@ -115,25 +122,8 @@ func startPosition(ctx context.Context, c *kfake.Cluster, source string) (lsn.LS
 func TestTxnStartRefusesHangingPosition(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
-	first, _, closeFirst := newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
-	done := sinktest.NewOutcomes()
-	produceTxn(ctx, t, first, done, 100, "one", "a1")
-	okOutcomes(ctx, t, done, 1)
-	closeFirst()
-
-	hung, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("hung"), kgo.DefaultProduceTopic(positions))
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	defer hung.Close()
-	if err := hung.BeginTransaction(); err != nil {
-		t.Fatalf("begin: %v", err)
-	}
-	rec := &kgo.Record{Key: []byte("sys/db/slot"), Value: []byte(`{"lsn":"0/C8","source":"sys/db/slot","txn":9}`)}
-	if err := hung.ProduceSync(ctx, rec).FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
-	}
-	_, err = startPosition(ctx, c, "sys/db/slot")
+	openPosition(ctx, t, c, "hung")
+	_, err := startPosition(ctx, c, "sys/db/slot")
 	if err == nil || !strings.Contains(err.Error(), "hanging transaction") || !strings.Contains(err.Error(), "kafka-transactions.sh") ||
 		!strings.Contains(err.Error(), positions+" 0 ") {
 		t.Fatalf("start: %v; want the hanging transaction on %s/0 and the commands that end it", err, positions)
