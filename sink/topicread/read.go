@@ -106,25 +106,12 @@ func (r *Reader) ReadAwaiting(ctx context.Context, ranges Ranges, await Await, f
 			if !reading || cbErr != nil {
 				return
 			}
-			for _, rec := range p.Records {
-				if rec.Offset >= end && !txns.awaited(rec) {
-					continue // written after the read started
-				}
-				if cbErr = txns.add(rec, fn); cbErr != nil {
-					return
-				}
+			var done bool
+			if done, cbErr = txns.take(p, end, fn); done {
+				delete(until[p.Topic], p.Partition)
+				r.cl.RemoveConsumePartitions(map[string][]int32{p.Topic: {p.Partition}})
+				left--
 			}
-			n := len(p.Records)
-			if n == 0 || p.Records[n-1].Offset+1 < end {
-				return
-			}
-			if txns.awaiting(p.Topic, p.Partition) {
-				txns.past[tp{p.Topic, p.Partition}] = true
-				return
-			}
-			delete(until[p.Topic], p.Partition)
-			r.cl.RemoveConsumePartitions(map[string][]int32{p.Topic: {p.Partition}})
-			left--
 		})
 		if cbErr != nil {
 			return cbErr
@@ -136,6 +123,29 @@ func (r *Reader) ReadAwaiting(ctx context.Context, ranges Ranges, await Await, f
 		}
 	}
 	return nil
+}
+
+// take hands fn what p's fetch committed before end (and the markers of
+// awaited transactions past it), and reports whether p is read: its end
+// reached with no awaited transaction open.
+func (l *committedLog) take(p kgo.FetchTopicPartition, end int64, fn func(*kgo.Record) error) (bool, error) {
+	for _, rec := range p.Records {
+		if rec.Offset >= end && !l.awaited(rec) {
+			continue // written after the read started
+		}
+		if err := l.add(rec, fn); err != nil {
+			return false, err
+		}
+	}
+	n := len(p.Records)
+	if n == 0 || p.Records[n-1].Offset+1 < end {
+		return false, nil
+	}
+	if l.awaiting(p.Topic, p.Partition) {
+		l.past[tp{p.Topic, p.Partition}] = true
+		return false, nil
+	}
+	return true, nil
 }
 
 // checkEnded asks ended about each awaited transaction still open, and
