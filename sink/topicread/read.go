@@ -173,8 +173,11 @@ func (l *committedLog) checkEnded(ctx context.Context, ended func(context.Contex
 
 // awaitPoll bounds a poll while an awaited transaction is open past its
 // partition's end: an empty long poll returns nothing to PollFetches, and
-// Await.Ended must still be asked.
-const awaitPoll = time.Second
+// Await.Ended must still be asked. A marker ends the poll as soon as it is
+// written, so this only paces the questions: a hanging transaction is
+// declared one awaitPoll after the coordinator first says it ended, which
+// leaves a late marker (or a test deciding its transaction) two seconds.
+const awaitPoll = 2 * time.Second
 
 // poll polls once; bounded, it reports polled false when awaitPoll passed
 // with nothing fetched.
