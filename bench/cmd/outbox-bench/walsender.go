@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -95,7 +96,7 @@ func startWALSampler(ctx context.Context, dsn, slot string) (*walSampler, error)
 			switch {
 			case ctx.Err() != nil:
 				return
-			case err == pgx.ErrNoRows:
+			case errors.Is(err, pgx.ErrNoRows):
 				continue // between connections: nothing to read
 			case err != nil:
 				s.err = fmt.Errorf("walsender sampler: %w", err)
@@ -145,7 +146,7 @@ func summarizeWAL(samples []walSample) *WALSenderStats {
 		// A span lasts from its first sample to its last (a lone sample: 0).
 		longest = max(longest, x.At.Sub(spanStart))
 	}
-	ns, uc := percentiles(notSent), percentiles(unconf)
+	ns, uc := percentiles(notSent), percentiles(unconf) // KB in the Ms fields: the same ranks
 	st.NotSentP50KB, st.NotSentP99KB, st.NotSentMaxKB = round(ns.P50Ms, 1), round(ns.P99Ms, 1), round(ns.MaxMs, 1)
 	st.UnconfP50KB, st.UnconfP99KB, st.UnconfMaxKB = round(uc.P50Ms, 1), round(uc.P99Ms, 1), round(uc.MaxMs, 1)
 	st.BehindShare = round(float64(behind)/float64(len(samples)), 3)
