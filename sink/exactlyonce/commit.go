@@ -193,6 +193,7 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 			return t.abort(ctx, t.refusals(b))
 		}
 	}
+	t.noteTopics(b, t.txnSeq)
 	pos, err := t.positionRecord(end, t.txnSeq)
 	if err != nil {
 		return t.abort(ctx, err)

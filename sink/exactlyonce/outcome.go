@@ -84,6 +84,7 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 	if err := cl.AbortBufferedRecords(ctx); err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
+	t.noteCoordinator(ctx) // the reload below erases its outcome there
 	err := cl.EndTransaction(ctx, kgo.TryAbort)
 	if err == nil {
 		_, _, err = cl.ProducerID(ctx)

@@ -38,12 +38,35 @@ type Position struct {
 	// that a settle can tell its own commit from another instance's
 	// (settleFenced); "" in records of versions before it.
 	Instance string `json:"instance,omitempty"`
+	// Mark proves that the server's history has every position up to
+	// MarkAt (replication/marks.go); 0 in records of versions before it
+	// and without marks (PostgreSQL 13): the start checks the WAL end only.
+	Mark   uint64  `json:"mark,omitempty"`
+	MarkAt lsn.LSN `json:"mark_at,omitempty"`
+	// MarkTime is the commit time of the mark's transaction, when it was
+	// decoded: what lies past MarkAt committed after it.
+	MarkTime time.Time `json:"mark_time,omitzero"`
+	// Topics are the topics this source's transactions wrote to lately,
+	// this one's among them (at most maxTopics): a start or settle looks
+	// for a hanging transaction on their partitions (hanging.go). Empty in
+	// records of versions before it: the positions partition alone.
+	Topics []string `json:"topics,omitempty"`
 }
 
 // positionRecord is the record that commits end with transaction txn.
 func (t *Txn) positionRecord(end lsn.LSN, txn uint64) (*kgo.Record, error) {
-	v, err := json.Marshal(Position{LSN: end, Source: t.cfg.Source, Committed: time.Now().UTC(),
-		Timeline: t.timeline.Load(), Txn: txn, Instance: t.instance})
+	pos := Position{LSN: end, Source: t.cfg.Source, Committed: time.Now().UTC(),
+		Timeline: t.timeline.Load(), Txn: txn, Instance: t.instance, Topics: t.topicsWritten()}
+	t.mu.Lock()
+	handed := end <= t.end // this run handed it over, so decoded it
+	t.mu.Unlock()
+	switch {
+	case !handed:
+		pos.Mark, pos.MarkAt, pos.MarkTime = t.prior.Mark, t.prior.MarkAt, t.prior.MarkTime
+	case t.cfg.Proof != nil:
+		pos.Mark, pos.MarkAt, pos.MarkTime = t.cfg.Proof()
+	}
+	v, err := json.Marshal(pos)
 	if err != nil {
 		return nil, fmt.Errorf("position record: %w", err)
 	}

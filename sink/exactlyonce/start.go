@@ -2,7 +2,6 @@ package exactlyonce
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -30,6 +29,7 @@ func (t *Txn) Start(ctx context.Context) (Position, error) {
 	if err := t.ensurePositions(ctx); err != nil {
 		return Position{}, err
 	}
+	t.noteCoordinator(ctx) // the fence erases the last transaction's outcome there
 	if err := t.fence(ctx); err != nil {
 		return Position{}, err
 	}
@@ -39,9 +39,10 @@ func (t *Txn) Start(ctx context.Context) (Position, error) {
 	}
 	if pos.LSN != 0 {
 		t.log.Info("kafka: last committed position", "topic", t.cfg.Positions, "lsn", pos.LSN, "timeline", pos.Timeline,
-			"txn", pos.Txn, "committed_at", pos.Committed)
+			"txn", pos.Txn, "committed_at", pos.Committed, "history_mark", pos.Mark)
 	}
 	t.committed.Store(uint64(pos.LSN))
+	t.prior = pos
 	t.txnSeq = pos.Txn
 	t.wg.Add(1)
 	go t.loop()
@@ -166,37 +167,30 @@ func (t *Txn) fence(parent context.Context) error {
 // be a commit whose markers are not written yet (topicread.ReadAwaiting),
 // which the settle of a lost answer and the start after it must count. The
 // broker aborts one left open after TransactionTimeout, so the read waits
-// that long and a minute more.
+// that long and a minute more. Then the last transactions' other
+// partitions are looked at (checkHanging): a hanging transaction stops it.
 func (t *Txn) readPosition(ctx context.Context) (Position, error) {
 	name := t.cfg.Positions
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.TransactionTimeout+time.Minute)
 	defer cancel()
-	ours := func(r *kgo.Record) bool { return string(r.Key) == t.cfg.Source }
-	var pos Position
-	err := readTopic(ctx, t.cfg.Sink, name, topicread.Await{Holds: ours, Ended: t.ended}, func(r *kgo.Record) error {
-		if !ours(r) {
-			return nil
-		}
-		if r.Value == nil {
-			pos = Position{}
-			return nil
-		}
-		var p Position
-		if err := json.Unmarshal(r.Value, &p); err != nil {
-			t.log.Warn("kafka: ignoring an unreadable position record", "topic", name, "offset", r.Offset, "err", err)
-			return nil
-		}
-		pos = p
-		return nil
-	})
+	s := newPositionsRead(t.cfg.Source, name, t.log)
+	err := readTopic(ctx, t.cfg.Sink, name, topicread.Await{Holds: s.ours, Ended: t.ended, Aborted: s.aborted}, s.committed)
 	var hanging *topicread.HangingError
-	if errors.As(err, &hanging) {
-		return Position{}, t.hangingError(hanging)
-	}
-	if err != nil {
+	switch {
+	case errors.As(err, &hanging):
+		s.hang(hanging)
+	case err != nil:
 		return Position{}, fmt.Errorf("read positions from %s: %w", name, err)
 	}
-	return pos, nil
+	if err := t.checkHanging(ctx, s); err != nil {
+		return Position{}, err
+	}
+	for _, tp := range s.last.pos.Topics {
+		if _, ok := t.hang.written[tp]; !ok {
+			t.noteTopic(tp, 0) // still looked at after the next commit
+		}
+	}
+	return s.pos, nil
 }
 
 // readTopic reads every partition of topic from its start to its end as

@@ -61,6 +61,16 @@ type Config struct {
 	// (replication.PrerequisiteError in the connector; this package does
 	// not import the replication package).
 	Prerequisite func(problem, fix string) error
+	// Proof returns the history mark that proves positions up to at are in
+	// the server's history (replication/marks.go); it is recorded with each
+	// position. Nil, or a zero mark: none.
+	Proof func() (mark uint64, at lsn.LSN, commit time.Time)
+	// Acknowledged is the highest position PostgreSQL was told is delivered
+	// when the run starts (the slot's confirmed position, a later
+	// checkpoint's): a hanging transaction whose position it reaches was
+	// acknowledged, and an abort would lose its events (decideHang). 0:
+	// not known; the runbook then asks the operator to check the slot.
+	Acknowledged lsn.LSN
 }
 
 // Txn is the exactly-once producer. The pipeline hands it each PostgreSQL
@@ -110,8 +120,12 @@ type Txn struct {
 	topics    map[string]*topicInfo
 	fatal     error
 	committed atomic.Uint64 // last position committed
-	lastTry   time.Time     // last transaction attempted
-	txnSeq    uint64        // Position.Txn of the last attempt
+	// prior is the proof of the position read at start: a position this run
+	// did not hand over (the probe commits it again) keeps it, never the
+	// run's own proof, which proves only what this run decoded.
+	prior   Position
+	lastTry time.Time // last transaction attempted
+	txnSeq  uint64    // Position.Txn of the last attempt
 	// unsure is the last attempt when its commit was not confirmed: it may
 	// have committed, and nothing is produced before that is known.
 	unsure *unconfirmed
@@ -119,6 +133,9 @@ type Txn struct {
 	// itself in the transaction until an abort succeeds (franz-go's
 	// EndTransaction: retry with TryAbort), so no attempt begins before.
 	aborting bool
+	// hang is the hang check's state (hanging.go); guarded by commitMu
+	// after Start.
+	hang hangState
 
 	timeline atomic.Int32 // stamped on position records (SetTimeline)
 

@@ -49,9 +49,14 @@ func (r *Reader) Read(ctx context.Context, ranges Ranges, fn func(*kgo.Record) e
 // When Ended says so twice, with a poll in between (a marker written just
 // before the coordinator's answer is read by then), the read ends with a
 // *HangingError.
+//
+// Aborted, if set, is handed each record Holds accepts whose transaction
+// aborted (on the calling goroutine, in offset order with fn's): a reader
+// that must know what its last transaction was learns it of an abort too.
 type Await struct {
-	Holds func(*kgo.Record) bool
-	Ended func(context.Context, *kgo.Record) (bool, error)
+	Holds   func(*kgo.Record) bool
+	Ended   func(context.Context, *kgo.Record) (bool, error)
+	Aborted func(*kgo.Record)
 }
 
 // HangingError is a transaction whose coordinator has ended it without a
@@ -62,6 +67,7 @@ type HangingError struct {
 	Offset     int64 // its first record here
 	ProducerID int64
 	Epoch      int16
+	Held       []*kgo.Record // its records here that Await.Holds accepts, in offset order
 }
 
 func (e *HangingError) Error() string {
@@ -91,7 +97,7 @@ func (r *Reader) ReadAwaiting(ctx context.Context, ranges Ranges, await Await, f
 		return nil
 	}
 	r.cl.AddConsumePartitions(from)
-	txns := committedLog{open: make(map[txnKey][]*kgo.Record), await: await.Holds, ended: map[txnKey]bool{}, past: map[tp]bool{}}
+	txns := committedLog{open: make(map[txnKey][]*kgo.Record), await: await.Holds, aborted: await.Aborted, ended: map[txnKey]bool{}, past: map[tp]bool{}}
 	for left > 0 {
 		fs, polled := r.poll(ctx, len(txns.past) > 0 && await.Ended != nil)
 		if err := ctx.Err(); err != nil {
@@ -163,7 +169,8 @@ func (l *committedLog) checkEnded(ctx context.Context, ended func(context.Contex
 		case !done:
 			delete(l.ended, k)
 		case l.ended[k]:
-			return &HangingError{Topic: k.topic, Partition: k.partition, Offset: recs[0].Offset, ProducerID: k.producer, Epoch: recs[0].ProducerEpoch}
+			return &HangingError{Topic: k.topic, Partition: k.partition, Offset: recs[0].Offset, ProducerID: k.producer,
+				Epoch: recs[0].ProducerEpoch, Held: l.held(recs)}
 		default:
 			l.ended[k] = true // once more after the next poll
 		}
@@ -207,10 +214,11 @@ func firstError(fs kgo.Fetches) error {
 // transactional records wait, per partition, for the marker that ends their
 // transaction there.
 type committedLog struct {
-	open  map[txnKey][]*kgo.Record
-	await func(*kgo.Record) bool // Await.Holds; nil: nothing is waited for
-	ended map[txnKey]bool        // Await.Ended said so at the last check
-	past  map[tp]bool            // partitions read to their end with an awaited transaction open
+	open    map[txnKey][]*kgo.Record
+	await   func(*kgo.Record) bool // Await.Holds; nil: nothing is waited for
+	aborted func(*kgo.Record)      // Await.Aborted; nil: not told
+	ended   map[txnKey]bool        // Await.Ended said so at the last check
+	past    map[tp]bool            // partitions read to their end with an awaited transaction open
 }
 
 type tp struct {
@@ -247,6 +255,17 @@ func (l *committedLog) holdsAwaited(k txnKey) bool {
 	return false
 }
 
+// held is what of recs Await.Holds accepts.
+func (l *committedLog) held(recs []*kgo.Record) []*kgo.Record {
+	var out []*kgo.Record
+	for _, r := range recs {
+		if l.await != nil && l.await(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 type txnKey struct {
 	topic     string
 	partition int32
@@ -260,7 +279,12 @@ func (l *committedLog) add(r *kgo.Record, fn func(*kgo.Record) error) error {
 		recs := l.open[k]
 		delete(l.open, k)
 		if !commitMarker(r.Key) {
-			return nil // aborted
+			if l.aborted != nil {
+				for _, x := range l.held(recs) {
+					l.aborted(x)
+				}
+			}
+			return nil
 		}
 		for _, x := range recs {
 			if err := fn(x); err != nil {

@@ -125,16 +125,18 @@ func TestReadDeletedIsAnError(t *testing.T) {
 
 // TestReadAwaitingOpenTransaction: a transaction open at the end that holds
 // an awaited record is read to its marker, past the end (its records when
-// it commits, none when it aborts); what others wrote past the end stays
-// out; an open transaction without an awaited record is not waited for.
+// it commits, none when it aborts, its awaited ones to Await.Aborted then);
+// what others wrote past the end stays out; an open transaction without an
+// awaited record is not waited for.
 func TestReadAwaitingOpenTransaction(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		how  kgo.TransactionEndTry
-		want string
+		name    string
+		how     kgo.TransactionEndTry
+		want    string
+		aborted string
 	}{
-		{"committed", kgo.TryCommit, "[a y1 y2]"},
-		{"aborted", kgo.TryAbort, "[a]"},
+		{"committed", kgo.TryCommit, "[a y1 y2]", "[]"},
+		{"aborted", kgo.TryAbort, "[a]", "[y2]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, c, rd := setup(t)
@@ -159,20 +161,21 @@ func TestReadAwaitingOpenTransaction(t *testing.T) {
 				t.Fatal(err)
 			}
 			type result struct {
-				got []string
-				err error
+				got, aborted []string
+				err          error
 			}
 			res := make(chan result, 1)
 			go func() {
-				var got []string
+				got, aborted := []string{}, []string{}
 				await := topicread.Await{Holds: func(r *kgo.Record) bool { return string(r.Value) == "y2" },
-					Ended: func(context.Context, *kgo.Record) (bool, error) { return false, nil }}
+					Ended:   func(context.Context, *kgo.Record) (bool, error) { return false, nil },
+					Aborted: func(r *kgo.Record) { aborted = append(aborted, string(r.Value)) }}
 				err := rd.ReadAwaiting(ctx, ranges, await,
 					func(r *kgo.Record) error {
 						got = append(got, string(r.Value))
 						return nil
 					})
-				res <- result{got, err}
+				res <- result{got, aborted, err}
 			}()
 			produce(plain, "late") // past the end: not read
 			time.Sleep(200 * time.Millisecond)
@@ -186,8 +189,8 @@ func TestReadAwaitingOpenTransaction(t *testing.T) {
 			}
 			select {
 			case r := <-res:
-				if r.err != nil || fmt.Sprint(r.got) != tc.want {
-					t.Fatalf("read %v, %v; want %s", r.got, r.err, tc.want)
+				if r.err != nil || fmt.Sprint(r.got) != tc.want || fmt.Sprint(r.aborted) != tc.aborted {
+					t.Fatalf("read %v (aborted %v), %v; want %s (aborted %s)", r.got, r.aborted, r.err, tc.want, tc.aborted)
 				}
 			case <-ctx.Done():
 				t.Fatal("the read did not end after the awaited transaction's marker")
@@ -198,7 +201,8 @@ func TestReadAwaitingOpenTransaction(t *testing.T) {
 
 // TestReadAwaitingHanging: an awaited transaction that stays unmarked while
 // its coordinator says it ended (twice, a poll apart) ends the read with a
-// *HangingError naming it; one the coordinator still runs is waited for.
+// *HangingError naming it and holding its awaited records; one the
+// coordinator still runs is waited for.
 func TestReadAwaitingHanging(t *testing.T) {
 	ctx, c, rd := setup(t)
 	txn := writer(t, c, kgo.TransactionalID("w"))
@@ -226,8 +230,8 @@ func TestReadAwaitingHanging(t *testing.T) {
 	defer cancel()
 	err = rd.ReadAwaiting(short, ranges, await, func(*kgo.Record) error { return nil })
 	var hanging *topicread.HangingError
-	if !errors.As(err, &hanging) || hanging.Offset != 0 || hanging.Topic != "one" {
-		t.Fatalf("read: %v (asked %d); want a HangingError at one/0 offset 0", err, asked.Load())
+	if !errors.As(err, &hanging) || hanging.Offset != 0 || hanging.Topic != "one" || len(hanging.Held) != 1 || string(hanging.Held[0].Value) != "h2" {
+		t.Fatalf("read: %v (asked %d); want a HangingError at one/0 offset 0 holding h2", err, asked.Load())
 	}
 	if n := asked.Load(); n != 4 {
 		t.Fatalf("the coordinator was asked %d times, want 4 (twice running, twice ended)", n)
