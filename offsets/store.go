@@ -34,6 +34,12 @@ type Checkpoint struct {
 	// from at most this time clears it (ClearRepair). Saves keep the
 	// earliest of the stored and the saved one; only ClearRepair removes it.
 	RepairSince time.Time `json:"repair_since,omitzero"`
+	// Mark is the history mark (replication/marks.go) that proves LSN is a
+	// position of the server's history: the server that has it has the WAL
+	// up to MarkAt, at or past LSN. Zero without one (PostgreSQL 13, older
+	// versions): the start checks the WAL end only.
+	Mark   uint64  `json:"mark,omitempty"`
+	MarkAt lsn.LSN `json:"mark_at,omitempty"`
 	// Gap, when set, records that the outbox table left the stream (removed
 	// from the publication, dropped): the rows written since could not be
 	// decoded and are read back from the table at the next start.

@@ -63,7 +63,8 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	}
 	key := exactlyonce.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot)
 	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
-		Source: key, Fail: p.fail, Owner: p.streaming.Load,
+		Source: key, Fail: p.fail, Owner: p.streaming.Load, Proof: p.markProof,
+		Acknowledged: max(pl.readings.slot, pl.readings.ckpt),
 		Prerequisite: func(problem, fix string) error { return &replication.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
 	if err != nil {
 		return nil, err
@@ -79,16 +80,17 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	}
 	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
 		"positions_topic", eo.PositionsTopic, "committed", committed.LSN)
-	pl.readings.committed = committed.LSN
+	pl.readings.committed, pl.positionKey = committed.LSN, key
+	if pl.readings.committedMark, err = readMark(ctx, pl.marks, committed.Mark, committed.MarkAt, committed.MarkTime); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("exactly_once: %w", err)
+	}
 	if committed.LSN == 0 && pl.snapshot == nil {
 		// No position for this source, but a slot that existed: what it
 		// sends first may be in Kafka already (readback.go).
 		p.log.Info("exactly-once: no position committed to Kafka for this source; the first transactions are read back from their topics before they are published",
 			"slot_confirmed", pl.readings.slot, "checkpoint", pl.readings.ckpt)
-		cfg := p.cfg.Sink
-		p.readBack = newReadBack(func(ctx context.Context, topics []string, since time.Time, fn func(sink.ReadRecord) error) (sink.ReadStats, error) {
-			return sink.ReadRange(ctx, cfg, topics, since, fn)
-		}, p.log)
+		p.startReadBack(ctx, time.Time{})
 	}
 	if b := pl.backfill; b != nil && committed.LSN > b.Since {
 		// Nothing before the repair commits past Since (backfill.due, and
@@ -101,6 +103,35 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 		p.gapClear.Store(uint64(committed.LSN))
 	}
 	return t, nil
+}
+
+// startReadBack has the first transactions looked up in Kafka before they
+// are published (readback.go).
+func (p *Pipeline) startReadBack(ctx context.Context, floor time.Time) {
+	if p.readBack != nil {
+		return
+	}
+	cfg := p.cfg.Sink
+	p.readBack = newReadBack(ctx, func(ctx context.Context, topics []string, since time.Time, fn func(sink.ReadRecord) error) (sink.ReadStats, error) {
+		return sink.ReadRange(ctx, cfg, topics, since, fn)
+	}, floor, p.log)
+	if !p.appTimestamps() {
+		p.readBack.margin = time.Minute // clock skew between the server and the broker
+	}
+}
+
+// appTimestamps reports whether a record's timestamp may come from an outbox
+// column (outbox.timestamp_column), the application's clock.
+func (p *Pipeline) appTimestamps() bool {
+	if p.cfg.Routes.TimestampColumn != "" {
+		return true
+	}
+	for _, t := range p.cfg.More {
+		if t.Routes.TimestampColumn != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // handover is exactly_once's hand-over of ended PostgreSQL transactions to

@@ -86,6 +86,9 @@ type Config struct {
 	ExactlyOnce *ExactlyOnce
 	// Retention deletes delivered outbox rows (retention.go).
 	Retention RetentionConfig
+	// MarksTable is the history marks table, "schema.table"
+	// (replication/marks.go); "" writes none.
+	MarksTable string
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -139,6 +142,7 @@ type Pipeline struct {
 	repairedAt    atomic.Uint64 // end of the repair's transaction
 	handover      handover
 	readBack      *readBack           // exactly_once without a committed position: what Kafka holds already
+	history       *history            // the proof of the run's positions (history.go); set by resolve
 	held          *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
 	commits       offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
 	fatalOnce     sync.Once
@@ -224,11 +228,13 @@ func (p *Pipeline) run(ctx context.Context) error {
 	if p.hold != nil {
 		pos = held{Positions: pos, p: p}
 	}
+	pos = proven{Positions: pos, h: p.history}
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)
 	stream.OnConnected = p.streaming.Store
 	stream.OnTimeline = p.onTimeline(pl, s)
 	r := p.start(ctx, stream)
-	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "from", pl.start)
+	pr := p.history.proven()
+	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "from", pl.start, "history_mark", pr.mark)
 	close(p.ready)
 
 	var cause error
@@ -267,7 +273,8 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 	base := context.WithoutCancel(ctx)
 	streamCtx, stopStream := context.WithCancel(base)
 	produceCtx, stopProduce := context.WithCancel(base)
-	procCtx, stopProc := context.WithCancel(ctx)
+	// The processor too: a clean stop decodes its last history mark first.
+	procCtx, stopProc := context.WithCancel(base)
 	sides, stopSides := context.WithCancel(base)
 	r.stopStream, r.stopProduce, r.stopProc, r.stopSides = stopStream, stopProduce, stopProc, stopSides
 
@@ -294,6 +301,11 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 		r.sides.Go(func() { p.checkpointLoop(sides) })
 	}
 	if pl.guard != nil {
+		r.sides.Go(func() {
+			p.history.markLoop(sides, p.tracker.Acked, p.replayed.Load, func(err error) {
+				p.log.Error("history mark not written: positions wait for one before they are confirmed or saved", "err", err)
+			})
+		})
 		mon := &replication.Monitor{Source: p.cfg.Source, Standby: pl.standby, Heartbeat: p.cfg.Heartbeat,
 			Interval: p.cfg.MonitorInterval, RetainedWALWarn: p.cfg.RetainedWALWarn, Metrics: p.m, Log: p.log, Fail: p.fail}
 		r.sides.Go(func() { mon.Run(sides) })
@@ -335,6 +347,9 @@ func (p *Pipeline) shutdown(ctx context.Context, r *running, cause error) error 
 	defer cancel()
 	defer context.AfterFunc(drainCtx, r.stopProduce)()
 
+	if cause == nil && !p.history.flush(base, markFlushTimeout, func() lsn.LSN { return lsn.LSN(p.replayAt.Load()) }) {
+		p.log.Warn("no history mark decoded before the stop: the last checkpoint may be older than what was delivered")
+	}
 	r.stream.StopReading()
 	r.stopProc()
 	<-r.procDone
@@ -387,6 +402,17 @@ func fatalReason(err error) string {
 func (p *Pipeline) fail(err error) {
 	p.fatalOnce.Do(func() { p.fatal <- err })
 }
+
+// markFlushTimeout bounds the wait of a clean stop for its last mark.
+const markFlushTimeout = 2 * time.Second
+
+// proven confirms no position the history does not prove (history.go).
+type proven struct {
+	replication.Positions
+	h *history
+}
+
+func (x proven) Acked() lsn.LSN { return min(x.Positions.Acked(), x.h.proven().at) }
 
 // windowed holds the confirmed position back by the replay window.
 type windowed struct {

@@ -262,7 +262,7 @@ func TestProcess(t *testing.T) {
 			h.send(reset)
 			select {
 			case pos := <-resumed:
-				if pos != 0x110 {
+				if pos != (replication.ResumeAt{Pos: 0x110}) {
 					h.t.Errorf("resumed at %v, want 0/110", pos)
 				}
 			case <-h.ctx.Done():

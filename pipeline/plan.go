@@ -49,6 +49,11 @@ type plan struct {
 	progress func(ReplayProgress)
 	// readings are what the start is decided from (start.go).
 	readings startReadings
+	// marks are the history marks (replication/marks.go); nil when the
+	// server decodes none (PostgreSQL 13).
+	marks *replication.Marks
+	// positionKey is exactly_once's position record key, for a refusal.
+	positionKey string
 }
 
 // close releases what the plan holds when the run does not start.
@@ -75,12 +80,16 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 		ReceiveTimeout: p.cfg.ReceiveTimeout,
 	}}
 	if p.cfg.Replay != nil {
+		p.history = newHistory(nil)
 		return pl, p.setupReplay(ctx, pl)
 	}
 	if err := p.setup(ctx, pl); err != nil {
 		return nil, err
 	}
 	pl.stream.Standby = pl.standby
+	if pl.marks != nil {
+		pl.stream.MarksTable = pl.marks.Table()
+	}
 	return pl, nil
 }
 
@@ -91,8 +100,19 @@ func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
 	if p.cfg.Replay != nil {
 		return nil // the range is the start (setupReplay)
 	}
-	st := decideStart(pl.readings)
+	st, err := decideStart(pl.readings)
+	if err != nil {
+		return p.refuseStart(pl, err)
+	}
 	pl.start, pl.stream.StartLSN = st.skip, st.stream
+	fr := pl.readings.fresh
+	p.history.start(st.proof, proof{mark: fr.id, at: fr.at})
+	// The first session checks the run's own mark: what it decodes up to
+	// there is proven by it (history.fresh).
+	pl.stream.FirstMark = fr.id
+	if st.readBack {
+		p.startReadBack(ctx, st.proof.commit)
+	}
 	p.logStart(pl.readings, st)
 	g, err := newGuards(ctx, p.cfg.Source, st.stream)
 	if err != nil {
@@ -134,6 +154,9 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 	if err != nil {
 		return err
 	}
+	if err := p.prepareMarks(ctx, pl); err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
 	pending := p.cfg.Snapshot == "pending"
 	hadSnapshot := l.have && l.ckpt.SnapshotDone
 	if pending {
@@ -151,6 +174,14 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 		return fmt.Errorf("setup: %w", err)
 	}
 	pl.snapshot = res.Snapshot
+	if res.Created && pl.readings.fresh.id != 0 {
+		// The slot starts past the mark written before it: one more, so
+		// that the run's first positions are proven from the start.
+		if err := p.freshMark(ctx, pl); err != nil {
+			pl.close(ctx)
+			return fmt.Errorf("setup: %w", err)
+		}
+	}
 	if err := p.useCheckpoint(ctx, pl, res, &l); err != nil {
 		pl.close(ctx)
 		return err
@@ -160,9 +191,12 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 	}
 	// Only a snapshot taken now decides it: never an older checkpoint's flag.
 	p.snapDone.Store(res.Snapshot == nil)
-	pl.readings = startReadings{slot: res.Confirmed, created: res.Created}
+	pl.readings.slot, pl.readings.created = res.Confirmed, res.Created
 	if l.have {
 		pl.readings.ckpt = l.ckpt.LSN
+		if pl.readings.ckptMark, err = readMark(ctx, pl.marks, l.ckpt.Mark, l.ckpt.MarkAt, time.Time{}); err != nil {
+			return fmt.Errorf("setup: %w", err)
+		}
 	}
 	return nil
 }

@@ -73,6 +73,11 @@ type walReader struct {
 	xid        uint32
 	txnFinal   lsn.LSN // commit LSN of the open transaction
 	rows       bool    // the open transaction has outbox rows
+	msgs       bool    // the open transaction has table-less outbox events
+	// again: the open transaction as decoded again after a reconnect
+	// (history.redecoded); unknown or forgotten ones stop the run at their
+	// first event.
+	again      again
 	dispatched lsn.LSN // end of the last transaction fully handed to the sink
 	// decoded is where the stream resumes after a reconnect: past the last
 	// commit it sent, from its start. Below pl.start (exactly_once streams
@@ -92,7 +97,7 @@ func (w *walReader) handle(m *replication.Message) error {
 			w.p.abortTxn()
 			w.txn = nil
 		}
-		m.Resume(w.decoded)
+		m.Resume(w.p.history.resume(w.decoded))
 		return nil
 	case replication.Keepalive:
 		return w.keepalive(m.WALEnd)
@@ -120,6 +125,9 @@ func (w *walReader) handle(m *replication.Message) error {
 			return fmt.Errorf("insert at %v outside a transaction", m.WALStart)
 		}
 		w.rows = true
+		if err := w.redecodedEvent(); err != nil {
+			return err
+		}
 		w.bf.note(&res.Event)
 		if w.skip || w.bf.delivered(w.txnFinal, &res.Event) {
 			return nil // a row the backfill read: only rows, never the transaction's messages
@@ -173,11 +181,13 @@ func (w *walReader) begin(b *decode.Begin) error {
 			return err
 		}
 	}
-	w.txnFinal, w.rows = b.FinalLSN, false
-	// PostgreSQL skips these when streaming starts at the checkpoint; this
-	// also covers a reconnect that resumed lower.
-	w.skip = b.FinalLSN < w.pl.start
+	w.txnFinal, w.rows, w.msgs = b.FinalLSN, false, false
 	w.commitTime, w.xid = b.CommitTime, b.Xid
+	// PostgreSQL skips these when streaming starts at the checkpoint; a
+	// reconnect resumes at the proof (history.go), below what was decoded:
+	// what was published then is skipped now.
+	w.again = p.history.redecoded(w.id())
+	w.skip = b.FinalLSN < w.pl.start || w.again == published
 	p.m.Transactions.Inc()
 	return nil
 }
@@ -193,6 +203,7 @@ func (w *walReader) commit(end lsn.LSN) error {
 	if w.rows && p.hold != nil {
 		p.hold.add(w.xid, w.txnFinal)
 	}
+	p.history.committed(w.id(), end, (w.rows || w.msgs) && !w.skip)
 	p.tracker.Commit(w.txn, end)
 	p.endTxn(end)
 	p.backfillCommitted(w.bf, w.txn, end)
@@ -223,12 +234,40 @@ func (w *walReader) relation(r *decode.RelationInfo) error {
 	return nil
 }
 
+// redecodedEvent stops the run at an event of a transaction decoded again
+// that is not known to have been published (history.redecoded).
+func (w *walReader) redecodedEvent() error {
+	switch w.again {
+	case unknown:
+		return diverged(w.id(), w.p.history.redo)
+	case forgotten:
+		return behind(w.id(), w.p.history.forgot)
+	}
+	return nil
+}
+
+// id is the open transaction's identity.
+func (w *walReader) id() txnID { return txnID{final: w.txnFinal, xid: w.xid, commit: w.commitTime} }
+
 func (w *walReader) message(m *replication.Message, msg *decode.Message) error {
+	if msg.Prefix == replication.MarkPrefix {
+		if id, ok := replication.ParseMark(msg.Content, w.p.cfg.Source.Slot); ok && msg.Transactional && w.txn != nil {
+			w.p.history.mark(id)
+		}
+		return nil // another slot's marks too
+	}
+	if msg.Prefix == replication.HeartbeatPrefix {
+		return nil // the heartbeat only moves the WAL
+	}
 	if !w.p.publishable(msg) {
 		return nil // heartbeats and other applications' messages
 	}
 	if w.txn == nil {
 		return fmt.Errorf("transactional message at %v outside a transaction", m.WALStart)
+	}
+	w.msgs = true
+	if err := w.redecodedEvent(); err != nil {
+		return err
 	}
 	if w.skip {
 		return nil

@@ -67,7 +67,8 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	saved = max(saved, p.plan.stream.StartLSN)
 	// Never a position the guard has not vouched for: a restart skips what
 	// lies below the checkpoint.
-	a := min(p.confirmable(), p.holdAt())
+	pr := p.history.proven()
+	a := min(p.confirmable(), p.holdAt(), pr.at)
 	gap := p.anchorGap(p.recordedGap(a))
 	if a <= saved && gap == p.savedGap {
 		return saved
@@ -76,6 +77,9 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c := offsets.Checkpoint{LSN: a, SnapshotDone: true}
+	if pr.mark != 0 && pr.at >= a {
+		c.Mark, c.MarkAt = pr.mark, pr.at
+	}
 	if at, ok := p.commits.Before(a); ok {
 		c.CommitTime = at
 	} else if last, ok := p.plan.checkpoints.Held(); ok && last.LSN <= a {

@@ -16,8 +16,9 @@ const (
 	// Keepalive reports that the server has sent everything before WALEnd.
 	Keepalive
 	// Reset says the connection was lost: the receiver forgets any open
-	// transaction and calls Resume with the end LSN of the last transaction it
-	// fully dispatched; streaming restarts after it.
+	// transaction and calls Resume with where streaming restarts: a
+	// position it can prove (ResumeAt), at or below the end of the last
+	// transaction it fully dispatched.
 	Reset
 )
 
@@ -27,15 +28,23 @@ type Message struct {
 	WALStart lsn.LSN // Data: position of the message
 	WALEnd   lsn.LSN // server's sent position (Keepalive) or WAL end (Data)
 	Data     []byte  // Data: the pgoutput message, owned by the receiver
-	resume   chan lsn.LSN
+	resume   chan ResumeAt
+}
+
+// ResumeAt is where a reconnect resumes: Pos, which history mark Mark
+// proves to be a position of the history the connector decoded (marks.go);
+// Mark 0 is no proof, and only the WAL end is checked (sameServer).
+type ResumeAt struct {
+	Pos  lsn.LSN
+	Mark uint64
 }
 
 // Resume answers a Reset message.
-func (m *Message) Resume(pos lsn.LSN) { m.resume <- pos }
+func (m *Message) Resume(at ResumeAt) { m.resume <- at }
 
 // NewReset returns a Reset message and the channel its Resume answers on.
-func NewReset() (Message, <-chan lsn.LSN) {
-	c := make(chan lsn.LSN, 1)
+func NewReset() (Message, <-chan ResumeAt) {
+	c := make(chan ResumeAt, 1)
 	return Message{Kind: Reset, resume: c}, c
 }
 

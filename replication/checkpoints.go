@@ -16,7 +16,7 @@ import (
 )
 
 // identityColumns were added after the first release; older tables lack them.
-var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time", "repair_since"}
+var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time", "repair_since", "mark", "mark_at"}
 
 // TableStore keeps checkpoints in a table of the source database, one row
 // per slot, so they live and fail over with the data they describe.
@@ -40,7 +40,17 @@ type TableStore struct {
 	// acknowledged watermark): a server whose WAL ends below it was rewound
 	// too, even when no save before the rewind recorded its end (SetFloor).
 	floor func() lsn.LSN
+	// marks, when set, is the quoted history marks table: a checkpoint is
+	// saved only with its mark on the server (SetMarks).
+	marks string
 }
+
+// SetMarks has a save refused on a server that lacks the checkpoint's history
+// mark (marks.go), in the same statement: a connector that has not yet
+// noticed a restore under it must not store a position of the old history
+// in the restored table, whose WAL the application may have moved past it.
+// Call it before the first save.
+func (s *TableStore) SetMarks(table string) { s.marks = table }
 
 // SetFloor gives the store a position the server has sent the connector
 // (the acknowledged watermark), read at each save. Call it before the
@@ -73,7 +83,9 @@ func (s *TableStore) DDL() string {
 	gap_since     pg_lsn,
 	gap_xmin      bigint,
 	commit_time   timestamptz,
-	repair_since  timestamptz)`, s.table)
+	repair_since  timestamptz,
+	mark          bigint,
+	mark_at       pg_lsn)`, s.table)
 }
 
 func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -128,7 +140,8 @@ func (s *TableStore) prepare(ctx context.Context, conn *pgx.Conn) error {
 	}
 	alter := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline integer, "+
 		"ADD COLUMN IF NOT EXISTS database text, ADD COLUMN IF NOT EXISTS gap_since pg_lsn, ADD COLUMN IF NOT EXISTS gap_xmin bigint, "+
-		"ADD COLUMN IF NOT EXISTS commit_time timestamptz, ADD COLUMN IF NOT EXISTS repair_since timestamptz", s.table)
+		"ADD COLUMN IF NOT EXISTS commit_time timestamptz, ADD COLUMN IF NOT EXISTS repair_since timestamptz, "+
+		"ADD COLUMN IF NOT EXISTS mark bigint, ADD COLUMN IF NOT EXISTS mark_at pg_lsn", s.table)
 	if _, err := conn.Exec(ctx, alter); err != nil {
 		return fmt.Errorf("checkpoint store: %s lacks the columns %s (written by an older version) and this role cannot add them (%w); "+
 			"have the table's owner run: %s", s.table, strings.Join(missing, ", "), err, alter)
@@ -164,9 +177,13 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	var gapSince *lsn.LSN
 	var gapXmin *int64
 	var commitTime, repairSince *time.Time
+	var mark int64
 	err = conn.QueryRow(ctx, fmt.Sprintf(`SELECT lsn, snapshot_done, updated_at, coalesce(system_id, ''), coalesce(timeline, 0),
-		coalesce(database, ''), gap_since, gap_xmin, commit_time, repair_since FROM %s WHERE slot = $1`, s.table), s.slot).
-		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin, &commitTime, &repairSince)
+		coalesce(database, ''), gap_since, gap_xmin, commit_time, repair_since, coalesce(mark, 0), coalesce(mark_at, '0/0')
+		FROM %s WHERE slot = $1`, s.table), s.slot).
+		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin, &commitTime,
+			&repairSince, &mark, &c.MarkAt)
+	c.Mark = uint64(mark)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return offsets.Checkpoint{}, offsets.ErrNoCheckpoint
 	}
@@ -275,16 +292,25 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	// Never a position beyond the WAL of the server that holds the table:
 	// the server was restored from an older copy while the connector ran,
 	// and the next start would refuse it (CheckPosition).
+	var mark, markAt any
+	proven := "" // the mark, when there is one, must be on the server
+	if c.Mark != 0 {
+		mark, markAt = int64(c.Mark), c.MarkAt
+		if s.marks != "" {
+			proven = fmt.Sprintf(" AND EXISTS (SELECT 1 FROM %s WHERE slot = $1 AND mark = $11)", s.marks)
+		}
+	}
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
-			gap_since, gap_xmin, commit_time, repair_since)
-		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10
-		WHERE $2::pg_lsn <= `+walPosition+`
+			gap_since, gap_xmin, commit_time, repair_since, mark, mark_at)
+		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10, $11, $12
+		WHERE $2::pg_lsn <= `+walPosition+proven+`
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
 			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
 			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time,
-			repair_since = LEAST(t.repair_since, excluded.repair_since) %s`, s.table, serverTimeline, where),
+			repair_since = LEAST(t.repair_since, excluded.repair_since), mark = excluded.mark, mark_at = excluded.mark_at %s`,
+		s.table, serverTimeline, where),
 		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin, commitTime,
-		repairSince)
+		repairSince, mark, markAt)
 	if err != nil {
 		s.reset(ctx)
 		return fmt.Errorf("checkpoint store: save: %w", err)
@@ -298,6 +324,19 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 		if beyond {
 			return fmt.Errorf("checkpoint store: not saved: %v lies beyond the WAL end of the server that holds %s "+
 				"(restored from an older copy while the connector ran?)", c.LSN, s.table)
+		}
+		if proven != "" {
+			var found bool
+			if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.marks+" WHERE slot = $1 AND mark = $2)", s.slot,
+				int64(c.Mark)).Scan(&found); err != nil {
+				s.reset(ctx)
+				return fmt.Errorf("checkpoint store: save: %w", err)
+			}
+			if !found {
+				return fmt.Errorf("checkpoint store: not saved: the server that holds %s lacks history mark %d, which proves %v: "+
+					"it was restored from an older copy or replaced while the connector ran; the connector stops when its "+
+					"stream reconnects there, and the restart resumes from the restored checkpoint", s.table, c.Mark, c.LSN)
+			}
 		}
 		return offsets.ErrStale
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -180,4 +181,43 @@ func parseHistory(content []byte) ([]TimelineSwitch, error) {
 		out = append(out, TimelineSwitch{Timeline: int32(tli), End: end})
 	}
 	return out, sc.Err()
+}
+
+// standbyMarkWait is how long a standby may take to replay a mark.
+const standbyMarkWait = time.Minute
+
+// checkMark refuses to resume at.Pos on a server that lacks the mark that
+// proves it (marks.go): the server was restored to a state before the mark's
+// commit, so positions above its restore point mean nothing in its new
+// history, even once its WAL end has passed them again. The refusal is
+// sticky: the mark never comes back.
+func (s *Stream) checkMark(ctx context.Context, conn *pgconn.PgConn, at ResumeAt) error {
+	if at.Mark == 0 || s.cfg.MarksTable == "" {
+		return nil
+	}
+	found, err := markPresentOn(ctx, conn, s.cfg.MarksTable, s.cfg.Slot, at.Mark)
+	// A standby replays what the primary wrote a little later, and after a
+	// restart from a restartpoint (sameServer): a mark it lacks may still come.
+	for wait := time.Now().Add(standbyMarkWait); err == nil && !found && s.cfg.Standby && time.Now().Before(wait); {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		found, err = markPresentOn(ctx, conn, s.cfg.MarksTable, s.cfg.Slot, at.Mark)
+	}
+	if err != nil {
+		return err
+	}
+	if found {
+		return nil
+	}
+	return &FatalError{Reason: "server_rewound", Err: &PrerequisiteError{
+		Problem: fmt.Sprintf("the server lacks history mark %d (%s), which the connector decoded at or after %v: it was "+
+			"restored from an older copy or replaced by a server that was behind; resuming would skip every transaction "+
+			"it commits below %v", at.Mark, s.cfg.MarksTable, at.Pos, at.Pos),
+		Fix: "restart the connector: it streams from the restored slot's position (a checkpoint or a committed Kafka position " +
+			"the server's history lacks is refused at start, with the way to drop it); what was published from the lost WAL stays " +
+			"in Kafka (docs/operations.md, Restores)",
+	}}
 }

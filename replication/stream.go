@@ -54,6 +54,13 @@ type Config struct {
 	StartLSN lsn.LSN
 	// Messages asks pgoutput for logical decoding messages too (PG 14+).
 	Messages bool
+	// MarksTable is the quoted history marks table (marks.go), "" when the
+	// server decodes no marks (PostgreSQL 13): a reconnect then checks the
+	// WAL end only. Marks ask pgoutput for messages too.
+	MarksTable string
+	// FirstMark is the mark the run wrote before it streams: the first
+	// session checks it, so what the run decodes below it is proven by it.
+	FirstMark uint64
 	// Standby: the server is a hot standby, whose WAL end at a reconnect may
 	// be below what it sent before (sameServer).
 	Standby bool
@@ -163,7 +170,7 @@ func (s *Stream) reading() bool {
 // retried with backoff for ever.
 func (s *Stream) Run(ctx context.Context, out chan<- *Batch) error {
 	defer s.StopReading()
-	start := s.cfg.StartLSN
+	start := ResumeAt{Pos: s.cfg.StartLSN, Mark: s.cfg.FirstMark} // the start was proven by the run's start checks
 	backoff := 100 * time.Millisecond
 	for {
 		began := time.Now()
@@ -214,10 +221,15 @@ func (s *Stream) Run(ctx context.Context, out chan<- *Batch) error {
 // identify checks the server a connection reached before streaming
 // resumes at start there: a reconnect may reach another server (a
 // promoted standby: its history must contain everything streamed so far)
-// or the same one restored from an older copy (sameServer).
-func (s *Stream) identify(ctx context.Context, conn *pgconn.PgConn, start lsn.LSN) error {
+// or the same one restored from an older copy (sameServer, and the mark
+// that proves start: a restore that its WAL end passed again since).
+func (s *Stream) identify(ctx context.Context, conn *pgconn.PgConn, at ResumeAt) error {
+	start := at.Pos
 	srv, err := identifySystem(ctx, conn)
 	if err != nil {
+		return err
+	}
+	if err := s.checkMark(ctx, conn, at); err != nil {
 		return err
 	}
 	if s.timeline != 0 && srv.Timeline == s.timeline {
@@ -244,7 +256,8 @@ func (s *Stream) identify(ctx context.Context, conn *pgconn.PgConn, start lsn.LS
 
 // session is one connection: connect, check the server, start
 // replication, then read until the session ends (sessionLoop.run).
-func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) error {
+func (s *Stream) session(ctx context.Context, at ResumeAt, out chan<- *Batch) error {
+	start := at.Pos
 	conn, err := s.cfg.DB.replication(ctx)
 	if err != nil {
 		return fmt.Errorf("connect: %w", classify(err))
@@ -255,7 +268,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) 
 		conn.Close(cctx)
 	}()
 
-	if err := s.identify(ctx, conn, start); err != nil {
+	if err := s.identify(ctx, conn, at); err != nil {
 		return err
 	}
 	if s.cfg.CopyOf != "" {
@@ -264,7 +277,7 @@ func (s *Stream) session(ctx context.Context, start lsn.LSN, out chan<- *Batch) 
 		}
 	}
 	if err := pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, pglogrepl.LSN(start),
-		pglogrepl.StartReplicationOptions{PluginArgs: pluginArgs(s.cfg.Publication, s.cfg.Messages)}); err != nil {
+		pglogrepl.StartReplicationOptions{PluginArgs: pluginArgs(s.cfg.Publication, s.cfg.Messages || s.cfg.MarksTable != "")}); err != nil {
 		return fmt.Errorf("start replication: %w", classify(err))
 	}
 	s.connected(true)

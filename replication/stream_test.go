@@ -304,7 +304,7 @@ func resumeAt(b *Batch, pos lsn.LSN) bool {
 	reset := false
 	for i := range b.Msgs {
 		if b.Msgs[i].Kind == Reset {
-			b.Msgs[i].Resume(pos)
+			b.Msgs[i].Resume(ResumeAt{Pos: pos})
 			reset = true
 		}
 	}

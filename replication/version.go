@@ -50,3 +50,14 @@ func checkVersion(ctx context.Context, conn *pgx.Conn, src Source, add func(prob
 	}
 	return nil
 }
+
+// Major reads the server's major version on a connection of its own.
+func (d *DB) Major(ctx context.Context) (int, error) {
+	conn, err := d.connect(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("connect: %w", classify(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	major, _, err := ServerMajor(ctx, conn)
+	return major, err
+}

@@ -30,6 +30,9 @@ func (*checkCmd) run(ctx context.Context, e env) int {
 		for _, line := range strings.Split(err.Error(), "\n") {
 			fmt.Fprintf(stderr, "postgres: %s\n", line)
 		}
+	} else if err := replication.NewMarks(pc.Source, pc.MarksTable).Check(ctx); pc.MarksTable != "" && err != nil {
+		failed = true
+		fmt.Fprintf(stderr, "postgres: %v\n", err)
 	} else {
 		fmt.Fprintln(stdout, "postgres: ok")
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
@@ -69,6 +70,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		StatusInterval:  cfg.Postgres.StatusInterval,
 		BackoffMax:      cfg.Postgres.ReconnectBackoffMax,
 		Checkpoints:     checkpointStore(cfg, src.Writer()), // the primary of a standby
+		MarksTable:      marksTable(cfg),
 		RetainFor:       retainFor,
 		RetainBytes:     retainBytes,
 		Heartbeat:       cfg.Postgres.HeartbeatInterval,
@@ -150,6 +152,13 @@ func primaryDB(p config.Postgres) (*replication.DB, error) {
 		return nil, fmt.Errorf("postgres.primary_dsn: %w", err)
 	}
 	return d, nil
+}
+
+// marksTable is the history marks table: history_marks beside the
+// checkpoint table (checkpoint.table names a schema whatever the store).
+func marksTable(cfg *config.Config) string {
+	schema, _, _ := strings.Cut(cfg.Checkpoint.Table, ".")
+	return schema + ".history_marks"
 }
 
 // checkpointStore builds the configured store; nil for none.

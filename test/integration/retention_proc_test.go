@@ -192,6 +192,14 @@ func TestRetentionPrivileges(t *testing.T) {
 		t.Fatalf("run: exit %d, want a refusal naming %s:\n%s", code, grant, out)
 	}
 	exec1(t, dsn, "GRANT DELETE ON outbox TO "+role)
+	// The history marks table, which this role may not create (docs/operations.md, least privilege).
+	code, out = runBinary(t, time.Minute, []string{ckpt, file}, "check", "--config", cfgPath)
+	if code == 0 || !strings.Contains(out, "history_marks") {
+		t.Fatalf("check without the history marks table: exit %d, want a failure naming it:\n%s", code, out)
+	}
+	exec1(t, dsn, `CREATE SCHEMA outbox_cdc; CREATE TABLE outbox_cdc.history_marks (slot text NOT NULL, mark bigint NOT NULL,
+		written_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (slot, mark));
+		GRANT USAGE ON SCHEMA outbox_cdc TO `+role+`; GRANT SELECT, INSERT, DELETE ON outbox_cdc.history_marks TO `+role)
 	if code, out := runBinary(t, time.Minute, []string{ckpt, file}, "check", "--config", cfgPath); code != 0 || strings.Contains(out, "DELETE") {
 		t.Fatalf("check after the GRANT: exit %d:\n%s", code, out)
 	}
