@@ -68,7 +68,17 @@ type history struct {
 	tailCap int     // tailMax; smaller in tests
 	redo    lsn.LSN // after a reconnect: transactions committing below it were decoded before
 
+	// redoing is set from a reconnect that resumed below what was decoded
+	// until the processor passes it again: the positions acknowledged in
+	// between are of the history streamed before, which the server reached
+	// now may not have, so the slot is confirmed up to the proof only.
+	redoing atomic.Bool
+
 	mu sync.Mutex // serialises the marks' connection: the mark loop and flush
+	// protect are the marks of the saved positions the run started from,
+	// never pruned; pruned is when marks were last pruned (both under mu).
+	protect []uint64
+	pruned  time.Time
 }
 
 // markWriteTimeout bounds one mark's write: a partitioned server must not
@@ -86,10 +96,16 @@ func (h *history) write(ctx context.Context, wait bool) (uint64, error) {
 	defer h.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, markWriteTimeout)
 	defer cancel()
-	// Older marks go, but never the proof's (saved positions refer to it).
-	id, _, err := h.marks.Write(ctx, h.proven().mark)
+	id, _, err := h.marks.Write(ctx)
+	if err == nil && time.Since(h.pruned) >= markPrune {
+		h.pruned = time.Now()
+		err = h.marks.Prune(ctx, h.protect)
+	}
 	return id, err
 }
+
+// markPrune spaces the deletions of old marks.
+const markPrune = time.Minute
 
 var errMarkBusy = errors.New("a history mark is being written")
 
@@ -104,7 +120,8 @@ func newHistory(marks *replication.Marks) *history {
 
 // start sets the proof of the run's start, which its start checks proved
 // (decideStart).
-func (h *history) start(p, fresh proof) {
+func (h *history) start(p, fresh proof, protect ...uint64) {
+	h.protect = protect
 	if h.marks == nil {
 		p = proof{at: lsn.LSN(^uint64(0))} // nothing to cap: the WAL-end checks alone
 	}
@@ -144,6 +161,7 @@ func (h *history) committed(id txnID, end lsn.LSN, published bool) {
 		h.prove(proof{mark: h.fresh.mark, at: min(end, h.fresh.at)})
 	}
 	h.pending = 0
+	h.reached(end)
 	if !published || end <= h.proven().at || id.final <= h.forgot {
 		return
 	}
@@ -157,6 +175,23 @@ func (h *history) committed(id txnID, end lsn.LSN, published bool) {
 	if !found {
 		h.tail = slices.Insert(h.tail, i, id)
 	}
+}
+
+// reached notes that the processor decoded up to pos: past where a
+// reconnect resumed below, everything is this server's again.
+func (h *history) reached(pos lsn.LSN) {
+	if h != nil && pos >= h.redo && h.redoing.Load() {
+		h.redoing.Store(false)
+	}
+}
+
+// confirmable caps what the stream confirms (acked): at the proof while
+// the processor decodes again what it had decoded before a reconnect.
+func (h *history) confirmable(acked lsn.LSN) lsn.LSN {
+	if h != nil && h.redoing.Load() {
+		return min(acked, h.proven().at)
+	}
+	return acked
 }
 
 // prove makes p the proof; the tail keeps what lies past it only.
@@ -184,6 +219,7 @@ func (h *history) resume(decoded lsn.LSN) replication.ResumeAt {
 		return replication.ResumeAt{Pos: decoded, Mark: p.mark}
 	}
 	h.redo = max(h.redo, decoded)
+	h.redoing.Store(true)
 	return replication.ResumeAt{Pos: p.at, Mark: p.mark}
 }
 
@@ -245,7 +281,7 @@ func diverged(id txnID, redo lsn.LSN) error {
 // keepalives moved wait idleMarkInterval: on an idle database each mark
 // (and the checkpoint save after it) writes WAL a keepalive reports again.
 const (
-	markInterval     = 500 * time.Millisecond
+	markInterval     = 100 * time.Millisecond
 	idleMarkInterval = 10 * time.Second
 )
 

@@ -188,11 +188,13 @@ func (m *model) stream(r *mrun, n int) error {
 	return nil
 }
 
-// save confirms the slot and saves the checkpoint at the proven position.
+// save confirms the slot at what was delivered (the slot is the server's
+// own: a restore brings back its older state) and saves the checkpoint at
+// the proven position.
 func (m *model) save(r *mrun) {
 	pr := r.h.proven()
+	m.srv.slot = max(m.srv.slot, r.h.confirmable(r.decoded))
 	a := min(r.decoded, pr.at)
-	m.srv.slot = max(m.srv.slot, a)
 	c := offsets.Checkpoint{LSN: a}
 	if pr.mark != 0 && pr.at >= a {
 		c.Mark, c.MarkAt = pr.mark, pr.at

@@ -54,7 +54,7 @@ func (p *Pipeline) prepareMarks(ctx context.Context, pl *plan) error {
 
 // freshMark writes the run's own mark again (history.fresh).
 func (p *Pipeline) freshMark(ctx context.Context, pl *plan) error {
-	id, below, err := pl.marks.Write(ctx, 0)
+	id, below, err := pl.marks.Write(ctx)
 	if err != nil {
 		return err
 	}

@@ -406,13 +406,16 @@ func (p *Pipeline) fail(err error) {
 // markFlushTimeout bounds the wait of a clean stop for its last mark.
 const markFlushTimeout = 2 * time.Second
 
-// proven confirms no position the history does not prove (history.go).
+// proven confirms, after a reconnect, no position the history does not
+// prove until the processor decoded past it again (history.confirmable).
+// The slot is otherwise the server's own: a restore brings back its older
+// state, so the acknowledged watermark is confirmed as before.
 type proven struct {
 	replication.Positions
 	h *history
 }
 
-func (x proven) Acked() lsn.LSN { return min(x.Positions.Acked(), x.h.proven().at) }
+func (x proven) Acked() lsn.LSN { return x.h.confirmable(x.Positions.Acked()) }
 
 // windowed holds the confirmed position back by the replay window.
 type windowed struct {

@@ -106,7 +106,7 @@ func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
 	}
 	pl.start, pl.stream.StartLSN = st.skip, st.stream
 	fr := pl.readings.fresh
-	p.history.start(st.proof, proof{mark: fr.id, at: fr.at})
+	p.history.start(st.proof, proof{mark: fr.id, at: fr.at}, pl.readings.ckptMark.id, pl.readings.committedMark.id)
 	// The first session checks the run's own mark: what it decodes up to
 	// there is proven by it (history.fresh).
 	pl.stream.FirstMark = fr.id

@@ -160,6 +160,7 @@ func (w *walReader) keepalive(end lsn.LSN) error {
 	if p.hold != nil {
 		p.hold.decoded(end)
 	}
+	p.history.reached(end)
 	p.passed(end)
 	if w.pl.stopAt != 0 && end >= w.pl.stopAt {
 		return errReplayDone

@@ -35,10 +35,10 @@ const MarkPrefix = "outbox-cdc-mark"
 // sends logical messages from 14 on.
 const MarksVersion = messagesVersion
 
-// markAge is how long marks written before the run's proof are kept: the
-// checkpoint and the position committed to Kafka refer to the proof's mark
-// or a later one once saved, which a running connector does far more often.
-const markAge = "7 days"
+// markAge is how long a mark is kept unless it is protected (Prune): a
+// running connector saves its positions, with a recent mark, many times a
+// second, and a stopped one prunes nothing.
+const markAge = "1 hour"
 
 // Marks writes and finds the history marks of one slot in a table of the
 // source database. Write goes to the primary (Source.Writer); Present asks
@@ -96,7 +96,7 @@ func (m *Marks) Prepare(ctx context.Context) (uint64, lsn.LSN, error) {
 			}
 		}
 	}
-	id, below, err := m.Write(ctx, 0)
+	id, below, err := m.Write(ctx)
 	if err != nil {
 		return 0, 0, &PrerequisiteError{
 			Problem: fmt.Sprintf("cannot write a history mark: %v", err),
@@ -142,9 +142,7 @@ func (m *Marks) Close() { m.reset(context.Background()) }
 // decodes it at the transaction's commit. Before that, the mark already
 // proves every position up to below that a run decodes after writing it:
 // a server that has the mark has the WAL the run decoded up to there.
-// Marks written more than markAge before mark keep (the run's proof; 0:
-// none) are deleted in the same transaction.
-func (m *Marks) Write(ctx context.Context, keep uint64) (uint64, lsn.LSN, error) {
+func (m *Marks) Write(ctx context.Context) (uint64, lsn.LSN, error) {
 	conn, err := m.connect(ctx)
 	if err != nil {
 		return 0, 0, err
@@ -158,11 +156,6 @@ func (m *Marks) Write(ctx context.Context, keep uint64) (uint64, lsn.LSN, error)
 		if _, err := tx.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2)", MarkPrefix, markContent(m.slot, id)); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE slot = $1
-			AND written_at < (SELECT written_at FROM %[1]s WHERE slot = $1 AND mark = $2) - interval '%[2]s'`, m.table, markAge),
-			m.slot, int64(keep)); err != nil {
-			return err
-		}
 		return tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()").Scan(&below)
 	})
 	if err != nil {
@@ -172,6 +165,30 @@ func (m *Marks) Write(ctx context.Context, keep uint64) (uint64, lsn.LSN, error)
 		return 0, 0, fmt.Errorf("history marks: write: %w", err)
 	}
 	return id, below, nil
+}
+
+// Prune deletes the slot's marks older than markAge, but never the newest
+// 16 nor the protected ones (the marks of the positions the run started
+// from: a run that crashes before it saves again must find them).
+func (m *Marks) Prune(ctx context.Context, protect []uint64) error {
+	conn, err := m.connect(ctx)
+	if err != nil {
+		return err
+	}
+	ids := make([]int64, len(protect))
+	for i, id := range protect {
+		ids[i] = int64(id)
+	}
+	_, err = conn.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE slot = $1 AND written_at < now() - interval '%[2]s'
+		AND mark <> ALL($2) AND mark NOT IN (SELECT mark FROM %[1]s WHERE slot = $1 ORDER BY written_at DESC LIMIT 16)`,
+		m.table, markAge), m.slot, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.reset(ctx)
+		}
+		return fmt.Errorf("history marks: prune: %w", err)
+	}
+	return nil
 }
 
 // Present reports whether the server the stream reads has mark id.

@@ -28,6 +28,16 @@ const (
 	histFrom  = 5000 // first seq written to the restored server
 )
 
+// skipWithoutMarks skips on PostgreSQL 13, whose pgoutput sends no logical
+// messages: a position there is checked against the WAL end only, the
+// limit docs/operations.md ("Restores") states.
+func skipWithoutMarks(t *testing.T) {
+	t.Helper()
+	if major := queryInt(t, pgConnect(t, pgServer.DSN("postgres")), "SELECT current_setting('server_version_num')::int / 10000"); major < 14 {
+		t.Skipf("PostgreSQL %d decodes no history marks", major)
+	}
+}
+
 // histReader reads an outbox topic from its start (read_committed) and
 // counts the copies of each seq seen so far.
 type histReader struct {
@@ -268,6 +278,7 @@ func TestHistoryRestoreRunningDefaults(t *testing.T) {
 	if pgServer.External() {
 		t.Skip("needs its own PostgreSQL")
 	}
+	skipWithoutMarks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	s := newRestoredServer(ctx, t, "histrun")
@@ -362,6 +373,7 @@ func TestHistoryRestoreExactlyOnceRestart(t *testing.T) {
 	if pgServer.External() {
 		t.Skip("needs its own PostgreSQL")
 	}
+	skipWithoutMarks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	s := newRestoredServer(ctx, t, "histeos")
@@ -411,6 +423,7 @@ func TestHistoryRestoreFileStoreRestart(t *testing.T) {
 	if pgServer.External() {
 		t.Skip("needs its own PostgreSQL")
 	}
+	skipWithoutMarks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	s := newRestoredServer(ctx, t, "histfile")
