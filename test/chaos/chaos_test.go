@@ -34,9 +34,10 @@ const (
 	// ops-partition also leaves the outbox unpartitioned. The report names
 	// the skipped kinds.
 	EnvSkip = "OUTBOX_CDC_CHAOS_SKIP"
-	// EnvOnly runs one fault kind n times and nothing else, with the
-	// mode's writers and checks: OUTBOX_CDC_CHAOS_ONLY=kafka-kill-after-endtxn=12
-	// (a focused replay of a kind a run failed on).
+	// EnvOnly runs the named fault kinds, each n times, and nothing else,
+	// with the mode's writers and checks: OUTBOX_CDC_CHAOS_ONLY=kafka-kill-after-endtxn=12
+	// (a focused replay of a kind a run failed on), or a comma list,
+	// OUTBOX_CDC_CHAOS_ONLY=pg-restore-writing=2,pg-restore-older=1.
 	EnvOnly = "OUTBOX_CDC_CHAOS_ONLY"
 )
 
@@ -86,27 +87,51 @@ const (
 	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention = "ops-publication-gap-messages", "ops-redrive", "ops-parking-retention"
 )
 
+// Restores the writers do not wait for (restore_writing_test.go): they go on
+// at once and pass the old WAL end before the connector reconnects; the same
+// under the default postgres.reconnect_backoff_max; two restores, the second
+// from a copy older than the first's; and, in exactly_once, over a compacted
+// topic whose cleaner ran before it (compacted_test.go).
+const (
+	fPGRestoreWriting   = "pg-restore-writing"
+	fPGRestoreBackoff   = "pg-restore-default-backoff"
+	fPGRestoreOlder     = "pg-restore-older"
+	fPGRestoreCompacted = "pg-restore-compacted"
+)
+
 var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, fKafkaStop, fPGFast, fPGCrash, fPGImmediate, fPGRestore, fPGPromote,
+	fPGRestoreWriting, fPGRestoreBackoff, fPGRestoreOlder, fPGRestoreCompacted,
 	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
 	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fKafkaKillCommit, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize,
 	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention}
 
-// onlyKind narrows m to OUTBOX_CDC_CHAOS_ONLY's kind, n times, if set.
+// onlyKind narrows m to OUTBOX_CDC_CHAOS_ONLY's kinds, each n times, if set.
 func onlyKind(t *testing.T, m mode) mode {
 	v := os.Getenv(EnvOnly)
 	if v == "" {
 		return m
 	}
-	kind, count, _ := strings.Cut(v, "=")
-	n, err := strconv.Atoi(count)
-	if !slices.Contains(allFaults, kind) || err != nil || n <= 0 {
-		t.Fatalf("%s=%q: want <kind>=<count>, a kind of %s", EnvOnly, v, strings.Join(allFaults, ", "))
+	deck := map[string]int{}
+	var names []string
+	for item := range strings.SplitSeq(v, ",") {
+		kind, count, _ := strings.Cut(strings.TrimSpace(item), "=")
+		n, err := strconv.Atoi(count)
+		if !slices.Contains(allFaults, kind) || err != nil || n <= 0 {
+			t.Fatalf("%s=%q: want <kind>=<count>[,<kind>=<count>...], kinds of %s", EnvOnly, v, strings.Join(allFaults, ", "))
+		}
+		deck[kind] += n
+		names = append(names, kind)
 	}
-	m.Name += "-only-" + kind
-	m.Deck, m.MinChaos, m.MinFaults = map[string]int{kind: n}, 0, 0
-	t.Logf("chaos: %s: only %s, %d times", EnvOnly, kind, n)
+	m.Name += "-only-" + strings.Join(names, "-")
+	m.Deck, m.MinChaos, m.MinFaults = deck, 0, 0
+	t.Logf("chaos: %s: only %v", EnvOnly, deck)
 	return m
 }
+
+// deckOnly are the kinds drawn from the deck only, never at random after
+// it: a promotion (see longMode) and the restores that take a minute or
+// more (a default reconnect backoff, two restores in one fault).
+var deckOnly = map[string]bool{fPGPromote: true, fPGRestoreBackoff: true, fPGRestoreOlder: true, fPGRestoreCompacted: true}
 
 // faultClass groups the kinds for the report.
 func faultClass(kind string) string {
@@ -161,6 +186,7 @@ var shortMode = mode{
 		fConnKill: 4, fConnKillAck: 3, fStandbyTakeover: 1,
 		fKafkaKill: 3, fKafkaStop: 2,
 		fPGFast: 3, fPGCrash: 2, fPGImmediate: 1, fPGRestore: 1, fPGPromote: 1,
+		fPGRestoreWriting: 1, fPGRestoreBackoff: 1, fPGRestoreOlder: 1, fPGRestoreCompacted: 1,
 		fNetKafkaDrop: 1, fNetKafkaStall: 1, fNetKafkaSlow: 1, fNetKafkaReset: 1,
 		fNetPGDrop: 1, fNetPGStall: 1, fNetPGSlow: 1, fNetPGReset: 1,
 		fNetKafkaForge: 1, fNetKafkaSwallow: 1, fNetKafkaAbort: 1, fKafkaKillCommit: 1,
@@ -168,7 +194,9 @@ var shortMode = mode{
 		fOpsPubGapMsg: 1, fOpsRedrive: 1, fOpsParkingRetention: 1,
 	},
 	GapMin: 300 * time.Millisecond, GapMax: 1500 * time.Millisecond, WaitProb: 0.6,
-	Budget: 6 * time.Minute, CatchUp: time.Minute, // short runs with pg-restore and pg-promote-behind used 282–287 s of 5 min
+	// Short runs with pg-restore and pg-promote-behind used 282–287 s of
+	// 5 min; the restores under load add about a minute.
+	Budget: 8 * time.Minute, CatchUp: time.Minute,
 }
 
 var longMode = mode{
@@ -179,6 +207,7 @@ var longMode = mode{
 		// One promotion: a standby of an already promoted server never got
 		// ready in the first long run (to investigate; see pgPromoteBehind).
 		fPGFast: 4, fPGCrash: 4, fPGImmediate: 2, fPGRestore: 2, fPGPromote: 1,
+		fPGRestoreWriting: 3, fPGRestoreBackoff: 1, fPGRestoreOlder: 2, fPGRestoreCompacted: 2,
 		fNetKafkaDrop: 3, fNetKafkaStall: 3, fNetKafkaSlow: 3, fNetKafkaReset: 3,
 		fNetPGDrop: 3, fNetPGStall: 3, fNetPGSlow: 3, fNetPGReset: 3,
 		fNetKafkaForge: 3, fNetKafkaSwallow: 3, fNetKafkaAbort: 2, fKafkaKillCommit: 3,
@@ -216,6 +245,25 @@ type faultRecord struct {
 	// the server after it has a new slot (a promotion below PostgreSQL 17).
 	Rewound   time.Time
 	NewStream bool
+	// EarlierRewinds are the restores of the fault before Rewound
+	// (pg-restore-older restores twice).
+	EarlierRewinds []time.Time
+}
+
+// rewinds are the times the fault rewound the server, in order.
+func (f *faultRecord) rewinds() []time.Time {
+	if f.Rewound.IsZero() {
+		return nil
+	}
+	return append(slices.Clone(f.EarlierRewinds), f.Rewound)
+}
+
+// rewindAt notes a rewind at t, after any the fault made before.
+func (f *faultRecord) rewindAt(t time.Time) {
+	if !f.Rewound.IsZero() {
+		f.EarlierRewinds = append(f.EarlierRewinds, f.Rewound)
+	}
+	f.Rewound = t
 }
 
 // run is one chaos run.
@@ -249,6 +297,13 @@ type run struct {
 	burst  *writer
 	big    *writer // ops-oversize
 	mixer  *writer // ops-publication-gap-messages (messages_test.go)
+	fill   *writer // the padded rows of the restores under load (restore_writing_test.go)
+
+	// compacted: the run has the compacted topic; cmp writes its events
+	// (compacted_test.go).
+	compacted bool
+	cmp       *writer
+
 	rd     redriveState
 	faults []faultRecord
 	exits  []string // unexpected connector exits, with evidence
@@ -319,7 +374,7 @@ func TestChaos(t *testing.T) {
 	// The live consumer reads the big, dead-letter and parking topics too:
 	// the events ops-oversize writes end there (on the big topic after the
 	// dead letter in dlq.mode skip, the exactly_once run).
-	r.live.keepCopies(r.parkingTopic(), r.bigTopic) // redrive_test.go
+	r.live.keepCopies(r.parkingTopic(), r.bigTopic, r.compactTopic()) // redrive_test.go, compacted_test.go
 	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.bigTopic, r.dlq, r.parkingTopic()), ready) })
 	if err := <-ready; err != nil {
 		t.Fatalf("live consumer: %v", err)
@@ -494,6 +549,9 @@ func (r *run) setup(ctx context.Context) {
 	if err := waitTopicsLed(ctx, adm, append(slices.Clone(r.topics), r.dlq, r.bigTopic)); err != nil {
 		t.Fatal(err)
 	}
+	if err := r.setupCompacted(ctx, adm); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -564,7 +622,7 @@ func (r *run) inject(ctx context.Context) {
 		if r.skip[k] {
 			continue
 		}
-		if k != fPGPromote { // once per run, from the deck only (see longMode)
+		if !deckOnly[k] {
 			kinds = append(kinds, k)
 		}
 		for range r.m.Deck[k] {
@@ -648,6 +706,10 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		return fmt.Sprintf("SIGTERM, down %v before restart", kafkaStopDowntime), restartKafka(ctx)
 	case fPGRestore:
 		return r.pgRestore(ctx, f)
+	case fPGRestoreWriting, fPGRestoreBackoff, fPGRestoreOlder:
+		return r.pgRestoreUnderLoad(ctx, kind, f)
+	case fPGRestoreCompacted:
+		return r.pgRestoreCompacted(ctx, f)
 	case fPGPromote:
 		return r.pgPromoteBehind(ctx, f)
 	case fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize, fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention:
@@ -798,11 +860,11 @@ func (r *run) checkConnector(ctx context.Context) {
 	if hangingExit(tail) {
 		// The connector's own runbook (hanging_test.go): an operator's
 		// abort, then a restart; not a failure.
-		aborted, err := abortHanging(ctx)
+		aborted, err := abortHanging(ctx, tail)
 		if err != nil {
 			r.t.Fatalf("connector #%d stopped on a hanging transaction; its runbook failed: %v\n%s", in.N, err, tail)
 		}
-		r.runbooks = append(r.runbooks, fmt.Sprintf("connector #%d stopped on a hanging transaction at %s; aborted on %v", in.N, in.ExitAt.Format("15:04:05.000"), aborted))
+		r.runbooks = append(r.runbooks, fmt.Sprintf("connector #%d stopped on a hanging transaction at %s; runbook: %v", in.N, in.ExitAt.Format("15:04:05.000"), aborted))
 		r.t.Logf("chaos: %s", r.runbooks[len(r.runbooks)-1])
 		if _, err := r.conn.start(ctx, "after-hanging-abort"); err != nil {
 			r.t.Fatalf("restart connector after the abort: %v\n%s", err, r.conn.logTail(40))

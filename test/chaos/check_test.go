@@ -48,6 +48,10 @@ type copyRec struct {
 	// topic's retention deleted before the final read. It was appended
 	// (the watermark and duplicate checks count it) but is no delivery.
 	Deleted bool
+	// Compacted: a record of the compacted topic the live consumer read
+	// that the cleaner removed before the final read: a delivery
+	// (compacted_test.go).
+	Compacted bool
 }
 
 // Report is what a run found; it is written to results/last-run.json.
@@ -176,6 +180,8 @@ type Report struct {
 	// copies in Kafka: expected, neither lost nor unexpected records.
 	EventsUndone int `json:"events_undone_by_restore_or_promotion"`
 	UndoneCopies int `json:"records_of_undone_events"`
+	// Compaction: the compacted topic of pg-restore-compacted.
+	Compaction *compactionReport `json:"compaction,omitempty"`
 }
 
 type recovery struct {
@@ -298,6 +304,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 		fail("read topics: %v", err)
 	}
 	rep.RecordsInKafka = len(recs)
+	recs = r.withCompacted(rep, recs)
 	undone := r.ledger.undoneIDs()
 	rep.EventsUndone = len(undone)
 	recs, dlq = dropUndone(rep, recs, undone), dropUndone(rep, dlq, undone)
@@ -354,7 +361,8 @@ func (r *run) analyze(ctx context.Context) *Report {
 	dead.add(byID, r.rd.lost, r.rd.republished)
 	r.checkOrder(rep, recs, dead, fail)
 	r.checkDuplicates(rep, r.withoutRedriven(rep, copies), byID, fail)
-	r.checkExactlyOnce(rep, recs, copies, byID, dead, fail)
+	eoRecs, eoCopies := r.withoutReadBackCopies(rep, recs, copies, byID)
+	r.checkExactlyOnce(rep, eoRecs, eoCopies, byID, dead, fail)
 	r.checkWatermark(rep, events, copies, fail)
 	r.recoveries(rep, events)
 	rep.Verify = r.verifyRun(ctx, r.flowStart, fail)
@@ -814,11 +822,9 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 		if strings.HasPrefix(f.Kind, "pg-") {
 			pgStarts = append(pgStarts, f.Start)
 		}
-		if !f.Rewound.IsZero() {
-			// The restored slot, or the promoted server's new one, is behind
-			// what was confirmed before.
-			pgStarts = append(pgStarts, f.Rewound)
-		}
+		// The restored slot, or the promoted server's new one, is behind
+		// what was confirmed before.
+		pgStarts = append(pgStarts, f.rewinds()...)
 	}
 	slices.SortFunc(pgStarts, func(a, b time.Time) int { return a.Compare(b) })
 	epochOf := func(t time.Time) int {
@@ -1232,6 +1238,9 @@ func (r *run) report(rep *Report) {
 	}
 	if er := rep.ExactlyOnce; er != nil {
 		lines = append(lines, er.String())
+	}
+	if cr := rep.Compaction; cr != nil {
+		lines = append(lines, cr.String())
 	}
 	if rr := rep.Retention; rr != nil {
 		lines = append(lines, rr.String())

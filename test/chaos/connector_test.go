@@ -37,6 +37,18 @@ type connector struct {
 	cur                 *incarnation
 	standby             *incarnation // launched beside cur, not yet streaming
 	incs                []*incarnation
+	// env is added to the environment of the processes launched while it
+	// is set (setEnv): pg-restore-default-backoff runs one process with a
+	// setting of the file overridden.
+	env []string
+}
+
+// setEnv sets the variables the next processes get on top of the file
+// (OUTBOX_CDC_* overrides it); none, to go back to the file alone.
+func (c *connector) setEnv(kv ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.env = kv
 }
 
 // incarnation is one connector process.
@@ -140,11 +152,18 @@ func (c *connector) exec(in *incarnation, addr string) error {
 	if in.ownLog != "" {
 		path = in.ownLog
 	}
-	header := fmt.Sprintf("\n===== chaos: incarnation %d (%s) at %s, slot confirmed %v, checkpoint %v =====\n",
-		in.N, in.Reason, time.Now().Format("15:04:05.000"), in.SlotAtStart, in.CkptAtStart)
 	// The listen address comes from the environment: a standby runs beside
 	// the active process on the spare one.
-	cmd := cdctest.Command(c.bin, []string{"OUTBOX_CDC_HTTP_LISTEN=" + addr}, "run", "--config", c.cfgPath)
+	c.mu.Lock()
+	vars := append([]string{"OUTBOX_CDC_HTTP_LISTEN=" + addr}, c.env...)
+	extra := strings.Join(c.env, " ")
+	c.mu.Unlock()
+	if extra != "" {
+		extra = ", " + extra
+	}
+	header := fmt.Sprintf("\n===== chaos: incarnation %d (%s) at %s, slot confirmed %v, checkpoint %v%s =====\n",
+		in.N, in.Reason, time.Now().Format("15:04:05.000"), in.SlotAtStart, in.CkptAtStart, extra)
+	cmd := cdctest.Command(c.bin, vars, "run", "--config", c.cfgPath)
 	p, err := cdctest.Start(cmd, cdctest.Options{Name: fmt.Sprintf("connector %d", in.N), Log: path, Append: true, Header: header})
 	if err != nil {
 		return err

@@ -88,6 +88,9 @@ func runSuite(m *testing.M) int {
 		// ops-parking-retention waits for retention to delete parked
 		// records; the default check runs every 5 minutes.
 		"log.retention.check.interval.ms": "1000",
+		// pg-restore-compacted waits for the cleaner; an idle cleaner
+		// looks for work every 15 s by default.
+		"log.cleaner.backoff.ms": "1000",
 	}})
 	kTook := time.Since(kStart)
 	stopDisc()

@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/outbox-cdc/outbox-cdc/internal/cli"
 )
 
@@ -36,12 +34,21 @@ const (
 
 var (
 	// wantRewound: the running connector reconnects to the restored server
-	// (replication.sameServer, reason server_rewound).
-	wantRewound = regexp.MustCompile(`WAL ends at \S+ on timeline \d+, before \S+, which it had sent the connector: it was restored from an older copy`)
+	// (reason server_rewound): its WAL ends before what it had sent
+	// (replication.sameServer); it lacks the history mark the reconnect
+	// resumes at (replication checkMark); or it sends, below where the
+	// stream was, a transaction the connector did not decode there before
+	// (pipeline diverged: a restore to a point past the mark).
+	wantRewound = regexp.MustCompile(`WAL ends at \S+ on timeline \d+, before \S+, which it had sent the connector: it was restored from an older copy` +
+		`|the server lacks history mark \d+ \(.*?\), which the connector decoded at or after \S+: it was restored from an older copy` +
+		`|after a reconnect the server sent a transaction \(xid \d+, commit \S+\) the connector did not decode there before it reached \S+: the server was restored from an older copy`)
 	// wantPromoted: the running connector reconnects to the promoted
-	// standby: a timeline it had read past the fork of (timeline_fork), or
-	// no slot there (PostgreSQL < 17 has no failover slot).
-	wantPromoted = regexp.MustCompile(`(?i)moved from timeline \d+ to \d+|slot or the publication was dropped|slot \S+ was dropped`)
+	// standby: a timeline it had read past the fork of (timeline_fork), no
+	// slot there (PostgreSQL < 17 has no failover slot), or no history mark
+	// the stream resumes at (checked first: the standby was promoted before
+	// it replayed the mark's commit).
+	wantPromoted = regexp.MustCompile(`(?i)moved from timeline \d+ to \d+|slot or the publication was dropped|slot \S+ was dropped` +
+		`|the server lacks history mark \d+ \(.*?\), which the connector decoded at or after \S+: it was restored from an older copy or replaced by a server that was behind`)
 	// wantCommittedRefused: exactly_once refuses a committed Kafka position
 	// the server does not have (pipeline.trustCommitted, NotInHistory).
 	wantCommittedRefused = regexp.MustCompile(`committed to Kafka \(topic (\S+), key ([^,]+), timeline \d+\) (lies beyond this server's WAL end|was written on timeline \d+ after this server's history left it)`)
@@ -122,9 +129,9 @@ func (l *ledger) undoneIDs() map[string]bool {
 // pgRestore takes a file-level copy of the stopped server (a fast stop, the
 // copy, a restart: a cold backup), lets the workload go on for 2–6 s, then
 // stops the server and restores the copy. The writers are paused from the
-// restore until the connector runs again: a restored server that had
-// written past the old positions again could not be told from a normal
-// start (docs/operations.md, "Exactly-once delivery").
+// restore until the connector runs again, so the WAL-end checks alone see
+// the rewind; the restores the writers do not wait for, which only the
+// history marks see, are restore_writing_test.go's.
 func (r *run) pgRestore(ctx context.Context, f *faultRecord) (string, error) {
 	if err := stopPG(ctx); err != nil {
 		return "", err
@@ -205,12 +212,12 @@ func (r *run) undoLedger(ctx context.Context) (undone, seen int, err error) {
 
 // afterRewind checks that the running connector stops (exit 1, want in an
 // error line; required when must, else allowed within wait), then follows
-// the runbook: start it; in the exactly_once run the start must refuse the
-// position committed to Kafka when the connector had committed past the
-// server's end (required when must), the suite writes the tombstone the
-// message names and starts it again; a lost slot's repair command, if a
-// process printed one, is run. The writers are still paused (the caller
-// holds the gate).
+// the runbook (refusal_test.go): start it; in the exactly_once run the
+// start must refuse the position committed to Kafka when the connector had
+// committed past the server's end (required when must), the suite writes
+// the tombstone the message names and starts it again; a lost slot's
+// repair command, if a process printed one, is run (pg-promote-behind,
+// whose writers are still paused: the caller holds the gate).
 func (r *run) afterRewind(ctx context.Context, f *faultRecord, kind, reason string, in *incarnation, want *regexp.Regexp, must bool, wait time.Duration, desc string) (string, error) {
 	if in != nil {
 		var done bool
@@ -241,85 +248,6 @@ func (r *run) rewindExit(ctx context.Context, f *faultRecord, kind string, in *i
 		}
 	}
 	return desc, false
-}
-
-// launchAfterRewind is the rest of afterRewind: the runbook.
-func (r *run) launchAfterRewind(ctx context.Context, f *faultRecord, kind, reason string, must bool, desc string) (string, error) {
-	next, err := r.conn.launch(ctx, reason)
-	if err != nil {
-		return desc, err
-	}
-	f.restarted = next.Start
-	if exactlyOnce() {
-		var refused bool
-		if next, refused, desc, err = r.refusedCommitted(ctx, f, kind, reason, next, must, desc); err != nil {
-			return desc, err
-		}
-		if !refused && must {
-			r.opsFailed(kind, "connector #%d started on the position committed to Kafka although the server does not hold it", next.N)
-		}
-	}
-	if err := r.conn.waitReady(ctx, next, time.Minute); err != nil {
-		return desc, fmt.Errorf("restart after the rewind: %w", err)
-	}
-	next.Ready = time.Now()
-	desc += fmt.Sprintf("; #%d ready in %v", next.N, next.Ready.Sub(next.Start).Round(time.Millisecond))
-	return desc + r.repairIfPrinted(ctx, kind, f.Rewound), nil
-}
-
-// refusedCommitted waits a few seconds for next to refuse the committed
-// position (exit 1, wantCommittedRefused); if it does, it forgets the
-// position with the tombstone its message names and launches the next
-// process.
-func (r *run) refusedCommitted(ctx context.Context, f *faultRecord, kind, reason string, next *incarnation, must bool, desc string) (*incarnation, bool, string, error) {
-	wait := 10 * time.Second
-	if must {
-		wait = opsExitTimeout
-	}
-	ready := make(chan error, 1)
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { ready <- r.conn.waitReady(rctx, next, wait) }()
-	select {
-	case <-next.done:
-	case err := <-ready:
-		if err == nil {
-			return next, false, desc + fmt.Sprintf("; #%d started on the committed position", next.N), nil
-		}
-	}
-	took, line, exitErr := r.conn.expectExit(ctx, next, next.Start, time.Second, wantCommittedRefused)
-	if exitErr != nil {
-		r.opsFailed(kind, "%v", exitErr)
-		return next, false, desc + "; " + exitErr.Error(), fmt.Errorf("exactly_once start after the rewind: %w", exitErr)
-	}
-	r.expectedExits = append(r.expectedExits, fmt.Sprintf("%s: #%d exit 1 after %v: %s", kind, next.N, took.Round(time.Millisecond), strings.TrimSpace(line)))
-	m := wantCommittedRefused.FindStringSubmatch(line)
-	if err := tombstone(ctx, m[1], m[2]); err != nil {
-		return next, true, desc, err
-	}
-	desc += fmt.Sprintf("; #%d refused the committed position (%s); tombstone for %s on %s", next.N, m[3], m[2], m[1])
-	again, err := r.conn.launch(ctx, reason)
-	if err != nil {
-		return next, true, desc, err
-	}
-	f.restarted = again.Start
-	return again, true, desc, nil
-}
-
-// tombstone forgets a committed position, as the refusal's fix says, with
-// the suite's own client (the shell command it prints does the same).
-func tombstone(ctx context.Context, topic, key string) error {
-	cl, err := newKafkaClient()
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := cl.ProduceSync(pctx, &kgo.Record{Topic: topic, Key: []byte(key)}).FirstErr(); err != nil {
-		return fmt.Errorf("tombstone for %s on %s: %w", key, topic, err)
-	}
-	return nil
 }
 
 // repairIfPrinted runs the verify --repair a process started since the
@@ -415,10 +343,14 @@ type walEpoch struct {
 // slot is a new stream that says nothing of the old timeline, so its
 // history holds only the events committed since the promotion.
 func (r *run) walEpochs(events []event, samples []sample) []walEpoch {
-	var cuts []faultRecord
+	type cut struct {
+		at        time.Time
+		newStream bool
+	}
+	var cuts []cut
 	for _, f := range r.faults {
-		if !f.Rewound.IsZero() {
-			cuts = append(cuts, f)
+		for _, at := range f.rewinds() {
+			cuts = append(cuts, cut{at, f.NewStream})
 		}
 	}
 	out := make([]walEpoch, len(cuts)+1)
@@ -426,13 +358,13 @@ func (r *run) walEpochs(events []event, samples []sample) []walEpoch {
 	for i := range out {
 		var from, to time.Time
 		if i > 0 {
-			from = cuts[i-1].Rewound
-			if cuts[i-1].NewStream {
+			from = cuts[i-1].at
+			if cuts[i-1].newStream {
 				floor = from
 			}
 		}
 		if i < len(cuts) {
-			to = cuts[i].Rewound
+			to = cuts[i].at
 		}
 		in := func(t, lo time.Time) bool { return !t.Before(lo) && (to.IsZero() || t.Before(to)) }
 		for _, s := range samples {

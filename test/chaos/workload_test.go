@@ -115,6 +115,10 @@ type writer struct {
 	// adds that many bytes to each payload and marks the events Oversize.
 	bucket *atomic.Int64
 	pad    int
+	// fill, when > 0, adds that many bytes of random hex text to each
+	// payload (not Oversize): rows that move the WAL fast, which a
+	// compressed pad would not (restore_writing_test.go).
+	fill int
 	// ins and lookup, when set, write and look up another outbox table's
 	// rows (tables_test.go).
 	ins    func(ctx context.Context, q execer, e event) error
@@ -277,6 +281,9 @@ const (
 	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint))`
 	insertPadSQL = `INSERT INTO outbox (id, bucket, aggregate_type, aggregate_id, event_type, payload)
 	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint, 'pad', repeat('x', $8::int)))`
+	insertFillSQL = `INSERT INTO outbox (id, bucket, aggregate_type, aggregate_id, event_type, payload)
+	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint,
+		'fill', (SELECT string_agg(md5(random()::text || g::text), '') FROM generate_series(1, $8::int / 32) g)))`
 )
 
 type execer interface {
@@ -292,6 +299,10 @@ func (w *writer) insert(ctx context.Context, q execer, e event) error {
 	}
 	if w.pad > 0 {
 		_, err := q.Exec(ctx, insertPadSQL, e.ID, e.Type, e.Agg, e.Seq, e.Writer, e.Txn, e.Bucket, w.pad)
+		return err
+	}
+	if w.fill > 0 {
+		_, err := q.Exec(ctx, insertFillSQL, e.ID, e.Type, e.Agg, e.Seq, e.Writer, e.Txn, e.Bucket, w.fill)
 		return err
 	}
 	_, err := q.Exec(ctx, insertSQL, e.ID, e.Type, e.Agg, e.Seq, e.Writer, e.Txn, e.Bucket)
