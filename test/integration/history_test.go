@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -27,6 +28,23 @@ const (
 	histBatch = 50   // rows per transaction when writing past a position
 	histFrom  = 5000 // first seq written to the restored server
 )
+
+// coldCopy stops the server, copies its data directory (a file-level
+// backup) and starts it again; it returns the copy.
+func coldCopy(ctx context.Context, t *testing.T, pg *testenv.Postgres) string {
+	t.Helper()
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backup, err := pg.CopyData(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return backup
+}
 
 // skipWithoutMarks skips on PostgreSQL 13, whose pgoutput sends no logical
 // messages: a position there is checked against the WAL end only, the
@@ -288,16 +306,7 @@ func TestHistoryRestoreRunningDefaults(t *testing.T) {
 	s.rows(0, 10, 0)
 	r := newHistReader(t, topicFor(s.agg))
 	r.waitAll(ctx, t, 0, 10, time.Minute)
-	if err := s.pg.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	backup, err := s.pg.CopyData(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.pg.Restart(ctx); err != nil {
-		t.Fatal(err)
-	}
+	backup := coldCopy(ctx, t, s.pg)
 	s.rows(10, 2000, histPad)
 	r.waitAll(ctx, t, 10, 2000, 2*time.Minute)
 	streamed := walEnd(t, s.dsn)
@@ -333,16 +342,7 @@ func restoreWhileStopped(ctx context.Context, t *testing.T, s *restoredServer, s
 	r := newHistReader(t, topicFor(s.agg))
 	r.waitAll(ctx, t, 0, 10, time.Minute)
 	stopClean(t, p)
-	if err := s.pg.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	backup, err := s.pg.CopyData(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.pg.Restart(ctx); err != nil {
-		t.Fatal(err)
-	}
+	backup := coldCopy(ctx, t, s.pg)
 	p = sv.start(true)
 	s.rows(10, 2000, histPad)
 	r.waitAll(ctx, t, 10, 2000, 2*time.Minute)

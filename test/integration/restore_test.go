@@ -70,16 +70,7 @@ func TestRestoreUnderRunningConnector(t *testing.T) {
 	p := runProc(t, cfgPath)
 	s.rows(0, 10, 0)
 	consumeN(t, []string{topicFor(s.agg)}, 10, time.Minute, 0)
-	if err := s.pg.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	backup, err := s.pg.CopyData(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.pg.Restart(ctx); err != nil {
-		t.Fatal(err)
-	}
+	backup := coldCopy(ctx, t, s.pg)
 	s.rows(10, 2000, 2000) // about 4 MB of WAL past the copy
 	consumeN(t, []string{topicFor(s.agg)}, 2010, 2*time.Minute, 0)
 	if err := s.pg.Stop(ctx); err != nil {
