@@ -81,7 +81,7 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
 		"positions_topic", eo.PositionsTopic, "committed", committed.LSN)
 	pl.readings.committed, pl.positionKey = committed.LSN, key
-	if pl.readings.committedMark, err = readMark(ctx, pl.marks, committed.Mark, committed.MarkAt, committed.MarkTime); err != nil {
+	if pl.readings.committedMark, err = readMark(ctx, pl, committed.Mark, committed.MarkAt, committed.MarkTime); err != nil {
 		t.Close()
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}

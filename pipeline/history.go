@@ -40,15 +40,16 @@ type txnID struct {
 // tailMax bounds the transactions remembered past the proof: marks are
 // written every markInterval while positions wait for one, so the tail
 // holds about that long of transactions; beyond the bound the oldest are
-// forgotten, and a reconnect re-publishes them (duplicates, never a loss).
+// forgotten, and a reconnect that decodes one again stops the run (behind).
 const tailMax = 1 << 20
 
 // history is the one owner of the run's proofs. The processor decodes marks
 // (it alone writes proof and the tail); the stream's gate, the checkpoint
 // and the transactional sink read proof; the mark loop writes marks while
-// positions wait for a proof. Everything confirmed to the slot or saved
-// is at or below the proof, so a restart, or a reconnect that resumes at
-// the proof, never trusts a position the server may not have.
+// positions wait for a proof. Every saved position is at or below the
+// proof, and so is the slot's confirmed one while a reconnect decodes again
+// (confirmable): a restart, or a reconnect that resumes at the proof, never
+// trusts a position the server may not have.
 type history struct {
 	marks *replication.Marks // nil: the server decodes no marks (PostgreSQL 13)
 	proof atomic.Pointer[proof]
@@ -143,9 +144,6 @@ func (h *history) mark(id uint64) {
 		h.pending = id
 	}
 }
-
-// abort forgets the open transaction's mark.
-func (h *history) abort() { h.pending = 0 }
 
 // committed closes a transaction ending at end: its mark becomes the proof
 // (so does the fresh mark, up to its position), or, with outbox events

@@ -20,20 +20,10 @@ import (
 func startProcessWithHistory(t *testing.T, pl *plan, tune func(*Config), pr proof) *harness {
 	t.Helper()
 	c := newCluster(t)
-	ctx := testCtx(t)
-	h := &harness{t: t, ctx: ctx, c: c, p: newPipeline(t, c, pl, tune), queue: make(chan *replication.Batch, 16), done: make(chan struct{})}
-	h.p.history = newHistory(&replication.Marks{})
-	h.p.history.start(pr, proof{})
-	procCtx, cancel := context.WithCancel(ctx)
-	go func() {
-		defer close(h.done)
-		h.err = h.p.process(procCtx, ctx, h.queue)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-h.done
-	})
-	return h
+	p := newPipeline(t, c, pl, tune)
+	p.history = newHistory(&replication.Marks{})
+	p.history.start(pr, proof{})
+	return runProcess(t, c, p)
 }
 
 func (h *harness) reconnect() replication.ResumeAt {

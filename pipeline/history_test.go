@@ -31,7 +31,7 @@ func TestHistory(t *testing.T) {
 	h.committed(id(0x138, 13, 4), 0x140, true)
 	h.committed(id(0x148, 14, 5), 0x150, true)
 	h.mark(43)
-	h.abort() // the mark's transaction cut short by a reconnect
+	// The mark's transaction is cut short by the reconnect below.
 	if got := h.resume(0x150); got != (replication.ResumeAt{Pos: 0x130, Mark: 42}) {
 		t.Fatalf("resume = %+v, want the proof 0/130 with mark 42", got)
 	}

@@ -62,20 +62,33 @@ func (p *Pipeline) freshMark(ctx context.Context, pl *plan) error {
 	return nil
 }
 
-// readMark reads whether the server has a saved position's mark.
-func readMark(ctx context.Context, marks *replication.Marks, id uint64, at lsn.LSN, commit time.Time) (markReading, error) {
+// readMark reads whether the server has a saved position's mark. A
+// standby replays what the primary wrote a little later, and from a
+// restartpoint after its own restart: it is given standbyMarkWait to show
+// a mark before the reading says it lacks it (a refusal is for good).
+func readMark(ctx context.Context, pl *plan, id uint64, at lsn.LSN, commit time.Time) (markReading, error) {
 	r := markReading{id: id, at: at, commit: commit}
-	if id == 0 || marks == nil {
+	if id == 0 || pl.marks == nil {
 		r.id = 0 // without marks on this server, the WAL-end checks alone
 		return r, nil
 	}
-	found, err := marks.Present(ctx, id)
-	if err != nil {
-		return r, err
+	for wait := time.Now().Add(standbyMarkWait); ; {
+		found, err := pl.marks.Present(ctx, id)
+		if err != nil || found || !pl.standby || time.Now().After(wait) {
+			r.found = found
+			return r, err
+		}
+		select {
+		case <-ctx.Done():
+			return r, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
-	r.found = found
-	return r, nil
 }
+
+// standbyMarkWait is how long a standby may take to replay a mark (as the
+// stream's, replication.checkMark).
+const standbyMarkWait = time.Minute
 
 // refuseStart turns a saved position the server's history lacks into the
 // refusal with its fix.

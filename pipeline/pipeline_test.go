@@ -127,8 +127,14 @@ func newPipeline(t *testing.T, c *kfake.Cluster, pl *plan, tune func(*Config)) *
 // startProcess runs the processor until the test ends or it returns.
 func startProcess(t *testing.T, c *kfake.Cluster, pl *plan, tune func(*Config)) *harness {
 	t.Helper()
+	return runProcess(t, c, newPipeline(t, c, pl, tune))
+}
+
+// runProcess runs p's processor until the test ends or it returns.
+func runProcess(t *testing.T, c *kfake.Cluster, p *Pipeline) *harness {
+	t.Helper()
 	ctx := testCtx(t)
-	h := &harness{t: t, ctx: ctx, c: c, p: newPipeline(t, c, pl, tune), queue: make(chan *replication.Batch, 16), done: make(chan struct{})}
+	h := &harness{t: t, ctx: ctx, c: c, p: p, queue: make(chan *replication.Batch, 16), done: make(chan struct{})}
 	procCtx, cancel := context.WithCancel(ctx)
 	go func() {
 		defer close(h.done)

@@ -194,7 +194,7 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 	pl.readings.slot, pl.readings.created = res.Confirmed, res.Created
 	if l.have {
 		pl.readings.ckpt = l.ckpt.LSN
-		if pl.readings.ckptMark, err = readMark(ctx, pl.marks, l.ckpt.Mark, l.ckpt.MarkAt, time.Time{}); err != nil {
+		if pl.readings.ckptMark, err = readMark(ctx, pl, l.ckpt.Mark, l.ckpt.MarkAt, time.Time{}); err != nil {
 			return fmt.Errorf("setup: %w", err)
 		}
 	}
