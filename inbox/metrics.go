@@ -14,15 +14,19 @@ const (
 	MetricHandler    = "outbox_inbox_handler_seconds"
 	MetricDead       = "outbox_inbox_dead_total"
 	MetricProcessing = "outbox_inbox_processing_seconds"
+	// MetricVersionSkipped counts the events ApplyVersion skipped, labelled
+	// reason too (SkipOlder, SkipApplied).
+	MetricVersionSkipped = "outbox_inbox_version_skipped_total"
 )
 
 type metricVecs struct {
-	processed, duplicates, failed, dead *prometheus.CounterVec
-	handler, processing                 *prometheus.HistogramVec
+	processed, duplicates, failed, dead, versionSkipped *prometheus.CounterVec
+	handler, processing                                 *prometheus.HistogramVec
 }
 
 type consumerMetrics struct {
 	processed, duplicates, failed, dead prometheus.Counter
+	skippedOlder, skippedApplied        prometheus.Counter
 	handler, processing                 prometheus.Observer
 }
 
@@ -37,6 +41,9 @@ func newVecs() metricVecs {
 			Help: "Failed attempts (handler error or panic, handler timeout, database error); each is rolled back and retried."}, label),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDead,
 			Help: "Records parked in the dead-letter table (inbox.Poison, Config.MaxAttempts)."}, label),
+		versionSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricVersionSkipped,
+			Help: "Events Consumer.ApplyVersion told the handler to skip: older than the aggregate's applied version, or applied already at it."},
+			[]string{"consumer", "reason"}),
 		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: MetricHandler,
 			Help:    "Time spent in the handler per attempt.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, label),
@@ -64,6 +71,9 @@ func registerMetrics(reg prometheus.Registerer) (metricVecs, error) {
 		return v, err
 	}
 	if v.dead, err = register(reg, v.dead); err != nil {
+		return v, err
+	}
+	if v.versionSkipped, err = register(reg, v.versionSkipped); err != nil {
 		return v, err
 	}
 	if v.handler, err = register(reg, v.handler); err != nil {
@@ -94,7 +104,10 @@ func (v metricVecs) with(consumer string) consumerMetrics {
 		duplicates: v.duplicates.WithLabelValues(consumer),
 		failed:     v.failed.WithLabelValues(consumer),
 		dead:       v.dead.WithLabelValues(consumer),
-		handler:    v.handler.WithLabelValues(consumer),
-		processing: v.processing.WithLabelValues(consumer),
+		// Both reasons, so that a skip shows as a rise from 0.
+		skippedOlder:   v.versionSkipped.WithLabelValues(consumer, SkipOlder),
+		skippedApplied: v.versionSkipped.WithLabelValues(consumer, SkipApplied),
+		handler:        v.handler.WithLabelValues(consumer),
+		processing:     v.processing.WithLabelValues(consumer),
 	}
 }

@@ -4,7 +4,8 @@
 -- inbox.CreateTable creates the same table under any name; rows older than the
 -- retention are removed with inbox.Cleanup (docs/guide.md says how long to keep them).
 -- inbox_dead holds the records the consumer parked (inbox.Poison, Config.MaxAttempts).
--- inbox_versions holds the last aggregate version each consumer applied (Consumer.ApplyVersion).
+-- inbox_versions holds the last aggregate version each consumer applied and the events applied at it
+-- (Consumer.ApplyVersion); the ALTER adds event_ids to a table created by an older release.
 CREATE TABLE IF NOT EXISTS inbox (
   event_id        text        NOT NULL,
   consumer_name   text        NOT NULL,
@@ -36,5 +37,7 @@ CREATE TABLE IF NOT EXISTS inbox_versions (
   aggregate_type text   NOT NULL,
   aggregate_id   text   NOT NULL,
   version        bigint NOT NULL,
+  event_ids      text[] NOT NULL DEFAULT '{}',
   PRIMARY KEY (consumer_name, aggregate_type, aggregate_id)
 );
+ALTER TABLE inbox_versions ADD COLUMN IF NOT EXISTS event_ids text[] NOT NULL DEFAULT '{}';

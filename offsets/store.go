@@ -40,10 +40,40 @@ type Checkpoint struct {
 	// versions): the start checks the WAL end only.
 	Mark   uint64  `json:"mark,omitempty"`
 	MarkAt lsn.LSN `json:"mark_at,omitempty"`
+	// Floor bounds the transactions that commit after LSN: each has a
+	// (64-bit) id at or above it (a snapshot's xmin read with the WAL at or
+	// below LSN). Zero: unknown. A repair of what the stream could not
+	// decode after LSN reads the rows of those transactions.
+	Floor uint64 `json:"floor,omitempty"`
+	// Stream is how each outbox table stood in the publication when LSN was
+	// saved: a restart that finds it otherwise knows the stream may have
+	// missed rows since, whatever it finds in place now.
+	Stream []TableStream `json:"stream,omitempty"`
+	// Clean: saved by a clean stop, which then wrote a last history mark and
+	// had the slot confirm past it: the slot had consumed every write
+	// before the stop (a slot pg_upgrade keeps, movedDatabase).
+	Clean bool `json:"clean,omitempty"`
 	// Gap, when set, records that the outbox table left the stream (removed
 	// from the publication, dropped): the rows written since could not be
 	// decoded and are read back from the table at the next start.
 	Gap *Gap `json:"gap,omitempty"`
+}
+
+// TableStream is what decides whether an outbox table's inserts are
+// decoded (replication.Membership): the table's OID, the publication's
+// OID and row version (its xmin: ALTER PUBLICATION ... SET changes it), and
+// the pg_publication_rel row that makes the table a member (zero for FOR
+// ALL TABLES or TABLES IN SCHEMA).
+type TableStream struct {
+	Table    string `json:"table"`
+	RelID    uint32 `json:"relid"`
+	PubOID   uint32 `json:"pub_oid"`
+	PubXmin  uint32 `json:"pub_xmin"`
+	PubRelID uint32 `json:"pub_rel_oid,omitempty"`
+	// Xmin bounds the rows a change after this state could have kept from
+	// the stream: each was written by a transaction at or above it (the
+	// guard's bound, replication.Guard.Xmin, when the state was saved).
+	Xmin uint64 `json:"xmin"`
 }
 
 // Gap is where the rows the stream could not decode begin: no position

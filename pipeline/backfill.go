@@ -139,7 +139,10 @@ func (b *backfill) fingerprint(ev *decode.Event) uint64 {
 // the position after them then go in one Kafka transaction in exactly_once.
 // Rows the stream decoded before (seen) are left out.
 func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn *offsets.Txn) error {
-	rows, g, err := p.cfg.Source.GapRows(ctx, b.Xmin, p.rowSpecs())
+	rows, g, err := p.cfg.Source.GapRows(ctx, b.Xmin, p.rowSpecs(), func(xids []int64) {
+		p.log.Warn("the gap repair waits for transactions that were open when it began: one may hold rows written while "+
+			"the outbox was outside the publication (see pg_stat_activity.backend_xid, pg_prepared_xacts)", "xids", xids)
+	})
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package pipeline
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -86,14 +85,9 @@ type history struct {
 // hold the mark loop, nor a clean stop's flush behind it.
 const markWriteTimeout = 5 * time.Second
 
-// write writes a mark; wait false gives up at once when the mark loop is
-// writing one (a clean stop's flush).
-func (h *history) write(ctx context.Context, wait bool) (uint64, error) {
-	if !wait && !h.mu.TryLock() {
-		return 0, errMarkBusy
-	} else if wait {
-		h.mu.Lock()
-	}
+// write writes a mark (the mark loop's), and prunes old ones now and then.
+func (h *history) write(ctx context.Context) (uint64, error) {
+	h.mu.Lock()
 	defer h.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, markWriteTimeout)
 	defer cancel()
@@ -107,8 +101,6 @@ func (h *history) write(ctx context.Context, wait bool) (uint64, error) {
 
 // markPrune spaces the deletions of old marks.
 const markPrune = time.Minute
-
-var errMarkBusy = errors.New("a history mark is being written")
 
 // newHistory returns the run's history; marks is nil when the server
 // decodes none or the run writes none (a standby without postgres.primary_dsn).
@@ -305,7 +297,7 @@ func (h *history) markLoop(ctx context.Context, acked func() lsn.LSN, events fun
 			if acked() <= h.proven().at || (n == seen && now.Sub(last) < idleMarkInterval) {
 				continue
 			}
-			_, err := h.write(ctx, true)
+			_, err := h.write(ctx)
 			switch {
 			case err != nil && ctx.Err() == nil && !failing:
 				failing = true
@@ -317,24 +309,23 @@ func (h *history) markLoop(ctx context.Context, acked func() lsn.LSN, events fun
 	}
 }
 
-// flush writes a mark and waits (at most d) until the processor decoded
-// past what it had decoded when the stop began (decoded): a clean stop then
-// confirms and saves everything it decoded, with the proof of it. It does
-// not wait for a mark the mark loop is writing.
-func (h *history) flush(ctx context.Context, d time.Duration, decoded func() lsn.LSN) bool {
+// finalMark writes the run's last mark once the side loops stopped (the
+// mark loop among them: no prune follows it) and waits (at most d) until
+// the processor decoded it, so that the stream's last confirmation lies past
+// every write the connector made before it. It reports whether it did.
+func (h *history) finalMark(ctx context.Context, d time.Duration) bool {
 	if h == nil || h.marks == nil {
-		return true
+		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	want := decoded()
-	if h.proven().at >= want {
-		return true
-	}
-	if _, err := h.write(ctx, false); err != nil && !errors.Is(err, errMarkBusy) {
+	h.mu.Lock()
+	id, _, err := h.marks.Write(ctx)
+	h.mu.Unlock()
+	if err != nil {
 		return false
 	}
-	for h.proven().at < want {
+	for h.proven().mark != id {
 		select {
 		case <-ctx.Done():
 			return false

@@ -148,14 +148,12 @@ func (f fixedAcked) Acked() lsn.LSN { return lsn.LSN(f) }
 func (fixedAcked) InFlight() int             { return 0 }
 func (fixedAcked) Advanced() <-chan struct{} { return nil }
 
-// TestReviewFlushBoundedWhileMarkLoopStuck: a clean stop calls flush with a
-// 2 s bound before it stops reading. flush takes h.mu, which the mark loop
-// holds for the whole of its Write, under the side loops' context, which the
-// shutdown cancels only after flush. With PostgreSQL unreachable (a partition,
-// a black-holed connection: no deadline on connect or on the statements), the
-// mark loop's Write does not return, and neither does flush: SIGTERM hangs
-// until the TCP stack gives up (minutes), and the orchestrator's SIGKILL skips
-// the drain and the last checkpoint.
+// TestReviewFlushBoundedWhileMarkLoopStuck: a clean stop stops the side
+// loops, the mark loop among them, then writes its last mark with a 2 s
+// bound. With PostgreSQL unreachable (a partition, a black-holed
+// connection), neither the loop's write nor the last mark may hold SIGTERM
+// until the TCP stack gives up (minutes): the orchestrator's SIGKILL would
+// skip the drain and the last checkpoint.
 func TestReviewFlushBoundedWhileMarkLoopStuck(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -181,15 +179,28 @@ func TestReviewFlushBoundedWhileMarkLoopStuck(t *testing.T) {
 	sides, stopSides := context.WithCancel(context.Background())
 	defer stopSides()
 	var n atomic.Int64
-	go h.markLoop(sides, func() lsn.LSN { return 0x200 }, func() int64 { return n.Add(1) }, func(error) {})
+	loopDone := make(chan struct{})
+	go func() {
+		defer close(loopDone)
+		h.markLoop(sides, func() lsn.LSN { return 0x200 }, func() int64 { return n.Add(1) }, func(error) {})
+	}()
 	time.Sleep(700 * time.Millisecond) // the loop's first write is under way
-	returned := make(chan bool, 1)
-	go func() { returned <- h.flush(context.Background(), markFlushTimeout, func() lsn.LSN { return 0x200 }) }()
+	stopSides()                        // the shutdown stops the side loops first
 	select {
-	case <-returned:
+	case <-loopDone:
+	case <-time.After(markWriteTimeout + 3*time.Second):
+		t.Fatalf("the mark loop has not ended %v after its stop: its write is not bounded", markWriteTimeout+3*time.Second)
+	}
+	returned := make(chan bool, 1)
+	go func() { returned <- h.finalMark(context.Background(), markFlushTimeout) }()
+	select {
+	case ok := <-returned:
+		if ok {
+			t.Fatal("finalMark reports a mark decoded on a server that never answered")
+		}
 	case <-time.After(markFlushTimeout + 3*time.Second):
-		t.Fatalf("flush (bound %v) has not returned after %v: the shutdown waits for the mark loop's write", markFlushTimeout,
-			markFlushTimeout+3*time.Second)
+		t.Fatalf("finalMark (bound %v) has not returned after %v: the shutdown waits for a server that does not answer",
+			markFlushTimeout, markFlushTimeout+3*time.Second)
 	}
 }
 

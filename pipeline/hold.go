@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"math"
 	"sync"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -91,13 +92,30 @@ func (p *Pipeline) holdAt() lsn.LSN {
 	if p.hold == nil || p.plan.guard == nil {
 		return lsn.LSN(^uint64(0))
 	}
-	bound := p.plan.guard.Xmin()
+	bound := min(p.plan.guard.Xmin(), p.savedStreamXmin())
 	if g := p.gap.Load(); g != nil && (p.repairPending.Load() || p.tracker.Acked() < lsn.LSN(p.repairedAt.Load())) {
 		// Until the repair committed, a restart repairs again: it must
 		// decode everything this run decoded from the gap's bound on.
 		bound = min(bound, g.Xmin)
 	}
 	return p.hold.at(bound)
+}
+
+// savedStreamXmin is the lowest bound the checkpoint the store holds
+// recorded for a publication change while the connector is stopped
+// (offsets.TableStream.Xmin): a restart that finds one repairs from it, so
+// the slot must not pass a delivered row it would read (saves trail the
+// status updates). None: no bound.
+func (p *Pipeline) savedStreamXmin() uint64 {
+	b := uint64(math.MaxUint64)
+	if c, ok := p.plan.checkpoints.Held(); ok {
+		for _, ts := range c.Stream {
+			if ts.Xmin != 0 {
+				b = min(b, ts.Xmin)
+			}
+		}
+	}
+	return b
 }
 
 // held confirms no position the hold keeps back.

@@ -60,9 +60,11 @@ func (p *Pipeline) partitionRound(ctx context.Context, tb *retentionTable, d ret
 		if !retention.Behind(w, now, cfg.After) {
 			continue
 		}
-		if hold := p.retentionState().Hold; retention.Held(w, hold) {
+		// A hold is by transaction, which a partition's range does not
+		// bound: every partition stays until verify --repair lifts it.
+		if hold := p.retentionState().Hold; hold.Set() {
 			p.logBlocked(tb, repairHeld(hold))
-			continue
+			return
 		}
 		// The state may change between partitions (a gap found, the slot lost).
 		if why := retention.Blocked(p.retentionState()); why != "" {

@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/retention"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
@@ -89,6 +90,9 @@ type Config struct {
 	// MarksTable is the history marks table, "schema.table"
 	// (replication/marks.go); "" writes none.
 	MarksTable string
+	// HoldsTable is the lost slots' repair holds table, "schema.table"
+	// (replication.Holds); "" for none.
+	HoldsTable string
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -129,12 +133,15 @@ type Pipeline struct {
 	replayAt atomic.Uint64
 
 	streaming atomic.Bool
-	gap       atomic.Pointer[gapInfo] // a gap not yet repaired: recorded in every checkpoint
-	gapClear  atomic.Uint64           // set once the backfill ran: the gap is repaired past it
-	savedGap  *gapInfo                // the gap in the last checkpoint saved (checkpoint writers only)
-	holdSince atomic.Int64            // the lost slot's repair hold in unix ns, 0: none (retention.go)
-	loadedGap *gapInfo                // the gap the checkpoint held at start, repaired by this run
-	anchored  *gapInfo                // the gap anchorGap raised (checkpoint writers only)
+	sessions  atomic.Uint64                  // the stream's sessions so far (retention.Epoch)
+	gap       atomic.Pointer[gapInfo]        // a gap not yet repaired: recorded in every checkpoint
+	gapClear  atomic.Uint64                  // set once the backfill ran: the gap is repaired past it
+	savedGap  *gapInfo                       // the gap in the last checkpoint saved (checkpoint writers only)
+	holdXids  atomic.Pointer[retention.Hold] // the lost slot's repair hold as last read (retention.go)
+	holds     *replication.Holds             // nil without a holds table
+	holdRead  atomic.Bool                    // the last read of the holds succeeded (retention.go)
+	loadedGap *gapInfo                       // the gap the checkpoint held at start, repaired by this run
+	anchored  *gapInfo                       // the gap anchorGap raised (checkpoint writers only)
 	// exactly_once: the hold (hold.go), the repair's progress for it, and
 	// the hand-over to the sink that a gap found by this run freezes.
 	hold          *holdBack
@@ -170,7 +177,11 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	return &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), fatal: make(chan error, 1), ready: make(chan struct{})}, nil
+	p := &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), fatal: make(chan error, 1), ready: make(chan struct{})}
+	if cfg.HoldsTable != "" {
+		p.holds = replication.NewHolds(cfg.Source.Writer(), cfg.HoldsTable, cfg.Source.Slot)
+	}
+	return p, nil
 }
 
 // Ready is closed once the slot is set up and streaming has started.
@@ -230,7 +241,12 @@ func (p *Pipeline) run(ctx context.Context) error {
 	}
 	pos = proven{Positions: pos, h: p.history}
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)
-	stream.OnConnected = p.streaming.Store
+	stream.OnConnected = func(up bool) {
+		if up {
+			p.sessions.Add(1)
+		}
+		p.streaming.Store(up)
+	}
 	stream.OnTimeline = p.onTimeline(pl, s)
 	r := p.start(ctx, stream)
 	pr := p.history.proven()
@@ -325,15 +341,19 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 //  1. arm the drain deadline: it runs from the moment the stop begins, and
 //     cancelling the produce context is what frees a processor blocked in
 //     Produce on a full buffer with the broker down;
-//  2. stop reading WAL, then stop the processor;
-//  3. drain: everything produced gets an outcome, so the final confirmation
+//  2. stop the side loops (checkpoint, marks, monitor, guard, retention,
+//     progress): none writes to the server after this;
+//  3. a clean stop saves the checkpoint and writes a last mark, and waits
+//     until the processor decoded it (quiesce), so the slot's last
+//     confirmation follows the connector's own last write;
+//  4. stop reading WAL, then stop the processor;
+//  5. drain: everything produced gets an outcome, so the final confirmation
 //     covers as much as possible (a fatal error still drains: acks are acks);
-//  4. stop the side loops (checkpoint, monitor, guard, progress);
-//  5. the guard's final check, so the stream's last status update and the
+//  6. the guard's final check, so the stream's last status update and the
 //     last checkpoint confirm everything decoded, not only what the last
 //     periodic reading vouched for;
-//  6. the stream's final status update (it ends the connection);
-//  7. the last checkpoint, then the store closes.
+//  7. the stream's final status update (it ends the connection);
+//  8. the last checkpoint unless step 3 saved it, then the store closes.
 //
 // Which error wins: the first fatal error reported (cause), else an outbox
 // the final check found outside the stream, else the stream's, else the
@@ -347,9 +367,10 @@ func (p *Pipeline) shutdown(ctx context.Context, r *running, cause error) error 
 	defer cancel()
 	defer context.AfterFunc(drainCtx, r.stopProduce)()
 
-	if cause == nil && !p.history.flush(base, markFlushTimeout, func() lsn.LSN { return lsn.LSN(p.replayAt.Load()) }) {
-		p.log.Warn("no history mark decoded before the stop: the last checkpoint may be older than what was delivered")
-	}
+	r.stopSides()
+	r.sides.Wait()
+	saved := cause == nil && p.quiesce(base)
+
 	r.stream.StopReading()
 	r.stopProc()
 	<-r.procDone
@@ -360,16 +381,15 @@ func (p *Pipeline) shutdown(ctx context.Context, r *running, cause error) error 
 	}
 	r.stopProduce()
 
-	r.stopSides()
-	r.sides.Wait()
-
 	finalErr := p.finalCheck(base)
 
 	r.stopStream()
 	<-r.streamDone
 
 	if cs := p.plan.checkpoints; cs != nil {
-		p.saveCheckpoint(base, 0)
+		if !saved {
+			p.saveCheckpoint(base, 0)
+		}
 		cs.Close()
 	}
 	if pr := p.plan.progress; pr != nil {
@@ -405,6 +425,31 @@ func (p *Pipeline) fail(err error) {
 
 // markFlushTimeout bounds the wait of a clean stop for its last mark.
 const markFlushTimeout = 2 * time.Second
+
+// quiesce is a clean stop's last write to the server: it saves the
+// checkpoint, then writes a mark after it and waits until the processor
+// decoded the mark. The stream's last status update then confirms past
+// every transaction the connector committed, and the slot has consumed the
+// WAL: pg_upgrade keeps a logical slot only when nothing decodable follows
+// its confirmed position (PG docs, pg_upgrade, "Prepare for publisher
+// upgrades"). It reports whether the checkpoint is saved for good; without
+// marks (PostgreSQL 13) it flushes as before and the last save follows.
+func (p *Pipeline) quiesce(ctx context.Context) bool {
+	if p.history == nil || p.history.marks == nil {
+		return false
+	}
+	saved := false
+	if cs := p.plan.checkpoints; cs != nil {
+		p.saveCheckpointAs(ctx, 0, true)
+		held, ok := cs.Held()
+		saved = ok && held.Clean
+	}
+	if !p.history.finalMark(ctx, markFlushTimeout) {
+		p.log.Warn("no history mark decoded before the stop: the last checkpoint may be older than what was delivered")
+		return false
+	}
+	return saved
+}
 
 // proven confirms, after a reconnect, no position the history does not
 // prove until the processor decoded past it again (history.confirmable).

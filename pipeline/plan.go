@@ -54,6 +54,9 @@ type plan struct {
 	marks *replication.Marks
 	// positionKey is exactly_once's position record key, for a refusal.
 	positionKey string
+	// trusted is the checkpoint the run continues from; nil when none (a
+	// first run, a slot this run created).
+	trusted *offsets.Checkpoint
 }
 
 // close releases what the plan holds when the run does not start.
@@ -119,6 +122,10 @@ func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
 		return fmt.Errorf("setup: %w", err)
 	}
 	pl.guard, pl.schemaFrom, pl.relIDs = g, g.schemaFrom(), g.relIDs()
+	if c := pl.trusted; c != nil {
+		g.seedFloor(c.LSN, c.Floor)
+		p.streamChangedWhileStopped(pl, c)
+	}
 	if p.cfg.ExactlyOnce != nil {
 		p.hold = newHoldBack(st.stream)
 		p.handover.max = st.skip
@@ -132,6 +139,9 @@ type loaded struct {
 	have   bool // a checkpoint this run trusts so far
 	srv    replication.Server
 	forget string // how to forget it (the store's runbook)
+	// moved: the checkpoint is of another cluster that held this very
+	// database (pg_upgrade, movedDatabase): its positions mean nothing here.
+	moved bool
 }
 
 // setup loads the checkpoint and checks it belongs to this server and slot,
@@ -223,7 +233,9 @@ func (p *Pipeline) loadCheckpoint(ctx context.Context, pl *plan) (loaded, error)
 	l.forget = store.Forget()
 	if l.have {
 		if err := replication.ForeignCheckpoint(l.ckpt, l.srv, src.Slot, l.forget); err != nil {
-			return l, err
+			if l.moved, _ = p.movedDatabase(ctx, l); !l.moved {
+				return l, err
+			}
 		}
 	}
 	// The one writer of checkpoint_lsn: the position the store holds.
@@ -300,22 +312,41 @@ func (p *Pipeline) logStandbySlot(ctx context.Context) {
 // records is repaired by this run.
 func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.SetupResult, l *loaded) error {
 	src := p.cfg.Source
+	if l.have && l.moved {
+		return p.useMovedCheckpoint(ctx, pl, res, l)
+	}
 	if res.Created && l.have {
 		// A new slot is a new stream: a position saved for another one must
 		// not skip any of it. The rows it did not stream are in the table
 		// only: retention keeps them until verify --repair has run.
-		hold := offsets.EarliestHold(l.ckpt.RepairSince, repairHold(l.ckpt))
+		hold, stored, err := p.lostSlotHold(ctx, l.ckpt)
+		if err != nil {
+			return err
+		}
 		p.log.Warn("ignoring the checkpoint: the slot was created by this run; overwriting it. If the slot was lost, "+
 			"events committed after the checkpoint and before now were not streamed: see repair", "checkpoint", l.ckpt.LSN,
-			"slot", src.Slot, "slot_start", res.Confirmed, "repair", p.repairCommand(l.ckpt), "retention_keeps_rows_since", hold)
-		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: res.Confirmed, SnapshotDone: res.Snapshot == nil, RepairSince: hold}); err != nil {
+			"slot", src.Slot, "slot_start", res.Confirmed, "repair", p.repairCommand(l.ckpt),
+			"retention_keeps_xids_from", hold.From, "retention_keeps_xids_below", hold.Below)
+		c := offsets.Checkpoint{LSN: res.Confirmed, SnapshotDone: res.Snapshot == nil}
+		if !stored {
+			c.RepairSince = offsets.EarliestHold(l.ckpt.RepairSince, repairHold(l.ckpt))
+		}
+		if err := pl.checkpoints.Replace(ctx, c); err != nil {
 			return fmt.Errorf("save checkpoint: %w", err)
 		}
-		p.setRepairHold(hold)
 		l.have = false
 	}
-	if l.have {
-		p.setRepairHold(l.ckpt.RepairSince)
+	if l.have && !l.ckpt.RepairSince.IsZero() {
+		// A hold by time (an earlier version's, or one its table could not
+		// take): every row that exists now is held instead, in the table
+		// every instance reads.
+		if _, stored, err := p.lostSlotHold(ctx, offsets.Checkpoint{CommitTime: l.ckpt.RepairSince.Add(repairMargin)}); err != nil {
+			return err
+		} else if stored {
+			if _, err := pl.checkpoints.ClearRepair(ctx, l.ckpt.RepairSince); err != nil {
+				return fmt.Errorf("move the repair hold: %w", err)
+			}
+		}
 	}
 	if !l.have {
 		return nil
@@ -332,6 +363,7 @@ func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.
 		p.log.Info("the checkpoint is from an earlier timeline, before this server's history left it", "checkpoint", ckpt.LSN,
 			"checkpoint_timeline", ckpt.Timeline, "timeline", srv.Timeline)
 	}
+	pl.trusted = &ckpt
 	if g := ckpt.Gap; g != nil {
 		p.log.Warn("the outbox table was outside the stream when the connector stopped: its rows written since are read "+
 			"from the table when the stream reaches the gap", "since", g.Since, "xmin", g.Xmin)

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,56 +75,64 @@ type retentionTable struct {
 // retentionState is what the rule needs besides the readings.
 func (p *Pipeline) retentionState() retention.State {
 	return retention.State{
-		Owner:    p.streaming.Load(),
-		Acked:    p.confirmable(), // exactly_once: outcomes reach the tracker after the Kafka commit
+		Owner:   p.streaming.Load(),
+		Session: p.sessions.Load(),
+		// exactly_once: outcomes reach the tracker after the Kafka commit;
+		// after a reconnect, only what the server is proven to hold.
+		Acked:    p.history.confirmable(p.confirmable()),
 		Gap:      p.gap.Load() != nil || p.repairPending.Load(),
 		Snapshot: !p.snapDone.Load(),
 		Hold:     p.repairHold(),
+		HoldRead: p.holds == nil || p.holdRead.Load(),
 	}
 }
 
-// repairHold is the lost slot's repair hold (offsets.Checkpoint.RepairSince)
-// as last read: zero for none.
-func (p *Pipeline) repairHold() time.Time {
-	if ns := p.holdSince.Load(); ns != 0 {
-		return time.Unix(0, ns).UTC()
+// repairHold is the lost slot's repair hold (replication.Holds) as last
+// read: zero for none.
+func (p *Pipeline) repairHold() retention.Hold {
+	if h := p.holdXids.Load(); h != nil {
+		return *h
 	}
-	return time.Time{}
+	return retention.Hold{}
 }
 
-// setRepairHold records the hold the checkpoint store holds.
-func (p *Pipeline) setRepairHold(t time.Time) {
-	var ns int64
-	if !t.IsZero() {
-		ns = t.UnixNano()
-	}
-	switch old := p.holdSince.Swap(ns); {
-	case old == ns:
-	case ns == 0:
+// setRepairHold records the hold the holds table holds.
+func (p *Pipeline) setRepairHold(h retention.Hold) {
+	switch old := p.holdXids.Swap(&h); {
+	case old != nil && *old == h, old == nil && !h.Set():
+	case !h.Set():
 		p.log.Info("retention: the lost slot's repair hold is cleared (verify --repair ran)")
 	case p.cfg.Retention.After > 0:
-		p.log.Warn("retention: " + repairHeld(t))
+		p.log.Warn("retention: " + repairHeld(h))
 	}
 }
 
-// readRepairHold reads the hold again: verify --repair clears it in the
-// store while the connector runs. A failed read keeps the last one.
+// readRepairHold reads the hold again: verify --repair clears it while the
+// connector runs, another instance may have set one. Until a read succeeds
+// again after a failure nothing is deleted (retention.State.HoldRead): the
+// last hold read may be older than the one stored.
 func (p *Pipeline) readRepairHold(ctx context.Context) {
-	cs := p.plan.checkpoints
-	if cs == nil {
+	if p.holds == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if c, err := cs.Load(ctx); err == nil {
-		p.setRepairHold(c.RepairSince)
+	h, _, err := p.holds.Load(rctx)
+	if err != nil {
+		if p.holdRead.Swap(false) && ctx.Err() == nil {
+			p.log.Warn("retention: could not read the lost slots' repair holds; nothing is deleted until a read succeeds", "err", err)
+		}
+		return
 	}
+	p.setRepairHold(h)
+	p.holdRead.Store(true)
 }
 
 // repairHeld says why a hold keeps rows.
-func repairHeld(hold time.Time) string {
-	return fmt.Sprintf("the slot was lost and created again: rows created since %s may never have been delivered and are "+
-		"kept until outbox-cdc verify --repair --since %s (or earlier) completes", hold.Format(time.RFC3339), hold.Format(time.RFC3339))
+func repairHeld(h retention.Hold) string {
+	return fmt.Sprintf("the slot was lost and created again: rows of transactions %d to %d may never have been delivered, "+
+		"whatever their created_at, and are kept until outbox-cdc verify --repair completes (it reads them whatever --since says)",
+		h.From, h.Below-1)
 }
 
 // retentionRound reads the table's figures, takes a reading, and deletes
@@ -140,13 +149,15 @@ func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
 	if !p.streaming.Load() {
 		return // a standby, or the stream is down: its positions are not the slot's
 	}
+	session := p.sessions.Load() // before the reading: a session that began meanwhile drops it
 	x, err := tb.r.Read(ctx)
 	if err != nil {
 		p.roundError(ctx, tb, "take a reading", err)
 		return
 	}
+	x.Epoch.Session = session
 	tb.readings = append(tb.readings, x)
-	d, kept := retention.Decide(time.Now(), tb.readings, p.retentionState())
+	d, kept := retention.Decide(tb.readings, p.retentionState())
 	tb.readings = kept
 	partitioned, err := tb.r.Partitioned(ctx)
 	if err != nil {
@@ -170,7 +181,8 @@ func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
 			break
 		}
 		start := time.Now()
-		n, busy, err := tb.r.Delete(ctx, d.Below, cfg.After, p.repairHold(), cfg.BatchSize)
+		d.Keep = d.Keep.Merge(p.repairHold()) // verify never widens it, a restart's setup may have
+		n, busy, err := tb.r.Delete(ctx, d, cfg.After, cfg.BatchSize)
 		if err != nil {
 			p.roundError(ctx, tb, "delete", err)
 			break
@@ -210,12 +222,20 @@ func (p *Pipeline) roundError(ctx context.Context, tb *retentionTable, what stri
 	}
 }
 
-// logBlocked logs why nothing is deleted, once per reason.
+// logBlocked logs why nothing is deleted, once per reason: at debug level
+// but for another slot that holds retention back, which only its owner or
+// an administrator can move (or drop, if it is abandoned).
 func (p *Pipeline) logBlocked(tb *retentionTable, why string) {
-	if why != tb.blocked {
-		tb.blocked = why
-		p.log.Debug("retention: holding back", "table", tb.name, "why", why)
+	if why == tb.blocked {
+		return
 	}
+	tb.blocked = why
+	if strings.HasPrefix(why, "waiting for slot ") {
+		p.log.Warn("retention: holding back for another logical slot of the database; drop it if it is abandoned",
+			"table", tb.name, "why", why)
+		return
+	}
+	p.log.Debug("retention: holding back", "table", tb.name, "why", why)
 }
 
 // unackedInterval is how often the oldest unacknowledged event's age is set.

@@ -24,11 +24,11 @@ func TestRetentionState(t *testing.T) {
 		set  func(*Pipeline)
 		want retention.State
 	}{
-		{"streaming", func(*Pipeline) {}, retention.State{Owner: true, Acked: 500}},
-		{"not streaming", func(p *Pipeline) { p.streaming.Store(false) }, retention.State{Acked: 500}},
-		{"gap recorded", func(p *Pipeline) { p.gap.Store(&gapInfo{Since: 100, Xmin: 7}) }, retention.State{Owner: true, Acked: 500, Gap: true}},
-		{"repair pending", func(p *Pipeline) { p.repairPending.Store(true) }, retention.State{Owner: true, Acked: 500, Gap: true}},
-		{"snapshot pending", func(p *Pipeline) { p.snapDone.Store(false) }, retention.State{Owner: true, Acked: 500, Snapshot: true}},
+		{"streaming", func(*Pipeline) {}, retention.State{Owner: true, Acked: 500, HoldRead: true}},
+		{"not streaming", func(p *Pipeline) { p.streaming.Store(false) }, retention.State{Acked: 500, HoldRead: true}},
+		{"gap recorded", func(p *Pipeline) { p.gap.Store(&gapInfo{Since: 100, Xmin: 7}) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
+		{"repair pending", func(p *Pipeline) { p.repairPending.Store(true) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
+		{"snapshot pending", func(p *Pipeline) { p.snapDone.Store(false) }, retention.State{Owner: true, Acked: 500, Snapshot: true, HoldRead: true}},
 	}
 	for _, c := range cases {
 		p := newP()

@@ -10,6 +10,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/retention"
 )
 
 // checkpointInterval is how often a watermark moved by acknowledged events
@@ -56,6 +57,12 @@ func (p *Pipeline) checkpointLoop(ctx context.Context) {
 // counted and logged; it costs duplicates after a PostgreSQL crash, never
 // events, so streaming goes on.
 func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
+	return p.saveCheckpointAs(ctx, saved, false)
+}
+
+// saveCheckpointAs saves; clean marks the save of a clean stop (quiesce),
+// which is saved even when the position did not move.
+func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, clean bool) lsn.LSN {
 	if !p.snapDone.Load() {
 		return saved // the snapshot's start marker stays until it is done
 	}
@@ -70,13 +77,13 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	pr := p.history.proven()
 	a := min(p.confirmable(), p.holdAt(), pr.at)
 	gap := p.anchorGap(p.recordedGap(a))
-	if a <= saved && gap == p.savedGap {
+	if a <= saved && gap == p.savedGap && !clean {
 		return saved
 	}
 	a = max(a, saved) // a gap is recorded even when the position did not move
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c := offsets.Checkpoint{LSN: a, SnapshotDone: true}
+	c := offsets.Checkpoint{LSN: a, SnapshotDone: true, Clean: clean}
 	if pr.mark != 0 && pr.at >= a {
 		c.Mark, c.MarkAt = pr.mark, pr.at
 	}
@@ -88,6 +95,7 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	if gap != nil {
 		c.Gap = &offsets.Gap{Since: gap.Since, Xmin: gap.Xmin}
 	}
+	p.streamedCheckpoint(&c)
 	err := p.plan.checkpoints.Save(ctx, c)
 	if err == nil || errors.Is(err, offsets.ErrStale) {
 		p.savedGap = gap
@@ -167,6 +175,35 @@ func (p *Pipeline) runbook(err error) error {
 		return err
 	}
 	return &replication.FatalError{Reason: f.Reason, Err: fmt.Errorf("%w\n%s", err, p.repairCommand(last))}
+}
+
+// lostSlotHold stores the hold on the rows a lost slot may never have
+// delivered (replication.Holds), read after the slot was created again: the
+// transactions that commit after the checkpoint c have ids at or above its
+// floor (zero, unknown: every id), and those that committed before the new
+// slot streams have ids below the primary's next one now. stored is false
+// when it could not be stored and outbox.retention is off (an error
+// otherwise): the caller keeps a hold by time in the checkpoint, which a
+// later start with retention turns into one by transaction.
+func (p *Pipeline) lostSlotHold(ctx context.Context, c offsets.Checkpoint) (h retention.Hold, stored bool, err error) {
+	if p.holds == nil {
+		return retention.Hold{}, false, nil
+	}
+	next, err := p.holds.NextXid(ctx)
+	if err == nil {
+		h = retention.Hold{From: c.Floor, Below: next}
+		err = p.holds.Add(ctx, h, repairHold(c))
+	}
+	if err != nil {
+		if p.cfg.Retention.After > 0 {
+			return h, false, fmt.Errorf("save the lost slot's repair hold: %w", err)
+		}
+		p.log.Warn("could not save the lost slot's repair hold in its table; keeping a hold by time in the checkpoint "+
+			"(outbox.retention is off, so nothing is deleted now)", "err", err)
+		return h, false, nil
+	}
+	p.setRepairHold(h)
+	return h, true, nil
 }
 
 // repairHold is where a lost slot's rows may begin, for retention: the

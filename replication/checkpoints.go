@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -16,7 +17,7 @@ import (
 )
 
 // identityColumns were added after the first release; older tables lack them.
-var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time", "repair_since", "mark", "mark_at"}
+var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time", "repair_since", "mark", "mark_at", "floor_xid", "stream_state", "clean_stop"}
 
 // TableStore keeps checkpoints in a table of the source database, one row
 // per slot, so they live and fail over with the data they describe.
@@ -85,7 +86,10 @@ func (s *TableStore) DDL() string {
 	commit_time   timestamptz,
 	repair_since  timestamptz,
 	mark          bigint,
-	mark_at       pg_lsn)`, s.table)
+	mark_at       pg_lsn,
+	floor_xid     bigint,
+	stream_state  text,
+	clean_stop    boolean)`, s.table)
 }
 
 func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -141,7 +145,9 @@ func (s *TableStore) prepare(ctx context.Context, conn *pgx.Conn) error {
 	alter := fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS system_id text, ADD COLUMN IF NOT EXISTS timeline integer, "+
 		"ADD COLUMN IF NOT EXISTS database text, ADD COLUMN IF NOT EXISTS gap_since pg_lsn, ADD COLUMN IF NOT EXISTS gap_xmin bigint, "+
 		"ADD COLUMN IF NOT EXISTS commit_time timestamptz, ADD COLUMN IF NOT EXISTS repair_since timestamptz, "+
-		"ADD COLUMN IF NOT EXISTS mark bigint, ADD COLUMN IF NOT EXISTS mark_at pg_lsn", s.table)
+		"ADD COLUMN IF NOT EXISTS mark bigint, ADD COLUMN IF NOT EXISTS mark_at pg_lsn, "+
+		"ADD COLUMN IF NOT EXISTS floor_xid bigint, ADD COLUMN IF NOT EXISTS stream_state text, "+
+		"ADD COLUMN IF NOT EXISTS clean_stop boolean", s.table)
 	if _, err := conn.Exec(ctx, alter); err != nil {
 		return fmt.Errorf("checkpoint store: %s lacks the columns %s (written by an older version) and this role cannot add them (%w); "+
 			"have the table's owner run: %s", s.table, strings.Join(missing, ", "), err, alter)
@@ -177,13 +183,15 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	var gapSince *lsn.LSN
 	var gapXmin *int64
 	var commitTime, repairSince *time.Time
-	var mark int64
+	var mark, floor int64
+	var stream string
 	err = conn.QueryRow(ctx, fmt.Sprintf(`SELECT lsn, snapshot_done, updated_at, coalesce(system_id, ''), coalesce(timeline, 0),
-		coalesce(database, ''), gap_since, gap_xmin, commit_time, repair_since, coalesce(mark, 0), coalesce(mark_at, '0/0')
+		coalesce(database, ''), gap_since, gap_xmin, commit_time, repair_since, coalesce(mark, 0), coalesce(mark_at, '0/0'),
+		coalesce(floor_xid, 0), coalesce(stream_state, ''), coalesce(clean_stop, false)
 		FROM %s WHERE slot = $1`, s.table), s.slot).
 		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin, &commitTime,
-			&repairSince, &mark, &c.MarkAt)
-	c.Mark = uint64(mark)
+			&repairSince, &mark, &c.MarkAt, &floor, &stream, &c.Clean)
+	c.Mark, c.Floor = uint64(mark), uint64(floor)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return offsets.Checkpoint{}, offsets.ErrNoCheckpoint
 	}
@@ -200,6 +208,11 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	}
 	if gapSince != nil && gapXmin != nil {
 		c.Gap = &offsets.Gap{Since: *gapSince, Xmin: uint64(*gapXmin)}
+	}
+	if stream != "" {
+		if err := json.Unmarshal([]byte(stream), &c.Stream); err != nil {
+			return offsets.Checkpoint{}, fmt.Errorf("checkpoint store: load: stream_state: %w", err)
+		}
 	}
 	return c, nil
 }
@@ -242,6 +255,12 @@ func (s *TableStore) ClearRepair(ctx context.Context, since time.Time) (bool, er
 // with rows never streamed: the restart would skip them. (A server that
 // wrote past the old end before the save cannot be told apart.)
 func (s *TableStore) sameHistory(ctx context.Context, conn *pgx.Conn) error {
+	// The floor is read before the WAL end: keepalives move it all along,
+	// and read after, it could pass an end read just before.
+	var floor lsn.LSN
+	if s.floor != nil {
+		floor = s.floor()
+	}
 	var end lsn.LSN
 	var tli int32
 	if err := conn.QueryRow(ctx, "SELECT "+walPosition+", CASE WHEN pg_is_in_recovery() THEN 0 ELSE "+serverTimeline+" END").
@@ -257,12 +276,10 @@ func (s *TableStore) sameHistory(ctx context.Context, conn *pgx.Conn) error {
 			"earlier save: it was restored from an older copy or replaced by a server that was behind; the connector stops "+
 			"when its stream reconnects there, and the restart resumes from the restored checkpoint", end, s.seen)
 	}
-	if s.floor != nil {
-		if f := s.floor(); end < f {
-			return fmt.Errorf("checkpoint store: not saved: the server's WAL ends at %v, before %v, which it had sent the "+
-				"connector: it was restored from an older copy or replaced by a server that was behind; the connector stops "+
-				"when its stream reconnects there, and the restart resumes from the restored checkpoint", end, f)
-		}
+	if end < floor {
+		return fmt.Errorf("checkpoint store: not saved: the server's WAL ends at %v, before %v, which it had sent the "+
+			"connector: it was restored from an older copy or replaced by a server that was behind; the connector stops "+
+			"when its stream reconnects there, and the restart resumes from the restored checkpoint", end, floor)
 	}
 	s.seen = end
 	return nil
@@ -286,6 +303,14 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	if !c.RepairSince.IsZero() {
 		repairSince = c.RepairSince
 	}
+	var stream any
+	if c.Stream != nil {
+		b, err := json.Marshal(c.Stream)
+		if err != nil {
+			return fmt.Errorf("checkpoint store: save: %w", err)
+		}
+		stream = string(b)
+	}
 	if err := s.sameHistory(ctx, conn); err != nil {
 		return err
 	}
@@ -301,16 +326,17 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 		}
 	}
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
-			gap_since, gap_xmin, commit_time, repair_since, mark, mark_at)
-		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10, $11, $12
+			gap_since, gap_xmin, commit_time, repair_since, mark, mark_at, floor_xid, stream_state, clean_stop)
+		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15
 		WHERE $2::pg_lsn <= `+walPosition+proven+`
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
 			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
 			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time,
-			repair_since = LEAST(t.repair_since, excluded.repair_since), mark = excluded.mark, mark_at = excluded.mark_at %s`,
+			repair_since = LEAST(t.repair_since, excluded.repair_since), mark = excluded.mark, mark_at = excluded.mark_at,
+			floor_xid = excluded.floor_xid, stream_state = excluded.stream_state, clean_stop = excluded.clean_stop %s`,
 		s.table, serverTimeline, where),
 		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin, commitTime,
-		repairSince, mark, markAt)
+		repairSince, mark, markAt, nullable(int64(c.Floor)), stream, c.Clean)
 	if err != nil {
 		s.reset(ctx)
 		return fmt.Errorf("checkpoint store: save: %w", err)

@@ -82,7 +82,7 @@ func TestGapRowsKeepInsertionOrder(t *testing.T) {
 	}
 	src := Source{DB: db, OutboxTable: OutboxTable{Schema: "public", Table: table}}
 	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
-	rows, g, err := src.GapRows(ctx, xid, []RowSpec{{Mapping: m}})
+	rows, g, err := src.GapRows(ctx, xid, []RowSpec{{Mapping: m}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,5 +103,93 @@ func TestGapRowsKeepInsertionOrder(t *testing.T) {
 	}
 	if len(g.Xids) != 1 || !g.Xids[uint32(xid)] {
 		t.Fatalf("gap transactions %v, want only %d", g.Xids, xid)
+	}
+}
+
+// TestGapRowsWaitsForOpenWriters: a transaction that inserted rows while the
+// outbox was outside the publication and is still open when the repair
+// begins commits after it: the stream never decodes those rows, so the
+// repair must read them (the chaos suite lost 3 rows of a held transaction
+// that way). GapRows waits for it, saying so, and reads its rows.
+func TestGapRowsWaitsForOpenWriters(t *testing.T) {
+	ctx, pg, conn := startServer(t)
+	table := fmt.Sprintf("gap_open_%d", time.Now().UnixNano()%1e9)
+	if _, err := conn.Exec(ctx, `CREATE TABLE `+table+` (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
+		aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), "DROP TABLE "+table) }()
+	open, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close(context.Background())
+	tx, err := open.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xid uint64
+	if err := tx.QueryRow(ctx, "INSERT INTO "+table+" (aggregate_type, aggregate_id, event_type) VALUES ('o', 'a', 'held') "+
+		"RETURNING pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	// The table comes back into the publication while the writer is open;
+	// a writer that begins after that is decoded, and not waited for.
+	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+table+" FOR TABLE "+table); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), "DROP PUBLICATION "+table) }()
+	later, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer later.Close(context.Background())
+	ltx, err := later.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ltx.Rollback(context.Background()) }()
+	if _, err := ltx.Exec(ctx, "INSERT INTO "+table+" (aggregate_type, aggregate_id, event_type) VALUES ('o', 'b', 'after')"); err != nil {
+		t.Fatal(err)
+	}
+	db, err := ParseDB(pg.DSN("postgres"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := Source{DB: db, OutboxTable: OutboxTable{Schema: "public", Table: table}, Publication: table}
+	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rows, _, err := src.GapRows(ctx, xid, []RowSpec{{Mapping: m}}, nil)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer rows.Close()
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		done <- result{n, rows.Err()}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("the repair read the table while a writer of the gap was open: %d rows, %v", r.n, r.err)
+	case <-time.After(time.Second):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil || r.n != 1 {
+			t.Fatalf("the repair after the writer's commit read %d rows (%v), want its 1 row", r.n, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the repair did not read the table 30 s after the writer committed")
 	}
 }

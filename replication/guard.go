@@ -2,6 +2,8 @@ package replication
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,7 +41,24 @@ type Guard struct {
 
 	verified atomic.Uint64 // position up to which membership held
 	xmin     atomic.Uint64 // gap bound of the reading behind verified
+
+	floorMu sync.Mutex
+	floors  []floorPair // good readings' (After, Xmin), oldest first
+	saved   floorPair   // the last floor handed out: it survives a reconnect
+	conns   uint64      // the watch's connection the floors were read on
 }
+
+// floorPair is a reading's WAL insert position after its snapshot and the
+// snapshot's xmin: every transaction that commits after at has an id at or
+// above xmin.
+type floorPair struct {
+	at   lsn.LSN
+	xmin uint64
+}
+
+// maxFloors bounds the floors kept: a checkpoint trails the readings by a
+// few seconds at most, and an older floor is only lower.
+const maxFloors = 256
 
 // reading is a good membership reading and when it was taken.
 type reading struct {
@@ -66,6 +85,7 @@ func NewGuard(ctx context.Context, src Source, from lsn.LSN) (*Guard, error) {
 		return nil, &PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"Changing the outbox table while the connector runs\""}
 	}
 	g.start, g.first = s.Membership, s.Before
+	g.addFloor(s)
 	g.pending = []reading{{s, time.Now(), s.Xmin}}
 	g.last = s.Xmin
 	g.verified.Store(uint64(from))
@@ -101,8 +121,59 @@ func (g *Guard) Check(ctx context.Context) (why string, gap bool) {
 	}
 	g.vouch(reading{s, time.Now(), g.last})
 	g.last = s.Xmin
+	g.addFloor(s)
 	return "", false
 }
+
+// addFloor keeps a good reading's floor. A reading on a new connection may
+// be of a server restored under the same timeline, whose xids after the
+// restore point are assigned again: the floors of the old connection go,
+// but for the one last saved with a checkpoint (its position is one the
+// connector checks the new server holds, or it stops).
+func (g *Guard) addFloor(s Snapshot) {
+	g.floorMu.Lock()
+	defer g.floorMu.Unlock()
+	if c := g.watch.conns; c != g.conns {
+		g.conns, g.floors = c, nil
+		if g.saved.at != 0 {
+			g.floors = append(g.floors, g.saved)
+		}
+	}
+	if len(g.floors) == maxFloors {
+		g.floors = slices.Delete(g.floors, 0, 1)
+	}
+	g.floors = append(g.floors, floorPair{s.After, s.Xmin})
+}
+
+// SeedFloor gives the floor saved with the checkpoint the run starts from.
+func (g *Guard) SeedFloor(at lsn.LSN, xmin uint64) {
+	g.floorMu.Lock()
+	defer g.floorMu.Unlock()
+	if xmin != 0 {
+		g.saved = floorPair{at, xmin}
+		g.floors = append([]floorPair{g.saved}, g.floors...)
+	}
+}
+
+// Floor bounds the transactions that commit after pos: each has an id at
+// or above it (offsets.Checkpoint.Floor); 0 when no reading is old enough.
+func (g *Guard) Floor(pos lsn.LSN) uint64 {
+	g.floorMu.Lock()
+	defer g.floorMu.Unlock()
+	best := floorPair{}
+	for _, f := range g.floors {
+		if f.at <= pos {
+			best = f
+		}
+	}
+	if best.xmin != 0 && best.at >= g.saved.at {
+		g.saved = best
+	}
+	return best.xmin
+}
+
+// Start is the membership read when the guard began.
+func (g *Guard) Start() Membership { return g.start }
 
 // vouch adds a good reading and moves the verified position. A reading
 // vouches for its own position only once no commit written before it can

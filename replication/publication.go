@@ -18,8 +18,13 @@ import (
 type Membership struct {
 	// Publication is false when the publication does not exist.
 	Publication bool
-	PubInsert   bool
-	ViaRoot     bool // publish_via_partition_root
+	// PubOID and PubXmin identify the publication and the version of its
+	// row: a publication dropped and created again has another OID, and
+	// ALTER PUBLICATION ... SET (its options) writes a new row version
+	// (ADD and DROP TABLE write pg_publication_rel rows only).
+	PubOID, PubXmin uint32
+	PubInsert       bool
+	ViaRoot         bool // publish_via_partition_root
 	// RelID is the OID the configured name resolves to; zero when no table
 	// has that name.
 	RelID       uint32
@@ -56,6 +61,8 @@ func (m Membership) LeftStream(src Source, start Membership) string {
 	switch {
 	case !m.Publication:
 		return fmt.Sprintf("publication %s was dropped", pub)
+	case m.PubOID != start.PubOID:
+		return fmt.Sprintf("publication %s was dropped and created again (oid %d, was %d)", pub, m.PubOID, start.PubOID)
 	case m.RelID == 0 && m.StartName != "":
 		return fmt.Sprintf("outbox table %s was renamed to %s", table, m.StartName)
 	case m.RelID == 0:
@@ -72,6 +79,9 @@ func (m Membership) LeftStream(src Source, start Membership) string {
 		return fmt.Sprintf("publication %s no longer publishes inserts", pub)
 	case m.Partitioned && !m.ViaRoot:
 		return fmt.Sprintf("publication %s no longer has publish_via_partition_root", pub)
+	case m.PubXmin != start.PubXmin:
+		// Its options may have left inserts out for a while and come back.
+		return fmt.Sprintf("publication %s was altered (ALTER PUBLICATION ... SET)", pub)
 	}
 	return ""
 }
@@ -79,8 +89,9 @@ func (m Membership) LeftStream(src Source, start Membership) string {
 // Watch reads the outbox table's publication membership on a connection of
 // its own. Use it from one goroutine.
 type Watch struct {
-	src  Source
-	conn *pgx.Conn
+	src   Source
+	conn  *pgx.Conn
+	conns uint64 // connections opened
 }
 
 // NewWatch returns a Watch; it connects on first use and after errors.
@@ -96,6 +107,10 @@ type Snapshot struct {
 	// Xmin is the reading's snapshot xmin (a full 64-bit transaction id):
 	// every transaction below it had ended when the membership was read.
 	Xmin uint64
+	// After is the WAL insert position read after the snapshot: every
+	// transaction below Xmin committed before it, so every transaction
+	// that commits after After has an id at or above Xmin (a floor).
+	After lsn.LSN
 	// Running are the transactions in progress at the reading (the
 	// snapshot's xip list, cluster-wide): a commit written before Before
 	// that the reading did not see is one of them.
@@ -123,6 +138,7 @@ func (w *Watch) Read(ctx context.Context, startRel uint32) (Snapshot, error) {
 			return Snapshot{}, fmt.Errorf("connect: %w", classify(err))
 		}
 		w.conn = c
+		w.conns++
 	}
 	s, err := readMembership(ctx, w.conn, w.src, startRel)
 	if err != nil {
@@ -154,9 +170,11 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 	// believes a finding.
 	var relID, pubRelID *uint32
 	var relkind, startName *string
+	var pubXmin int64
 	err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
 		ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) x),
-		p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
+		p.oid IS NOT NULL, coalesce(p.oid, 0), coalesce(p.xmin::text::bigint, 0), pg_current_wal_insert_lsn(),
+		coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
 		c.oid, c.relkind::text,
 		(SELECT pr.oid FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid),
 		EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3),
@@ -168,10 +186,11 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 		LEFT JOIN (pg_class c JOIN pg_namespace cn ON cn.oid = c.relnamespace)
 			ON cn.nspname = $2 AND c.relname = $3`,
 		src.Publication, src.Schema, src.Table, startRel, src.Columns).
-		Scan(&s.Xmin, &s.Running, &s.Publication, &s.PubInsert, &s.ViaRoot, &relID, &relkind, &pubRelID, &s.Member, &startName, &s.Missing)
+		Scan(&s.Xmin, &s.Running, &s.Publication, &s.PubOID, &pubXmin, &s.After, &s.PubInsert, &s.ViaRoot, &relID, &relkind, &pubRelID, &s.Member, &startName, &s.Missing)
 	if err != nil {
 		return s, fmt.Errorf("read publication membership: %w", err)
 	}
+	s.PubXmin = uint32(pubXmin)
 	if relID != nil {
 		s.RelID = *relID
 	}

@@ -11,7 +11,7 @@ import (
 
 func TestLeftStream(t *testing.T) {
 	src := Source{Publication: "pub", OutboxTable: OutboxTable{Schema: "public", Table: "outbox"}}
-	start := Membership{Publication: true, PubInsert: true, RelID: 100, PubRelID: 7, Member: true}
+	start := Membership{Publication: true, PubOID: 5, PubXmin: 1000, PubInsert: true, RelID: 100, PubRelID: 7, Member: true}
 	tests := []struct {
 		name string
 		now  func(m *Membership)
@@ -25,6 +25,8 @@ func TestLeftStream(t *testing.T) {
 		{"dropped and created", func(m *Membership) { m.RelID, m.Member = 101, false }, "dropped and created again (oid 101, was 100)"},
 		{"removed", func(m *Membership) { m.Member, m.PubRelID = false, 0 }, "was removed from publication pub"},
 		{"removed and added", func(m *Membership) { m.PubRelID = 8 }, "removed from publication pub and added again"},
+		{"publication created again", func(m *Membership) { m.PubOID = 9 }, "publication pub was dropped and created again (oid 9, was 5)"},
+		{"publication altered", func(m *Membership) { m.PubXmin = 1234 }, "publication pub was altered (ALTER PUBLICATION ... SET)"},
 		{"inserts off", func(m *Membership) { m.PubInsert = false }, "no longer publishes inserts"},
 		{"via root off", func(m *Membership) { m.Partitioned = true }, "no longer has publish_via_partition_root"},
 		{"partitioned via root", func(m *Membership) { m.Partitioned, m.ViaRoot = true, true }, ""},

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/retention"
 )
 
@@ -77,12 +79,16 @@ type Retainer struct {
 	relid        uint32
 	partitioned  bool // the table is partitioned (partitions.go)
 	major        int  // the server's major version
+	slot         string
 	conn         *pgx.Conn
+	// conns counts the connections opened: a reading of one is compared
+	// only with readings of the same (retention.Epoch).
+	conns uint64
 }
 
 // NewRetainer returns the retainer for src's outbox table, on src's primary.
 func NewRetainer(src Source) *Retainer {
-	return &Retainer{db: src.Writer(), schema: src.Schema, name: src.OutboxTable.Table, table: src.qualified()}
+	return &Retainer{db: src.Writer(), schema: src.Schema, name: src.OutboxTable.Table, table: src.qualified(), slot: src.Slot}
 }
 
 // Partitioned reports whether the table is partitioned (read at connect).
@@ -116,32 +122,57 @@ func (r *Retainer) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("retention %s: look up table: %w", r.table, err)
 	}
 	r.relid, r.partitioned, r.conn = *relid, *kind == "p", conn
+	r.conns++
 	return conn, nil
 }
 
-// Read takes a reading: one statement, so one snapshot, whose xmin is read
-// and then the WAL insert position (evaluated after the statement's
-// snapshot was taken; the insert position, not the write position, since
-// an asynchronous commit may not be written yet).
+// readingQuery is one statement, so one snapshot: its xmin and xmax, then
+// the WAL insert position (evaluated after the snapshot was taken; the
+// insert position, not the write position, since an asynchronous commit may
+// not be written yet), the history it belongs to (the timeline is the WAL
+// file's: pg_walfile_name uses the insert timeline), and the other logical
+// slots of the database with what they confirmed (a slot that confirmed
+// nothing yet reads as 0/0). Temporary slots are the connector's own
+// copies (replay, read-back) and a session's, which keeps nothing.
+const readingQuery = `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, w.lsn,
+	('x' || substr(pg_walfile_name(w.lsn), 1, 8))::bit(32)::bigint, (pg_control_system()).system_identifier::text,
+	ARRAY(SELECT slot_name::text FROM pg_replication_slots o WHERE o.slot_type = 'logical' AND o.database = current_database()
+		AND NOT o.temporary AND o.slot_name <> $1 ORDER BY slot_name),
+	ARRAY(SELECT coalesce(confirmed_flush_lsn, '0/0')::text FROM pg_replication_slots o WHERE o.slot_type = 'logical'
+		AND o.database = current_database() AND NOT o.temporary AND o.slot_name <> $1 ORDER BY slot_name)
+FROM pg_current_snapshot() s, LATERAL (SELECT pg_current_wal_insert_lsn() AS lsn) w`
+
+// Read takes a reading (retention.Reading) on the primary.
 func (r *Retainer) Read(ctx context.Context) (retention.Reading, error) {
 	conn, err := r.connect(ctx)
 	if err != nil {
 		return retention.Reading{}, err
 	}
 	var x retention.Reading
-	var xmin int64
-	if err := conn.QueryRow(ctx, "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_current_wal_insert_lsn()").
-		Scan(&xmin, &x.WAL); err != nil {
+	var xmin, xmax, tli int64
+	var names, confirmed []string
+	if err := conn.QueryRow(ctx, readingQuery, r.slot).Scan(&xmin, &xmax, &x.WAL, &tli, &x.Epoch.SystemID, &names, &confirmed); err != nil {
 		r.drop(ctx)
 		return retention.Reading{}, fmt.Errorf("retention %s: reading: %w", r.table, err)
 	}
-	x.Xmin, x.At = uint64(xmin), time.Now()
+	if len(names) != len(confirmed) {
+		return retention.Reading{}, fmt.Errorf("retention %s: reading: %d slots, %d positions", r.table, len(names), len(confirmed))
+	}
+	for i, name := range names {
+		pos, err := lsn.Parse(confirmed[i])
+		if err != nil {
+			return retention.Reading{}, fmt.Errorf("retention %s: slot %s: %w", r.table, name, err)
+		}
+		x.Slots = append(x.Slots, retention.Slot{Name: name, Confirmed: pos})
+	}
+	x.Xmin, x.Next, x.At = uint64(xmin), uint64(xmax), time.Now()
+	x.Epoch.Timeline, x.Epoch.Conn = uint32(tli), r.conns
 	return x, nil
 }
 
 // deleteBatch deletes up to limit rows older than the retention (on the
-// server's clock) whose xmin precedes below, and under a repair hold ($4)
-// only rows created before it. xmin is a 32-bit xid: it
+// server's clock) whose xmin precedes below and that a repair hold does not
+// keep (%[4]s: the hold's condition, or false). xmin is a 32-bit xid: it
 // precedes below when (below - xmin) mod 2^32 is in [1, 2^31), as
 // PostgreSQL's TransactionIdPrecedes decides; a reading is recent
 // (retention.maxReadingAge) so every live row's xid is within 2^31 of it,
@@ -149,8 +180,8 @@ func (r *Retainer) Read(ctx context.Context) (retention.Reading, error) {
 const deleteBatch = `WITH doomed AS (
 	SELECT ctid FROM %[1]s
 	WHERE %[2]s < now() - make_interval(secs => $1::float8)
-	  AND ($4::timestamptz IS NULL OR %[2]s < $4)
 	  AND %[3]s
+	  AND NOT %[4]s
 	ORDER BY %[2]s LIMIT $3
 	FOR UPDATE SKIP LOCKED)
 DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))`
@@ -160,10 +191,24 @@ DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))`
 // for normal xids (transam.c: (int32) (a - b) < 0).
 const xidPrecedes = "((%[2]s - %[1]s) & 4294967295) BETWEEN 1 AND 2147483647"
 
-// Delete deletes one batch in its own transaction (hold: rows created at
-// or after it are kept; zero: none). busy reports that
-// `verify` holds the table's lock: nothing was deleted.
-func (r *Retainer) Delete(ctx context.Context, below uint64, olderThan time.Duration, hold time.Time, limit int) (n int64, busy bool, err error) {
+// xidHeld is true when the row's 32-bit xmin lies in the hold [from, below)
+// (retention.Hold): modulo 2^32 from the hold's start, which the decision
+// keeps within 2^30 of every live xid; with the start unknown, every xid
+// preceding below.
+func xidHeld(xmin string, h retention.Hold) string {
+	switch {
+	case !h.Set():
+		return "false"
+	case h.From == 0:
+		return fmt.Sprintf(xidPrecedes, xmin, strconv.FormatUint(h.Below&0xffffffff, 10))
+	}
+	return fmt.Sprintf("(((%s - %d) & 4294967295) < %d)", xmin, h.From&0xffffffff, (h.Below-h.From)&0xffffffff)
+}
+
+// Delete deletes one batch in its own transaction (d: the decision, with
+// the hold it keeps). busy reports that `verify` holds the table's lock:
+// nothing was deleted.
+func (r *Retainer) Delete(ctx context.Context, d retention.Decision, olderThan time.Duration, limit int) (n int64, busy bool, err error) {
 	conn, err := r.connect(ctx)
 	if err != nil {
 		return 0, false, err
@@ -178,8 +223,8 @@ func (r *Retainer) Delete(ctx context.Context, below uint64, olderThan time.Dura
 			return nil
 		}
 		below32 := fmt.Sprintf(xidPrecedes, "xmin::text::bigint", "$2::bigint")
-		tag, err := tx.Exec(ctx, fmt.Sprintf(deleteBatch, r.table, pgx.Identifier{RetentionColumn}.Sanitize(), below32),
-			olderThan.Seconds(), int64(below&0xffffffff), limit, nullable(hold))
+		tag, err := tx.Exec(ctx, fmt.Sprintf(deleteBatch, r.table, pgx.Identifier{RetentionColumn}.Sanitize(), below32,
+			xidHeld("xmin::text::bigint", d.Keep)), olderThan.Seconds(), int64(d.Below&0xffffffff), limit)
 		n = tag.RowsAffected()
 		return err
 	})

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/retention"
 )
 
 // TestRetentionDB runs the retention SQL against a real server: a batch
@@ -48,7 +50,7 @@ func TestRetentionDB(t *testing.T) {
 	}
 	del := func(below uint64, limit int) int64 {
 		t.Helper()
-		n, busy, err := r.Delete(ctx, below, time.Hour, time.Time{}, limit)
+		n, busy, err := r.Delete(ctx, retention.Decision{Below: below}, time.Hour, limit)
 		if err != nil || busy {
 			t.Fatalf("delete: %d, busy %v, %v", n, busy, err)
 		}
@@ -95,7 +97,7 @@ func TestRetentionDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, busy, err := r.Delete(ctx, y.Xmin, time.Hour, time.Time{}, 100); n != 0 || !busy || err != nil {
+	if n, busy, err := r.Delete(ctx, retention.Decision{Below: y.Xmin}, time.Hour, 100); n != 0 || !busy || err != nil {
 		t.Fatalf("delete under verify's lock: %d, busy %v, %v", n, busy, err)
 	}
 	release()
@@ -105,12 +107,63 @@ func TestRetentionDB(t *testing.T) {
 	if got := count("recent"); got != 3 {
 		t.Errorf("recent rows: %d left, want 3", got)
 	}
+
 	st, err := r.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Bytes <= 0 || time.Since(st.Oldest) < 30*time.Second || time.Since(st.Oldest) > 2*time.Minute {
 		t.Errorf("stats %+v", st)
+	}
+
+	// A lost slot's hold keeps its transactions' rows, by xid, however old.
+	holds := NewHolds(db, "outbox_cdc.repair_holds", "s")
+	from, err := holds.NextXid(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert(conn, "held", 3, 3*time.Hour)
+	below, err := holds.NextXid(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert(conn, "free", 2, 3*time.Hour)
+	exec(conn, "SELECT pg_create_logical_replication_slot('ret_other', 'pgoutput')")
+	z, err := r.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(z.Slots) != 1 || z.Slots[0].Name != "ret_other" || z.Slots[0].Confirmed == 0 || z.Next < z.Xmin ||
+		z.Epoch.SystemID == "" || z.Epoch.Timeline != 1 || z.Epoch != y.Epoch {
+		t.Fatalf("reading %+v: want the other slot, its xids and the same epoch as %+v", z, y)
+	}
+	exec(conn, "SELECT pg_drop_replication_slot('ret_other')")
+	for _, keep := range []retention.Hold{{From: from, Below: below}, {Below: below}} {
+		if n, _, err := r.Delete(ctx, retention.Decision{Below: z.Xmin, Keep: keep}, time.Hour, 100); err != nil || n != 2 {
+			t.Fatalf("hold %+v: deleted %d (%v), want the 2 free rows", keep, n, err)
+		}
+		if got := count("held"); got != 3 {
+			t.Fatalf("hold %+v: %d held rows left, want 3", keep, got)
+		}
+		insert(conn, "free", 2, 3*time.Hour)
+		if z, err = r.Read(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := holds.Add(ctx, retention.Hold{From: from, Below: below}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := holds.Add(ctx, retention.Hold{From: from + 1, Below: below + 5}, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if h, _, err := holds.Load(ctx); err != nil || h != (retention.Hold{From: from, Below: below + 5}) {
+		t.Fatalf("hold stored %+v (%v), want [%d, %d)", h, err, from, below+5)
+	}
+	if ok, err := holds.Clear(ctx, retention.Hold{From: from, Below: below}); ok || err != nil {
+		t.Fatalf("a repair of less than the hold cleared it: %v %v", ok, err)
+	}
+	if ok, err := holds.Clear(ctx, retention.Hold{From: from, Below: below + 5}); !ok || err != nil {
+		t.Fatalf("the repair of the whole hold did not clear it: %v %v", ok, err)
 	}
 
 	t.Run("xid comparison wraps", func(t *testing.T) {

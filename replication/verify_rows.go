@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/retention"
 )
 
 // rangeFetch is how many rows one FETCH returns: the memory of a range read
@@ -47,8 +48,9 @@ var timeTypes = map[string]bool{"timestamp with time zone": true, "timestamp wit
 // ReadRange opens a range read. The time column is spec.OrderBy when set,
 // else created_at; a table with neither, or with one that is not a
 // timestamp, is refused with a *PrerequisiteError naming the fix. A zero
-// until means no upper bound.
-func (s Source) ReadRange(ctx context.Context, spec RowSpec, since, until time.Time) (*RangeRead, error) {
+// until means no upper bound; then the rows a lost slot's hold keeps
+// (retention.Hold: by transaction, whatever their time) are read too.
+func (s Source) ReadRange(ctx context.Context, spec RowSpec, since, until time.Time, held retention.Hold) (*RangeRead, error) {
 	conn, err := s.DB.connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("verify: connect: %w", err)
@@ -59,14 +61,14 @@ func (s Source) ReadRange(ctx context.Context, spec RowSpec, since, until time.T
 		return nil, fmt.Errorf("verify: begin: %w", err)
 	}
 	r := &RangeRead{conn: conn, tx: tx, ctx: ctx, headers: spec.Mapping.HeaderColumns, extra: spec.Mapping.Columns}
-	if err := s.prepareRange(ctx, r, spec, since, until); err != nil {
+	if err := s.prepareRange(ctx, r, spec, since, until, held); err != nil {
 		r.Close()
 		return nil, err
 	}
 	return r, nil
 }
 
-func (s Source) prepareRange(ctx context.Context, r *RangeRead, spec RowSpec, since, until time.Time) error {
+func (s Source) prepareRange(ctx context.Context, r *RangeRead, spec RowSpec, since, until time.Time, held retention.Hold) error {
 	table := s.qualified()
 	col := spec.OrderBy
 	if col == "" {
@@ -110,6 +112,8 @@ func (s Source) prepareRange(ctx context.Context, r *RangeRead, spec RowSpec, si
 	if !until.IsZero() {
 		filter += " AND " + c + " < $2::timestamptz"
 		r.args = append(r.args, until)
+	} else if held.Set() {
+		filter = "(" + filter + " OR " + xidHeld("xmin::text::bigint", held) + ")"
 	}
 	// The rows query with the time column first and the range as its filter;
 	// the query is built by snapshotSQL, whose output starts with SELECT and

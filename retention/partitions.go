@@ -27,9 +27,3 @@ func Ahead(now time.Time, width time.Duration, ahead int) []Window {
 func Behind(w Window, now time.Time, retention time.Duration) bool {
 	return !w.To.After(now.Add(-retention))
 }
-
-// Held reports whether a repair hold (State.Hold) keeps the partition w:
-// it may hold rows created at or after the hold.
-func Held(w Window, hold time.Time) bool {
-	return !hold.IsZero() && w.To.After(hold)
-}

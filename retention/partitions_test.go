@@ -51,23 +51,3 @@ func TestBehind(t *testing.T) {
 		}
 	}
 }
-
-// TestHeld: a repair hold keeps a partition that may hold rows created at
-// or after it; none keeps nothing.
-func TestHeld(t *testing.T) {
-	w := Window{From: time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC), To: time.Date(2025, 6, 2, 0, 0, 0, 0, time.UTC)}
-	for _, c := range []struct {
-		hold time.Time
-		want bool
-	}{
-		{time.Time{}, false},
-		{w.To, false},                      // every row was created before the hold
-		{w.To.Add(-time.Nanosecond), true}, // the last instant may hold a row after it
-		{w.From, true},
-		{time.Unix(0, 0), true}, // every row (a checkpoint without a commit time)
-	} {
-		if got := Held(w, c.hold); got != c.want {
-			t.Errorf("hold %v: Held = %v, want %v", c.hold, got, c.want)
-		}
-	}
-}

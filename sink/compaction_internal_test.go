@@ -39,3 +39,22 @@ func TestCompactionRule(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactionRuleBytes: "compact,delete" with a finite retention.bytes
+// deletes the oldest segments once a partition outgrows it, keys with them.
+func TestCompactionRuleBytes(t *testing.T) {
+	for _, c := range []struct {
+		policy, bytes string
+		keeps         bool
+	}{
+		{"compact,delete", "1048576", false},
+		{"compact,delete", "-1", true},
+		{"compact", "1048576", true}, // retention.bytes does not apply without delete
+	} {
+		configs := []kadm.Config{{Key: "cleanup.policy", Value: kadm.StringPtr(c.policy)},
+			{Key: "retention.ms", Value: kadm.StringPtr("-1")}, {Key: "retention.bytes", Value: kadm.StringPtr(c.bytes)}}
+		if why, got := KeepsLastPerKey(configs); got != c.keeps {
+			t.Errorf("KeepsLastPerKey(%q, retention.bytes %q) = %v (%s), want %v", c.policy, c.bytes, got, why, c.keeps)
+		}
+	}
+}

@@ -25,9 +25,17 @@ import (
 // (sink/exactlyonce/start.go): the connector cannot work without them. The
 // positions topic is not here: exactly_once's start creates and checks it.
 
-// keepForever is retention.ms for records nothing may delete: a parked
-// event or a dead letter deleted before its redrive is an event lost.
+// keepForever is retention.ms and retention.bytes for records nothing may
+// delete: a parked event or a dead letter deleted before its redrive, by
+// age or by the partition's size, is an event lost.
 const keepForever = "-1"
+
+// keptConfigs is what a topic whose records are kept is created with: -1
+// on the topic, so that a broker's finite log.retention.bytes or
+// log.retention.ms does not show through.
+func keptConfigs() map[string]string {
+	return map[string]string{"retention.ms": keepForever, "retention.bytes": keepForever}
+}
 
 // ownTopic is one of the connector's own topics and how it is created.
 type ownTopic struct {
@@ -55,11 +63,11 @@ func ownTopics(cfg Config) []ownTopic {
 		// skip mode it is the only copy of a refused event, so it is
 		// kept too: an operator deletes dead letters, not the broker.
 		out = append(out, ownTopic{name: cfg.DLQTopic, role: "dead-letter", partitions: parts,
-			configs: map[string]string{"retention.ms": keepForever}, keep: parks})
+			configs: keptConfigs(), keep: parks})
 	}
 	if parks {
 		out = append(out, ownTopic{name: cfg.ParkingTopic, role: "parking", partitions: parts,
-			configs: map[string]string{"retention.ms": keepForever}, keep: true})
+			configs: keptConfigs(), keep: true})
 	}
 	if parks && cfg.QuarantineTopic != "" {
 		// As ensureStateTopic creates it: one partition.
@@ -209,6 +217,12 @@ func checkOwnTopic(o ownTopic, configs []kadm.Config, log *slog.Logger) error {
 			log.Warn("kafka: the connector's own topic has a finite retention: records not redriven within it are deleted, and redrive cannot republish them",
 				"role", o.role, "topic", o.name, "retention.ms", v,
 				"fix", fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config retention.ms=-1", o.name))
+		case c.Key == "retention.bytes" && o.keep && finite(v):
+			// The value is the topic's own or, without one, the broker's
+			// log.retention.bytes: either deletes by size.
+			log.Warn("kafka: the connector's own topic has a finite retention size: once a partition outgrows it, its oldest records are deleted, and redrive cannot republish them",
+				"role", o.role, "topic", o.name, "retention.bytes", v,
+				"fix", fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config retention.bytes=-1", o.name))
 		}
 	}
 	return nil

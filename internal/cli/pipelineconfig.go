@@ -71,6 +71,7 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		BackoffMax:      cfg.Postgres.ReconnectBackoffMax,
 		Checkpoints:     checkpointStore(cfg, src.Writer()), // the primary of a standby
 		MarksTable:      marksTable(cfg),
+		HoldsTable:      holdsTable(cfg),
 		RetainFor:       retainFor,
 		RetainBytes:     retainBytes,
 		Heartbeat:       cfg.Postgres.HeartbeatInterval,
@@ -159,6 +160,14 @@ func primaryDB(p config.Postgres) (*replication.DB, error) {
 func marksTable(cfg *config.Config) string {
 	schema, _, _ := strings.Cut(cfg.Checkpoint.Table, ".")
 	return schema + ".history_marks"
+}
+
+// holdsTable is the lost slots' repair holds table, beside the marks: in the
+// database, where every instance of a deployment sees it whatever its
+// checkpoint store, and where deleting a checkpoint leaves it.
+func holdsTable(cfg *config.Config) string {
+	schema, _, _ := strings.Cut(cfg.Checkpoint.Table, ".")
+	return schema + ".repair_holds"
 }
 
 // checkpointStore builds the configured store; nil for none.

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/retention"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/verify"
@@ -46,6 +47,10 @@ func (f *timeFlag) Set(s string) error {
 
 type verifyOpts struct {
 	since, until timeFlag
+	// hold is the lost slot's repair hold, read at start (loadHold);
+	// holdSince where its events may begin in Kafka (zero: unknown).
+	hold         retention.Hold
+	holdSince    time.Time
 	margin       time.Duration
 	repair, json bool
 }
@@ -114,6 +119,10 @@ func (p *verifyProgress) print(w io.Writer) {
 // run compares the outbox rows of the range with Kafka.
 func (o *verifyOpts) run(ctx context.Context, e env) int {
 	start := time.Now()
+	if err := o.loadHold(ctx, e.pc); err != nil {
+		fmt.Fprintf(e.stderr, "outbox-cdc verify: %v\n", err)
+		return ExitFailure
+	}
 	vts, code := o.openTables(ctx, e.pc, e.stderr)
 	defer func() {
 		for _, vt := range vts {
@@ -165,7 +174,7 @@ func (o *verifyOpts) openTables(ctx context.Context, pc pipeline.Config, stderr 
 			return vts, ExitUsage
 		}
 		spec := replication.RowSpec{Mapping: tables[i].Mapping, OrderBy: pc.SnapshotOrderBy, Table: i}
-		rr, err := src.ReadRange(ctx, spec, o.since.Time, o.until.Time)
+		rr, err := src.ReadRange(ctx, spec, o.since.Time, o.until.Time, o.hold)
 		var pre *replication.PrerequisiteError
 		switch {
 		case errors.As(err, &pre):
@@ -294,20 +303,54 @@ func (r *VerifyReport) repaired() bool {
 	return p != nil && p.Failed == 0 && p.Error == "" && p.Published+p.DeadLettered+p.Parked == r.Missing.Count
 }
 
-// clearRepairHold lifts a lost slot's repair hold on retention
-// (offsets.Checkpoint.RepairSince) once a whole repair from at most the
-// hold republished every missing row: nothing it kept is undelivered now.
+// loadHold reads the lost slot's repair hold (replication.Holds): a
+// verify without --until reads its rows whatever their time, and Kafka from
+// where their events may be.
+func (o *verifyOpts) loadHold(ctx context.Context, pc pipeline.Config) error {
+	if pc.HoldsTable == "" || !o.until.IsZero() {
+		return nil
+	}
+	h, since, err := replication.NewHolds(pc.Source.Writer(), pc.HoldsTable, pc.Source.Slot).Load(ctx)
+	if err != nil {
+		return err
+	}
+	o.hold, o.holdSince = h, since
+	return nil
+}
+
+// recordsFrom is where Kafka is read from: --margin before --since, or
+// before the hold's rows when they may be older (from the start without a
+// known time).
+func (o *verifyOpts) recordsFrom() time.Time {
+	from := o.since.Add(-o.margin)
+	if h := o.holdSince.Add(-o.margin); o.hold.Set() && h.Before(from) {
+		from = h
+	}
+	return from
+}
+
+// clearRepairHold lifts a lost slot's repair hold on retention once a whole
+// repair republished every missing row, the held ones among them: nothing
+// it kept is undelivered now. The hold is cleared only if no loss since
+// widened it. (A hold by time, offsets.Checkpoint.RepairSince, written by
+// an earlier version, is cleared from at most its time.)
 func (v *verifyRun) clearRepairHold(ctx context.Context, rep *VerifyReport) {
-	cs := v.pc.Checkpoints
-	if cs == nil || !rep.repaired() || !v.o.until.IsZero() {
+	if !rep.repaired() || !v.o.until.IsZero() {
 		return
 	}
-	cleared, err := cs.ClearRepair(ctx, v.o.since.Time)
-	switch {
-	case err != nil:
-		v.log.Warn("the repair is done, but the lost slot's hold on retention could not be cleared; run verify --repair again", "err", err)
-	case cleared:
-		rep.Repair.HoldCleared = true
+	if h := v.o.hold; h.Set() {
+		cleared, err := replication.NewHolds(v.pc.Source.Writer(), v.pc.HoldsTable, v.pc.Source.Slot).Clear(ctx, h)
+		switch {
+		case err != nil:
+			v.log.Warn("the repair is done, but the lost slot's hold on retention could not be cleared; run verify --repair again", "err", err)
+		case cleared:
+			rep.Repair.HoldCleared = true
+		}
+	}
+	if cs := v.pc.Checkpoints; cs != nil {
+		if cleared, err := cs.ClearRepair(ctx, v.o.since.Time); err == nil && cleared {
+			rep.Repair.HoldCleared = true
+		}
 	}
 }
 
@@ -336,7 +379,7 @@ func (v *verifyRun) readRecords(ctx context.Context, rowTopics []string) (missin
 		}
 	}
 	v.pr.phase.Store("reading records")
-	st, err := sink.ReadRange(ctx, v.pc.Sink, topics, v.o.since.Add(-v.o.margin), func(r sink.ReadRecord) error {
+	st, err := sink.ReadRange(ctx, v.pc.Sink, topics, v.o.recordsFrom(), func(r sink.ReadRecord) error {
 		v.c.AddRecord(verify.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
 			ID: r.ID, HasID: r.HasID, DeadLetter: slices.Contains(side, r.Topic)})
 		v.pr.records.Add(1)

@@ -103,7 +103,7 @@ var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, 
 	fPGRestoreWriting, fPGRestoreBackoff, fPGRestoreOlder, fPGRestoreCompacted,
 	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
 	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fKafkaKillCommit, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize,
-	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention}
+	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention, fOpsPubFlapStopped}
 
 // onlyKind narrows m to OUTBOX_CDC_CHAOS_ONLY's kinds, each n times, if set.
 func onlyKind(t *testing.T, m mode) mode {
@@ -191,7 +191,7 @@ var shortMode = mode{
 		fNetPGDrop: 1, fNetPGStall: 1, fNetPGSlow: 1, fNetPGReset: 1,
 		fNetKafkaForge: 1, fNetKafkaSwallow: 1, fNetKafkaAbort: 1, fKafkaKillCommit: 1,
 		fOpsPartition: 1, fOpsAddColumn: 1, fOpsDropMapped: 1, fOpsPubGap: 1, fOpsForeignCkpt: 1, fOpsOversize: 1,
-		fOpsPubGapMsg: 1, fOpsRedrive: 1, fOpsParkingRetention: 1,
+		fOpsPubGapMsg: 1, fOpsRedrive: 1, fOpsParkingRetention: 1, fOpsPubFlapStopped: 1,
 	},
 	GapMin: 300 * time.Millisecond, GapMax: 1500 * time.Millisecond, WaitProb: 0.6,
 	// Short runs with pg-restore and pg-promote-behind used 282–287 s of
@@ -212,7 +212,7 @@ var longMode = mode{
 		fNetPGDrop: 3, fNetPGStall: 3, fNetPGSlow: 3, fNetPGReset: 3,
 		fNetKafkaForge: 3, fNetKafkaSwallow: 3, fNetKafkaAbort: 2, fKafkaKillCommit: 3,
 		fOpsPartition: 4, fOpsAddColumn: 3, fOpsDropMapped: 2, fOpsPubGap: 3, fOpsForeignCkpt: 2, fOpsOversize: 3,
-		fOpsPubGapMsg: 2, fOpsRedrive: 2, fOpsParkingRetention: 2,
+		fOpsPubGapMsg: 2, fOpsRedrive: 2, fOpsParkingRetention: 2, fOpsPubFlapStopped: 3,
 	},
 	MinChaos: 9 * time.Minute, MinFaults: 100,
 	GapMin: 500 * time.Millisecond, GapMax: 4 * time.Second, WaitProb: 0.6,
@@ -328,6 +328,13 @@ type run struct {
 	retDeleted  map[string]bool
 	// firstPrimary is env.pg before the first promotion (promote_test.go).
 	firstPrimary *testenv.Postgres
+	// held: the slow writers' holds (slow_test.go); second: the second
+	// logical slot (secondslot_test.go).
+	held   *heldLog
+	second *secondSlot
+	// slotLost: table-less events a lagging promotion's lost slot took
+	// (lostslot_test.go), id → description.
+	slotLost map[string]string
 }
 
 func TestChaos(t *testing.T) {
@@ -365,6 +372,7 @@ func TestChaos(t *testing.T) {
 	eosSkip(t, r.skip)
 	r.partitioned = !r.skip[fOpsPartition]
 	r.setup(ctx)
+	r.setupSecondSlot(ctx)
 
 	// Observers and writers run for the whole chaos phase.
 	obsCtx, stopObs := context.WithCancel(ctx)
@@ -380,6 +388,7 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("live consumer: %v", err)
 	}
 	obsWG.Go(func() { r.samp.run(obsCtx, 50*time.Millisecond) })
+	obsWG.Go(func() { r.second.run(obsCtx) })
 
 	if _, err := r.conn.start(ctx, "initial"); err != nil {
 		t.Fatalf("start connector: %v\n%s", err, r.conn.logTail(40))
@@ -395,6 +404,7 @@ func TestChaos(t *testing.T) {
 		wr := newWriter(w, r.dsn, aggs, m.Multi, seed, r.ledger, r.wstats)
 		wr.bucket = &r.bucket
 		wr.msgAggs, wr.msgProb = messageAggs(w), messageProb // table-less events (messages_test.go)
+		wr.backdate = backdateProb                           // slow_test.go
 		wWG.Go(func() {
 			if err := wr.run(ctx, stopWriters, m.Interval); err != nil {
 				r.workers <- fmt.Errorf("writer %d: %w", w, err)
@@ -402,6 +412,7 @@ func TestChaos(t *testing.T) {
 		})
 	}
 	r.startSecondWriters(ctx, stopWriters, &wWG, m, seed)
+	r.startSlowWriters(ctx, stopWriters, &wWG, m, seed)
 	r.burst = newWriter(m.Writers, r.dsn, []*aggregate{{id: "burst", typ: "order", next: 1}}, 0, seed, r.ledger, r.wstats)
 	r.burst.bucket = &r.bucket
 	defer r.burst.closeConn()
@@ -712,7 +723,8 @@ func (r *run) doFault(ctx context.Context, kind string, f *faultRecord) (string,
 		return r.pgRestoreCompacted(ctx, f)
 	case fPGPromote:
 		return r.pgPromoteBehind(ctx, f)
-	case fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize, fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention:
+	case fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize, fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention,
+		fOpsPubFlapStopped:
 		return r.doOps(ctx, kind, f)
 	case fPGFast, fPGCrash, fPGImmediate:
 		var err error

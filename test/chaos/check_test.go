@@ -174,8 +174,15 @@ type Report struct {
 	GapReplayJumps int `json:"gap_replay_jumps,omitempty"`
 	// Verify is outbox-cdc verify over the run, after the last stop.
 	Verify *verifyJSON `json:"verify,omitempty"`
-	// Retention: the rows outbox.retention deleted (retention_test.go).
-	Retention *retentionReport `json:"retention,omitempty"`
+	// Retention: the rows outbox.retention deleted (retention_test.go);
+	// SecondSlot: the second logical slot's checks (secondslot_test.go);
+	// Slow: the backdated rows and held transactions (slow_test.go).
+	Retention  *retentionReport  `json:"retention,omitempty"`
+	SecondSlot *secondSlotReport `json:"second_slot,omitempty"`
+	Slow       *slowReport       `json:"backdated_and_held,omitempty"`
+	// SlotLostMessages: table-less events a lost slot took (no row to
+	// repair them from; lostslot_test.go).
+	SlotLostMessages []string `json:"table_less_events_lost_with_a_slot,omitempty"`
 	// Events a restore or a promotion undid (restore_test.go), and their
 	// copies in Kafka: expected, neither lost nor unexpected records.
 	EventsUndone int `json:"events_undone_by_restore_or_promotion"`
@@ -353,11 +360,13 @@ func (r *run) analyze(ctx context.Context) *Report {
 		fail("%d unexpected records in all", rep.UnexpectedRecords)
 	}
 	r.checkParking(rctx, rep, recs, dlq, byID, copies, fail)
-	checkLoss(rep, events, copies, r.rd.lost, fail)
+	dead := deadLettered(dlq)
+	checkLoss(rep, r.withoutSlotLost(rep, events, copies, byID, dead), copies, r.rd.lost, fail)
 	r.checkRetention(rep, table, copies, fail)
+	rep.Slow = r.slowSummary(events)
+	r.checkSecondSlot(rctx, rep, fail)
 
 	r.noteBackfills(rep)
-	dead := deadLettered(dlq)
 	dead.add(byID, r.rd.lost, r.rd.republished)
 	r.checkOrder(rep, recs, dead, fail)
 	r.checkDuplicates(rep, r.withoutRedriven(rep, copies), byID, fail)
@@ -365,7 +374,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	r.checkExactlyOnce(rep, eoRecs, eoCopies, byID, dead, fail)
 	r.checkWatermark(rep, events, copies, fail)
 	r.recoveries(rep, events)
-	rep.Verify = r.verifyRun(ctx, r.flowStart, fail)
+	rep.Verify = r.verifyRun(ctx, r.verifySince(), fail)
 
 	for _, f := range r.faults {
 		rep.Faults = append(rep.Faults, faultJSON{Kind: f.Kind, Start: f.Start.Format("15:04:05.000"),
@@ -452,6 +461,9 @@ func checkLoss(rep *Report, events []event, copies map[string][]copyRec, lost ma
 				where := ""
 				if e.Oversize {
 					where = ", oversize: expected on the dead-letter topic"
+				}
+				if e.Backdate > 0 {
+					where += fmt.Sprintf(", created_at backdated %v", e.Backdate)
 				}
 				rep.LostExamples = append(rep.LostExamples, fmt.Sprintf("%s (%s seq %d, bucket %d, committed %s, post-commit LSN %v, resolved %v%s)",
 					e.ID, e.Agg, e.Seq, e.Bucket, e.Committed.Format("15:04:05.000"), e.PostLSN, e.Resolved, where))
@@ -694,7 +706,7 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(s
 	// stream, so its replay of delivered events jumps over them.
 	var gapAt time.Time
 	for _, f := range r.faults {
-		if f.Kind == fOpsPubGap || f.Kind == fOpsPubGapMsg {
+		if gapKind(f.Kind) {
 			gapAt = f.Start
 			break
 		}

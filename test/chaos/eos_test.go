@@ -242,7 +242,7 @@ func (r *run) detectionWindow() func(time.Time) bool {
 	var spans []span
 	incs := r.conn.incarnations()
 	for _, f := range r.faults {
-		if f.Kind != fOpsPubGap && f.Kind != fOpsPubGapMsg {
+		if !gapKind(f.Kind) {
 			continue
 		}
 		for _, in := range incs {

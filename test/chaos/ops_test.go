@@ -144,6 +144,8 @@ func (r *run) doOps(ctx context.Context, kind string, f *faultRecord) (string, e
 		return r.opsRedrive(ctx)
 	case fOpsParkingRetention:
 		return r.opsParkingRetention(ctx)
+	case fOpsPubFlapStopped:
+		return r.opsFlapStopped(ctx, f) // flap_test.go
 	}
 	return "", fmt.Errorf("unknown operations fault %q", kind)
 }

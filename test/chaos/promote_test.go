@@ -49,6 +49,8 @@ func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, erro
 			return "", err
 		}
 	}
+	lag := r.lagBeforeCut(ctx, sb.Major()) // lostslot_test.go
+	defer env.brokerProxy.Heal()
 	if err := sb.CutReplication(ctx); err != nil {
 		return "", err
 	}
@@ -85,6 +87,10 @@ func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, erro
 		sb.Version(), time.Since(synced).Round(time.Millisecond), behind, undone, seen)
 	if failover {
 		return r.followedPromotion(ctx, f, in, seen, desc)
+	}
+	if lag > 0 {
+		desc += fmt.Sprintf("; the Kafka proxy stalled from %v before the cut (the connector lagged)", lag)
+		return r.afterLaggingPromotion(ctx, f, in, desc) // lostslot_test.go
 	}
 	return r.afterRewind(ctx, f, fPGPromote, reasonAfterPromote, in, wantPromoted, true, opsExitTimeout, desc)
 }

@@ -268,7 +268,7 @@ func (r *run) repairIfPrinted(ctx context.Context, kind string, since time.Time)
 	if sinceArg == "" {
 		return ""
 	}
-	if err := r.waitCaughtUp(ctx, time.Now(), r.m.CatchUp); err != nil {
+	if err := r.waitStreamed(ctx, r.m.CatchUp); err != nil { // lostslot_test.go
 		r.opsFailed(kind, "before the repair: %v", err)
 	}
 	vctx, cancel := context.WithTimeout(ctx, 4*time.Minute)

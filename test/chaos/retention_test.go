@@ -30,12 +30,13 @@ const (
 	chaosRetention         = 5 * time.Second
 	chaosRetentionInterval = time.Second
 	// retentionDDL records what retention deletes (after the tables exist).
+	// low is the row's lower bound of its commit LSN (secondslot_test.go).
 	retentionDDL = `CREATE TABLE chaos_deleted (id text PRIMARY KEY, tbl text NOT NULL, agg text NOT NULL, seq int NOT NULL,
-	deleted_at timestamptz NOT NULL DEFAULT clock_timestamp());
+	deleted_at timestamptz NOT NULL DEFAULT clock_timestamp(), low pg_lsn);
 CREATE FUNCTION chaos_outbox_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN INSERT INTO chaos_deleted (id, tbl, agg, seq) VALUES (OLD.id::text, 'public.outbox', OLD.aggregate_id, (OLD.payload->>'seq')::int); RETURN OLD; END $$;
+	BEGIN INSERT INTO chaos_deleted (id, tbl, agg, seq, low) VALUES (OLD.id::text, 'public.outbox', OLD.aggregate_id, (OLD.payload->>'seq')::int, (OLD.payload->>'low')::pg_lsn); RETURN OLD; END $$;
 CREATE FUNCTION chaos_billing_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN INSERT INTO chaos_deleted (id, tbl, agg, seq) VALUES (OLD.event_id::text, 'billing.events', OLD.invoice_id, (OLD.body->>'seq')::int); RETURN OLD; END $$;
+	BEGIN INSERT INTO chaos_deleted (id, tbl, agg, seq, low) VALUES (OLD.event_id::text, 'billing.events', OLD.invoice_id, (OLD.body->>'seq')::int, (OLD.body->>'low')::pg_lsn); RETURN OLD; END $$;
 CREATE TRIGGER chaos_deleted AFTER DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION chaos_outbox_deleted();
 CREATE TRIGGER chaos_deleted AFTER DELETE ON billing.events FOR EACH ROW EXECUTE FUNCTION chaos_billing_deleted();
 CREATE INDEX ON billing.events (created_at)`

@@ -30,7 +30,7 @@ CREATE TABLE billing.events (
 	region text,
 	created_at timestamptz NOT NULL DEFAULT now())`
 	secondInsertSQL = `INSERT INTO billing.events (event_id, kind, invoice_id, name, body, region)
-	VALUES ($1::uuid, $2, $3, 'Billed', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint), 'eu')`
+	VALUES ($1::uuid, $2, $3, 'Billed', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint, ` + lowField + `), 'eu')`
 	// secondTableRows is added to the checker's read of the outbox table.
 	secondTableRows = ` UNION ALL SELECT event_id::text, invoice_id, (body->>'seq')::int, NULL::timestamptz, '' FROM billing.events`
 )
@@ -79,6 +79,7 @@ func (r *run) startSecondWriters(ctx context.Context, stop <-chan struct{}, wg *
 			{id: fmt.Sprintf("inv-w%d-a1", n), typ: secondTablePrefix + "invoice", next: 1}}
 		wr := newWriter(n, r.dsn, aggs, m.Multi, seed, r.ledger, r.wstats)
 		wr.ins, wr.lookup = insertSecond, committedSQL("billing.events", "event_id")
+		wr.backdate = backdateProb // slow_test.go
 		wg.Go(func() {
 			// Twice the outbox writers' pause: the second table is the smaller stream.
 			if err := wr.run(ctx, stop, 2*m.Interval); err != nil {

@@ -42,6 +42,9 @@ type event struct {
 	// table checks (the ledger against the table, verify) skip it; the
 	// topic checks treat it as any event.
 	Message bool
+	// Backdate: the row's created_at is this far before now() (an
+	// application-set time in the past; slow_test.go); 0: the default.
+	Backdate time.Duration
 }
 
 // ledger collects committed events from all writers.
@@ -130,6 +133,13 @@ type writer struct {
 	// gap's rows ahead of the stream's messages.
 	msgAggs []*aggregate
 	msgProb float64
+	// backdate is the probability that a transaction's rows get a
+	// created_at hours in the past; holdMin..holdMax, when set, how long
+	// each multi-row transaction stays open before its COMMIT
+	// (slow_test.go).
+	backdate         float64
+	holdMin, holdMax time.Duration
+	held             *heldLog
 }
 
 type aggregate struct {
@@ -192,6 +202,7 @@ func (w *writer) commitNext(ctx context.Context) ([]event, error) {
 		next[a]++
 	}
 	evs = w.addMessage(evs, next, bucket)
+	w.markBackdated(evs)
 	if err := w.commit(ctx, evs); err != nil {
 		return nil, err
 	}
@@ -275,15 +286,18 @@ func stamp(evs []event, post lsn.LSN, resolved bool) {
 }
 
 // The INSERT names event_type (a mapped column): while ops-drop-mapped-column
-// has dropped it, every attempt fails and is retried.
+// has dropped it, every attempt fails and is retried. Each row's payload
+// carries "low", the WAL insert position read inside its transaction before
+// the COMMIT: a lower bound of its commit LSN (secondslot_test.go).
 const (
 	insertSQL = `INSERT INTO outbox (id, bucket, aggregate_type, aggregate_id, event_type, payload)
-	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint))`
+	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint, ` + lowField + `))`
 	insertPadSQL = `INSERT INTO outbox (id, bucket, aggregate_type, aggregate_id, event_type, payload)
-	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint, 'pad', repeat('x', $8::int)))`
+	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint, ` + lowField + `, 'pad', repeat('x', $8::int)))`
 	insertFillSQL = `INSERT INTO outbox (id, bucket, aggregate_type, aggregate_id, event_type, payload)
-	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint,
+	VALUES ($1::uuid, $7::int, $2, $3, 'chaos', jsonb_build_object('seq', $4::int, 'writer', $5::int, 'txn', $6::bigint, ` + lowField + `,
 		'fill', (SELECT string_agg(md5(random()::text || g::text), '') FROM generate_series(1, $8::int / 32) g)))`
+	lowField = `'low', pg_current_wal_insert_lsn()::text`
 )
 
 type execer interface {
@@ -293,6 +307,9 @@ type execer interface {
 func (w *writer) insert(ctx context.Context, q execer, e event) error {
 	if e.Message {
 		return emitMessage(ctx, q, e)
+	}
+	if e.Backdate > 0 {
+		return insertBackdated(ctx, q, e)
 	}
 	if w.ins != nil {
 		return w.ins(ctx, q, e)
@@ -350,6 +367,10 @@ func (w *writer) try(ctx context.Context, evs []event) (outcome, lsn.LSN) {
 				}
 				return notCommitted, 0
 			}
+		}
+		if !w.holdOpen(octx) { // a transaction open across faults
+			_ = tx.Rollback(context.Background())
+			return notCommitted, 0
 		}
 		if err := tx.Commit(octx); err != nil {
 			return unknown, 0

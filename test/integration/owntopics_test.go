@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,7 +29,8 @@ import (
 // once (they used to wait kafka.unknown_topic_timeout, 2 minutes, for
 // topics nobody created). check says what run creates; a cluster that
 // refuses to create them is refused at start with the command that does;
-// an existing parking topic with a finite retention is warned about.
+// an existing parking topic with a finite retention (retention.ms, or
+// retention.bytes of its own or of the broker's default) is warned about.
 func TestOwnTopicsOnLockedDownBroker(t *testing.T) {
 	if kafkaServer.External() {
 		t.Skip("needs its own broker")
@@ -54,31 +56,13 @@ func TestOwnTopicsOnLockedDownBroker(t *testing.T) {
 		}
 		c := startConnector(t, cfg)
 		want := map[string]map[string]string{
-			cfg.Kafka.DLQTopic:        {"retention.ms": "-1"},
-			cfg.Kafka.ParkingTopic:    {"retention.ms": "-1"},
+			cfg.Kafka.DLQTopic:        {"retention.ms": "-1", "retention.bytes": "-1"},
+			cfg.Kafka.ParkingTopic:    {"retention.ms": "-1", "retention.bytes": "-1"},
 			cfg.Kafka.QuarantineTopic: {"cleanup.policy": "compact"},
 		}
 		for topic, settings := range want {
-			rcs, err := adm.DescribeTopicConfigs(ctx, topic)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc, err := rcs.On(topic, nil)
-			if err == nil {
-				err = rc.Err
-			}
-			if err != nil {
-				t.Errorf("topic %s after the start: %v", topic, err)
-				continue
-			}
 			for key, v := range settings {
-				got := ""
-				for _, c := range rc.Configs {
-					if c.Key == key {
-						got = c.MaybeValue()
-					}
-				}
-				if got != v {
+				if got := topicConfig(ctx, t, adm, topic, key); got != v {
 					t.Errorf("topic %s has %s=%q, want %q", topic, key, got, v)
 				}
 			}
@@ -120,7 +104,7 @@ func TestOwnTopicsOnLockedDownBroker(t *testing.T) {
 		err := runPipeline(t, cfg)
 		t.Logf("run: %v", err)
 		var pre *replication.PrerequisiteError
-		if !errors.As(err, &pre) || !strings.Contains(pre.Fix, command+" --replication-factor 3 --config retention.ms=-1") {
+		if !errors.As(err, &pre) || !strings.Contains(pre.Fix, command+" --replication-factor 3 --config retention.bytes=-1 --config retention.ms=-1") {
 			t.Fatalf("run: %v, want a prerequisite error naming %q", err, command)
 		}
 	})
@@ -157,14 +141,80 @@ func TestOwnTopicsOnLockedDownBroker(t *testing.T) {
 		cfg := testConfig(t, dsn, "public.outbox", "lockedfinite")
 		cfg.Kafka.Brokers = k.Brokers()
 		cfg.Kafka.ParkingTopic = "parking.finite." + runID
-		if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"retention.ms": kadm.StringPtr("3600000")}, cfg.Kafka.ParkingTopic); err != nil {
+		finite := map[string]*string{"retention.ms": kadm.StringPtr("3600000"), "retention.bytes": kadm.StringPtr("1048576")}
+		if _, err := adm.CreateTopic(ctx, 1, 1, finite, cfg.Kafka.ParkingTopic); err != nil {
 			t.Fatal(err)
 		}
 		c := startConnector(t, cfg)
-		if !c.logged("the connector's own topic has a finite retention", "topic="+cfg.Kafka.ParkingTopic, "retention.ms=3600000") {
-			t.Fatalf("no warning about the parking topic's retention")
+		if !c.logged("the connector's own topic has a finite retention:", "topic="+cfg.Kafka.ParkingTopic, "retention.ms=3600000") {
+			t.Errorf("no warning about the parking topic's retention.ms")
+		}
+		if !c.logged("the connector's own topic has a finite retention size", "topic="+cfg.Kafka.ParkingTopic, "retention.bytes=1048576",
+			"--entity-name "+cfg.Kafka.ParkingTopic+" --add-config retention.bytes=-1") {
+			t.Errorf("no warning about the parking topic's retention.bytes")
 		}
 	})
+
+	// Last: it changes the broker's default for every topic after it. A
+	// topic without a retention.bytes of its own has the broker's; the
+	// topics the connector creates set -1 and are not warned about.
+	t.Run("finite broker retention.bytes warned", func(t *testing.T) {
+		const brokerBytes = "1073741824"
+		set := []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "log.retention.bytes", Value: kadm.StringPtr(brokerBytes)}}
+		resp, err := adm.AlterBrokerConfigs(ctx, set)
+		for _, r := range resp {
+			err = cmp.Or(err, r.Err)
+		}
+		if err != nil {
+			t.Fatalf("set the cluster's log.retention.bytes: %v", err)
+		}
+		dsn := newDatabase(t)
+		createOutbox(t, dsn, "outbox", "jsonb")
+		cfg := testConfig(t, dsn, "public.outbox", "lockedbytes")
+		cfg.Kafka.Brokers = k.Brokers()
+		cfg.Kafka.ParkingTopic = "parking.bytes." + runID
+		if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"retention.ms": kadm.StringPtr("-1")}, cfg.Kafka.ParkingTopic); err != nil {
+			t.Fatal(err)
+		}
+		// The cluster's dynamic default reaches the brokers asynchronously.
+		waitFor(t, 30*time.Second, "the broker's retention.bytes on the parking topic", func() bool {
+			return topicConfig(ctx, t, adm, cfg.Kafka.ParkingTopic, "retention.bytes") == brokerBytes
+		})
+		c := startConnector(t, cfg)
+		if !c.logged("the connector's own topic has a finite retention size", "topic="+cfg.Kafka.ParkingTopic, "retention.bytes="+brokerBytes,
+			"--entity-name "+cfg.Kafka.ParkingTopic+" --add-config retention.bytes=-1") {
+			t.Errorf("no warning about the broker's retention.bytes on the parking topic")
+		}
+		if got := topicConfig(ctx, t, adm, cfg.Kafka.DLQTopic, "retention.bytes"); got != "-1" {
+			t.Errorf("the dead-letter topic created at start has retention.bytes=%q, want -1", got)
+		}
+		if c.logged("finite retention", "topic="+cfg.Kafka.DLQTopic+" ") {
+			t.Errorf("the dead-letter topic created at start is warned about")
+		}
+	})
+}
+
+// topicConfig is the value of key in topic's settings as the cluster
+// describes them (its own, or the broker's default).
+func topicConfig(ctx context.Context, t *testing.T, adm *kadm.Client, topic, key string) string {
+	t.Helper()
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		t.Fatalf("describe topic %s: %v", topic, err)
+	}
+	rc, err := rcs.On(topic, nil)
+	if err == nil {
+		err = rc.Err
+	}
+	if err != nil {
+		t.Fatalf("describe topic %s: %v", topic, err)
+	}
+	for _, c := range rc.Configs {
+		if c.Key == key {
+			return c.MaybeValue()
+		}
+	}
+	return ""
 }
 
 // runPipeline runs the connector in-process until it stops by itself.

@@ -1,0 +1,125 @@
+package pipeline
+
+import (
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
+)
+
+// What the stream's completeness depends on travels with every checkpoint
+// (offsets.Checkpoint.Stream and Floor): PostgreSQL decodes an insert only
+// if its table was in the publication when the insert was written, and
+// nothing in the stream tells a restart that the table left it and came
+// back while the connector was stopped (a migration, a deploy). The guard
+// watches it while the connector runs; the checkpoint carries it across a
+// stop.
+
+// streamState is how each table stands in the publication, as the guards
+// vouch for it (they stop the connector on any change while it runs).
+func (g *guards) streamState() []offsets.TableStream {
+	out := make([]offsets.TableStream, len(g.gs))
+	for i, one := range g.gs {
+		m := one.Start()
+		out[i] = offsets.TableStream{Table: g.srcs[i].Schema + "." + g.srcs[i].Table, RelID: m.RelID,
+			PubOID: m.PubOID, PubXmin: m.PubXmin, PubRelID: m.PubRelID, Xmin: one.Xmin()}
+	}
+	return out
+}
+
+// changedSince compares the state saved with a checkpoint with the one the
+// guards found at start, and says what changed ("": nothing, or nothing
+// recorded: a checkpoint of an older version, a table new to the config)
+// and the lowest bound of the changed tables' rows the stream may lack.
+func (g *guards) changedSince(saved []offsets.TableStream) (why string, xmin uint64) {
+	now := g.streamState()
+	for _, s := range saved {
+		for _, n := range now {
+			if n.Table != s.Table {
+				continue
+			}
+			if w := streamChange(s, n); w != "" {
+				if why == "" {
+					why, xmin = n.Table+": "+w, s.Xmin
+				}
+				xmin = min(xmin, s.Xmin)
+			}
+		}
+	}
+	return why, xmin
+}
+
+// streamChange says how a table's state changed between two readings.
+func streamChange(was, now offsets.TableStream) string {
+	switch {
+	case now.RelID != was.RelID:
+		return "the table was dropped and created again (or renamed and replaced)"
+	case now.PubOID != was.PubOID:
+		return "the publication was dropped and created again"
+	case now.PubRelID != was.PubRelID:
+		return "the table was removed from the publication and added again"
+	case now.PubXmin != was.PubXmin:
+		return "the publication was altered (ALTER PUBLICATION ... SET)"
+	}
+	return ""
+}
+
+// floor is the highest floor any table's guard knows for pos (every one
+// bounds the same cluster's transactions).
+func (g *guards) floor(pos lsn.LSN) uint64 {
+	var f uint64
+	for _, one := range g.gs {
+		f = max(f, one.Floor(pos))
+	}
+	return f
+}
+
+// seedFloor gives every guard the floor saved with the start's checkpoint.
+func (g *guards) seedFloor(at lsn.LSN, xmin uint64) {
+	for _, one := range g.gs {
+		one.SeedFloor(at, xmin)
+	}
+}
+
+// streamChangedWhileStopped records a gap since the checkpoint c when the
+// publication or a table changed since it was saved: the rows written
+// while a table was outside the publication were never decoded, and the
+// repair reads them back from the table (backfill.go) before anything
+// retention may delete. Their transactions committed after c, so their
+// ids are at or above the bound the guard had when c was saved, which in
+// exactly_once the checkpoint was held back for (hold.go): the stream then
+// decodes again every delivered row the repair reads, and leaves it out.
+func (p *Pipeline) streamChangedWhileStopped(pl *plan, c *offsets.Checkpoint) {
+	why, xmin := pl.guard.changedSince(c.Stream)
+	if why == "" {
+		return
+	}
+	// Since is where the repair goes: at the run's start, not the older
+	// checkpoint. In exactly_once nothing commits to Kafka past the start
+	// before the repair does (backfill.due), so a committed position past
+	// Since at a later start says the repair committed (exactly_once.go).
+	gi := &gapInfo{Since: max(c.LSN, pl.start), Xmin: xmin}
+	if old := p.gap.Load(); old != nil {
+		// The checkpoint's own gap (the guard saw the table leave while it
+		// ran; the state saved is from before): its repair reads every row
+		// at or above its bound, at its place, which a run that found it
+		// may have anchored (side.go anchorGap). Only a lower bound widens it.
+		if old.Xmin <= xmin {
+			return
+		}
+		gi = &gapInfo{Since: old.Since, Xmin: xmin}
+	}
+	p.log.Warn("the outbox's publication changed while the connector was stopped: rows written meanwhile may never "+
+		"have been decoded; they are read back from the table and published when the stream reaches the checkpoint",
+		"change", why, "since", gi.Since, "xmin", gi.Xmin)
+	p.gap.Store(gi)
+	p.loadedGap = gi
+	pl.backfill = newBackfill(*gi)
+	p.repairPending.Store(true)
+}
+
+// streamedCheckpoint adds to c what the stream's completeness at c.LSN
+// depends on.
+func (p *Pipeline) streamedCheckpoint(c *offsets.Checkpoint) {
+	if g := p.plan.guard; g != nil {
+		c.Floor, c.Stream = g.floor(c.LSN), g.streamState()
+	}
+}
