@@ -140,8 +140,10 @@ type Pipeline struct {
 	holdXids  atomic.Pointer[retention.Hold] // the lost slot's repair hold as last read (retention.go)
 	holds     *replication.Holds             // nil without a holds table
 	holdRead  atomic.Bool                    // the last read of the holds succeeded (retention.go)
-	loadedGap *gapInfo                       // the gap the checkpoint held at start, repaired by this run
-	anchored  *gapInfo                       // the gap anchorGap raised (checkpoint writers only)
+	// holdFailing: the holds' reads fail and that was logged (retention loop only).
+	holdFailing bool
+	loadedGap   *gapInfo // the gap the checkpoint held at start, repaired by this run
+	anchored    *gapInfo // the gap anchorGap raised (checkpoint writers only)
 	// exactly_once: the hold (hold.go), the repair's progress for it, and
 	// the hand-over to the sink that a gap found by this run freezes.
 	hold          *holdBack
@@ -227,6 +229,13 @@ func (p *Pipeline) run(ctx context.Context) error {
 		// A server whose WAL ends below what was acknowledged from it was
 		// rewound: the checkpoint table refuses to save there.
 		f.SetFloor(p.tracker.Acked)
+	}
+	if pl.checkpoints != nil && pl.guard != nil && (pl.trusted == nil || len(pl.trusted.Stream) == 0) {
+		// The publication state this run streams with, saved before the
+		// stream starts: without it, a change while the connector is
+		// stopped (it may be killed before its first periodic save) would
+		// go unseen at the next start (streamstate.go).
+		p.saveCheckpointAs(ctx, 0, true, false)
 	}
 
 	var pos replication.Positions = p.tracker
@@ -440,7 +449,7 @@ func (p *Pipeline) quiesce(ctx context.Context) bool {
 	}
 	saved := false
 	if cs := p.plan.checkpoints; cs != nil {
-		p.saveCheckpointAs(ctx, 0, true)
+		p.saveCheckpointAs(ctx, 0, true, true)
 		held, ok := cs.Held()
 		saved = ok && held.Clean
 	}

@@ -69,7 +69,7 @@ type retentionTable struct {
 	created  prometheus.Counter
 	dropped  prometheus.Counter
 	overlaps map[time.Time]time.Time // windows found to be another partition's, and when (partitions.go)
-	blocked  string                  // the last reason nothing was deleted, logged once
+	blocked  string                  // the last reason nothing was deleted (its key), logged once
 }
 
 // retentionState is what the rule needs besides the readings.
@@ -119,11 +119,14 @@ func (p *Pipeline) readRepairHold(ctx context.Context) {
 	defer cancel()
 	h, _, err := p.holds.Load(rctx)
 	if err != nil {
-		if p.holdRead.Swap(false) && ctx.Err() == nil {
+		p.holdRead.Store(false)
+		if !p.holdFailing && ctx.Err() == nil {
+			p.holdFailing = true // logged once per run of failures
 			p.log.Warn("retention: could not read the lost slots' repair holds; nothing is deleted until a read succeeds", "err", err)
 		}
 		return
 	}
+	p.holdFailing = false
 	p.setRepairHold(h)
 	p.holdRead.Store(true)
 }
@@ -226,10 +229,14 @@ func (p *Pipeline) roundError(ctx context.Context, tb *retentionTable, what stri
 // but for another slot that holds retention back, which only its owner or
 // an administrator can move (or drop, if it is abandoned).
 func (p *Pipeline) logBlocked(tb *retentionTable, why string) {
-	if why == tb.blocked {
+	key := why
+	if strings.HasPrefix(why, "waiting for slot ") {
+		key, _, _ = strings.Cut(why, " (") // the slot, not the position it confirmed
+	}
+	if key == tb.blocked {
 		return
 	}
-	tb.blocked = why
+	tb.blocked = key
 	if strings.HasPrefix(why, "waiting for slot ") {
 		p.log.Warn("retention: holding back for another logical slot of the database; drop it if it is abandoned",
 			"table", tb.name, "why", why)

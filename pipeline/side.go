@@ -57,12 +57,12 @@ func (p *Pipeline) checkpointLoop(ctx context.Context) {
 // counted and logged; it costs duplicates after a PostgreSQL crash, never
 // events, so streaming goes on.
 func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
-	return p.saveCheckpointAs(ctx, saved, false)
+	return p.saveCheckpointAs(ctx, saved, false, false)
 }
 
-// saveCheckpointAs saves; clean marks the save of a clean stop (quiesce),
-// which is saved even when the position did not move.
-func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, clean bool) lsn.LSN {
+// saveCheckpointAs saves, also when the position did not move if force;
+// clean marks the save of a clean stop (quiesce).
+func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, clean bool) lsn.LSN {
 	if !p.snapDone.Load() {
 		return saved // the snapshot's start marker stays until it is done
 	}
@@ -77,7 +77,7 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, clean bo
 	pr := p.history.proven()
 	a := min(p.confirmable(), p.holdAt(), pr.at)
 	gap := p.anchorGap(p.recordedGap(a))
-	if a <= saved && gap == p.savedGap && !clean {
+	if a <= saved && gap == p.savedGap && !force {
 		return saved
 	}
 	a = max(a, saved) // a gap is recorded even when the position did not move

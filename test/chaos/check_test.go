@@ -172,6 +172,10 @@ type Report struct {
 	// GapReplayJumps: delivered events replayed, by a process started after
 	// a publication gap, with the gap's rows (never in the WAL) left out.
 	GapReplayJumps int `json:"gap_replay_jumps,omitempty"`
+	// LostSlotRepairJumps: order breaks of a lost slot's rows republished
+	// by its verify --repair (LostSlotRepairs: each run; lostorder_test.go).
+	LostSlotRepairJumps int      `json:"lost_slot_repair_jumps,omitempty"`
+	LostSlotRepairs     []string `json:"lost_slot_repairs,omitempty"`
 	// Verify is outbox-cdc verify over the run, after the last stop.
 	Verify *verifyJSON `json:"verify,omitempty"`
 	// Retention: the rows outbox.retention deleted (retention_test.go);
@@ -716,6 +720,7 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(s
 		in := of(c)
 		return !gapAt.IsZero() && in != nil && in.Start.After(gapAt)
 	}
+	repaired := r.repairOrder(rep, recs, fail) // lostorder_test.go
 	bad := func(c copyRec, format string, args ...any) {
 		rep.OrderViolations++
 		if who := proc(c); who != "" {
@@ -725,7 +730,7 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(s
 			rep.OrderViolationsByProcess[strings.Trim(who, " ()")]++
 		}
 		if len(rep.OrderExamples) < 10 {
-			rep.OrderExamples = append(rep.OrderExamples, fmt.Sprintf(format, args...)+proc(c))
+			rep.OrderExamples = append(rep.OrderExamples, fmt.Sprintf(format, args...)+proc(c)+repaired.note(c))
 		}
 	}
 	for _, c := range recs {
@@ -750,6 +755,9 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(s
 		case c.Seq <= s.last && c.Seq >= 1:
 			// A replay restarting at an event already delivered (every seq
 			// up to last has been seen); it must then continue +1.
+		case repaired.excuses(c, dead):
+			// A lost slot's rows, republished late and in table order.
+			rep.LostSlotRepairJumps++
 		case c.Seq <= s.max && replaysAcrossGap(c):
 			// A replay of delivered events over the rows of a gap (above).
 			rep.GapReplayJumps++
@@ -762,6 +770,7 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(s
 		}
 		s.last = c.Seq
 		s.max = max(s.max, c.Seq)
+		repaired.observe(c)
 	}
 	if rep.OrderViolations > 0 {
 		fail("%d order violations (%d of them among first copies; by process %v); first: %s", rep.OrderViolations, rep.FirstCopyOrderViolations,
@@ -1225,8 +1234,8 @@ func (r *run) report(rep *Report) {
 			rep.EventsWritten, rep.Transactions, rep.WriterRetries, rep.UnknownCommits, rep.UnknownCommitted, rep.RecordsInKafka),
 		fmt.Sprintf("faults %d: %s", rep.FaultsTotal, strings.Join(kinds, " ")),
 		fmt.Sprintf("faults by class: %s; skipped kinds: %s", classes, skipped),
-		fmt.Sprintf("events lost %d; unexpected records %d; dead-lettered %d (%d intended oversize of %d written, %d unexpected); order violations %d (replays over a gap's rows %d); table/writer mismatches %d",
-			rep.EventsLost, rep.UnexpectedRecords, rep.DeadLettered, rep.DeadLetteredIntended, rep.OversizeEvents, rep.DeadLetteredUnexpected, rep.OrderViolations, rep.GapReplayJumps, rep.TableMismatches),
+		fmt.Sprintf("events lost %d; unexpected records %d; dead-lettered %d (%d intended oversize of %d written, %d unexpected); order violations %d (replays over a gap's rows %d, over a lost slot's rows %d); table/writer mismatches %d",
+			rep.EventsLost, rep.UnexpectedRecords, rep.DeadLettered, rep.DeadLetteredIntended, rep.OversizeEvents, rep.DeadLetteredUnexpected, rep.OrderViolations, rep.GapReplayJumps, rep.LostSlotRepairJumps, rep.TableMismatches),
 		fmt.Sprintf("operations: %d expected connector exits (exit 1 with the message), %d failed expectations; writer attempts refused for a missing column %d",
 			len(rep.ExpectedExits), len(rep.OpsFailures), rep.WriterRefusedCol),
 		fmt.Sprintf("duplicates %d: %d after %d connector kills (max %d per kill), %d within one process; of confirmed events: %d below the start position, %d below an earlier sample (below the checkpoint: %d)",

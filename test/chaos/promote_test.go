@@ -69,6 +69,9 @@ func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, erro
 	if err := sb.Promote(ctx); err != nil {
 		return "", err
 	}
+	if err := resetConninfo(ctx, sb); err != nil {
+		return "", err
+	}
 	env.pg = sb
 	addr := "127.0.0.1:" + strconv.Itoa(sb.Port())
 	orig := "127.0.0.1:" + strconv.Itoa(old.Port())
@@ -93,6 +96,22 @@ func (r *run) pgPromoteBehind(ctx context.Context, f *faultRecord) (string, erro
 		return r.afterLaggingPromotion(ctx, f, in, desc) // lostslot_test.go
 	}
 	return r.afterRewind(ctx, f, fPGPromote, reasonAfterPromote, in, wantPromoted, true, opsExitTimeout, desc)
+}
+
+// resetConninfo drops the empty primary_conninfo CutReplication left in the
+// promoted server's postgresql.auto.conf: a standby of it copies that file,
+// which overrides the primary_conninfo StartStandby writes, and never
+// streams ("the database system is starting up" until the timeout).
+func resetConninfo(ctx context.Context, pg *testenv.Postgres) error {
+	conn, err := pgx.Connect(ctx, pg.DSN("postgres"))
+	if err != nil {
+		return fmt.Errorf("promoted server: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "ALTER SYSTEM RESET primary_conninfo"); err != nil {
+		return fmt.Errorf("promoted server: reset primary_conninfo: %w", err)
+	}
+	return nil
 }
 
 // waitSlotSynced waits until the standby holds the connector's slot as a

@@ -277,9 +277,11 @@ func (r *run) repairIfPrinted(ctx context.Context, kind string, since time.Time)
 	cmd.Env = cleanEnv()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	began := time.Now()
 	out, err := cmd.Output()
 	var rep cli.VerifyReport
 	jerr := json.Unmarshal(out, &rep)
+	r.noteRepair(since, began, sinceArg, rep.Repair) // lostorder_test.go
 	var ee *exec.ExitError
 	if err != nil || jerr != nil || rep.Repair == nil {
 		if errors.As(err, &ee) {
