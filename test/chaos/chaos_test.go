@@ -279,7 +279,10 @@ type run struct {
 	// bigTopic is the topic of aggregate type "big": max.message.bytes is
 	// bigTopicMaxBytes, and ops-oversize writes events larger than that.
 	bigTopic string
-	pub      string // publication (the connector creates it)
+	// repairedLost: events lost to parking retention that the final read
+	// found republished (a verify --repair's copy: checkOrder).
+	repairedLost map[string]bool
+	pub          string // publication (the connector creates it)
 	// partitioned: the outbox is RANGE-partitioned on bucket; bucket is the
 	// writers' current partition key, scratch the empty partition the next
 	// ops-partition detaches and drops.

@@ -482,11 +482,24 @@ func (r *run) opsForeignCheckpoint(ctx context.Context, f *faultRecord) (string,
 		return "", err
 	}
 	foreign := foreignSystemID(orig, own)
-	setTo := func(v *string) error {
-		return r.ddl(ctx, fmt.Sprintf("UPDATE %s SET %s = %s WHERE slot = %s", table.Sanitize(), col,
-			sqlLiteral(v, typ), sqlLiteral(&r.conn.slot, "text")))
+	// A checkpoint of another deployment carries that deployment's history
+	// mark, which this server lacks: with this server's own mark the row
+	// would be this database carried to a new cluster (pg_upgrade), which
+	// the connector accepts (pipeline/moved.go).
+	var origMark *int64
+	if err := r.queryRow(ctx, fmt.Sprintf("SELECT mark FROM %s WHERE slot = $1", table.Sanitize()), []any{r.conn.slot}, &origMark); err != nil {
+		return "", fmt.Errorf("read checkpoint mark: %w", err)
 	}
-	if err := setTo(&foreign); err != nil {
+	foreignMark := int64(r.rng.Uint64N(1<<62)) + 1
+	setTo := func(v *string, mark *int64) error {
+		m := "NULL"
+		if mark != nil {
+			m = fmt.Sprint(*mark)
+		}
+		return r.ddl(ctx, fmt.Sprintf("UPDATE %s SET %s = %s, mark = %s WHERE slot = %s", table.Sanitize(), col,
+			sqlLiteral(v, typ), m, sqlLiteral(&r.conn.slot, "text")))
+	}
+	if err := setTo(&foreign, &foreignMark); err != nil {
 		return "", fmt.Errorf("rewrite checkpoint: %w", err)
 	}
 	origS := "NULL"
@@ -506,7 +519,7 @@ func (r *run) opsForeignCheckpoint(ctx context.Context, f *faultRecord) (string,
 	}
 	restore := r.rng.IntN(2) == 0
 	if restore {
-		err = setTo(orig)
+		err = setTo(orig, origMark)
 		desc += "; restored"
 	} else {
 		err = r.ddl(ctx, fmt.Sprintf("DELETE FROM %s WHERE slot = %s", table.Sanitize(), sqlLiteral(&r.conn.slot, "text")))

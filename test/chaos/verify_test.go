@@ -65,7 +65,7 @@ func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, 
 	// the broker appended it).
 	undone := r.ledger.undoneIDs()
 	for id := range r.rd.lost {
-		if !undone[id] && !r.retDeleted[id] && len(r.live.copiesOf(r.bigTopic, id)) == 0 {
+		if !undone[id] && !r.retDeleted[id] && len(r.live.copiesOf(r.bigTopic, id)) == 0 && !r.repairedLost[id] {
 			v.LostToRetention++
 		}
 	}

@@ -1,0 +1,36 @@
+package pipeline
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outbox-cdc/outbox-cdc/offsets"
+)
+
+// TestStreamChange: every change that can keep inserts from the stream while
+// the connector is stopped is seen, and nothing else counts (the guard's
+// xmin bound moves all the time).
+func TestStreamChange(t *testing.T) {
+	was := offsets.TableStream{Table: "public.outbox", RelID: 10, PubOID: 20, PubXmin: 30, PubRelID: 40, Xmin: 50}
+	cases := []struct {
+		name string
+		set  func(*offsets.TableStream)
+		want string // a part of the reason; "" for none
+	}{
+		{"nothing", func(*offsets.TableStream) {}, ""},
+		{"a later bound", func(n *offsets.TableStream) { n.Xmin = 99 }, ""},
+		{"table created again", func(n *offsets.TableStream) { n.RelID, n.PubRelID = 11, 41 }, "dropped and created again"},
+		{"publication created again", func(n *offsets.TableStream) { n.PubOID, n.PubXmin, n.PubRelID = 21, 31, 42 }, "publication was dropped"},
+		{"removed and added", func(n *offsets.TableStream) { n.PubRelID = 43 }, "removed from the publication and added again"},
+		{"options altered", func(n *offsets.TableStream) { n.PubXmin = 32 }, "ALTER PUBLICATION"},
+		{"member through the schema now", func(n *offsets.TableStream) { n.PubRelID = 0 }, "removed from the publication"},
+	}
+	for _, c := range cases {
+		now := was
+		c.set(&now)
+		got := streamChange(was, now)
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}
