@@ -50,6 +50,7 @@ func (p *Pipeline) partitionRound(ctx context.Context, tb *retentionTable, d ret
 		p.logBlocked(tb, d.Why)
 		return
 	}
+	session := p.sessions.Load()
 	parts, err := tb.r.Partitions(ctx)
 	if err != nil {
 		p.roundError(ctx, tb, "list partitions", err)
@@ -66,8 +67,9 @@ func (p *Pipeline) partitionRound(ctx context.Context, tb *retentionTable, d ret
 			p.logBlocked(tb, repairHeld(hold))
 			return
 		}
-		// The state may change between partitions (a gap found, the slot lost).
-		if why := retention.Blocked(p.retentionState()); why != "" {
+		// The state may change between partitions (a gap found, the slot
+		// lost, a reconnect: the decision was made in the session before).
+		if why := retention.Blocked(p.retentionState()); why != "" || p.sessions.Load() != session {
 			p.logBlocked(tb, why)
 			return
 		}

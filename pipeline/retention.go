@@ -178,9 +178,13 @@ func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
 	cfg := p.cfg.Retention
 	var total int64
 	for ctx.Err() == nil {
-		// The state may change between batches (a gap found, the slot lost).
+		// The state may change between batches (a gap found, the slot lost,
+		// a reconnect: the decision was made in the session before).
 		if why := retention.Blocked(p.retentionState()); why != "" {
 			p.logBlocked(tb, why)
+			break
+		}
+		if p.sessions.Load() != session {
 			break
 		}
 		start := time.Now()
