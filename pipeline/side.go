@@ -77,7 +77,7 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, c
 	pr := p.history.proven()
 	a := min(p.confirmable(), p.holdAt(), pr.at)
 	gap := p.anchorGap(p.recordedGap(a))
-	if a <= saved && gap == p.savedGap && !force {
+	if a <= saved && gap == p.savedGap && !force && !p.streamBoundMoved() {
 		return saved
 	}
 	a = max(a, saved) // a gap is recorded even when the position did not move

@@ -123,3 +123,25 @@ func (p *Pipeline) streamedCheckpoint(c *offsets.Checkpoint) {
 		c.Floor, c.Stream = g.floor(c.LSN), g.streamState()
 	}
 }
+
+// streamBoundMoved reports whether a guard's bound passed the one the
+// checkpoint the store holds recorded: the next save records it even when
+// the position did not move. In exactly_once the slot is held back for the
+// saved bound (hold.go savedStreamXmin), and the position held there moves
+// only once a save records a later bound: without this the two wait for
+// each other for good.
+func (p *Pipeline) streamBoundMoved() bool {
+	g := p.plan.guard
+	held, ok := p.plan.checkpoints.Held()
+	if g == nil || !ok {
+		return false
+	}
+	for _, n := range g.streamState() {
+		for _, s := range held.Stream {
+			if s.Table == n.Table && n.Xmin > s.Xmin {
+				return true
+			}
+		}
+	}
+	return false
+}
