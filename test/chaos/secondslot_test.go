@@ -52,6 +52,11 @@ type secondSlot struct {
 	rep       secondSlotReport
 	flagged   map[string]bool
 	readings  []lsnReading
+	// high is the highest position this slot confirmed since it was
+	// created: a PostgreSQL crash moves it back to its last persisted
+	// state (pg_replication_slot_advance persists at the next checkpoint),
+	// and its consumer then decodes the WAL again, which needs no row.
+	high lsn.LSN
 }
 
 // secondSlotReport is the report's "second_slot" section.
@@ -98,7 +103,7 @@ func (s *secondSlot) create(ctx context.Context, conn *pgx.Conn) error {
 	}
 	s.mu.Lock()
 	s.rep.Created++
-	s.readings = nil // positions before it are no target
+	s.readings, s.high = nil, 0 // positions before it are no target
 	s.mu.Unlock()
 	return nil
 }
@@ -195,6 +200,10 @@ func (s *secondSlot) check(ctx context.Context, conn *pgx.Conn) (lsn.LSN, bool, 
 			return 0, false, err
 		}
 	}
+	s.mu.Lock()
+	cur := l
+	l, s.high = max(l, s.high), max(l, s.high)
+	s.mu.Unlock()
 	rows, err := conn.Query(ctx, "SELECT id, tbl, agg, seq, deleted_at, low::text FROM chaos_deleted WHERE low >= $1::pg_lsn", l.String())
 	if err != nil {
 		return 0, false, err
@@ -217,9 +226,9 @@ func (s *secondSlot) check(ctx context.Context, conn *pgx.Conn) (lsn.LSN, bool, 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rep.Checks++
-	s.rep.LastConfirmed = l.String()
+	s.rep.LastConfirmed = cur.String()
 	s.flag(l, del)
-	return l, true, nil
+	return cur, true, nil
 }
 
 // flag records the rows deleted although their commit is past confirmed
