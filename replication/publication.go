@@ -107,7 +107,8 @@ type Snapshot struct {
 	// Xmin is the reading's snapshot xmin (a full 64-bit transaction id):
 	// every transaction below it had ended when the membership was read.
 	Xmin uint64
-	// After is the WAL insert position read after the snapshot: every
+	// After is the WAL insert position read after the snapshot (on a
+	// standby, the replay position: what its snapshot saw replayed): every
 	// transaction below Xmin committed before it, so every transaction
 	// that commits after After has an id at or above Xmin (a floor).
 	After lsn.LSN
@@ -173,7 +174,8 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 	var pubXmin int64
 	err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
 		ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) x),
-		p.oid IS NOT NULL, coalesce(p.oid, 0), coalesce(p.xmin::text::bigint, 0), pg_current_wal_insert_lsn(),
+		p.oid IS NOT NULL, coalesce(p.oid, 0), coalesce(p.xmin::text::bigint, 0),
+		(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END),
 		coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
 		c.oid, c.relkind::text,
 		(SELECT pr.oid FROM pg_publication_rel pr WHERE pr.prpubid = p.oid AND pr.prrelid = c.oid),
