@@ -137,35 +137,64 @@ func (b *backfill) fingerprint(ev *decode.Event) uint64 {
 // of txn: the transaction the stream reached the gap with (the repair's
 // rows go first), or one of their own. The caller commits txn; the rows and
 // the position after them then go in one Kafka transaction in exactly_once.
-// Rows the stream decoded before (seen) are left out.
+// Rows the stream decoded before (seen) are left out. A lost connection
+// (the server restarted while the repair waited or read) is retried with a
+// new read, past the rows already published (published): the stream
+// reconnects the same way.
 func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn *offsets.Txn) error {
-	rows, g, err := p.cfg.Source.GapRows(ctx, b.Xmin, p.rowSpecs(), func(xids []int64) {
+	b.published = map[uint64]struct{}{}
+	var n, skipped int
+	keep := func(ev *decode.Event) bool {
+		if _, ok := b.seen[b.fingerprint(ev)]; ok && !ev.ID.Null {
+			skipped++
+			return false
+		}
+		if _, ok := b.published[b.fingerprint(ev)]; ok && !ev.ID.Null {
+			return false // published before the connection was lost
+		}
+		b.record(ev)
+		return true
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		g, again, err := p.readBackfill(ctx, produceCtx, txn, &n, keep, b.Xmin)
+		if err == nil {
+			b.clearAt = g.ClearAt
+			b.done, b.in = true, txn
+			p.holdRepair(b.clearAt)
+			p.log.Warn("published the rows written while the outbox was outside the publication",
+				"rows", n, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped)
+			return nil
+		}
+		if !again || !replication.Transient(err) || ctx.Err() != nil {
+			return err
+		}
+		p.log.Warn("the gap repair lost its connection; it reads the table again", "err", err, "published", n, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, max(p.cfg.BackoffMax, time.Second))
+	}
+}
+
+// readBackfill is one read of the gap's rows, each published when keep says
+// so; n counts the published ones. again: the read failed, not a publish
+// (keep noted the row before its publish failed: never read past it).
+func (p *Pipeline) readBackfill(ctx, produceCtx context.Context, txn *offsets.Txn, n *int, keep func(*decode.Event) bool,
+	xmin uint64) (g replication.Gap, again bool, err error) {
+	rows, g, err := p.cfg.Source.GapRows(ctx, xmin, p.rowSpecs(), func(xids []int64) {
 		p.log.Warn("the gap repair waits for transactions that were open when it began: one may hold rows written while "+
 			"the outbox was outside the publication (see pg_stat_activity.backend_xid, pg_prepared_xacts)", "xids", xids)
 	})
 	if err != nil {
-		return err
+		return g, true, err
 	}
 	defer rows.Close()
-	b.published, b.clearAt = map[uint64]struct{}{}, g.ClearAt
-	skipped := 0
-	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Backfilled },
-		func(ev *decode.Event) bool {
-			if _, ok := b.seen[b.fingerprint(ev)]; ok && !ev.ID.Null {
-				skipped++
-				return false
-			}
-			b.record(ev)
-			return true
-		})
-	if err != nil {
-		return err
-	}
-	b.done, b.in = true, txn
-	p.holdRepair(b.clearAt)
-	p.log.Warn("published the rows written while the outbox was outside the publication",
-		"rows", n, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped)
-	return nil
+	k, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Backfilled }, keep)
+	*n += k
+	return g, err != nil && rows.Err() != nil, err
 }
 
 // committed is told that the repair's transaction was handed over, ending

@@ -3,6 +3,8 @@ package replication
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -52,4 +54,22 @@ func classify(err error) error {
 			"drop and recreate it, then reconcile events after the checkpoint LSN)", err)}
 	}
 	return &FatalError{Reason: "server_error", Err: err}
+}
+
+// Transient reports whether err says the server or the way to it went away
+// (a restart, a crash, a cut connection): the same work may succeed on a
+// new connection. A server's answer to the statement itself is not, nor is
+// any other error: retrying those would repeat them forever.
+func Transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// Class 08 connection exception, 57P operator intervention
+		// (admin_shutdown, crash_shutdown, cannot_connect_now), 53300
+		// too_many_connections (PG docs, Appendix A).
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300"
+	}
+	var connect *pgconn.ConnectError
+	var nerr net.Error
+	return errors.As(err, &connect) || errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, pgconn.ErrConnClosed)
 }

@@ -120,7 +120,7 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 		if extra := len(cs) - 1; extra > 0 {
 			er.Duplicates += extra
 			if er.Duplicates <= 5 {
-				fail("exactly_once: event %s has %d copies for read_committed", id, len(cs))
+				fail("exactly_once: event %s has %d copies for read_committed: %s", id, len(cs), r.copiesAt(cs))
 			}
 		}
 		e := byID[id]
@@ -144,7 +144,8 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 		} else if len(ks) > 1 {
 			er.SplitTransactions++
 			if er.SplitTransactions <= 5 {
-				fail("exactly_once: writer %d transaction %d spread over %d Kafka transactions", k.writer, k.txn, len(ks))
+				fail("exactly_once: writer %d transaction %d (committed %s) spread over %d Kafka transactions (%s)",
+					k.writer, k.txn, committed[k].Format("15:04:05.000"), len(ks), r.faultAt(committed[k]))
 			}
 		}
 	}
@@ -156,7 +157,8 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 		if c.Seq != dead.next(c.Key, last[c.Key]) {
 			er.OrderBreaks++
 			if er.OrderBreaks <= 5 {
-				fail("exactly_once: key %s seq %d after %d (%s/%d@%d)", c.Key, c.Seq, last[c.Key], c.Topic, c.Partition, c.Offset)
+				fail("exactly_once: key %s seq %d after %d (%s/%d@%d appended %s, %s)", c.Key, c.Seq, last[c.Key], c.Topic, c.Partition, c.Offset,
+					c.Append.Format("15:04:05.000"), r.faultAt(c.Append))
 			}
 		}
 		last[c.Key] = c.Seq
@@ -260,4 +262,14 @@ func (r *run) detectionWindow() func(time.Time) bool {
 		}
 		return false
 	}
+}
+
+// copiesAt names where and when each copy was appended, and the faults
+// under way then, for a duplicate's failure line.
+func (r *run) copiesAt(cs []copyRec) string {
+	parts := make([]string, len(cs))
+	for i, c := range cs {
+		parts[i] = fmt.Sprintf("%s/%d@%d at %s (%s)", c.Topic, c.Partition, c.Offset, c.Append.Format("15:04:05.000"), r.faultAt(c.Append))
+	}
+	return strings.Join(parts, "; ")
 }
