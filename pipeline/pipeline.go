@@ -230,12 +230,8 @@ func (p *Pipeline) run(ctx context.Context) error {
 		// rewound: the checkpoint table refuses to save there.
 		f.SetFloor(p.tracker.Acked)
 	}
-	if pl.checkpoints != nil && pl.guard != nil && (pl.trusted == nil || len(pl.trusted.Stream) == 0) {
-		// The publication state this run streams with, saved before the
-		// stream starts: without it, a change while the connector is
-		// stopped (it may be killed before its first periodic save) would
-		// go unseen at the next start (streamstate.go).
-		p.saveCheckpointAs(ctx, 0, true, false)
+	if p.saveBeforeStream(ctx, pl); ctx.Err() != nil {
+		return nil // stopped before the stream started: nothing to drain
 	}
 
 	var pos replication.Positions = p.tracker
@@ -396,7 +392,9 @@ func (p *Pipeline) shutdown(ctx context.Context, r *running, cause error) error 
 	<-r.streamDone
 
 	if cs := p.plan.checkpoints; cs != nil {
-		if !saved {
+		if !saved || finalErr != nil {
+			// The final check may have found a gap after quiesce saved: the
+			// restart's repair needs it recorded.
 			p.saveCheckpoint(base, 0)
 		}
 		cs.Close()

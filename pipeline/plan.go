@@ -29,6 +29,10 @@ type plan struct {
 	snapshot *replication.ExportedSnapshot
 	// backfill repairs a gap recorded in the checkpoint; nil when none.
 	backfill *backfill
+	// changed: the start found the publication changed since the trusted
+	// checkpoint (streamChangedWhileStopped); the gap it placed is saved
+	// before the stream starts.
+	changed bool
 	// checkpoints stamps this server's identity on what it saves; nil when
 	// nothing is saved (checkpoint.store none, replay).
 	checkpoints *offsets.Stamped

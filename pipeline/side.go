@@ -45,8 +45,10 @@ func (p *Pipeline) checkpointLoop(ctx context.Context) {
 			if !events && !trailing && now.Sub(last) < idleCheckpointInterval {
 				continue
 			}
-			if s := p.saveCheckpoint(ctx, saved); s != saved {
-				saved, acks, last, trailing = s, n, now, events
+			// A save that only records a later bound (streamBoundMoved)
+			// counts too: its own transaction moves the bound again.
+			if s, wrote := p.saveCheckpointAs(ctx, saved, false, false); wrote {
+				saved, acks, last, trailing = s, n, now, events && s != saved
 			}
 		}
 	}
@@ -57,14 +59,16 @@ func (p *Pipeline) checkpointLoop(ctx context.Context) {
 // counted and logged; it costs duplicates after a PostgreSQL crash, never
 // events, so streaming goes on.
 func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
-	return p.saveCheckpointAs(ctx, saved, false, false)
+	s, _ := p.saveCheckpointAs(ctx, saved, false, false)
+	return s
 }
 
 // saveCheckpointAs saves, also when the position did not move if force;
-// clean marks the save of a clean stop (quiesce).
-func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, clean bool) lsn.LSN {
+// clean marks the save of a clean stop (quiesce). wrote: the store holds
+// what this call saved (or a later one another connector saved).
+func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, clean bool) (_ lsn.LSN, wrote bool) {
 	if !p.snapDone.Load() {
-		return saved // the snapshot's start marker stays until it is done
+		return saved, false // the snapshot's start marker stays until it is done
 	}
 	// Up to the start position nothing was streamed by this process: a
 	// standby still waiting for the slot would save a position older than
@@ -78,7 +82,7 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, c
 	a := min(p.confirmable(), p.holdAt(), pr.at)
 	gap := p.anchorGap(p.recordedGap(a))
 	if a <= saved && gap == p.savedGap && !force && !p.streamBoundMoved() {
-		return saved
+		return saved, false
 	}
 	a = max(a, saved) // a gap is recorded even when the position did not move
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -103,15 +107,15 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, c
 	switch {
 	case errors.Is(err, offsets.ErrStale):
 		p.log.Debug("checkpoint not saved: another connector on the slot saved a later one", "lsn", a)
-		return a
+		return a, true
 	case err != nil:
 		if ctx.Err() == nil {
 			p.m.CheckpointErrors.Inc()
 			p.log.Error("save checkpoint", "lsn", a, "err", err)
 		}
-		return saved
+		return saved, false
 	}
-	return a
+	return a, true
 }
 
 // anchorGap returns the gap to record. In exactly_once, a gap this run

@@ -1,6 +1,9 @@
 package pipeline
 
 import (
+	"context"
+	"time"
+
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
@@ -93,10 +96,12 @@ func (p *Pipeline) streamChangedWhileStopped(pl *plan, c *offsets.Checkpoint) {
 		return
 	}
 	// Since is where the repair goes: at the run's start, not the older
-	// checkpoint. In exactly_once nothing commits to Kafka past the start
+	// checkpoint; in exactly_once at or past the position committed to
+	// Kafka (the start may be below it: the history proves less, and what
+	// lies between is read back). Nothing then commits to Kafka past Since
 	// before the repair does (backfill.due), so a committed position past
 	// Since at a later start says the repair committed (exactly_once.go).
-	gi := &gapInfo{Since: max(c.LSN, pl.start), Xmin: xmin}
+	gi := &gapInfo{Since: max(c.LSN, pl.start, pl.readings.committed), Xmin: xmin}
 	if old := p.gap.Load(); old != nil {
 		// The checkpoint's own gap (the guard saw the table leave while it
 		// ran; the state saved is from before): its repair reads every row
@@ -113,7 +118,36 @@ func (p *Pipeline) streamChangedWhileStopped(pl *plan, c *offsets.Checkpoint) {
 	p.gap.Store(gi)
 	p.loadedGap = gi
 	pl.backfill = newBackfill(*gi)
+	pl.changed = true
 	p.repairPending.Store(true)
+}
+
+// saveBeforeStream saves the checkpoint with the stream state this run
+// streams with, before the stream starts, when the trusted checkpoint has
+// none, or the start found a change while stopped and placed a gap.
+// Without it a kill before the first periodic save would let the next start
+// miss a change (no state to compare), or find the same change again and
+// repair it a second time. In exactly_once that second repair publishes
+// its rows again (the repair's own rows are never decoded), so the stream
+// waits until the save succeeds; in at_least_once it costs copies only.
+// It returns on a stop (ctx) too.
+func (p *Pipeline) saveBeforeStream(ctx context.Context, pl *plan) {
+	if pl.checkpoints == nil || pl.guard == nil || (pl.trusted != nil && len(pl.trusted.Stream) > 0 && !pl.changed) {
+		return
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		if _, wrote := p.saveCheckpointAs(ctx, 0, true, false); wrote || p.cfg.ExactlyOnce == nil || !pl.changed {
+			return
+		}
+		p.log.Warn("the gap found at start is not saved yet; the stream waits for it (exactly_once)", "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
 }
 
 // streamedCheckpoint adds to c what the stream's completeness at c.LSN

@@ -63,8 +63,10 @@ func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xi
 // pg_publication_rel row, the publication's row, the table's pg_class
 // row): the change that brought a table back, committed, so every id up to
 // it lies below the xmax of later snapshots and is listed when running.
-// Without such a row the next id stands in (assigned and rolled back; a
-// standby's snapshot xmax, which misses a writer newer than the newest
+// A table that is a member through its schema (FOR TABLES IN SCHEMA writes
+// pg_publication_namespace) or FOR ALL TABLES has no pg_publication_rel
+// row, and the next id stands in (assigned and rolled back; on a standby
+// the snapshot's xmax, which misses a writer newer than the newest
 // transaction that ended).
 func (s Source) gapCatalogXid(ctx context.Context, conn *pgx.Conn) (int64, error) {
 	var tables []string
@@ -73,18 +75,19 @@ func (s Source) gapCatalogXid(ctx context.Context, conn *pgx.Conn) (int64, error
 	}
 	var upper *int64
 	var standby bool
-	var xmax int64
+	var xmax, listed int64
 	err := conn.QueryRow(ctx, `WITH r AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS ref),
-		c AS (SELECT pr.xmin::text::bigint AS x FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
-				WHERE p.pubname = $1 AND pr.prrelid IN (SELECT to_regclass(t) FROM unnest($2::text[]) t)
+		rel AS (SELECT pr.xmin::text::bigint AS x FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+				WHERE p.pubname = $1 AND pr.prrelid IN (SELECT to_regclass(t) FROM unnest($2::text[]) t)),
+		c AS (SELECT x FROM rel
 			UNION ALL SELECT xmin::text::bigint FROM pg_publication WHERE pubname = $1
 			UNION ALL SELECT xmin::text::bigint FROM pg_class WHERE oid IN (SELECT to_regclass(t) FROM unnest($2::text[]) t))
 		SELECT max((r.ref & ~4294967295::bigint) + c.x - CASE WHEN (r.ref & ~4294967295::bigint) + c.x > r.ref THEN 4294967296 ELSE 0 END),
-			pg_is_in_recovery(), r.ref FROM c, r GROUP BY r.ref`, s.Publication, tables).Scan(&upper, &standby, &xmax)
+			(SELECT count(*) FROM rel), pg_is_in_recovery(), r.ref FROM c, r GROUP BY r.ref`, s.Publication, tables).Scan(&upper, &listed, &standby, &xmax)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("backfill: read the publication's catalog rows: %w", err)
 	}
-	if upper != nil && err == nil {
+	if upper != nil && err == nil && listed >= int64(len(tables)) {
 		return *upper, nil
 	}
 	if standby {
@@ -106,6 +109,9 @@ func (s Source) gapCatalogXid(ctx context.Context, conn *pgx.Conn) (int64, error
 // waitReplay waits, when the stream reads a standby and the wait ran on the
 // primary (conn), until the standby replayed what the primary has written:
 // the repair's snapshot, taken there, then sees the commits waited for.
+// A standby promoted meanwhile replays no more (pg_last_wal_replay_lsn
+// stays where recovery ended) and has every commit it will ever have: no
+// wait then.
 func (s Source) waitReplay(ctx context.Context, primary *pgx.Conn) error {
 	if s.Primary == nil {
 		return nil
@@ -121,7 +127,7 @@ func (s Source) waitReplay(ctx context.Context, primary *pgx.Conn) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	for {
 		var replayed bool
-		if err := conn.QueryRow(ctx, "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, true)", end).Scan(&replayed); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT NOT pg_is_in_recovery() OR coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, true)", end).Scan(&replayed); err != nil {
 			return fmt.Errorf("backfill: read the standby's replay position: %w", err)
 		}
 		if replayed {

@@ -269,7 +269,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	}
 	rep.WriterRefusedCol = r.wstats.undefinedColumn.Load()
 	rep.UnexpectedExits = r.exits
-	rep.HangingAborted = r.runbooks
+	rep.HangingAborted = append(append([]string(nil), r.runbooks...), r.conn.startRunbooks()...)
 	rep.Hangs = r.hangs
 	for _, h := range r.hangs {
 		rep.Failures = append(rep.Failures, "hang: "+h)

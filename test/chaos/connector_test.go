@@ -41,6 +41,8 @@ type connector struct {
 	// is set (setEnv): pg-restore-default-backoff runs one process with a
 	// setting of the file overridden.
 	env []string
+	// runbooks: hanging transactions a start found, and their runbooks.
+	runbooks []string
 }
 
 // setEnv sets the variables the next processes get on top of the file
@@ -103,15 +105,40 @@ func (in *incarnation) exited() bool {
 
 // start launches a new process and waits until /readyz answers 200.
 func (c *connector) start(ctx context.Context, reason string) (*incarnation, error) {
-	in, err := c.launch(ctx, reason)
-	if err != nil {
-		return in, err
+	for attempt := 0; ; attempt++ {
+		in, err := c.launch(ctx, reason)
+		if err != nil {
+			return in, err
+		}
+		err = c.waitReady(ctx, in, time.Minute)
+		if err != nil && attempt < 3 && in.exited() && hangingExit(c.logTail(30)) {
+			// A start that found a hanging transaction of an earlier
+			// process (a broker killed around its EndTxn): the connector's
+			// runbook, then a start again, as while it runs (checkConnector).
+			done, herr := abortHanging(ctx, c.logTail(30))
+			if herr != nil {
+				return in, fmt.Errorf("connector #%d stopped at start on a hanging transaction; its runbook failed: %w", in.N, herr)
+			}
+			c.mu.Lock()
+			c.runbooks = append(c.runbooks, fmt.Sprintf("connector #%d stopped at start on a hanging transaction at %s; runbook: %v",
+				in.N, in.ExitAt.Format("15:04:05.000"), done))
+			c.mu.Unlock()
+			reason = "after-hanging-abort"
+			continue
+		}
+		if err != nil {
+			return in, err
+		}
+		in.Ready = time.Now()
+		return in, nil
 	}
-	if err := c.waitReady(ctx, in, time.Minute); err != nil {
-		return in, err
-	}
-	in.Ready = time.Now()
-	return in, nil
+}
+
+// startRunbooks are the hanging-transaction runbooks start ran.
+func (c *connector) startRunbooks() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.runbooks...)
 }
 
 // launch starts a new process without waiting for it.
