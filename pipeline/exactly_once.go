@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -51,11 +52,6 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 			return nil, err // not a typed nil in the interface
 		}
 		return s, nil
-	}
-	if pl.snapshot == nil { // else this run just created the slot
-		if err := p.waitSlotFree(ctx); err != nil {
-			return nil, fmt.Errorf("exactly_once: %w", err)
-		}
 	}
 	srv, err := p.cfg.Source.DB.Identify(ctx)
 	if err != nil {
@@ -203,6 +199,9 @@ func (p *Pipeline) waitSlotFree(ctx context.Context) error {
 	slot, logged := p.cfg.Source.Slot, false
 	for {
 		info, err := p.cfg.Source.DB.Slot(ctx, slot)
+		if errors.Is(err, replication.ErrNoSlot) {
+			return nil // setup creates it
+		}
 		if err != nil {
 			return err
 		}

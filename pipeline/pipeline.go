@@ -230,8 +230,8 @@ func (p *Pipeline) run(ctx context.Context) error {
 		// rewound: the checkpoint table refuses to save there.
 		f.SetFloor(p.tracker.Acked)
 	}
-	if p.saveBeforeStream(ctx, pl); ctx.Err() != nil {
-		return nil // stopped before the stream started: nothing to drain
+	if err := p.saveBeforeStream(ctx, pl); err != nil || ctx.Err() != nil {
+		return err // stopped before the stream started: nothing to drain
 	}
 
 	var pos replication.Positions = p.tracker

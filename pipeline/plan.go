@@ -90,6 +90,14 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 		p.history = newHistory(nil)
 		return pl, p.setupReplay(ctx, pl)
 	}
+	if p.cfg.ExactlyOnce != nil {
+		// A standby instance waits before it reads anything: a checkpoint
+		// loaded while another instance streams is stale by the time this
+		// one takes over, and the start is decided from it.
+		if err := p.waitSlotFree(ctx); err != nil {
+			return nil, fmt.Errorf("exactly_once: %w", err)
+		}
+	}
 	if err := p.setup(ctx, pl); err != nil {
 		return nil, err
 	}

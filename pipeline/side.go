@@ -47,7 +47,7 @@ func (p *Pipeline) checkpointLoop(ctx context.Context) {
 			}
 			// A save that only records a later bound (streamBoundMoved)
 			// counts too: its own transaction moves the bound again.
-			if s, wrote := p.saveCheckpointAs(ctx, saved, false, false); wrote {
+			if s, r := p.saveCheckpointAs(ctx, saved, false, false); r == saveDone || r == saveStale {
 				saved, acks, last, trailing = s, n, now, events && s != saved
 			}
 		}
@@ -64,11 +64,10 @@ func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
 }
 
 // saveCheckpointAs saves, also when the position did not move if force;
-// clean marks the save of a clean stop (quiesce). wrote: the store holds
-// what this call saved (or a later one another connector saved).
-func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, clean bool) (_ lsn.LSN, wrote bool) {
+// clean marks the save of a clean stop (quiesce).
+func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, clean bool) (lsn.LSN, saveResult) {
 	if !p.snapDone.Load() {
-		return saved, false // the snapshot's start marker stays until it is done
+		return saved, saveSkipped // the snapshot's start marker stays until it is done
 	}
 	// Up to the start position nothing was streamed by this process: a
 	// standby still waiting for the slot would save a position older than
@@ -82,7 +81,7 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, c
 	a := min(p.confirmable(), p.holdAt(), pr.at)
 	gap := p.anchorGap(p.recordedGap(a))
 	if a <= saved && gap == p.savedGap && !force && !p.streamBoundMoved() {
-		return saved, false
+		return saved, saveSkipped
 	}
 	a = max(a, saved) // a gap is recorded even when the position did not move
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -107,16 +106,26 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, c
 	switch {
 	case errors.Is(err, offsets.ErrStale):
 		p.log.Debug("checkpoint not saved: another connector on the slot saved a later one", "lsn", a)
-		return a, true
+		return a, saveStale
 	case err != nil:
 		if ctx.Err() == nil {
 			p.m.CheckpointErrors.Inc()
 			p.log.Error("save checkpoint", "lsn", a, "err", err)
 		}
-		return saved, false
+		return saved, saveFailed
 	}
-	return a, true
+	return a, saveDone
 }
+
+// saveResult is what a save did.
+type saveResult int
+
+const (
+	saveSkipped saveResult = iota // nothing new to save
+	saveFailed                    // the store did not answer, or refused
+	saveStale                     // another connector on the slot saved a later checkpoint
+	saveDone
+)
 
 // anchorGap returns the gap to record. In exactly_once, a gap this run
 // found is recorded with Since raised to the highest end handed over to the

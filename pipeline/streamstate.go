@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -130,20 +131,27 @@ func (p *Pipeline) streamChangedWhileStopped(pl *plan, c *offsets.Checkpoint) {
 // repair it a second time. In exactly_once that second repair publishes
 // its rows again (the repair's own rows are never decoded), so the stream
 // waits until the save succeeds; in at_least_once it costs copies only.
-// It returns on a stop (ctx) too.
-func (p *Pipeline) saveBeforeStream(ctx context.Context, pl *plan) {
+// A later checkpoint another connector saved meanwhile (it streamed after
+// this one loaded) is refused as stale: in exactly_once with a change the
+// start was decided from an old one, and the run stops so that a restart
+// decides again. It returns on a stop (ctx) too.
+func (p *Pipeline) saveBeforeStream(ctx context.Context, pl *plan) error {
 	if pl.checkpoints == nil || pl.guard == nil || (pl.trusted != nil && len(pl.trusted.Stream) > 0 && !pl.changed) {
-		return
+		return nil
 	}
 	backoff := 100 * time.Millisecond
 	for {
-		if _, wrote := p.saveCheckpointAs(ctx, 0, true, false); wrote || p.cfg.ExactlyOnce == nil || !pl.changed {
-			return
+		_, r := p.saveCheckpointAs(ctx, 0, true, false)
+		if p.cfg.ExactlyOnce == nil || !pl.changed || r == saveDone {
+			return nil
+		}
+		if r == saveStale {
+			return fmt.Errorf("exactly_once: another connector saved a later checkpoint while this one started; restart to start from it")
 		}
 		p.log.Warn("the gap found at start is not saved yet; the stream waits for it (exactly_once)", "in", backoff)
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 5*time.Second)
