@@ -53,14 +53,7 @@ func TestExactlyOnceRestoreWithPendingGap(t *testing.T) {
 
 	p = startProc(t, cfgPath, addr, false)
 	probe := pgConnect(t, dsn)
-	waitFor(t, time.Minute, "the repair waiting for the open writer (after the pre-stream save)", func() bool {
-		if p.proc.Exited() {
-			t.Fatalf("connector exited: %v\n%s", p.proc.Err(), p.output())
-		}
-		var n int
-		err := probe.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%array_agg(x::text::bigint)%pg_snapshot_xip%' AND pid <> pg_backend_pid()").Scan(&n)
-		return err == nil && n > 0
-	})
+	waitRepairWaits(ctx, t, probe, p, time.Minute)
 	// The gap stays recorded: no save gets through until the kill.
 	locker := pgConnect(t, dsn)
 	ltx, err := locker.Begin(ctx)
@@ -77,10 +70,7 @@ func TestExactlyOnceRestoreWithPendingGap(t *testing.T) {
 		return seqsFrom(t, isolatedValues(t, agg), 10) >= 21
 	})
 	p.kill()
-	if _, err := probe.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`); err != nil {
-		t.Fatal(err)
-	}
+	endLockWaiters(ctx, t, probe)
 	if err := ltx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}

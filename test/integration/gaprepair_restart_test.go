@@ -60,14 +60,7 @@ func TestGapRepairSurvivesServerRestart(t *testing.T) {
 	}()
 	// The repair's wait polls the running transactions.
 	probe := pgConnect(t, dsn)
-	waitFor(t, time.Minute, "the gap repair waiting for the open transaction", func() bool {
-		if p.proc.Exited() {
-			t.Fatalf("connector exited before the repair waited: %v\n%s", p.proc.Err(), p.output())
-		}
-		var n int
-		err := probe.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%array_agg(x::text::bigint)%pg_snapshot_xip%' AND pid <> pg_backend_pid()").Scan(&n)
-		return err == nil && n > 0
-	})
+	waitRepairWaits(ctx, t, probe, p, time.Minute)
 	if err := pgServer.Crash(); err != nil {
 		t.Fatalf("crash: %v", err)
 	}

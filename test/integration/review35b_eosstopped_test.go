@@ -53,15 +53,7 @@ func stoppedChangeKilledBeforeSave(t *testing.T, never bool) {
 			t.Logf("connector logs:\n%s", strings.Join(logs, "\n----\n"))
 		}
 	}()
-	visible := func(name string) int {
-		n := 0
-		for _, r := range readIsolated(t, true, topic) {
-			if string(r.Value) == fmt.Sprintf(`{"n": %q}`, name) {
-				n++
-			}
-		}
-		return n
-	}
+	visible := func(name string) int { return copiesOf(t, topic, name) }
 
 	p := startProcess(t, cfgPath, addr)
 	committed(t, conn, func(tx pgx.Tx) { row(tx, "before") })
@@ -99,9 +91,8 @@ func stoppedChangeKilledBeforeSave(t *testing.T, never bool) {
 	logs = append(logs, p.output())
 	// A save the lock holds inside the server commits once the lock goes,
 	// unless it is ended: a save never sent.
-	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE $1 AND datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`, never); err != nil {
-		t.Fatal(err)
+	if never {
+		endLockWaiters(ctx, t, conn)
 	}
 	if err := ltx.Rollback(ctx); err != nil {
 		t.Fatal(err)

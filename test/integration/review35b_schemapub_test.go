@@ -65,14 +65,7 @@ func TestReview35bSchemaPublicationOpenWriter(t *testing.T) {
 	// The repair waits for "held" (before the fix it read the table at
 	// once, and "held" was lost).
 	probe := pgConnect(t, dsn)
-	waitFor(t, time.Minute, "the gap repair waiting for the open transaction", func() bool {
-		if p.proc.Exited() {
-			t.Fatalf("connector exited: %v\n%s", p.proc.Err(), p.output())
-		}
-		var n int
-		err := probe.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%array_agg(x::text::bigint)%pg_snapshot_xip%' AND pid <> pg_backend_pid()").Scan(&n)
-		return err == nil && n > 0
-	})
+	waitRepairWaits(ctx, t, probe, p, time.Minute)
 	if err := held.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

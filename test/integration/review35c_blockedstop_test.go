@@ -34,15 +34,7 @@ func TestReview35cBlockedStartStopsClean(t *testing.T) {
 			t.Logf("connector logs:\n%s", strings.Join(logs, "\n----\n"))
 		}
 	}()
-	visible := func(name string) int {
-		n := 0
-		for _, r := range readIsolated(t, true, topic) {
-			if string(r.Value) == fmt.Sprintf(`{"n": %q}`, name) {
-				n++
-			}
-		}
-		return n
-	}
+	visible := func(name string) int { return copiesOf(t, topic, name) }
 	p := startProcess(t, cfgPath, addr)
 	committed(t, conn, func(tx pgx.Tx) { row(tx, "before") })
 	waitFor(t, time.Minute, "before visible", func() bool { return visible("before") == 1 })

@@ -54,15 +54,7 @@ func standbyStaleSave(t *testing.T, lock bool) {
 			t.Logf("connector logs:\n%s", strings.Join(logs, "\n----\n"))
 		}
 	}()
-	visible := func(name string) int {
-		n := 0
-		for _, r := range readIsolated(t, true, topic) {
-			if string(r.Value) == fmt.Sprintf(`{"n": %q}`, name) {
-				n++
-			}
-		}
-		return n
-	}
+	visible := func(name string) int { return copiesOf(t, topic, name) }
 	ckpt := func() (lsn string, gap *string, stream string) {
 		var s *string
 		if err := conn.QueryRow(ctx, "SELECT lsn::text, gap_since::text, stream_state FROM outbox_cdc.checkpoints WHERE slot = $1", slot).
@@ -125,14 +117,7 @@ func standbyStaleSave(t *testing.T, lock bool) {
 		t.Fatal(err)
 	}
 	probe := pgConnect(t, dsn)
-	waitFor(t, 2*time.Minute, "the standby's repair waiting for the open writer", func() bool {
-		if b.proc.Exited() {
-			t.Fatalf("standby exited: %v\n%s", b.proc.Err(), b.output())
-		}
-		var n int
-		err := probe.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%array_agg(x::text::bigint)%pg_snapshot_xip%' AND pid <> pg_backend_pid()").Scan(&n)
-		return err == nil && n > 0
-	})
+	waitRepairWaits(ctx, t, probe, b, 2*time.Minute)
 	lB, gB, streamB := ckpt()
 	t.Logf("with the standby streaming (before its repair): checkpoint %s gap=%v same stream state as A's=%v", lB, gB, streamB == streamA)
 	if !strings.Contains(b.output(), "connector started") {
@@ -170,10 +155,7 @@ func standbyStaleSave(t *testing.T, lock bool) {
 	}
 	b.kill()
 	logs = append(logs, b.output())
-	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`); err != nil {
-		t.Fatal(err)
-	}
+	endLockWaiters(ctx, t, conn)
 	if err := ltx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
