@@ -142,7 +142,7 @@ func (p *Pipeline) saveBeforeStream(ctx context.Context, pl *plan) error {
 	backoff := 100 * time.Millisecond
 	for {
 		_, r := p.saveCheckpointAs(ctx, 0, true, false)
-		if p.cfg.ExactlyOnce == nil || !pl.changed || r == saveDone {
+		if p.cfg.ExactlyOnce == nil || !pl.changed || r == saveDone || r == saveSkipped {
 			return nil
 		}
 		if r == saveStale {
