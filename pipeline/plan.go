@@ -136,7 +136,9 @@ func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
 	pl.guard, pl.schemaFrom, pl.relIDs = g, g.schemaFrom(), g.relIDs()
 	if c := pl.trusted; c != nil {
 		g.seedFloor(c.LSN, c.Floor)
-		p.streamChangedWhileStopped(pl, c)
+		if p.streamChangedWhileStopped(pl, c) && p.cfg.ExactlyOnce != nil {
+			p.startReadBack(ctx, time.Time{})
+		}
 	}
 	if p.cfg.ExactlyOnce != nil {
 		p.hold = newHoldBack(st.stream)

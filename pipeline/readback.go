@@ -89,6 +89,9 @@ type readBack struct {
 	skipped int  // events not published again, over the read-back
 	txns    int  // transactions read back whole
 	done    bool
+
+	repair      bool // the gap repair's rows are looked up (readback_repair.go)
+	repairFound int  // of them, found in Kafka and not published again
 }
 
 func newReadBack(stop context.Context, read readRange, floor time.Time, log *slog.Logger) *readBack {
@@ -100,6 +103,9 @@ func newReadBack(stop context.Context, read readRange, floor time.Time, log *slo
 // when this is the first of its events; a nil or finished read-back holds
 // nothing.
 func (b *readBack) inKafka(ctx context.Context, rec *router.Record, commit time.Time) (bool, error) {
+	if b != nil && b.repair {
+		return b.repairRow(ctx, rec)
+	}
 	if b == nil || b.done || b.cut {
 		return false, nil
 	}

@@ -91,10 +91,15 @@ func (g *guards) seedFloor(at lsn.LSN, xmin uint64) {
 // ids are at or above the bound the guard had when c was saved, which in
 // exactly_once the checkpoint was held back for (hold.go): the stream then
 // decodes again every delivered row the repair reads, and leaves it out.
-func (p *Pipeline) streamChangedWhileStopped(pl *plan, c *offsets.Checkpoint) {
+//
+// lookUp: the checkpoint's own gap was repaired already (its repair
+// committed in Kafka, exactly_once.go) and the state saved is from before
+// it, so this repair reads that one's rows again; in exactly_once its rows
+// are then looked up in Kafka first (readback_repair.go).
+func (p *Pipeline) streamChangedWhileStopped(pl *plan, c *offsets.Checkpoint) (lookUp bool) {
 	why, xmin := pl.guard.changedSince(c.Stream)
 	if why == "" {
-		return
+		return false
 	}
 	// Since is where the repair goes: at the run's start, not the older
 	// checkpoint; in exactly_once at or past the position committed to
@@ -103,24 +108,31 @@ func (p *Pipeline) streamChangedWhileStopped(pl *plan, c *offsets.Checkpoint) {
 	// before the repair does (backfill.due), so a committed position past
 	// Since at a later start says the repair committed (exactly_once.go).
 	gi := &gapInfo{Since: max(c.LSN, pl.start, pl.readings.committed), Xmin: xmin}
-	if old := p.gap.Load(); old != nil {
+	old := p.gap.Load()
+	if old != nil && pl.backfill.pending() {
 		// The checkpoint's own gap (the guard saw the table leave while it
-		// ran; the state saved is from before): its repair reads every row
-		// at or above its bound, at its place, which a run that found it
-		// may have anchored (side.go anchorGap). Only a lower bound widens it.
+		// ran; the state saved is from before), still to be repaired: its
+		// repair reads every row at or above its bound, at its place, which
+		// a run that found it may have anchored (side.go anchorGap). Only a
+		// lower bound widens it. One whose repair committed (exactly_once,
+		// exactly_once.go) covers nothing of this change.
 		if old.Xmin <= xmin {
-			return
+			return false
 		}
 		gi = &gapInfo{Since: old.Since, Xmin: xmin}
+	} else if old != nil {
+		lookUp = true
 	}
 	p.log.Warn("the outbox's publication changed while the connector was stopped: rows written meanwhile may never "+
 		"have been decoded; they are read back from the table and published when the stream reaches the checkpoint",
 		"change", why, "since", gi.Since, "xmin", gi.Xmin)
 	p.gap.Store(gi)
+	p.gapClear.Store(0) // a committed old gap set it: this one is cleared by its own repair
 	p.loadedGap = gi
 	pl.backfill = newBackfill(*gi)
 	pl.changed = true
 	p.repairPending.Store(true)
+	return lookUp
 }
 
 // saveBeforeStream saves the checkpoint with the stream state this run
