@@ -133,14 +133,20 @@ func (b *backfill) fingerprint(ev *decode.Event) uint64 {
 	return h.Sum64()
 }
 
+// backfillRetryFor bounds the repair's retries after a lost connection.
+// The processor waits meanwhile and the stream's queue fills: a server's
+// fast shutdown waits for its walsender to send the last WAL, which then
+// waits for this process. Past it the run stops (and a restart repairs).
+const backfillRetryFor = 10 * time.Second
+
 // runBackfill publishes the gap's rows, in the snapshot order, as events
 // of txn: the transaction the stream reached the gap with (the repair's
 // rows go first), or one of their own. The caller commits txn; the rows and
 // the position after them then go in one Kafka transaction in exactly_once.
 // Rows the stream decoded before (seen) are left out. A lost connection
 // (the server restarted while the repair waited or read) is retried with a
-// new read, past the rows already published (published): the stream
-// reconnects the same way.
+// new read, past the rows already published (published), for up to
+// backfillRetryFor: the stream reconnects the same way.
 func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn *offsets.Txn) error {
 	b.published = map[uint64]struct{}{}
 	var n, skipped int
@@ -155,7 +161,7 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn
 		b.record(ev)
 		return true
 	}
-	backoff := 100 * time.Millisecond
+	backoff, first := 100*time.Millisecond, time.Time{}
 	p.readBack.repairing(true) // exactly_once after a restore's runbook (readback_repair.go)
 	defer p.readBack.repairing(false)
 	for {
@@ -169,7 +175,10 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn
 				"rows", n-found, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped, "found_in_kafka", found)
 			return nil
 		}
-		if !again || !replication.Transient(err) || ctx.Err() != nil {
+		if first.IsZero() {
+			first = time.Now()
+		}
+		if !again || !replication.Transient(err) || ctx.Err() != nil || time.Since(first) > backfillRetryFor {
 			return err
 		}
 		p.log.Warn("the gap repair lost its connection; it reads the table again", "err", err, "published", n, "in", backoff)
