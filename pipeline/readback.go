@@ -123,6 +123,17 @@ func (b *readBack) inKafka(ctx context.Context, rec *router.Record, commit time.
 			return false, err
 		}
 	}
+	if !b.holds(rec) {
+		b.cut = true
+		return false, nil
+	}
+	b.found++
+	return true, nil
+}
+
+// holds reports whether the read holds rec: its topic, key, id header and
+// value.
+func (b *readBack) holds(rec *router.Record) bool {
 	var id []byte
 	for _, h := range rec.Headers {
 		if h.Key == wire.HeaderID {
@@ -130,12 +141,7 @@ func (b *readBack) inKafka(ctx context.Context, rec *router.Record, commit time.
 			break
 		}
 	}
-	if !b.held.has(b.fingerprint(rec.Topic, rec.Key, id, rec.Value)) {
-		b.cut = true
-		return false, nil
-	}
-	b.found++
-	return true, nil
+	return b.held.has(b.fingerprint(rec.Topic, rec.Key, id, rec.Value))
 }
 
 // start is where the read starts: the first event's time (its record's

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
@@ -67,14 +66,7 @@ func (b *readBack) repairRow(ctx context.Context, rec *router.Record) (bool, err
 			return false, err
 		}
 	}
-	var id []byte
-	for _, h := range rec.Headers {
-		if h.Key == wire.HeaderID {
-			id = h.Value
-			break
-		}
-	}
-	if !b.held.has(b.fingerprint(rec.Topic, rec.Key, id, rec.Value)) {
+	if !b.holds(rec) {
 		return false, nil
 	}
 	b.repairFound++

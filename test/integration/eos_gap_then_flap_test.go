@@ -47,14 +47,7 @@ func TestExactlyOnceFlapAfterCommittedRepair(t *testing.T) {
 	exec1(t, dsn, "ALTER PUBLICATION "+slot+" ADD TABLE outbox")
 
 	// Its repair commits in Kafka; no save clears the gap before the kill.
-	locker := pgConnect(t, dsn)
-	ltx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ltx.Exec(ctx, "SELECT 1 FROM outbox_cdc.checkpoints WHERE slot = $1 FOR UPDATE", slot); err != nil {
-		t.Fatal(err)
-	}
+	ltx := lockCheckpoint(ctx, t, dsn, slot)
 	p := startProc(t, cfgPath, addr, false)
 	waitFor(t, time.Minute, "the repair committed in Kafka", func() bool {
 		if p.proc.Exited() {

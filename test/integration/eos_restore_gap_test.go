@@ -55,14 +55,7 @@ func TestExactlyOnceRestoreWithPendingGap(t *testing.T) {
 	probe := pgConnect(t, dsn)
 	waitRepairWaits(ctx, t, probe, p, time.Minute)
 	// The gap stays recorded: no save gets through until the kill.
-	locker := pgConnect(t, dsn)
-	ltx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ltx.Exec(ctx, "SELECT 1 FROM outbox_cdc.checkpoints WHERE slot = $1 FOR UPDATE", slot); err != nil {
-		t.Fatal(err)
-	}
+	ltx := lockCheckpoint(ctx, t, dsn, slot)
 	if err := held.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +74,7 @@ func TestExactlyOnceRestoreWithPendingGap(t *testing.T) {
 	if gap == nil {
 		t.Fatal("the checkpoint does not record the gap: the copy would not hold it")
 	}
-	for _, c := range []interface{ Close(context.Context) error }{probe, locker, open} {
+	for _, c := range []interface{ Close(context.Context) error }{probe, open} {
 		_ = c.Close(ctx)
 	}
 

@@ -48,3 +48,17 @@ func copiesOf(t *testing.T, topic, name string) int {
 	}
 	return n
 }
+
+// lockCheckpoint holds slot's checkpoint row locked (a slow or unanswering
+// store) until the returned transaction ends.
+func lockCheckpoint(ctx context.Context, t *testing.T, dsn, slot string) pgx.Tx {
+	t.Helper()
+	tx, err := pgConnect(t, dsn).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM outbox_cdc.checkpoints WHERE slot = $1 FOR UPDATE", slot); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}

@@ -68,14 +68,7 @@ func stoppedChangeKilledBeforeSave(t *testing.T, never bool) {
 	exec1(t, dsn, "ALTER PUBLICATION "+slot+" ADD TABLE outbox")
 
 	// The checkpoint's row is busy for a while (a slow save).
-	locker := pgConnect(t, dsn)
-	ltx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ltx.Exec(ctx, "SELECT 1 FROM outbox_cdc.checkpoints WHERE slot = $1 FOR UPDATE", slot); err != nil {
-		t.Fatal(err)
-	}
+	ltx := lockCheckpoint(ctx, t, dsn, slot)
 	p = startProc(t, cfgPath, addr, false)
 	// The repair commits in Kafka (before the fix), or the stream waits for
 	// the save the lock holds back (after it); then SIGKILL, before the
