@@ -209,17 +209,14 @@ func (p *Pipeline) readBackfill(ctx, produceCtx context.Context, txn *offsets.Tx
 	return g, err != nil && rows.Err() != nil, err
 }
 
-// committed is told that the repair's transaction was handed over, ending
-// at end: once the watermark passes every backfilled row's commit, the gap
-// is repaired.
-func (p *Pipeline) backfillCommitted(b *backfill, txn *offsets.Txn, end lsn.LSN) {
+// handedOver reports whether txn, just handed over, is the repair's
+// transaction (once: it forgets it).
+func (b *backfill) handedOver(txn *offsets.Txn) bool {
 	if b == nil || b.in == nil || b.in != txn {
-		return
+		return false
 	}
 	b.in = nil
-	p.repairedAt.Store(uint64(end))
-	p.repairPending.Store(false)
-	p.gapClear.Store(uint64(b.clearAt))
+	return true
 }
 
 // publishRows publishes rows read from the tables as events of txn, stamped

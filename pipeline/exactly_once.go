@@ -88,16 +88,6 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 			"slot_confirmed", pl.readings.slot, "checkpoint", pl.readings.ckpt)
 		p.startReadBack(ctx, time.Time{})
 	}
-	if b := pl.backfill; b != nil && committed.LSN > b.Since {
-		// Nothing before the repair commits past Since (backfill.due, and
-		// the run that found the gap froze its hand-over at Since, side.go):
-		// the repair committed, with the position, in one Kafka transaction.
-		p.log.Info("the gap's rows were published before the restart; not reading them again", "since", b.Since,
-			"committed", committed.LSN)
-		pl.backfill = nil
-		p.repairPending.Store(false)
-		p.gapClear.Store(uint64(committed.LSN))
-	}
 	return t, nil
 }
 

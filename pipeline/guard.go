@@ -52,23 +52,9 @@ func (p *Pipeline) guardLoop(ctx context.Context, g *guards) {
 	}
 }
 
-// gapInfo is what a restart needs to publish the rows the stream could not
-// decode: the position the guard vouched for and the snapshot xmin of the
-// reading behind it. Every row written by a transaction at or above Xmin
-// may have been written while the table was outside the publication.
-type gapInfo struct {
-	Since lsn.LSN
-	Xmin  uint64
-}
-
 // failGap stops the connector because the outbox left the stream.
 func (p *Pipeline) failGap(src replication.Source, why string, verified lsn.LSN, xmin uint64) error {
-	g := &gapInfo{Since: verified, Xmin: xmin}
-	if old := p.gap.Load(); old != nil { // an earlier gap, not repaired yet
-		g = &gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin)}
-	}
-	p.gap.Store(g)
-	p.gapClear.Store(0)
+	p.rep.found(gapInfo{Since: verified, Xmin: xmin})
 	err := replication.LeftStreamError(src, why, verified, p.plan.checkpoints != nil)
 	p.fail(err)
 	return err
@@ -82,20 +68,6 @@ func schemaError(problem string) error {
 		Fix: "restore the column (ALTER TABLE ... ADD COLUMN) or map another one under outbox.columns, and restart; " +
 			"rows written while it was missing then go to the dead-letter topic with the reason",
 	}}
-}
-
-// recordedGap is the gap to record with a checkpoint at acked: nil once the
-// backfill ran and the watermark passed every row it published.
-func (p *Pipeline) recordedGap(acked lsn.LSN) *gapInfo {
-	g := p.gap.Load()
-	if g == nil {
-		return nil
-	}
-	if c := lsn.LSN(p.gapClear.Load()); c != 0 && acked >= c && p.gap.CompareAndSwap(g, nil) {
-		p.log.Info("gap repaired", "since", g.Since)
-		return nil
-	}
-	return p.gap.Load()
 }
 
 // confirmable is the acknowledged position that may be saved or confirmed:
@@ -118,7 +90,7 @@ const finalPause = 20 * time.Millisecond
 // found outside the stream (the gap is recorded), nil otherwise.
 func (p *Pipeline) finalCheck(ctx context.Context) error {
 	g := p.plan.guard
-	if g == nil || p.gap.Load() != nil {
+	if g == nil || p.rep.open() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -93,10 +93,10 @@ func (p *Pipeline) holdAt() lsn.LSN {
 		return lsn.LSN(^uint64(0))
 	}
 	bound := min(p.plan.guard.Xmin(), p.savedStreamXmin())
-	if g := p.gap.Load(); g != nil && (p.repairPending.Load() || p.tracker.Acked() < lsn.LSN(p.repairedAt.Load())) {
+	if x, ok := p.rep.bound(p.tracker.Acked()); ok {
 		// Until the repair committed, a restart repairs again: it must
 		// decode everything this run decoded from the gap's bound on.
-		bound = min(bound, g.Xmin)
+		bound = min(bound, x)
 	}
 	return p.hold.at(bound)
 }

@@ -134,29 +134,23 @@ type Pipeline struct {
 
 	streaming atomic.Bool
 	sessions  atomic.Uint64                  // the stream's sessions so far (retention.Epoch)
-	gap       atomic.Pointer[gapInfo]        // a gap not yet repaired: recorded in every checkpoint
-	gapClear  atomic.Uint64                  // set once the backfill ran: the gap is repaired past it
-	savedGap  *gapInfo                       // the gap in the last checkpoint saved (checkpoint writers only)
+	rep       *repair                        // the gap and its repair (repair.go)
 	holdXids  atomic.Pointer[retention.Hold] // the lost slot's repair hold as last read (retention.go)
 	holds     *replication.Holds             // nil without a holds table
 	holdRead  atomic.Bool                    // the last read of the holds succeeded (retention.go)
 	// holdFailing: the holds' reads fail and that was logged (retention loop only).
 	holdFailing bool
-	loadedGap   *gapInfo // the gap the checkpoint held at start, repaired by this run
-	anchored    *gapInfo // the gap anchorGap raised (checkpoint writers only)
-	// exactly_once: the hold (hold.go), the repair's progress for it, and
-	// the hand-over to the sink that a gap found by this run freezes.
-	hold          *holdBack
-	repairPending atomic.Bool
-	repairedAt    atomic.Uint64 // end of the repair's transaction
-	handover      handover
-	readBack      *readBack           // exactly_once without a committed position: what Kafka holds already
-	history       *history            // the proof of the run's positions (history.go); set by resolve
-	held          *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
-	commits       offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
-	fatalOnce     sync.Once
-	fatal         chan error
-	ready         chan struct{}
+	// exactly_once: the hold (hold.go) and the hand-over to the sink that
+	// a gap found by this run freezes.
+	hold      *holdBack
+	handover  handover
+	readBack  *readBack           // exactly_once without a committed position: what Kafka holds already
+	history   *history            // the proof of the run's positions (history.go); set by resolve
+	held      *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
+	commits   offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
+	fatalOnce sync.Once
+	fatal     chan error
+	ready     chan struct{}
 }
 
 // New validates the routing rules; Run does the rest.
@@ -179,7 +173,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	p := &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), fatal: make(chan error, 1), ready: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), rep: newRepair(log), fatal: make(chan error, 1), ready: make(chan struct{})}
 	if cfg.HoldsTable != "" {
 		p.holds = replication.NewHolds(cfg.Source.Writer(), cfg.HoldsTable, cfg.Source.Slot)
 	}

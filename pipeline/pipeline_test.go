@@ -246,6 +246,7 @@ func TestProcess(t *testing.T) {
 	tests := []struct {
 		name  string
 		plan  plan
+		bf    *backfill // the repair this run has
 		tune  func(*Config)
 		run   func(h *harness)
 		topic string
@@ -354,7 +355,7 @@ func TestProcess(t *testing.T) {
 		want: []string{"m1"},
 	}, {
 		name: "the backfill's rows are not published twice",
-		plan: plan{backfill: backfilled(0x300, "backfilled")},
+		bf:   backfilled(0x300, "backfilled"),
 		run: func(h *harness) {
 			h.data(txn(0x100, 7, outboxRelation(""), insert("backfilled"))...)
 			h.data(txn(0x200, 8, insert("e2"))...)
@@ -364,7 +365,7 @@ func TestProcess(t *testing.T) {
 	}, {
 		name: "a backfilled transaction's messages and rows not read back are published",
 		tune: func(c *Config) { c.MessagePrefix = "outbox" },
-		plan: plan{backfill: backfilled(0x300, "backfilled")},
+		bf:   backfilled(0x300, "backfilled"),
 		run: func(h *harness) {
 			h.data(txn(0x100, 7, outboxRelation(""), insert("backfilled"), insert("deleted-since"),
 				pgwire.Message(true, 0x101, "outbox",
@@ -374,7 +375,7 @@ func TestProcess(t *testing.T) {
 		want: []string{"deleted-since", "m1"},
 	}, {
 		name: "past the backfill's snapshot nothing is skipped",
-		plan: plan{backfill: backfilled(0x200, "backfilled")},
+		bf:   backfilled(0x200, "backfilled"),
 		run: func(h *harness) {
 			h.data(txn(0x100, 7, outboxRelation(""), insert("e1"))...)
 			h.data(txn(0x200, 8, insert("backfilled"))...)
@@ -389,7 +390,9 @@ func TestProcess(t *testing.T) {
 			if pl.start == 0 {
 				pl.start = start
 			}
-			h := startProcess(t, c, &pl, tt.tune)
+			p := newPipeline(t, c, &pl, tt.tune)
+			p.rep.bf = tt.bf
+			h := runProcess(t, c, p)
 			tt.run(h)
 			if tt.topic == "" {
 				tt.topic = topic

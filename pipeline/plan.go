@@ -27,8 +27,6 @@ type plan struct {
 	// snapshot is the new slot's exported snapshot, published before the
 	// stream; nil when no snapshot is taken.
 	snapshot *replication.ExportedSnapshot
-	// backfill repairs a gap recorded in the checkpoint; nil when none.
-	backfill *backfill
 	// changed: the start found the publication changed since the trusted
 	// checkpoint (streamChangedWhileStopped); the gap it placed is saved
 	// before the stream starts.
@@ -134,11 +132,15 @@ func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
 		return fmt.Errorf("setup: %w", err)
 	}
 	pl.guard, pl.schemaFrom, pl.relIDs = g, g.schemaFrom(), g.relIDs()
+	var ch *stoppedChange
 	if c := pl.trusted; c != nil {
 		g.seedFloor(c.LSN, c.Floor)
-		if p.streamChangedWhileStopped(pl, c) && p.cfg.ExactlyOnce != nil {
-			p.startReadBack(ctx, time.Time{})
-		}
+		ch = changeWhileStopped(pl, c)
+	}
+	placed, lookUp := p.rep.decide(pl.readings.committed, ch)
+	pl.changed = placed
+	if lookUp && p.cfg.ExactlyOnce != nil {
+		p.startReadBack(ctx, time.Time{})
 	}
 	if p.cfg.ExactlyOnce != nil {
 		p.hold = newHoldBack(st.stream)
@@ -379,13 +381,7 @@ func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.
 	}
 	pl.trusted = &ckpt
 	if g := ckpt.Gap; g != nil {
-		p.log.Warn("the outbox table was outside the stream when the connector stopped: its rows written since are read "+
-			"from the table when the stream reaches the gap", "since", g.Since, "xmin", g.Xmin)
-		gi := &gapInfo{Since: g.Since, Xmin: g.Xmin}
-		p.gap.Store(gi)
-		p.savedGap, p.loadedGap = gi, gi
-		pl.backfill = newBackfill(*gi)
-		p.repairPending.Store(true)
+		p.rep.load(gapInfo{Since: g.Since, Xmin: g.Xmin}) // begin decides whether this run repairs it
 	}
 	return nil
 }

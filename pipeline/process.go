@@ -39,7 +39,7 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 		}
 	}
 	w := &walReader{p: p, pl: pl, ctx: ctx, produceCtx: produceCtx, dec: decode.NewTablesDecoder(p.mappings(pl.relIDs)),
-		bf: pl.backfill, dispatched: pl.start, decoded: pl.stream.StartLSN}
+		bf: p.rep.bf, dispatched: pl.start, decoded: pl.stream.StartLSN}
 	var b *replication.Batch
 	for {
 		if b != nil {
@@ -154,7 +154,9 @@ func (w *walReader) keepalive(end lsn.LSN) error {
 		}
 		p.tracker.Commit(t, end)
 		p.endTxn(end)
-		p.backfillCommitted(w.bf, t, end)
+		if w.bf.handedOver(t) {
+			p.rep.committed(end, w.bf.clearAt)
+		}
 		w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
 	}
 	if p.hold != nil {
@@ -207,7 +209,9 @@ func (w *walReader) commit(end lsn.LSN) error {
 	p.history.committed(w.id(), end, (w.rows || w.msgs) && !w.skip)
 	p.tracker.Commit(w.txn, end)
 	p.endTxn(end)
-	p.backfillCommitted(w.bf, w.txn, end)
+	if w.bf.handedOver(w.txn) {
+		p.rep.committed(end, w.bf.clearAt)
+	}
 	p.commits.Add(end, w.commitTime)
 	w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
 	if p.hold != nil {

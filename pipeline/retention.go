@@ -80,7 +80,7 @@ func (p *Pipeline) retentionState() retention.State {
 		// exactly_once: outcomes reach the tracker after the Kafka commit;
 		// after a reconnect, only what the server is proven to hold.
 		Acked:    p.history.confirmable(p.confirmable()),
-		Gap:      p.gap.Load() != nil || p.repairPending.Load(),
+		Gap:      p.rep.blocksRetention(),
 		Snapshot: !p.snapDone.Load(),
 		Hold:     p.repairHold(),
 		HoldRead: p.holds == nil || p.holdRead.Load(),

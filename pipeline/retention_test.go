@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 // pending, a snapshot not done.
 func TestRetentionState(t *testing.T) {
 	newP := func() *Pipeline {
-		p := &Pipeline{plan: &plan{}, tracker: offsets.NewTracker(500)}
+		p := &Pipeline{plan: &plan{}, tracker: offsets.NewTracker(500), rep: newRepair(slog.New(slog.DiscardHandler))}
 		p.streaming.Store(true)
 		p.snapDone.Store(true)
 		return p
@@ -26,8 +27,8 @@ func TestRetentionState(t *testing.T) {
 	}{
 		{"streaming", func(*Pipeline) {}, retention.State{Owner: true, Acked: 500, HoldRead: true}},
 		{"not streaming", func(p *Pipeline) { p.streaming.Store(false) }, retention.State{Acked: 500, HoldRead: true}},
-		{"gap recorded", func(p *Pipeline) { p.gap.Store(&gapInfo{Since: 100, Xmin: 7}) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
-		{"repair pending", func(p *Pipeline) { p.repairPending.Store(true) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
+		{"gap recorded", func(p *Pipeline) { p.rep.found(gapInfo{Since: 100, Xmin: 7}) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
+		{"repair pending", func(p *Pipeline) { p.rep.pending.Store(true) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
 		{"snapshot pending", func(p *Pipeline) { p.snapDone.Store(false) }, retention.State{Owner: true, Acked: 500, Snapshot: true, HoldRead: true}},
 	}
 	for _, c := range cases {

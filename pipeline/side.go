@@ -79,8 +79,12 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, c
 	// lies below the checkpoint.
 	pr := p.history.proven()
 	a := min(p.confirmable(), p.holdAt(), pr.at)
-	gap := p.anchorGap(p.recordedGap(a))
-	if a <= saved && gap == p.savedGap && !force && !p.streamBoundMoved() {
+	var freeze func() lsn.LSN
+	if p.hold != nil {
+		freeze = p.handover.freeze
+	}
+	gap, gapChanged := p.rep.toSave(a, freeze)
+	if a <= saved && !gapChanged && !force && !p.streamBoundMoved() {
 		return saved, saveSkipped
 	}
 	a = max(a, saved) // a gap is recorded even when the position did not move
@@ -101,7 +105,7 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, c
 	p.streamedCheckpoint(&c)
 	err := p.plan.checkpoints.Save(ctx, c)
 	if err == nil || errors.Is(err, offsets.ErrStale) {
-		p.savedGap = gap
+		p.rep.wasSaved(gap)
 	}
 	switch {
 	case errors.Is(err, offsets.ErrStale):
@@ -126,26 +130,6 @@ const (
 	saveStale                     // another connector on the slot saved a later checkpoint
 	saveDone
 )
-
-// anchorGap returns the gap to record. In exactly_once, a gap this run
-// found is recorded with Since raised to the highest end handed over to the
-// sink, and the hand-over freezes first (exactly_once.go, handover): every
-// Kafka transaction committed before the restart's repair then ends at or
-// before Since, and the repair's own past it. Checkpoint writers only.
-func (p *Pipeline) anchorGap(g *gapInfo) *gapInfo {
-	if g == nil || p.hold == nil || g == p.loadedGap || g == p.anchored {
-		return g
-	}
-	raised := &gapInfo{Since: max(g.Since, p.handover.freeze()), Xmin: g.Xmin}
-	if !p.gap.CompareAndSwap(g, raised) {
-		return g // replaced meanwhile: the next save anchors that one
-	}
-	p.anchored = raised
-	if raised.Since != g.Since {
-		p.log.Info("exactly_once: recording the gap from the last position handed to Kafka", "verified", g.Since, "since", raised.Since)
-	}
-	return raised
-}
 
 func (p *Pipeline) progressLoop(ctx context.Context) {
 	every(ctx, time.Second, func() { p.plan.progress(p.replayProgress(false)) })

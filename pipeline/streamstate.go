@@ -83,56 +83,26 @@ func (g *guards) seedFloor(at lsn.LSN, xmin uint64) {
 	}
 }
 
-// streamChangedWhileStopped records a gap since the checkpoint c when the
-// publication or a table changed since it was saved: the rows written
-// while a table was outside the publication were never decoded, and the
-// repair reads them back from the table (backfill.go) before anything
-// retention may delete. Their transactions committed after c, so their
-// ids are at or above the bound the guard had when c was saved, which in
-// exactly_once the checkpoint was held back for (hold.go): the stream then
-// decodes again every delivered row the repair reads, and leaves it out.
-//
-// lookUp: the checkpoint's own gap was repaired already (its repair
-// committed in Kafka, exactly_once.go) and the state saved is from before
-// it, so this repair reads that one's rows again; in exactly_once its rows
-// are then looked up in Kafka first (readback_repair.go).
-func (p *Pipeline) streamChangedWhileStopped(pl *plan, c *offsets.Checkpoint) (lookUp bool) {
+// changeWhileStopped compares the state the checkpoint c saved with the
+// one the guards found at start: a change means rows written while a table
+// was outside the publication were never decoded, and the repair reads them
+// back from the table (repair.decide, backfill.go) before anything retention
+// may delete. Their transactions committed after c, so their ids are at or
+// above the bound the guard had when c was saved, which in exactly_once the
+// checkpoint was held back for (hold.go): the stream then decodes again
+// every delivered row the repair reads, and leaves it out. Nil: no change.
+func changeWhileStopped(pl *plan, c *offsets.Checkpoint) *stoppedChange {
 	why, xmin := pl.guard.changedSince(c.Stream)
 	if why == "" {
-		return false
+		return nil
 	}
 	// Since is where the repair goes: at the run's start, not the older
 	// checkpoint; in exactly_once at or past the position committed to
 	// Kafka (the start may be below it: the history proves less, and what
 	// lies between is read back). Nothing then commits to Kafka past Since
 	// before the repair does (backfill.due), so a committed position past
-	// Since at a later start says the repair committed (exactly_once.go).
-	gi := &gapInfo{Since: max(c.LSN, pl.start, pl.readings.committed), Xmin: xmin}
-	old := p.gap.Load()
-	if old != nil && pl.backfill.pending() {
-		// The checkpoint's own gap (the guard saw the table leave while it
-		// ran; the state saved is from before), still to be repaired: its
-		// repair reads every row at or above its bound, at its place, which
-		// a run that found it may have anchored (side.go anchorGap). Only a
-		// lower bound widens it. One whose repair committed (exactly_once,
-		// exactly_once.go) covers nothing of this change.
-		if old.Xmin <= xmin {
-			return false
-		}
-		gi = &gapInfo{Since: old.Since, Xmin: xmin}
-	} else if old != nil {
-		lookUp = true
-	}
-	p.log.Warn("the outbox's publication changed while the connector was stopped: rows written meanwhile may never "+
-		"have been decoded; they are read back from the table and published when the stream reaches the checkpoint",
-		"change", why, "since", gi.Since, "xmin", gi.Xmin)
-	p.gap.Store(gi)
-	p.gapClear.Store(0) // a committed old gap set it: this one is cleared by its own repair
-	p.loadedGap = gi
-	pl.backfill = newBackfill(*gi)
-	pl.changed = true
-	p.repairPending.Store(true)
-	return lookUp
+	// Since at a later start says the repair committed (repair.decide).
+	return &stoppedChange{why: why, since: max(c.LSN, pl.start, pl.readings.committed), xmin: xmin}
 }
 
 // saveBeforeStream saves the checkpoint with the stream state this run

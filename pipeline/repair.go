@@ -1,0 +1,208 @@
+package pipeline
+
+import (
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// The gap repair's whole lifecycle, one owner (repair):
+//
+//  1. found: the guard sees an outbox leave the stream while the connector
+//     runs (guard.go failGap, the final check), or the start finds the
+//     publication changed since the checkpoint (streamstate.go,
+//     stoppedChange). Rows written meanwhile were never decoded; they are
+//     still in the table.
+//  2. recorded: every checkpoint saved carries the gap (toSave), in
+//     exactly_once anchored at the last position handed to Kafka (anchor).
+//  3. decided, once, at start (decide): the gap the checkpoint holds is
+//     repaired by this run, unless Kafka's committed position is past it
+//     (exactly_once: the repair committed with its position before the
+//     restart); a change while stopped places a gap of its own.
+//  4. run: where the stream reaches Since the processor reads the rows
+//     back and publishes them (backfill.go, runBackfill); in exactly_once the
+//     slot and the checkpoint are held back meanwhile (hold.go, bound).
+//  5. committed: the repair's transaction was handed over (committed); once
+//     the watermark passes its rows' commits the gap is cleared (recorded).
+
+// gapInfo is what a restart needs to publish the rows the stream could not
+// decode: the position the guard vouched for and the snapshot xmin of the
+// reading behind it. Every row written by a transaction at or above Xmin
+// may have been written while the table was outside the publication.
+type gapInfo struct {
+	Since lsn.LSN
+	Xmin  uint64
+}
+
+// repair owns the gap and its repair. The fields set at start (decide) are
+// read-only once the run's goroutines start; the atomics are written by the
+// guard (found), the processor (committed) and the checkpoint writer
+// (recorded), each a transition of this type.
+type repair struct {
+	log *slog.Logger
+
+	gap     atomic.Pointer[gapInfo] // not repaired yet: recorded in every checkpoint
+	clear   atomic.Uint64           // set once the repair committed: the gap is repaired past it
+	pending atomic.Bool             // this run has a repair to commit
+	at      atomic.Uint64           // end of the repair's transaction
+
+	// Set at start, before any goroutine.
+	loaded *gapInfo  // the gap this run repairs (from the checkpoint, or a change while stopped)
+	bf     *backfill // the repair the processor runs; nil: none
+
+	// The checkpoint writer's (one at a time: the loop, then the shutdown).
+	saved    *gapInfo // the gap in the last checkpoint saved
+	anchored *gapInfo // the gap anchor raised
+}
+
+func newRepair(log *slog.Logger) *repair { return &repair{log: log} }
+
+// load records the gap the trusted checkpoint holds (setup, plan.go); decide
+// says whether this run repairs it.
+func (r *repair) load(g gapInfo) {
+	r.log.Warn("the outbox table was outside the stream when the connector stopped: its rows written since are read "+
+		"from the table when the stream reaches the gap", "since", g.Since, "xmin", g.Xmin)
+	gi := &g
+	r.gap.Store(gi)
+	r.saved, r.loaded = gi, gi
+}
+
+// stoppedChange is a change of the publication or a table found at start
+// since the checkpoint was saved (streamstate.go).
+type stoppedChange struct {
+	why   string
+	since lsn.LSN // where the repair goes: the run's start, past the checkpoint and Kafka's position
+	xmin  uint64  // the lowest bound of the changed tables' rows the stream may lack
+}
+
+// decide is the one decision whether this run repairs a gap, taken once the
+// start is known. committed is the position committed to Kafka
+// (exactly_once; zero otherwise): past the loaded gap's Since it says the
+// repair committed before the restart (backfill.due: nothing commits past
+// Since before the repair does). ch is a change found while stopped (nil:
+// none). It reports whether the run placed a gap of its own (saved before
+// the stream starts) and whether that repair's rows are to be looked up in
+// Kafka first: the loaded gap's repair committed already and the state saved
+// is from before it, so the new repair reads those rows again
+// (readback_repair.go).
+func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bool) {
+	repairs := r.loaded != nil
+	if repairs && committed > r.loaded.Since {
+		r.log.Info("the gap's rows were published before the restart; not reading them again", "since", r.loaded.Since,
+			"committed", committed)
+		repairs = false
+		r.clear.Store(uint64(committed))
+	}
+	if ch != nil {
+		gi := &gapInfo{Since: ch.since, Xmin: ch.xmin}
+		old := r.gap.Load()
+		switch {
+		case old != nil && repairs && old.Xmin <= ch.xmin:
+			// The loaded gap's repair reads every row at or above its
+			// bound, at its place (which a run that found it may have
+			// anchored): it covers this change.
+			ch = nil
+		case old != nil && repairs:
+			gi = &gapInfo{Since: old.Since, Xmin: ch.xmin} // only a lower bound widens it
+		case old != nil:
+			lookUp = true // its repair committed: it covers nothing of this change
+		}
+		if ch != nil {
+			r.log.Warn("the outbox's publication changed while the connector was stopped: rows written meanwhile may never "+
+				"have been decoded; they are read back from the table and published when the stream reaches the checkpoint",
+				"change", ch.why, "since", gi.Since, "xmin", gi.Xmin)
+			r.gap.Store(gi)
+			r.clear.Store(0) // a committed old gap set it: this one is cleared by its own repair
+			r.loaded, placed, repairs = gi, true, true
+		}
+	}
+	if repairs {
+		r.bf = newBackfill(*r.loaded)
+		r.pending.Store(true)
+	}
+	return placed, lookUp
+}
+
+// found records a gap the guard found while the connector ran: merged with
+// an earlier one not repaired yet, and cleared only by a later repair.
+func (r *repair) found(g gapInfo) {
+	if old := r.gap.Load(); old != nil {
+		g = gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin)}
+	}
+	r.gap.Store(&g)
+	r.clear.Store(0)
+}
+
+// open reports whether a gap is recorded, repaired or not.
+func (r *repair) open() bool { return r.gap.Load() != nil }
+
+// blocksRetention reports whether rows may be missing from Kafka that only
+// the table holds: a gap recorded, or a repair not committed yet.
+func (r *repair) blocksRetention() bool { return r.gap.Load() != nil || r.pending.Load() }
+
+// committed is told that the repair's transaction was handed over, ending
+// at end: once the watermark passes every row's commit (clearAt), the gap
+// is repaired.
+func (r *repair) committed(end, clearAt lsn.LSN) {
+	r.at.Store(uint64(end))
+	r.pending.Store(false)
+	r.clear.Store(uint64(clearAt))
+}
+
+// bound is the gap's xmin bound while a restart would repair it again: the
+// repair did not commit, or the watermark has not passed its transaction.
+// exactly_once's hold keeps the slot at or before every transaction from
+// there on (hold.go).
+func (r *repair) bound(acked lsn.LSN) (uint64, bool) {
+	g := r.gap.Load()
+	if g != nil && (r.pending.Load() || acked < lsn.LSN(r.at.Load())) {
+		return g.Xmin, true
+	}
+	return 0, false
+}
+
+// recorded is the gap to record with a checkpoint at acked: nil once the
+// repair committed and the watermark passed every row it published.
+func (r *repair) recorded(acked lsn.LSN) *gapInfo {
+	g := r.gap.Load()
+	if g == nil {
+		return nil
+	}
+	if c := lsn.LSN(r.clear.Load()); c != 0 && acked >= c && r.gap.CompareAndSwap(g, nil) {
+		r.log.Info("gap repaired", "since", g.Since)
+		return nil
+	}
+	return r.gap.Load()
+}
+
+// anchor returns the gap to record. In exactly_once (freeze not nil), a gap
+// this run found is recorded with Since raised to the highest end handed
+// over to the sink, and the hand-over freezes first (exactly_once.go,
+// handover): every Kafka transaction committed before the restart's repair
+// then ends at or before Since, and the repair's own past it.
+func (r *repair) anchor(g *gapInfo, freeze func() lsn.LSN) *gapInfo {
+	if g == nil || freeze == nil || g == r.loaded || g == r.anchored {
+		return g
+	}
+	raised := &gapInfo{Since: max(g.Since, freeze()), Xmin: g.Xmin}
+	if !r.gap.CompareAndSwap(g, raised) {
+		return g // replaced meanwhile: the next save anchors that one
+	}
+	r.anchored = raised
+	if raised.Since != g.Since {
+		r.log.Info("exactly_once: recording the gap from the last position handed to Kafka", "verified", g.Since, "since", raised.Since)
+	}
+	return raised
+}
+
+// toSave is the gap a checkpoint at acked records, and whether it differs
+// from the one last saved (a save is due even if the position did not move).
+func (r *repair) toSave(acked lsn.LSN, freeze func() lsn.LSN) (g *gapInfo, changed bool) {
+	g = r.anchor(r.recorded(acked), freeze)
+	return g, g != r.saved
+}
+
+// saved notes the gap of a checkpoint the store holds (saved, or refused as
+// stale: another connector saved past it).
+func (r *repair) wasSaved(g *gapInfo) { r.saved = g }
