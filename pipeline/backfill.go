@@ -162,15 +162,15 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn
 		return true
 	}
 	backoff, first := 100*time.Millisecond, time.Time{}
-	p.readBack.repairing(true) // exactly_once after a restore's runbook (readback_repair.go)
-	defer p.readBack.repairing(false)
+	p.b.repairing(true) // exactly_once after a restore's runbook (readback_repair.go)
+	defer p.b.repairing(false)
 	for {
 		g, again, err := p.readBackfill(ctx, produceCtx, txn, &n, keep, b.Xmin)
 		if err == nil {
 			b.clearAt = g.ClearAt
 			b.done, b.in = true, txn
-			p.holdRepair(b.clearAt)
-			found := p.readBack.repaired()
+			p.b.holdUntil(b.clearAt)
+			found := p.b.repaired()
 			p.log.Warn("published the rows written while the outbox was outside the publication",
 				"rows", n-found, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped, "found_in_kafka", found)
 			return nil

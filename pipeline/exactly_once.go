@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/replication"
-	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
 
@@ -28,19 +25,8 @@ type out interface {
 	Close()
 }
 
-// txnBoundary is the transactional sink's side of the processor: it is
-// told where each PostgreSQL transaction ends, or that it was cut short.
-type txnBoundary interface {
-	EndTxn(end lsn.LSN)
-	AbortTxn()
-	// HoldUntil keeps the Kafka transaction open until a PostgreSQL
-	// transaction ending at or past pos is handed over, or Pass(pos).
-	HoldUntil(pos lsn.LSN)
-	Pass(pos lsn.LSN)
-}
-
 // newSink returns the at-least-once sink, or in exactly_once mode the
-// transactional one, started: any other instance of the source is fenced,
+// transactional one, started, and chooses the run's boundary (eos.go): any other instance of the source is fenced,
 // and the last position committed to Kafka, once trusted, is a reading the
 // start is decided from (decideStart). A replay publishes at least once: its
 // range is not the source's position.
@@ -77,6 +63,8 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
 		"positions_topic", eo.PositionsTopic, "committed", committed.LSN)
 	pl.readings.committed, pl.positionKey = committed.LSN, key
+	e := &eos{p: p, txn: t}
+	p.b = e
 	if pl.readings.committedMark, err = readMark(ctx, pl, committed.Mark, committed.MarkAt, committed.MarkTime); err != nil {
 		t.Close()
 		return nil, fmt.Errorf("exactly_once: %w", err)
@@ -86,57 +74,9 @@ func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
 		// sends first may be in Kafka already (readback.go).
 		p.log.Info("exactly-once: no position committed to Kafka for this source; the first transactions are read back from their topics before they are published",
 			"slot_confirmed", pl.readings.slot, "checkpoint", pl.readings.ckpt)
-		p.startReadBack(ctx, time.Time{})
+		e.startReadBack(ctx, time.Time{})
 	}
 	return t, nil
-}
-
-// startReadBack has the first transactions looked up in Kafka before they
-// are published (readback.go).
-func (p *Pipeline) startReadBack(ctx context.Context, floor time.Time) {
-	if p.readBack != nil {
-		return
-	}
-	cfg := p.cfg.Sink
-	p.readBack = newReadBack(ctx, func(ctx context.Context, topics []string, since time.Time, fn func(sink.ReadRecord) error) (sink.ReadStats, error) {
-		return sink.ReadRange(ctx, cfg, topics, since, fn)
-	}, floor, p.log)
-	if !p.appTimestamps() {
-		p.readBack.margin = time.Minute // clock skew between the server and the broker
-	}
-}
-
-// appTimestamps reports whether a record's timestamp may come from an outbox
-// column (outbox.timestamp_column), the application's clock.
-func (p *Pipeline) appTimestamps() bool {
-	if p.cfg.Routes.TimestampColumn != "" {
-		return true
-	}
-	for _, t := range p.cfg.More {
-		if t.Routes.TimestampColumn != "" {
-			return true
-		}
-	}
-	return false
-}
-
-// handover is exactly_once's hand-over of ended PostgreSQL transactions to
-// the sink. Once this run records a gap, a restart repairs it where the
-// stream reaches Since and tells a committed repair by a position past
-// Since; so the run freezes the hand-over, raises Since to the highest end
-// handed over (nothing later can commit), and hands nothing more over.
-type handover struct {
-	mu     sync.Mutex
-	frozen bool
-	max    lsn.LSN // highest end handed over (from the position committed at start)
-}
-
-// freeze stops the hand-over and returns the highest end handed over.
-func (h *handover) freeze() lsn.LSN {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.frozen = true
-	return h.max
 }
 
 // trustCommitted applies the checkpoint's trust rule to the position
@@ -209,51 +149,4 @@ func (p *Pipeline) waitSlotFree(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
-}
-
-// endTxn tells a transactional sink that the PostgreSQL transaction handed
-// over since the last call ends at end.
-func (p *Pipeline) endTxn(end lsn.LSN) {
-	b, ok := p.out.(txnBoundary)
-	if !ok {
-		return
-	}
-	h := &p.handover
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.frozen {
-		// A gap was recorded: this transaction goes after the restart.
-		b.AbortTxn()
-		p.readBack.abort()
-		return
-	}
-	b.EndTxn(end)
-	h.max = max(h.max, end)
-	p.readBack.commit()
-}
-
-// holdRepair keeps the repair's Kafka transaction open until the stream
-// passes clearAt: every PostgreSQL transaction whose rows the repair read
-// commits before it, so its table-less events and its rows of other
-// outbox tables, which the stream decodes later, join the repair's rows.
-func (p *Pipeline) holdRepair(clearAt lsn.LSN) {
-	if b, ok := p.out.(txnBoundary); ok {
-		b.HoldUntil(clearAt)
-	}
-}
-
-// passed tells a transactional sink the stream is at pos between
-// transactions.
-func (p *Pipeline) passed(pos lsn.LSN) {
-	if b, ok := p.out.(txnBoundary); ok {
-		b.Pass(pos)
-	}
-}
-
-// abortTxn tells a transactional sink to forget the transaction cut short.
-func (p *Pipeline) abortTxn() {
-	if b, ok := p.out.(txnBoundary); ok {
-		b.AbortTxn()
-	}
-	p.readBack.abort()
 }

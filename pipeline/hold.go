@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
@@ -88,17 +89,18 @@ func laterXid(a, b uint32) uint32 {
 }
 
 // holdAt is the position the hold allows confirming (none: the highest).
-func (p *Pipeline) holdAt() lsn.LSN {
-	if p.hold == nil || p.plan.guard == nil {
+func (e *eos) holdAt() lsn.LSN {
+	p := e.p
+	if p.plan.guard == nil {
 		return lsn.LSN(^uint64(0))
 	}
-	bound := min(p.plan.guard.Xmin(), p.savedStreamXmin())
+	bound := min(p.plan.guard.Xmin(), savedStreamXmin(p.plan.checkpoints))
 	if x, ok := p.rep.bound(p.tracker.Acked()); ok {
 		// Until the repair committed, a restart repairs again: it must
 		// decode everything this run decoded from the gap's bound on.
 		bound = min(bound, x)
 	}
-	return p.hold.at(bound)
+	return e.hold.at(bound)
 }
 
 // savedStreamXmin is the lowest bound the checkpoint the store holds
@@ -106,9 +108,9 @@ func (p *Pipeline) holdAt() lsn.LSN {
 // (offsets.TableStream.Xmin): a restart that finds one repairs from it, so
 // the slot must not pass a delivered row it would read (saves trail the
 // status updates). None: no bound.
-func (p *Pipeline) savedStreamXmin() uint64 {
+func savedStreamXmin(store *offsets.Stamped) uint64 {
 	b := uint64(math.MaxUint64)
-	if c, ok := p.plan.checkpoints.Held(); ok {
+	if c, ok := store.Held(); ok {
 		for _, ts := range c.Stream {
 			if ts.Xmin != 0 {
 				b = min(b, ts.Xmin)
@@ -121,7 +123,7 @@ func (p *Pipeline) savedStreamXmin() uint64 {
 // held confirms no position the hold keeps back.
 type held struct {
 	replication.Positions
-	p *Pipeline
+	b boundary
 }
 
-func (x held) Acked() lsn.LSN { return min(x.Positions.Acked(), x.p.holdAt()) }
+func (x held) Acked() lsn.LSN { return min(x.Positions.Acked(), x.b.holdAt()) }

@@ -140,17 +140,13 @@ type Pipeline struct {
 	holdRead  atomic.Bool                    // the last read of the holds succeeded (retention.go)
 	// holdFailing: the holds' reads fail and that was logged (retention loop only).
 	holdFailing bool
-	// exactly_once: the hold (hold.go) and the hand-over to the sink that
-	// a gap found by this run freezes.
-	hold      *holdBack
-	handover  handover
-	readBack  *readBack           // exactly_once without a committed position: what Kafka holds already
-	history   *history            // the proof of the run's positions (history.go); set by resolve
-	held      *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
-	commits   offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
-	fatalOnce sync.Once
-	fatal     chan error
-	ready     chan struct{}
+	b           boundary            // the sink's transactions: eos, or atLeastOnce (eos.go); set by newSink
+	history     *history            // the proof of the run's positions (history.go); set by resolve
+	held        *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
+	commits     offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
+	fatalOnce   sync.Once
+	fatal       chan error
+	ready       chan struct{}
 }
 
 // New validates the routing rules; Run does the rest.
@@ -173,7 +169,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	p := &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), rep: newRepair(log), fatal: make(chan error, 1), ready: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), rep: newRepair(log), b: atLeastOnce{}, fatal: make(chan error, 1), ready: make(chan struct{})}
 	if cfg.HoldsTable != "" {
 		p.holds = replication.NewHolds(cfg.Source.Writer(), cfg.HoldsTable, cfg.Source.Slot)
 	}
@@ -235,8 +231,8 @@ func (p *Pipeline) run(ctx context.Context) error {
 	if pl.guard != nil {
 		pos = gated{Positions: pos, g: pl.guard}
 	}
-	if p.hold != nil {
-		pos = held{Positions: pos, p: p}
+	if _, ok := p.b.(*eos); ok {
+		pos = held{Positions: pos, b: p.b}
 	}
 	pos = proven{Positions: pos, h: p.history}
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)

@@ -123,8 +123,9 @@ func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
 	// The first session checks the run's own mark: what it decodes up to
 	// there is proven by it (history.fresh).
 	pl.stream.FirstMark = fr.id
+	e, _ := p.b.(*eos) // nil: at_least_once
 	if st.readBack {
-		p.startReadBack(ctx, st.proof.commit)
+		e.startReadBack(ctx, st.proof.commit)
 	}
 	p.logStart(pl.readings, st)
 	g, err := newGuards(ctx, p.cfg.Source, st.stream)
@@ -139,12 +140,11 @@ func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
 	}
 	placed, lookUp := p.rep.decide(pl.readings.committed, ch)
 	pl.changed = placed
-	if lookUp && p.cfg.ExactlyOnce != nil {
-		p.startReadBack(ctx, time.Time{})
-	}
-	if p.cfg.ExactlyOnce != nil {
-		p.hold = newHoldBack(st.stream)
-		p.handover.max = st.skip
+	if e != nil {
+		if lookUp {
+			e.startReadBack(ctx, time.Time{})
+		}
+		e.started(st.stream, st.skip)
 	}
 	return nil
 }

@@ -94,7 +94,7 @@ func (w *walReader) handle(m *replication.Message) error {
 		if w.txn != nil {
 			w.bf.undo(w.txn)
 			w.p.tracker.Abort(w.txn)
-			w.p.abortTxn()
+			w.p.b.abort()
 			w.txn = nil
 		}
 		m.Resume(w.p.history.resume(w.decoded))
@@ -153,17 +153,15 @@ func (w *walReader) keepalive(end lsn.LSN) error {
 			return err
 		}
 		p.tracker.Commit(t, end)
-		p.endTxn(end)
+		p.b.end(end)
 		if w.bf.handedOver(t) {
 			p.rep.committed(end, w.bf.clearAt)
 		}
 		w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
 	}
-	if p.hold != nil {
-		p.hold.decoded(end)
-	}
+	p.b.decoded(end)
 	p.history.reached(end)
-	p.passed(end)
+	p.b.pass(end)
 	if w.pl.stopAt != 0 && end >= w.pl.stopAt {
 		return errReplayDone
 	}
@@ -203,20 +201,18 @@ func (w *walReader) commit(end lsn.LSN) error {
 			return err
 		}
 	}
-	if w.rows && p.hold != nil {
-		p.hold.add(w.xid, w.txnFinal)
+	if w.rows {
+		p.b.note(w.xid, w.txnFinal)
 	}
 	p.history.committed(w.id(), end, (w.rows || w.msgs) && !w.skip)
 	p.tracker.Commit(w.txn, end)
-	p.endTxn(end)
+	p.b.end(end)
 	if w.bf.handedOver(w.txn) {
 		p.rep.committed(end, w.bf.clearAt)
 	}
 	p.commits.Add(end, w.commitTime)
 	w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
-	if p.hold != nil {
-		p.hold.decoded(end)
-	}
+	p.b.decoded(end)
 	w.bf.passed(w.dispatched)
 	p.replayAt.Store(uint64(end))
 	w.txn = nil
@@ -292,7 +288,7 @@ func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, src router.Sou
 		d.reason, d.id = reason, string(ev.ID.Bytes)
 	}
 	rec.Topic = p.plan.topicPrefix + rec.Topic
-	if held, err := p.readBack.inKafka(ctx, rec, src.Commit); err != nil || held {
+	if held, err := p.b.inKafka(ctx, rec, src.Commit); err != nil || held {
 		*d = delivery{}
 		deliveries.Put(d)
 		return err // held: published before, not again (readback.go)

@@ -33,10 +33,10 @@ func TestRepairDecide(t *testing.T) {
 			want: loaded, gap: loaded},
 		{name: "a change below the pending repair's bound widens it", loaded: loaded,
 			change: &stoppedChange{why: "w", since: 300, xmin: 40},
-			want: &gapInfo{Since: 100, Xmin: 40}, gap: &gapInfo{Since: 100, Xmin: 40}, placed: true},
+			want:   &gapInfo{Since: 100, Xmin: 40}, gap: &gapInfo{Since: 100, Xmin: 40}, placed: true},
 		{name: "a change after a committed repair gets its own, looked up in Kafka", loaded: loaded, committed: 200,
 			change: &stoppedChange{why: "w", since: 300, xmin: 60},
-			want: &gapInfo{Since: 300, Xmin: 60}, gap: &gapInfo{Since: 300, Xmin: 60}, placed: true, lookUp: true},
+			want:   &gapInfo{Since: 300, Xmin: 60}, gap: &gapInfo{Since: 300, Xmin: 60}, placed: true, lookUp: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

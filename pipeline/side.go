@@ -78,12 +78,8 @@ func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, c
 	// Never a position the guard has not vouched for: a restart skips what
 	// lies below the checkpoint.
 	pr := p.history.proven()
-	a := min(p.confirmable(), p.holdAt(), pr.at)
-	var freeze func() lsn.LSN
-	if p.hold != nil {
-		freeze = p.handover.freeze
-	}
-	gap, gapChanged := p.rep.toSave(a, freeze)
+	a := min(p.confirmable(), p.b.holdAt(), pr.at)
+	gap, gapChanged := p.rep.toSave(a, p.b.freezer())
 	if a <= saved && !gapChanged && !force && !p.streamBoundMoved() {
 		return saved, saveSkipped
 	}

@@ -30,7 +30,7 @@ func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.E
 		return err
 	}
 	p.tracker.Commit(txn, snap.ConsistentPoint)
-	p.endTxn(snap.ConsistentPoint)
+	p.b.end(snap.ConsistentPoint)
 	p.log.Info("snapshot rows produced; waiting for acknowledgements", "rows", n)
 
 	for p.tracker.InFlight() > 0 {

@@ -1,0 +1,176 @@
+package pipeline
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink"
+)
+
+// boundary is what the processor tells the sink about PostgreSQL
+// transactions, chosen once at start (newSink): exactly_once's hand-over
+// (eos), or nothing (atLeastOnce). The processor never looks at the mode.
+type boundary interface {
+	// note: an outbox transaction (xid, committing at final) was decoded,
+	// published or skipped.
+	note(xid uint32, final lsn.LSN)
+	// end: the transaction handed over since the last call ends at end.
+	end(end lsn.LSN)
+	// abort: the transaction was cut short (a reconnect).
+	abort()
+	// decoded: the stream delivered everything before pos.
+	decoded(pos lsn.LSN)
+	// pass: the stream is at pos between transactions.
+	pass(pos lsn.LSN)
+	// holdUntil keeps the open Kafka transaction until the stream passes pos.
+	holdUntil(pos lsn.LSN)
+	// inKafka: rec was published before (the read-back, readback.go).
+	inKafka(ctx context.Context, rec *router.Record, commit time.Time) (bool, error)
+	// repairing switches the read-back to the repair's rule; repaired
+	// counts the repair's rows found in Kafka (readback_repair.go).
+	repairing(on bool)
+	repaired() int
+	// holdAt is the highest position that may be confirmed (hold.go).
+	holdAt() lsn.LSN
+	// freezer freezes the hand-over when a gap is recorded (nil: none).
+	freezer() func() lsn.LSN
+}
+
+// atLeastOnce is the boundary of kafka.delivery at_least_once: the sink
+// sees records only.
+type atLeastOnce struct{}
+
+func (atLeastOnce) note(uint32, lsn.LSN) {}
+func (atLeastOnce) end(lsn.LSN)          {}
+func (atLeastOnce) abort()               {}
+func (atLeastOnce) decoded(lsn.LSN)      {}
+func (atLeastOnce) pass(lsn.LSN)         {}
+func (atLeastOnce) holdUntil(lsn.LSN)    {}
+func (atLeastOnce) inKafka(context.Context, *router.Record, time.Time) (bool, error) {
+	return false, nil
+}
+func (atLeastOnce) repairing(bool)          {}
+func (atLeastOnce) repaired() int           { return 0 }
+func (atLeastOnce) holdAt() lsn.LSN         { return lsn.LSN(math.MaxUint64) }
+func (atLeastOnce) freezer() func() lsn.LSN { return nil }
+
+// txnBoundary is the transactional sink's side of the processor: it is
+// told where each PostgreSQL transaction ends, or that it was cut short.
+type txnBoundary interface {
+	EndTxn(end lsn.LSN)
+	AbortTxn()
+	// HoldUntil keeps the Kafka transaction open until a PostgreSQL
+	// transaction ending at or past pos is handed over, or Pass(pos).
+	HoldUntil(pos lsn.LSN)
+	Pass(pos lsn.LSN)
+}
+
+// eos is exactly_once's side of a run: the hand-over to the transactional
+// sink, the hold-back of the slot and the checkpoint (hold.go) and the
+// read-back of what Kafka holds already (readback.go). Its fields are set
+// at start (newSink, begin) and then owned by the processor, but for the
+// hand-over's freeze (the checkpoint writer) under its lock.
+type eos struct {
+	p        *Pipeline // read-only: the plan, the tracker, the repair
+	txn      txnBoundary
+	handover handover
+	hold     *holdBack // set by begin
+	readBack *readBack // set at start when Kafka may hold the first transactions
+}
+
+// handover is exactly_once's hand-over of ended PostgreSQL transactions to
+// the sink. Once this run records a gap, a restart repairs it where the
+// stream reaches Since and tells a committed repair by a position past
+// Since; so the run freezes the hand-over, raises Since to the highest end
+// handed over (nothing later can commit), and hands nothing more over.
+type handover struct {
+	mu     sync.Mutex
+	frozen bool
+	max    lsn.LSN // highest end handed over (from the position committed at start)
+}
+
+// freeze stops the hand-over and returns the highest end handed over.
+func (h *handover) freeze() lsn.LSN {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.frozen = true
+	return h.max
+}
+
+// started is told where the stream starts and what it skips up to.
+func (e *eos) started(stream, skip lsn.LSN) {
+	e.hold = newHoldBack(stream)
+	e.handover.max = skip
+}
+
+// startReadBack has the first transactions looked up in Kafka before they
+// are published (readback.go).
+func (e *eos) startReadBack(ctx context.Context, floor time.Time) {
+	if e.readBack != nil {
+		return
+	}
+	cfg := e.p.cfg.Sink
+	e.readBack = newReadBack(ctx, func(ctx context.Context, topics []string, since time.Time, fn func(sink.ReadRecord) error) (sink.ReadStats, error) {
+		return sink.ReadRange(ctx, cfg, topics, since, fn)
+	}, floor, e.p.log)
+	if !appTimestamps(e.p.cfg) {
+		e.readBack.margin = time.Minute // clock skew between the server and the broker
+	}
+}
+
+// appTimestamps reports whether a record's timestamp may come from an outbox
+// column (outbox.timestamp_column), the application's clock.
+func appTimestamps(cfg Config) bool {
+	if cfg.Routes.TimestampColumn != "" {
+		return true
+	}
+	for _, t := range cfg.More {
+		if t.Routes.TimestampColumn != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *eos) note(xid uint32, final lsn.LSN) { e.hold.add(xid, final) }
+
+func (e *eos) end(end lsn.LSN) {
+	h := &e.handover
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.frozen {
+		// A gap was recorded: this transaction goes after the restart.
+		e.txn.AbortTxn()
+		e.readBack.abort()
+		return
+	}
+	e.txn.EndTxn(end)
+	h.max = max(h.max, end)
+	e.readBack.commit()
+}
+
+func (e *eos) abort() {
+	e.txn.AbortTxn()
+	e.readBack.abort()
+}
+
+func (e *eos) decoded(pos lsn.LSN) { e.hold.decoded(pos) }
+func (e *eos) pass(pos lsn.LSN)    { e.txn.Pass(pos) }
+
+// holdUntil keeps the repair's Kafka transaction open until the stream
+// passes clearAt: every PostgreSQL transaction whose rows the repair read
+// commits before it, so its table-less events and its rows of other
+// outbox tables, which the stream decodes later, join the repair's rows.
+func (e *eos) holdUntil(clearAt lsn.LSN) { e.txn.HoldUntil(clearAt) }
+
+func (e *eos) inKafka(ctx context.Context, rec *router.Record, commit time.Time) (bool, error) {
+	return e.readBack.inKafka(ctx, rec, commit)
+}
+
+func (e *eos) repairing(on bool)       { e.readBack.repairing(on) }
+func (e *eos) repaired() int           { return e.readBack.repaired() }
+func (e *eos) freezer() func() lsn.LSN { return e.handover.freeze }
