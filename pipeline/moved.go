@@ -51,7 +51,7 @@ func (p *Pipeline) useMovedCheckpoint(ctx context.Context, pl *plan, res replica
 		return nil
 	}
 	c.Floor = 0
-	hold, stored, err := p.lostSlotHold(ctx, c)
+	hold, stored, err := p.ret.lostSlotHold(ctx, c)
 	if err != nil {
 		return err
 	}

@@ -18,8 +18,8 @@ const overlapRecheck = time.Hour
 // the partitions the connector made that are wholly past the retention and
 // whose rows are all delivered (d: the rule's decision). Making ahead never
 // waits for the rule: an insert with no partition to go to fails.
-func (p *Pipeline) partitionRound(ctx context.Context, tb *retentionTable, d retention.Decision) {
-	cfg := p.cfg.Retention
+func (r *retentionLoop) partitionRound(ctx context.Context, tb *retentionTable, d retention.Decision) {
+	cfg := r.p.cfg.Retention
 	now := time.Now()
 	for _, w := range retention.Ahead(now, cfg.PartitionWidth, cfg.PartitionsAhead) {
 		// Creating a partition locks the root against the application's
@@ -35,25 +35,25 @@ func (p *Pipeline) partitionRound(ctx context.Context, tb *retentionTable, d ret
 				tb.overlaps = map[time.Time]time.Time{}
 			}
 			if _, warned := tb.overlaps[w.From]; !warned {
-				p.log.Warn("retention: not making a partition; the range is another's", "table", tb.name, "err", err)
+				r.p.log.Warn("retention: not making a partition; the range is another's", "table", tb.name, "err", err)
 			}
 			tb.overlaps[w.From] = now
 		case err != nil:
-			p.roundError(ctx, tb, "create a partition", err)
+			r.roundError(ctx, tb, "create a partition", err)
 			return
 		case created:
 			tb.created.Inc()
-			p.log.Info("retention: partition created", "table", tb.name, "from", w.From, "to", w.To)
+			r.p.log.Info("retention: partition created", "table", tb.name, "from", w.From, "to", w.To)
 		}
 	}
 	if !d.Delete {
-		p.logBlocked(tb, d.Why)
+		r.logBlocked(tb, d.Why)
 		return
 	}
-	session := p.sessions.Load()
+	session := r.p.sessions.Load()
 	parts, err := tb.r.Partitions(ctx)
 	if err != nil {
-		p.roundError(ctx, tb, "list partitions", err)
+		r.roundError(ctx, tb, "list partitions", err)
 		return
 	}
 	for _, part := range parts {
@@ -63,26 +63,26 @@ func (p *Pipeline) partitionRound(ctx context.Context, tb *retentionTable, d ret
 		}
 		// A hold is by transaction, which a partition's range does not
 		// bound: every partition stays until verify --repair lifts it.
-		if hold := p.retentionState().Hold; hold.Set() {
-			p.logBlocked(tb, repairHeld(hold))
+		if hold := r.state().Hold; hold.Set() {
+			r.logBlocked(tb, repairHeld(hold))
 			return
 		}
 		// The state may change between partitions (a gap found, the slot
 		// lost, a reconnect: the decision was made in the session before).
-		if why := retention.Blocked(p.retentionState()); why != "" || p.sessions.Load() != session {
-			p.logBlocked(tb, why)
+		if why := retention.Blocked(r.state()); why != "" || r.p.sessions.Load() != session {
+			r.logBlocked(tb, why)
 			return
 		}
 		done, err := tb.r.DropPartition(ctx, part, d.Below)
 		switch {
 		case err != nil:
-			p.roundError(ctx, tb, "drop a partition", err)
+			r.roundError(ctx, tb, "drop a partition", err)
 			return
 		case done:
 			tb.dropped.Inc()
-			p.log.Info("retention: partition dropped", "table", tb.name, "partition", part.Name, "from", part.From, "to", part.To)
+			r.p.log.Info("retention: partition dropped", "table", tb.name, "partition", part.Name, "from", part.From, "to", part.To)
 		default:
-			p.logBlocked(tb, "partition "+part.Name+" holds rows not delivered yet")
+			r.logBlocked(tb, "partition "+part.Name+" holds rows not delivered yet")
 		}
 	}
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
-	"github.com/outbox-cdc/outbox-cdc/retention"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 )
@@ -133,20 +132,16 @@ type Pipeline struct {
 	replayAt atomic.Uint64
 
 	streaming atomic.Bool
-	sessions  atomic.Uint64                  // the stream's sessions so far (retention.Epoch)
-	rep       *repair                        // the gap and its repair (repair.go)
-	holdXids  atomic.Pointer[retention.Hold] // the lost slot's repair hold as last read (retention.go)
-	holds     *replication.Holds             // nil without a holds table
-	holdRead  atomic.Bool                    // the last read of the holds succeeded (retention.go)
-	// holdFailing: the holds' reads fail and that was logged (retention loop only).
-	holdFailing bool
-	b           boundary            // the sink's transactions: eos, or atLeastOnce (eos.go); set by newSink
-	history     *history            // the proof of the run's positions (history.go); set by resolve
-	held        *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
-	commits     offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
-	fatalOnce   sync.Once
-	fatal       chan error
-	ready       chan struct{}
+	sessions  atomic.Uint64       // the stream's sessions so far (retention.Epoch)
+	rep       *repair             // the gap and its repair (repair.go)
+	ret       *retentionLoop      // outbox.retention and the lost slots' repair hold (retention.go)
+	b         boundary            // the sink's transactions: eos, or atLeastOnce (eos.go); set by newSink
+	history   *history            // the proof of the run's positions (history.go); set by resolve
+	held      *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
+	commits   offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
+	fatalOnce sync.Once
+	fatal     chan error
+	ready     chan struct{}
 }
 
 // New validates the routing rules; Run does the rest.
@@ -170,8 +165,9 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
 	p := &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), rep: newRepair(log), b: atLeastOnce{}, fatal: make(chan error, 1), ready: make(chan struct{})}
+	p.ret = &retentionLoop{p: p}
 	if cfg.HoldsTable != "" {
-		p.holds = replication.NewHolds(cfg.Source.Writer(), cfg.HoldsTable, cfg.Source.Slot)
+		p.ret.holds = replication.NewHolds(cfg.Source.Writer(), cfg.HoldsTable, cfg.Source.Slot)
 	}
 	return p, nil
 }
@@ -321,9 +317,9 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 			Interval: p.cfg.MonitorInterval, RetainedWALWarn: p.cfg.RetainedWALWarn, Metrics: p.m, Log: p.log, Fail: p.fail}
 		r.sides.Go(func() { mon.Run(sides) })
 		r.sides.Go(func() { p.guardLoop(sides, pl.guard) })
-		r.sides.Go(func() { p.unackedLoop(sides, p.m.Retention.OldestUnacked) })
+		r.sides.Go(func() { unackedLoop(sides, p.m.Retention.OldestUnacked, &p.commits, p.tracker.Acked) })
 		if p.cfg.Retention.After > 0 {
-			r.sides.Go(func() { p.retentionLoop(sides) })
+			r.sides.Go(func() { p.ret.run(sides) })
 		}
 	}
 	if pl.progress != nil {

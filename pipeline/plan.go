@@ -335,7 +335,7 @@ func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.
 		// A new slot is a new stream: a position saved for another one must
 		// not skip any of it. The rows it did not stream are in the table
 		// only: retention keeps them until verify --repair has run.
-		hold, stored, err := p.lostSlotHold(ctx, l.ckpt)
+		hold, stored, err := p.ret.lostSlotHold(ctx, l.ckpt)
 		if err != nil {
 			return err
 		}
@@ -356,7 +356,7 @@ func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.
 		// A hold by time (an earlier version's, or one its table could not
 		// take): every row that exists now is held instead, in the table
 		// every instance reads.
-		if _, stored, err := p.lostSlotHold(ctx, offsets.Checkpoint{CommitTime: l.ckpt.RepairSince.Add(repairMargin)}); err != nil {
+		if _, stored, err := p.ret.lostSlotHold(ctx, offsets.Checkpoint{CommitTime: l.ckpt.RepairSince.Add(repairMargin)}); err != nil {
 			return err
 		} else if stored {
 			if _, err := pl.checkpoints.ClearRepair(ctx, l.ckpt.RepairSince); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,26 +31,26 @@ type RetentionConfig struct {
 // retention (the rule: package retention), until ctx ends. It runs beside
 // the stream of a run with a guard (not a replay), and deletes only while
 // this process streams from the slot.
-func (p *Pipeline) retentionLoop(ctx context.Context) {
-	cfg := p.cfg.Retention
-	srcs := p.cfg.Source.Tables()
+func (r *retentionLoop) run(ctx context.Context) {
+	cfg := r.p.cfg.Retention
+	srcs := r.p.cfg.Source.Tables()
 	tables := make([]*retentionTable, len(srcs))
 	for i, s := range srcs {
 		name := s.Schema + "." + s.Table
 		tables[i] = &retentionTable{r: replication.NewRetainer(s), name: name,
-			deleted: p.m.Retention.Deleted.WithLabelValues(name), created: p.m.Retention.PartitionsCreated.WithLabelValues(name),
-			dropped: p.m.Retention.PartitionsDropped.WithLabelValues(name)}
+			deleted: r.p.m.Retention.Deleted.WithLabelValues(name), created: r.p.m.Retention.PartitionsCreated.WithLabelValues(name),
+			dropped: r.p.m.Retention.PartitionsDropped.WithLabelValues(name)}
 		defer tables[i].r.Close(ctx)
 	}
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
 	for {
-		p.readRepairHold(ctx)
+		r.readHold(ctx)
 		for _, tb := range tables {
 			if ctx.Err() != nil {
 				return
 			}
-			p.retentionRound(ctx, tb)
+			r.round(ctx, tb)
 		}
 		select {
 		case <-ctx.Done():
@@ -57,6 +58,18 @@ func (p *Pipeline) retentionLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// retentionLoop runs outbox.retention beside the stream, and owns the lost
+// slots' repair hold as this process last read it (replication.Holds): the
+// setup stores one (lostSlotHold), the loop reads it again every round.
+type retentionLoop struct {
+	p        *Pipeline          // read-only: the configuration, the positions, the repair
+	holds    *replication.Holds // nil without a holds table
+	holdXids atomic.Pointer[retention.Hold]
+	holdRead atomic.Bool // the last read of the holds succeeded
+	// holdFailing: the holds' reads fail and that was logged (the loop only).
+	holdFailing bool
 }
 
 // retentionTable is one table's retainer and the readings waiting for the
@@ -73,37 +86,37 @@ type retentionTable struct {
 }
 
 // retentionState is what the rule needs besides the readings.
-func (p *Pipeline) retentionState() retention.State {
+func (r *retentionLoop) state() retention.State {
 	return retention.State{
-		Owner:   p.streaming.Load(),
-		Session: p.sessions.Load(),
+		Owner:   r.p.streaming.Load(),
+		Session: r.p.sessions.Load(),
 		// exactly_once: outcomes reach the tracker after the Kafka commit;
 		// after a reconnect, only what the server is proven to hold.
-		Acked:    p.history.confirmable(p.confirmable()),
-		Gap:      p.rep.blocksRetention(),
-		Snapshot: !p.snapDone.Load(),
-		Hold:     p.repairHold(),
-		HoldRead: p.holds == nil || p.holdRead.Load(),
+		Acked:    r.p.history.confirmable(r.p.confirmable()),
+		Gap:      r.p.rep.blocksRetention(),
+		Snapshot: !r.p.snapDone.Load(),
+		Hold:     r.hold(),
+		HoldRead: r.holds == nil || r.holdRead.Load(),
 	}
 }
 
 // repairHold is the lost slot's repair hold (replication.Holds) as last
 // read: zero for none.
-func (p *Pipeline) repairHold() retention.Hold {
-	if h := p.holdXids.Load(); h != nil {
+func (r *retentionLoop) hold() retention.Hold {
+	if h := r.holdXids.Load(); h != nil {
 		return *h
 	}
 	return retention.Hold{}
 }
 
 // setRepairHold records the hold the holds table holds.
-func (p *Pipeline) setRepairHold(h retention.Hold) {
-	switch old := p.holdXids.Swap(&h); {
+func (r *retentionLoop) setHold(h retention.Hold) {
+	switch old := r.holdXids.Swap(&h); {
 	case old != nil && *old == h, old == nil && !h.Set():
 	case !h.Set():
-		p.log.Info("retention: the lost slot's repair hold is cleared (verify --repair ran)")
-	case p.cfg.Retention.After > 0:
-		p.log.Warn("retention: " + repairHeld(h))
+		r.p.log.Info("retention: the lost slot's repair hold is cleared (verify --repair ran)")
+	case r.p.cfg.Retention.After > 0:
+		r.p.log.Warn("retention: " + repairHeld(h))
 	}
 }
 
@@ -111,24 +124,24 @@ func (p *Pipeline) setRepairHold(h retention.Hold) {
 // connector runs, another instance may have set one. Until a read succeeds
 // again after a failure nothing is deleted (retention.State.HoldRead): the
 // last hold read may be older than the one stored.
-func (p *Pipeline) readRepairHold(ctx context.Context) {
-	if p.holds == nil {
+func (r *retentionLoop) readHold(ctx context.Context) {
+	if r.holds == nil {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	h, _, err := p.holds.Load(rctx)
+	h, _, err := r.holds.Load(rctx)
 	if err != nil {
-		p.holdRead.Store(false)
-		if !p.holdFailing && ctx.Err() == nil {
-			p.holdFailing = true // logged once per run of failures
-			p.log.Warn("retention: could not read the lost slots' repair holds; nothing is deleted until a read succeeds", "err", err)
+		r.holdRead.Store(false)
+		if !r.holdFailing && ctx.Err() == nil {
+			r.holdFailing = true // logged once per run of failures
+			r.p.log.Warn("retention: could not read the lost slots' repair holds; nothing is deleted until a read succeeds", "err", err)
 		}
 		return
 	}
-	p.holdFailing = false
-	p.setRepairHold(h)
-	p.holdRead.Store(true)
+	r.holdFailing = false
+	r.setHold(h)
+	r.holdRead.Store(true)
 }
 
 // repairHeld says why a hold keeps rows.
@@ -141,61 +154,61 @@ func repairHeld(h retention.Hold) string {
 // retentionRound reads the table's figures, takes a reading, and deletes
 // in paced batches what the rule allows. Errors are logged: a failed round
 // deletes less, never more, and the next one tries again.
-func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
+func (r *retentionLoop) round(ctx context.Context, tb *retentionTable) {
 	if st, err := tb.r.Stats(ctx); err != nil {
 		if ctx.Err() == nil {
-			p.log.Warn("retention: could not read the table's size and oldest row; the round goes on", "table", tb.name, "err", err)
+			r.p.log.Warn("retention: could not read the table's size and oldest row; the round goes on", "table", tb.name, "err", err)
 		}
 	} else {
-		p.setTableStats(tb.name, st)
+		r.setTableStats(tb.name, st)
 	}
-	if !p.streaming.Load() {
+	if !r.p.streaming.Load() {
 		return // a standby, or the stream is down: its positions are not the slot's
 	}
-	session := p.sessions.Load() // before the reading: a session that began meanwhile drops it
+	session := r.p.sessions.Load() // before the reading: a session that began meanwhile drops it
 	x, err := tb.r.Read(ctx)
 	if err != nil {
-		p.roundError(ctx, tb, "take a reading", err)
+		r.roundError(ctx, tb, "take a reading", err)
 		return
 	}
 	x.Epoch.Session = session
 	tb.readings = append(tb.readings, x)
-	d, kept := retention.Decide(tb.readings, p.retentionState())
+	d, kept := retention.Decide(tb.readings, r.state())
 	tb.readings = kept
 	partitioned, err := tb.r.Partitioned(ctx)
 	if err != nil {
-		p.roundError(ctx, tb, "look up the table", err)
+		r.roundError(ctx, tb, "look up the table", err)
 		return
 	}
 	if partitioned {
-		p.partitionRound(ctx, tb, d) // partitions.go
+		r.partitionRound(ctx, tb, d) // partitions.go
 		return
 	}
 	if !d.Delete {
-		p.logBlocked(tb, d.Why)
+		r.logBlocked(tb, d.Why)
 		return
 	}
-	cfg := p.cfg.Retention
+	cfg := r.p.cfg.Retention
 	var total int64
 	for ctx.Err() == nil {
 		// The state may change between batches (a gap found, the slot lost,
 		// a reconnect: the decision was made in the session before).
-		if why := retention.Blocked(p.retentionState()); why != "" {
-			p.logBlocked(tb, why)
+		if why := retention.Blocked(r.state()); why != "" {
+			r.logBlocked(tb, why)
 			break
 		}
-		if p.sessions.Load() != session {
+		if r.p.sessions.Load() != session {
 			break
 		}
 		start := time.Now()
-		d.Keep = d.Keep.Merge(p.repairHold()) // verify never widens it, a restart's setup may have
+		d.Keep = d.Keep.Merge(r.hold()) // verify never widens it, a restart's setup may have
 		n, busy, err := tb.r.Delete(ctx, d, cfg.After, cfg.BatchSize)
 		if err != nil {
-			p.roundError(ctx, tb, "delete", err)
+			r.roundError(ctx, tb, "delete", err)
 			break
 		}
 		if busy {
-			p.logBlocked(tb, "verify holds the table's lock")
+			r.logBlocked(tb, "verify holds the table's lock")
 			break
 		}
 		tb.blocked = ""
@@ -210,29 +223,29 @@ func (p *Pipeline) retentionRound(ctx context.Context, tb *retentionTable) {
 		}
 	}
 	if total > 0 {
-		p.log.Debug("retention: deleted delivered rows", "table", tb.name, "rows", total, "below_xid", d.Below)
+		r.p.log.Debug("retention: deleted delivered rows", "table", tb.name, "rows", total, "below_xid", d.Below)
 	}
 }
 
-func (p *Pipeline) setTableStats(table string, st replication.TableStats) {
+func (r *retentionLoop) setTableStats(table string, st replication.TableStats) {
 	age := 0.0
 	if !st.Oldest.IsZero() {
 		age = max(0, time.Since(st.Oldest).Seconds())
 	}
-	p.m.Retention.OldestRow.WithLabelValues(table).Set(age)
-	p.m.Retention.TableBytes.WithLabelValues(table).Set(float64(st.Bytes))
+	r.p.m.Retention.OldestRow.WithLabelValues(table).Set(age)
+	r.p.m.Retention.TableBytes.WithLabelValues(table).Set(float64(st.Bytes))
 }
 
-func (p *Pipeline) roundError(ctx context.Context, tb *retentionTable, what string, err error) {
+func (r *retentionLoop) roundError(ctx context.Context, tb *retentionTable, what string, err error) {
 	if ctx.Err() == nil {
-		p.log.Warn("retention: could not "+what+"; nothing more is deleted this round", "table", tb.name, "err", err)
+		r.p.log.Warn("retention: could not "+what+"; nothing more is deleted this round", "table", tb.name, "err", err)
 	}
 }
 
 // logBlocked logs why nothing is deleted, once per reason: at debug level
 // but for another slot that holds retention back, which only its owner or
 // an administrator can move (or drop, if it is abandoned).
-func (p *Pipeline) logBlocked(tb *retentionTable, why string) {
+func (r *retentionLoop) logBlocked(tb *retentionTable, why string) {
 	key := why
 	if strings.HasPrefix(why, "waiting for slot ") {
 		key, _, _ = strings.Cut(why, " (") // the slot, not the position it confirmed
@@ -242,11 +255,11 @@ func (p *Pipeline) logBlocked(tb *retentionTable, why string) {
 	}
 	tb.blocked = key
 	if strings.HasPrefix(why, "waiting for slot ") {
-		p.log.Warn("retention: holding back for another logical slot of the database; drop it if it is abandoned",
+		r.p.log.Warn("retention: holding back for another logical slot of the database; drop it if it is abandoned",
 			"table", tb.name, "why", why)
 		return
 	}
-	p.log.Debug("retention: holding back", "table", tb.name, "why", why)
+	r.p.log.Debug("retention: holding back", "table", tb.name, "why", why)
 }
 
 // unackedInterval is how often the oldest unacknowledged event's age is set.
@@ -254,8 +267,8 @@ const unackedInterval = time.Second
 
 // unackedLoop sets outbox_cdc_oldest_unacknowledged_event_age_seconds (its
 // only writer) from the commit times of decoded transactions.
-func (p *Pipeline) unackedLoop(ctx context.Context, g interface{ Set(float64) }) {
-	every(ctx, unackedInterval, func() { g.Set(unackedAge(time.Now(), &p.commits, p.tracker.Acked())) })
+func unackedLoop(ctx context.Context, g interface{ Set(float64) }, c *offsets.CommitTimes, acked func() lsn.LSN) {
+	every(ctx, unackedInterval, func() { g.Set(unackedAge(time.Now(), c, acked())) })
 }
 
 // unackedAge is how long the oldest decoded transaction above the
@@ -266,4 +279,33 @@ func unackedAge(now time.Time, c *offsets.CommitTimes, acked lsn.LSN) float64 {
 		return 0
 	}
 	return max(0, now.Sub(at).Seconds())
+}
+
+// lostSlotHold stores the hold on the rows a lost slot may never have
+// delivered (replication.Holds), read after the slot was created again: the
+// transactions that commit after the checkpoint c have ids at or above its
+// floor (zero, unknown: every id), and those that committed before the new
+// slot streams have ids below the primary's next one now. stored is false
+// when it could not be stored and outbox.retention is off (an error
+// otherwise): the caller keeps a hold by time in the checkpoint, which a
+// later start with retention turns into one by transaction.
+func (r *retentionLoop) lostSlotHold(ctx context.Context, c offsets.Checkpoint) (h retention.Hold, stored bool, err error) {
+	if r.holds == nil {
+		return retention.Hold{}, false, nil
+	}
+	next, err := r.holds.NextXid(ctx)
+	if err == nil {
+		h = retention.Hold{From: c.Floor, Below: next}
+		err = r.holds.Add(ctx, h, repairHold(c))
+	}
+	if err != nil {
+		if r.p.cfg.Retention.After > 0 {
+			return h, false, fmt.Errorf("save the lost slot's repair hold: %w", err)
+		}
+		r.p.log.Warn("could not save the lost slot's repair hold in its table; keeping a hold by time in the checkpoint "+
+			"(outbox.retention is off, so nothing is deleted now)", "err", err)
+		return h, false, nil
+	}
+	r.setHold(h)
+	return h, true, nil
 }

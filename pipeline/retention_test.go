@@ -16,6 +16,7 @@ import (
 func TestRetentionState(t *testing.T) {
 	newP := func() *Pipeline {
 		p := &Pipeline{plan: &plan{}, tracker: offsets.NewTracker(500), rep: newRepair(slog.New(slog.DiscardHandler))}
+		p.ret = &retentionLoop{p: p}
 		p.streaming.Store(true)
 		p.snapDone.Store(true)
 		return p
@@ -34,7 +35,7 @@ func TestRetentionState(t *testing.T) {
 	for _, c := range cases {
 		p := newP()
 		c.set(p)
-		if got := p.retentionState(); got != c.want {
+		if got := p.ret.state(); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}

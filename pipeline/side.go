@@ -10,7 +10,6 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
-	"github.com/outbox-cdc/outbox-cdc/retention"
 )
 
 // checkpointInterval is how often a watermark moved by acknowledged events
@@ -168,35 +167,6 @@ func (p *Pipeline) runbook(err error) error {
 		return err
 	}
 	return &replication.FatalError{Reason: f.Reason, Err: fmt.Errorf("%w\n%s", err, p.repairCommand(last))}
-}
-
-// lostSlotHold stores the hold on the rows a lost slot may never have
-// delivered (replication.Holds), read after the slot was created again: the
-// transactions that commit after the checkpoint c have ids at or above its
-// floor (zero, unknown: every id), and those that committed before the new
-// slot streams have ids below the primary's next one now. stored is false
-// when it could not be stored and outbox.retention is off (an error
-// otherwise): the caller keeps a hold by time in the checkpoint, which a
-// later start with retention turns into one by transaction.
-func (p *Pipeline) lostSlotHold(ctx context.Context, c offsets.Checkpoint) (h retention.Hold, stored bool, err error) {
-	if p.holds == nil {
-		return retention.Hold{}, false, nil
-	}
-	next, err := p.holds.NextXid(ctx)
-	if err == nil {
-		h = retention.Hold{From: c.Floor, Below: next}
-		err = p.holds.Add(ctx, h, repairHold(c))
-	}
-	if err != nil {
-		if p.cfg.Retention.After > 0 {
-			return h, false, fmt.Errorf("save the lost slot's repair hold: %w", err)
-		}
-		p.log.Warn("could not save the lost slot's repair hold in its table; keeping a hold by time in the checkpoint "+
-			"(outbox.retention is off, so nothing is deleted now)", "err", err)
-		return h, false, nil
-	}
-	p.setRepairHold(h)
-	return h, true, nil
 }
 
 // repairHold is where a lost slot's rows may begin, for retention: the
