@@ -127,9 +127,8 @@ type Pipeline struct {
 	// tableMetrics are the per-event metrics of each outbox table.
 	tableMetrics []metrics.TableEvents
 
-	snapDone atomic.Bool
-	replayed atomic.Int64 // events acknowledged, in every mode
-	replayAt atomic.Uint64
+	prog progress      // snapshot done, events acknowledged, replay position (side.go)
+	ckpt *checkpointer // nil when nothing is saved (checkpoint.go)
 
 	streaming atomic.Bool
 	sessions  atomic.Uint64       // the stream's sessions so far (retention.Epoch)
@@ -210,14 +209,22 @@ func (p *Pipeline) run(ctx context.Context) error {
 	}
 	defer s.Close()
 	p.plan, p.out = pl, s
+	if pl.checkpoints != nil {
+		p.ckpt = &checkpointer{p: p, store: pl.checkpoints}
+	}
 	p.tracker = offsets.NewTracker(pl.start)
 	if f, ok := p.cfg.Checkpoints.(interface{ SetFloor(func() lsn.LSN) }); ok {
 		// A server whose WAL ends below what was acknowledged from it was
 		// rewound: the checkpoint table refuses to save there.
 		f.SetFloor(p.tracker.Acked)
 	}
-	if err := p.saveBeforeStream(ctx, pl); err != nil || ctx.Err() != nil {
-		return err // stopped before the stream started: nothing to drain
+	if p.ckpt != nil {
+		if err := p.ckpt.beforeStream(ctx, pl); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return nil // stopped before the stream started: nothing to drain
 	}
 
 	var pos replication.Positions = p.tracker
@@ -304,12 +311,12 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 		}
 	}()
 	pl := p.plan
-	if pl.checkpoints != nil {
-		r.sides.Go(func() { p.checkpointLoop(sides) })
+	if p.ckpt != nil {
+		r.sides.Go(func() { p.ckpt.loop(sides) })
 	}
 	if pl.guard != nil {
 		r.sides.Go(func() {
-			p.history.markLoop(sides, p.tracker.Acked, p.replayed.Load, func(err error) {
+			p.history.markLoop(sides, p.tracker.Acked, p.prog.events.Load, func(err error) {
 				p.log.Error("history mark not written: positions wait for one before they are confirmed or saved", "err", err)
 			})
 		})
@@ -377,16 +384,16 @@ func (p *Pipeline) shutdown(ctx context.Context, r *running, cause error) error 
 	r.stopStream()
 	<-r.streamDone
 
-	if cs := p.plan.checkpoints; cs != nil {
+	if p.ckpt != nil {
 		if !saved || finalErr != nil {
 			// The final check may have found a gap after quiesce saved: the
 			// restart's repair needs it recorded.
-			p.saveCheckpoint(base, 0)
+			p.ckpt.save(base, 0)
 		}
-		cs.Close()
+		p.ckpt.store.Close()
 	}
 	if pr := p.plan.progress; pr != nil {
-		pr(p.replayProgress(cause == nil && finalErr == nil))
+		pr(p.prog.report(p.plan, cause == nil && finalErr == nil))
 	}
 	p.log.Info("connector stopped", "acknowledged", p.tracker.Acked(), "inflight", p.tracker.InFlight())
 	err := cmp.Or(cause, finalErr, r.streamErr, r.procErr)
@@ -432,9 +439,9 @@ func (p *Pipeline) quiesce(ctx context.Context) bool {
 		return false
 	}
 	saved := false
-	if cs := p.plan.checkpoints; cs != nil {
-		p.saveCheckpointAs(ctx, 0, true, true)
-		held, ok := cs.Held()
+	if p.ckpt != nil {
+		p.ckpt.saveAs(ctx, 0, true, true)
+		held, ok := p.ckpt.store.Held()
 		saved = ok && held.Clean
 	}
 	if !p.history.finalMark(ctx, markFlushTimeout) {

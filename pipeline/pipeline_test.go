@@ -120,7 +120,7 @@ func newPipeline(t *testing.T, c *kfake.Cluster, pl *plan, tune func(*Config)) *
 	}
 	t.Cleanup(s.Close)
 	p.plan, p.out, p.tracker = pl, s, offsets.NewTracker(pl.start)
-	p.snapDone.Store(true)
+	p.prog.snapDone.Store(true)
 	return p
 }
 

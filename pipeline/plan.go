@@ -216,7 +216,7 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 		p.log.Info("snapshot.mode pending applies when the slot is created; the slot exists, streaming from it", "slot", src.Slot)
 	}
 	// Only a snapshot taken now decides it: never an older checkpoint's flag.
-	p.snapDone.Store(res.Snapshot == nil)
+	p.prog.snapDone.Store(res.Snapshot == nil)
 	pl.readings.slot, pl.readings.created = res.Confirmed, res.Created
 	if l.have {
 		pl.readings.ckpt = l.ckpt.LSN
@@ -410,6 +410,6 @@ func (p *Pipeline) setupReplay(ctx context.Context, pl *plan) error {
 	pl.stream.Slot = fmt.Sprintf("%s_replay_%d", src.Slot, time.Now().UnixNano()%1_000_000)
 	pl.start, pl.stream.StartLSN, pl.stopAt = r.From, r.From, r.To
 	pl.topicPrefix, pl.progress = r.TopicPrefix, r.Progress
-	p.snapDone.Store(true)
+	p.prog.snapDone.Store(true)
 	return nil
 }

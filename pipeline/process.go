@@ -214,7 +214,7 @@ func (w *walReader) commit(end lsn.LSN) error {
 	w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
 	p.b.decoded(end)
 	w.bf.passed(w.dispatched)
-	p.replayAt.Store(uint64(end))
+	p.prog.at.Store(uint64(end))
 	w.txn = nil
 	return nil
 }
@@ -367,7 +367,7 @@ func (d *delivery) Delivered(o sink.Outcome) {
 		d.m.CommitToAck.Observe(now.Sub(d.commit).Seconds())
 	}
 	p.m.EventAcked(now)
-	p.replayed.Add(1)
+	p.prog.events.Add(1)
 	p.tracker.Ack(d.txn)
 	p.m.InFlight.Set(float64(p.tracker.InFlight()))
 }

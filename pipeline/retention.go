@@ -94,7 +94,7 @@ func (r *retentionLoop) state() retention.State {
 		// after a reconnect, only what the server is proven to hold.
 		Acked:    r.p.history.confirmable(r.p.confirmable()),
 		Gap:      r.p.rep.blocksRetention(),
-		Snapshot: !r.p.snapDone.Load(),
+		Snapshot: !r.p.prog.snapDone.Load(),
 		Hold:     r.hold(),
 		HoldRead: r.holds == nil || r.holdRead.Load(),
 	}

@@ -18,7 +18,7 @@ func TestRetentionState(t *testing.T) {
 		p := &Pipeline{plan: &plan{}, tracker: offsets.NewTracker(500), rep: newRepair(slog.New(slog.DiscardHandler))}
 		p.ret = &retentionLoop{p: p}
 		p.streaming.Store(true)
-		p.snapDone.Store(true)
+		p.prog.snapDone.Store(true)
 		return p
 	}
 	cases := []struct {
@@ -30,7 +30,7 @@ func TestRetentionState(t *testing.T) {
 		{"not streaming", func(p *Pipeline) { p.streaming.Store(false) }, retention.State{Acked: 500, HoldRead: true}},
 		{"gap recorded", func(p *Pipeline) { p.rep.found(gapInfo{Since: 100, Xmin: 7}) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
 		{"repair pending", func(p *Pipeline) { p.rep.pending.Store(true) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
-		{"snapshot pending", func(p *Pipeline) { p.snapDone.Store(false) }, retention.State{Owner: true, Acked: 500, Snapshot: true, HoldRead: true}},
+		{"snapshot pending", func(p *Pipeline) { p.prog.snapDone.Store(false) }, retention.State{Owner: true, Acked: 500, Snapshot: true, HoldRead: true}},
 	}
 	for _, c := range cases {
 		p := newP()

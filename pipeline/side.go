@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -12,122 +13,23 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
-// checkpointInterval is how often a watermark moved by acknowledged events
-// is saved. Shorter means fewer duplicates after a PostgreSQL crash, at one
-// small write each time.
-const checkpointInterval = 200 * time.Millisecond
-
-// idleCheckpointInterval spaces saves of a watermark that only keepalives
-// moved. On an idle database each save writes WAL whose keepalive moves the
-// watermark again, so saving such moves every 200 ms never stops; they carry
-// no events, so saving them late costs no duplicates. This keeps the
-// checkpoint near the WAL end (status, lag) at the heartbeat's pace.
-const idleCheckpointInterval = 10 * time.Second
-
-func (p *Pipeline) checkpointLoop(ctx context.Context) {
-	t := time.NewTicker(checkpointInterval)
-	defer t.Stop()
-	saved := p.plan.stream.StartLSN
-	acks := p.replayed.Load() // events acknowledged so far, in every mode
-	last := time.Now()
-	// A save writes WAL, so after one for acknowledged events the keepalive
-	// moves the watermark past that write: saving that move once more leaves
-	// the checkpoint at the WAL end after a burst; its own echo is not saved.
-	trailing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			n := p.replayed.Load()
-			events := n != acks
-			if !events && !trailing && now.Sub(last) < idleCheckpointInterval {
-				continue
-			}
-			// A save that only records a later bound (streamBoundMoved)
-			// counts too: its own transaction moves the bound again.
-			if s, r := p.saveCheckpointAs(ctx, saved, false, false); r == saveDone || r == saveStale {
-				saved, acks, last, trailing = s, n, now, events && s != saved
-			}
-		}
-	}
+// progress is what a run delivered so far: the snapshot finished, the
+// events acknowledged (every mode) and the end of the last transaction
+// handed over; a replay reports it (Replay.Progress), the checkpoint loop
+// and the history marks wait for events.
+type progress struct {
+	snapDone atomic.Bool   // setup, or the snapshot at its end
+	events   atomic.Int64  // the deliveries' acknowledgements
+	at       atomic.Uint64 // the processor, at each commit
 }
 
-// saveCheckpoint saves the watermark if it moved past saved and past where
-// this process started, and returns the position now saved. A failure is
-// counted and logged; it costs duplicates after a PostgreSQL crash, never
-// events, so streaming goes on.
-func (p *Pipeline) saveCheckpoint(ctx context.Context, saved lsn.LSN) lsn.LSN {
-	s, _ := p.saveCheckpointAs(ctx, saved, false, false)
-	return s
+// report is the replay's progress over pl's range.
+func (g *progress) report(pl *plan, done bool) ReplayProgress {
+	return ReplayProgress{From: pl.start, To: pl.stopAt, At: lsn.LSN(g.at.Load()), Events: g.events.Load(), Done: done}
 }
-
-// saveCheckpointAs saves, also when the position did not move if force;
-// clean marks the save of a clean stop (quiesce).
-func (p *Pipeline) saveCheckpointAs(ctx context.Context, saved lsn.LSN, force, clean bool) (lsn.LSN, saveResult) {
-	if !p.snapDone.Load() {
-		return saved, saveSkipped // the snapshot's start marker stays until it is done
-	}
-	// Up to the start position nothing was streamed by this process: a
-	// standby still waiting for the slot would save a position older than
-	// the active connector's.
-	// (In exactly_once the stream starts there too, below the position
-	// committed to Kafka: the hold keeps the checkpoint back, hold.go.)
-	saved = max(saved, p.plan.stream.StartLSN)
-	// Never a position the guard has not vouched for: a restart skips what
-	// lies below the checkpoint.
-	pr := p.history.proven()
-	a := min(p.confirmable(), p.b.holdAt(), pr.at)
-	gap, gapChanged := p.rep.toSave(a, p.b.freezer())
-	if a <= saved && !gapChanged && !force && !p.streamBoundMoved() {
-		return saved, saveSkipped
-	}
-	a = max(a, saved) // a gap is recorded even when the position did not move
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	c := offsets.Checkpoint{LSN: a, SnapshotDone: true, Clean: clean}
-	if pr.mark != 0 && pr.at >= a {
-		c.Mark, c.MarkAt = pr.mark, pr.at
-	}
-	if at, ok := p.commits.Before(a); ok {
-		c.CommitTime = at
-	} else if last, ok := p.plan.checkpoints.Held(); ok && last.LSN <= a {
-		c.CommitTime = last.CommitTime // older, so still a lower bound
-	}
-	if gap != nil {
-		c.Gap = &offsets.Gap{Since: gap.Since, Xmin: gap.Xmin}
-	}
-	p.streamedCheckpoint(&c)
-	err := p.plan.checkpoints.Save(ctx, c)
-	if err == nil || errors.Is(err, offsets.ErrStale) {
-		p.rep.wasSaved(gap)
-	}
-	switch {
-	case errors.Is(err, offsets.ErrStale):
-		p.log.Debug("checkpoint not saved: another connector on the slot saved a later one", "lsn", a)
-		return a, saveStale
-	case err != nil:
-		if ctx.Err() == nil {
-			p.m.CheckpointErrors.Inc()
-			p.log.Error("save checkpoint", "lsn", a, "err", err)
-		}
-		return saved, saveFailed
-	}
-	return a, saveDone
-}
-
-// saveResult is what a save did.
-type saveResult int
-
-const (
-	saveSkipped saveResult = iota // nothing new to save
-	saveFailed                    // the store did not answer, or refused
-	saveStale                     // another connector on the slot saved a later checkpoint
-	saveDone
-)
 
 func (p *Pipeline) progressLoop(ctx context.Context) {
-	every(ctx, time.Second, func() { p.plan.progress(p.replayProgress(false)) })
+	every(ctx, time.Second, func() { p.plan.progress(p.prog.report(p.plan, false)) })
 }
 
 // every runs fn every d until ctx ends.
@@ -142,10 +44,6 @@ func every(ctx context.Context, d time.Duration, fn func()) {
 			fn()
 		}
 	}
-}
-
-func (p *Pipeline) replayProgress(done bool) ReplayProgress {
-	return ReplayProgress{From: p.plan.start, To: p.plan.stopAt, At: lsn.LSN(p.replayAt.Load()), Events: p.replayed.Load(), Done: done}
 }
 
 // repairMargin is how much earlier than the last delivered commit the

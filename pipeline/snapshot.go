@@ -47,7 +47,7 @@ func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.E
 			return fmt.Errorf("snapshot: save checkpoint: %w", err)
 		}
 	}
-	p.snapDone.Store(true)
+	p.prog.snapDone.Store(true)
 	p.log.Info("snapshot published", "rows", n, "consistent_point", snap.ConsistentPoint)
 	return nil
 }

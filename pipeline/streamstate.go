@@ -1,10 +1,6 @@
 package pipeline
 
 import (
-	"context"
-	"fmt"
-	"time"
-
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
@@ -103,69 +99,4 @@ func changeWhileStopped(pl *plan, c *offsets.Checkpoint) *stoppedChange {
 	// before the repair does (backfill.due), so a committed position past
 	// Since at a later start says the repair committed (repair.decide).
 	return &stoppedChange{why: why, since: max(c.LSN, pl.start, pl.readings.committed), xmin: xmin}
-}
-
-// saveBeforeStream saves the checkpoint with the stream state this run
-// streams with, before the stream starts, when the trusted checkpoint has
-// none, or the start found a change while stopped and placed a gap.
-// Without it a kill before the first periodic save would let the next start
-// miss a change (no state to compare), or find the same change again and
-// repair it a second time. In exactly_once that second repair publishes
-// its rows again (the repair's own rows are never decoded), so the stream
-// waits until the save succeeds; in at_least_once it costs copies only.
-// A later checkpoint another connector saved meanwhile (it streamed after
-// this one loaded) is refused as stale: in exactly_once with a change the
-// start was decided from an old one, and the run stops so that a restart
-// decides again. It returns on a stop (ctx) too.
-func (p *Pipeline) saveBeforeStream(ctx context.Context, pl *plan) error {
-	if pl.checkpoints == nil || pl.guard == nil || (pl.trusted != nil && len(pl.trusted.Stream) > 0 && !pl.changed) {
-		return nil
-	}
-	backoff := 100 * time.Millisecond
-	for {
-		_, r := p.saveCheckpointAs(ctx, 0, true, false)
-		if p.cfg.ExactlyOnce == nil || !pl.changed || r == saveDone || r == saveSkipped {
-			return nil
-		}
-		if r == saveStale {
-			return fmt.Errorf("exactly_once: another connector saved a later checkpoint while this one started; restart to start from it")
-		}
-		p.log.Warn("the gap found at start is not saved yet; the stream waits for it (exactly_once)", "in", backoff)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
-
-// streamedCheckpoint adds to c what the stream's completeness at c.LSN
-// depends on.
-func (p *Pipeline) streamedCheckpoint(c *offsets.Checkpoint) {
-	if g := p.plan.guard; g != nil {
-		c.Floor, c.Stream = g.floor(c.LSN), g.streamState()
-	}
-}
-
-// streamBoundMoved reports whether a guard's bound passed the one the
-// checkpoint the store holds recorded: the next save records it even when
-// the position did not move. In exactly_once the slot is held back for the
-// saved bound (hold.go savedStreamXmin), and the position held there moves
-// only once a save records a later bound: without this the two wait for
-// each other for good.
-func (p *Pipeline) streamBoundMoved() bool {
-	g := p.plan.guard
-	held, ok := p.plan.checkpoints.Held()
-	if g == nil || !ok {
-		return false
-	}
-	for _, n := range g.streamState() {
-		for _, s := range held.Stream {
-			if s.Table == n.Table && n.Xmin > s.Xmin {
-				return true
-			}
-		}
-	}
-	return false
 }
