@@ -147,7 +147,8 @@ const backfillRetryFor = 10 * time.Second
 // (the server restarted while the repair waited or read) is retried with a
 // new read, past the rows already published (published), for up to
 // backfillRetryFor: the stream reconnects the same way.
-func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn *offsets.Txn) error {
+func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, txn *offsets.Txn) error {
+	p := w.p
 	b.published = map[uint64]struct{}{}
 	var n, skipped int
 	keep := func(ev *decode.Event) bool {
@@ -165,7 +166,7 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn
 	p.b.repairing(true) // exactly_once after a restore's runbook (readback_repair.go)
 	defer p.b.repairing(false)
 	for {
-		g, again, err := p.readBackfill(ctx, produceCtx, txn, &n, keep, b.Xmin)
+		g, again, err := w.readBackfill(ctx, produceCtx, txn, &n, keep, b.Xmin)
 		if err == nil {
 			b.clearAt = g.ClearAt
 			b.done, b.in = true, txn
@@ -194,9 +195,10 @@ func (p *Pipeline) runBackfill(ctx, produceCtx context.Context, b *backfill, txn
 // readBackfill is one read of the gap's rows, each published when keep says
 // so; n counts the published ones. again: the read failed, not a publish
 // (keep noted the row before its publish failed: never read past it).
-func (p *Pipeline) readBackfill(ctx, produceCtx context.Context, txn *offsets.Txn, n *int, keep func(*decode.Event) bool,
+func (w *processor) readBackfill(ctx, produceCtx context.Context, txn *offsets.Txn, n *int, keep func(*decode.Event) bool,
 	xmin uint64) (g replication.Gap, again bool, err error) {
-	rows, g, err := p.cfg.Source.GapRows(ctx, xmin, p.rowSpecs(), func(xids []int64) {
+	p := w.p
+	rows, g, err := p.cfg.Source.GapRows(ctx, xmin, rowSpecs(p.cfg), func(xids []int64) {
 		p.log.Warn("the gap repair waits for transactions that were open when it began: one may hold rows written while "+
 			"the outbox was outside the publication (see pg_stat_activity.backend_xid, pg_prepared_xacts)", "xids", xids)
 	})
@@ -204,7 +206,7 @@ func (p *Pipeline) readBackfill(ctx, produceCtx context.Context, txn *offsets.Tx
 		return g, true, err
 	}
 	defer rows.Close()
-	k, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Backfilled }, keep)
+	k, err := w.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Backfilled }, keep)
 	*n += k
 	return g, err != nil && rows.Err() != nil, err
 }
@@ -222,7 +224,7 @@ func (b *backfill) handedOver(txn *offsets.Txn) bool {
 // publishRows publishes rows read from the tables as events of txn, stamped
 // at: their commit times are gone. count picks the counter of each row's
 // table; keep (nil: all) says whether to publish each row.
-func (p *Pipeline) publishRows(ctx context.Context, rows *replication.Rows, txn *offsets.Txn, at time.Time,
+func (w *processor) publishRows(ctx context.Context, rows *replication.Rows, txn *offsets.Txn, at time.Time,
 	count func(metrics.TableEvents) prometheus.Counter, keep func(*decode.Event) bool) (int, error) {
 	var rec router.Record
 	n := 0
@@ -234,10 +236,10 @@ func (p *Pipeline) publishRows(ctx context.Context, rows *replication.Rows, txn 
 		if keep != nil && !keep(&ev) {
 			continue
 		}
-		if err := p.publish(ctx, txn, router.Source{Commit: at}, &ev, nil, &rec); err != nil {
+		if err := w.publish(ctx, txn, router.Source{Commit: at}, &ev, nil, &rec); err != nil {
 			return n, err
 		}
-		count(p.tableMetrics[ev.Table]).Inc()
+		count(w.tables[ev.Table]).Inc()
 		n++
 	}
 	return n, rows.Err()

@@ -97,7 +97,7 @@ func (k *checkpointer) saveAs(ctx context.Context, saved lsn.LSN, force, clean b
 	if pr.mark != 0 && pr.at >= a {
 		c.Mark, c.MarkAt = pr.mark, pr.at
 	}
-	if at, ok := k.p.commits.Before(a); ok {
+	if at, ok := k.p.proc.commits.Before(a); ok {
 		c.CommitTime = at
 	} else if last, ok := k.store.Held(); ok && last.LSN <= a {
 		c.CommitTime = last.CommitTime // older, so still a lower bound

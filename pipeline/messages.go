@@ -29,11 +29,12 @@ type ignoredMessages struct {
 // publishable reports whether msg is a table-less outbox event to publish:
 // transactional, with outbox.message_prefix. Any other is ignored and
 // counted (ignoreMessage).
-func (p *Pipeline) publishable(msg *decode.Message) bool {
+func (w *processor) publishable(msg *decode.Message) bool {
+	p := w.p
 	if p.cfg.MessagePrefix != "" && msg.Transactional && msg.Prefix == p.cfg.MessagePrefix {
 		return true
 	}
-	p.ignoreMessage(msg)
+	w.ignoreMessage(msg)
 	return false
 }
 
@@ -41,8 +42,9 @@ func (p *Pipeline) publishable(msg *decode.Message) bool {
 // once per prefix whose content is an outbox event (the wire format Emit
 // writes): that is an event lost to a configuration mistake, not another
 // application's message.
-func (p *Pipeline) ignoreMessage(msg *decode.Message) {
-	im := &p.ignored
+func (w *processor) ignoreMessage(msg *decode.Message) {
+	p := w.p
+	im := &w.ignored
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	if im.seen == nil {

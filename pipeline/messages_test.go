@@ -17,7 +17,8 @@ import (
 // misconfigured prefix, a non-transactional emit) is warned about once.
 func TestIgnoredMessagesCountedAndWarned(t *testing.T) {
 	var logs bytes.Buffer
-	p := &Pipeline{cfg: Config{MessagePrefix: "outbox"}, m: metrics.New(), log: slog.New(slog.NewTextHandler(&logs, nil))}
+	pp := &Pipeline{cfg: Config{MessagePrefix: "outbox"}, m: metrics.New(), log: slog.New(slog.NewTextHandler(&logs, nil))}
+	p := &processor{p: pp}
 	event := []byte(`{"id":"e-1","aggregate_type":"order","aggregate_id":"o-1","event_type":"OrderPlaced","payload":{}}`)
 	for range 3 {
 		p.ignoreMessage(&decode.Message{Transactional: true, Prefix: "outbx", Content: event})
@@ -25,7 +26,7 @@ func TestIgnoredMessagesCountedAndWarned(t *testing.T) {
 	p.ignoreMessage(&decode.Message{Transactional: true, Prefix: "heartbeat", Content: []byte("tick")})
 	p.ignoreMessage(&decode.Message{Transactional: false, Prefix: "outbox", Content: event})
 	for prefix, want := range map[string]float64{"outbx": 3, "heartbeat": 1, "outbox": 1} {
-		if got := testutil.ToFloat64(p.m.MessagesIgnored.WithLabelValues(prefix)); got != want {
+		if got := testutil.ToFloat64(pp.m.MessagesIgnored.WithLabelValues(prefix)); got != want {
 			t.Errorf("ignored{prefix=%q} = %v, want %v", prefix, got, want)
 		}
 	}
@@ -44,7 +45,7 @@ func TestIgnoredMessagesCountedAndWarned(t *testing.T) {
 	for i := range maxIgnoredPrefixes + 5 {
 		p.ignoreMessage(&decode.Message{Transactional: true, Prefix: strings.Repeat("p", i+1), Content: []byte("x")})
 	}
-	if got := testutil.CollectAndCount(p.m.MessagesIgnored); got != maxIgnoredPrefixes+1 {
+	if got := testutil.CollectAndCount(pp.m.MessagesIgnored); got != maxIgnoredPrefixes+1 {
 		t.Errorf("%d label values, want %d (the limit and %q)", got, maxIgnoredPrefixes+1, otherPrefixes)
 	}
 }

@@ -115,29 +115,21 @@ type Pipeline struct {
 	log *slog.Logger
 	m   *metrics.Metrics
 
-	// routers has one router per outbox table (Event.Table).
-	routers []*router.Router
 	plan    *plan // set before any goroutine starts, then read-only
 	tracker *offsets.Tracker
 	out     producer // sink.Sink, or sink.Txn in exactly_once mode
 
-	// ignored counts the logical messages not published (messages.go).
-	ignored ignoredMessages
-
-	// tableMetrics are the per-event metrics of each outbox table.
-	tableMetrics []metrics.TableEvents
-
+	proc *processor    // the processor's state (process.go)
 	prog progress      // snapshot done, events acknowledged, replay position (side.go)
 	ckpt *checkpointer // nil when nothing is saved (checkpoint.go)
 
 	streaming atomic.Bool
-	sessions  atomic.Uint64       // the stream's sessions so far (retention.Epoch)
-	rep       *repair             // the gap and its repair (repair.go)
-	ret       *retentionLoop      // outbox.retention and the lost slots' repair hold (retention.go)
-	b         boundary            // the sink's transactions: eos, or atLeastOnce (eos.go); set by newSink
-	history   *history            // the proof of the run's positions (history.go); set by resolve
-	held      *offsets.Stamped    // the checkpoint store (nil: none), for the slot-loss runbook
-	commits   offsets.CommitTimes // recent commit times, for the checkpoint's CommitTime
+	sessions  atomic.Uint64    // the stream's sessions so far (retention.Epoch)
+	rep       *repair          // the gap and its repair (repair.go)
+	ret       *retentionLoop   // outbox.retention and the lost slots' repair hold (retention.go)
+	b         boundary         // the sink's transactions: eos, or atLeastOnce (eos.go); set by newSink
+	history   *history         // the proof of the run's positions (history.go); set by resolve
+	held      *offsets.Stamped // the checkpoint store (nil: none), for the slot-loss runbook
 	fatalOnce sync.Once
 	fatal     chan error
 	ready     chan struct{}
@@ -163,7 +155,8 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	p := &Pipeline{cfg: cfg, log: log, m: m, routers: r, tableMetrics: tableMetrics(cfg, m), rep: newRepair(log), b: atLeastOnce{}, fatal: make(chan error, 1), ready: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, log: log, m: m, rep: newRepair(log), b: atLeastOnce{}, fatal: make(chan error, 1), ready: make(chan struct{})}
+	p.proc = &processor{p: p, routers: r, tables: tableMetrics(cfg, m)}
 	p.ret = &retentionLoop{p: p}
 	if cfg.HoldsTable != "" {
 		p.ret.holds = replication.NewHolds(cfg.Source.Writer(), cfg.HoldsTable, cfg.Source.Slot)
@@ -324,7 +317,7 @@ func (p *Pipeline) start(ctx context.Context, stream streamer) *running {
 			Interval: p.cfg.MonitorInterval, RetainedWALWarn: p.cfg.RetainedWALWarn, Metrics: p.m, Log: p.log, Fail: p.fail}
 		r.sides.Go(func() { mon.Run(sides) })
 		r.sides.Go(func() { p.guardLoop(sides, pl.guard) })
-		r.sides.Go(func() { unackedLoop(sides, p.m.Retention.OldestUnacked, &p.commits, p.tracker.Acked) })
+		r.sides.Go(func() { unackedLoop(sides, p.m.Retention.OldestUnacked, &p.proc.commits, p.tracker.Acked) })
 		if p.cfg.Retention.After > 0 {
 			r.sides.Go(func() { p.ret.run(sides) })
 		}

@@ -32,14 +32,14 @@ var errReplayDone = errors.New("replay reached its end")
 // order, and tells the tracker where each transaction ends. produceCtx
 // governs records handed to the sink; it outlives ctx so a stop drains them.
 func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replication.Batch) error {
-	pl := p.plan
+	pl, w := p.plan, p.proc
 	if pl.snapshot != nil {
-		if err := p.snapshot(ctx, produceCtx, pl.snapshot); err != nil {
+		if err := w.snapshot(ctx, produceCtx, pl.snapshot); err != nil {
 			return err
 		}
 	}
-	w := &walReader{p: p, pl: pl, ctx: ctx, produceCtx: produceCtx, dec: decode.NewTablesDecoder(p.mappings(pl.relIDs)),
-		bf: p.rep.bf, dispatched: pl.start, decoded: pl.stream.StartLSN}
+	w.pl, w.ctx, w.produceCtx, w.dec = pl, ctx, produceCtx, decode.NewTablesDecoder(mappings(p.cfg, pl.relIDs))
+	w.bf, w.dispatched, w.decoded = p.rep.bf, pl.start, pl.stream.StartLSN
 	var b *replication.Batch
 	for {
 		if b != nil {
@@ -58,10 +58,20 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 	}
 }
 
-// walReader is the processor's state between messages: the open
-// transaction and how far the stream was handled.
-type walReader struct {
-	p               *Pipeline
+// processor decodes, routes and produces, in WAL order (the one goroutine
+// that does), and owns what that needs: the routers, the per-table
+// metrics, the commit times, the messages not published, and between
+// messages the open transaction and how far the stream was handled.
+type processor struct {
+	p       *Pipeline             // read-only: the configuration, the plan, the tracker, the sink, the boundary
+	routers []*router.Router      // one per outbox table (Event.Table)
+	tables  []metrics.TableEvents // the per-event metrics of each outbox table
+	// commits are recent commit times, for the checkpoint's CommitTime and
+	// the oldest unacknowledged event's age (their readers).
+	commits offsets.CommitTimes
+	ignored ignoredMessages // the logical messages not published (messages.go)
+
+	// Set when the run starts (process).
 	pl              *plan
 	ctx, produceCtx context.Context
 	dec             *decode.Decoder
@@ -88,7 +98,7 @@ type walReader struct {
 }
 
 // handle handles one message of the stream.
-func (w *walReader) handle(m *replication.Message) error {
+func (w *processor) handle(m *replication.Message) error {
 	switch m.Kind {
 	case replication.Reset:
 		if w.txn != nil {
@@ -133,7 +143,7 @@ func (w *walReader) handle(m *replication.Message) error {
 			return nil // a row the backfill read: only rows, never the transaction's messages
 		}
 		src := router.Source{Commit: w.commitTime, Xid: w.xid, LSN: m.WALStart}
-		return w.p.publish(w.produceCtx, w.txn, src, &res.Event, m.Data, &w.rec)
+		return w.publish(w.produceCtx, w.txn, src, &res.Event, m.Data, &w.rec)
 	case decode.KindMessage:
 		return w.message(m, &res.Message)
 	}
@@ -141,7 +151,7 @@ func (w *walReader) handle(m *replication.Message) error {
 }
 
 // keepalive is a position between transactions (none open) or inside one.
-func (w *walReader) keepalive(end lsn.LSN) error {
+func (w *processor) keepalive(end lsn.LSN) error {
 	p := w.p
 	if w.txn != nil {
 		return nil // only a position between transactions is one
@@ -149,7 +159,7 @@ func (w *walReader) keepalive(end lsn.LSN) error {
 	if w.bf.idle(end) {
 		// The repair alone, committing the keepalive's position.
 		t := p.tracker.Begin()
-		if err := p.runBackfill(w.ctx, w.produceCtx, w.bf, t); err != nil {
+		if err := w.runBackfill(w.ctx, w.produceCtx, w.bf, t); err != nil {
 			return err
 		}
 		p.tracker.Commit(t, end)
@@ -169,7 +179,7 @@ func (w *walReader) keepalive(end lsn.LSN) error {
 	return nil
 }
 
-func (w *walReader) begin(b *decode.Begin) error {
+func (w *processor) begin(b *decode.Begin) error {
 	p := w.p
 	if w.pl.stopAt != 0 && b.FinalLSN >= w.pl.stopAt {
 		return errReplayDone
@@ -178,7 +188,7 @@ func (w *walReader) begin(b *decode.Begin) error {
 	if w.bf.due(b.FinalLSN) {
 		// The repair's rows first, in this transaction: they were written
 		// before it committed.
-		if err := p.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
+		if err := w.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
 			return err
 		}
 	}
@@ -193,11 +203,11 @@ func (w *walReader) begin(b *decode.Begin) error {
 	return nil
 }
 
-func (w *walReader) commit(end lsn.LSN) error {
+func (w *processor) commit(end lsn.LSN) error {
 	p := w.p
 	if w.bf.ends(end) {
 		// Its commit record straddles Since: the repair joins it.
-		if err := p.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
+		if err := w.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
 			return err
 		}
 	}
@@ -210,7 +220,7 @@ func (w *walReader) commit(end lsn.LSN) error {
 	if w.bf.handedOver(w.txn) {
 		p.rep.committed(end, w.bf.clearAt)
 	}
-	p.commits.Add(end, w.commitTime)
+	w.commits.Add(end, w.commitTime)
 	w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
 	p.b.decoded(end)
 	w.bf.passed(w.dispatched)
@@ -219,7 +229,7 @@ func (w *walReader) commit(end lsn.LSN) error {
 	return nil
 }
 
-func (w *walReader) relation(r *decode.RelationInfo) error {
+func (w *processor) relation(r *decode.RelationInfo) error {
 	if !r.Outbox || r.Invalid == "" {
 		return nil
 	}
@@ -237,7 +247,7 @@ func (w *walReader) relation(r *decode.RelationInfo) error {
 
 // redecodedEvent stops the run at an event of a transaction decoded again
 // that is not known to have been published (history.redecoded).
-func (w *walReader) redecodedEvent() error {
+func (w *processor) redecodedEvent() error {
 	switch w.again {
 	case unknown:
 		return diverged(w.id(), w.p.history.redo)
@@ -248,9 +258,9 @@ func (w *walReader) redecodedEvent() error {
 }
 
 // id is the open transaction's identity.
-func (w *walReader) id() txnID { return txnID{final: w.txnFinal, xid: w.xid, commit: w.commitTime} }
+func (w *processor) id() txnID { return txnID{final: w.txnFinal, xid: w.xid, commit: w.commitTime} }
 
-func (w *walReader) message(m *replication.Message, msg *decode.Message) error {
+func (w *processor) message(m *replication.Message, msg *decode.Message) error {
 	if msg.Prefix == replication.MarkPrefix {
 		if id, ok := replication.ParseMark(msg.Content, w.p.cfg.Source.Slot); ok && msg.Transactional && w.txn != nil {
 			w.p.history.mark(id)
@@ -260,7 +270,7 @@ func (w *walReader) message(m *replication.Message, msg *decode.Message) error {
 	if msg.Prefix == replication.HeartbeatPrefix {
 		return nil // the heartbeat only moves the WAL
 	}
-	if !w.p.publishable(msg) {
+	if !w.publishable(msg) {
 		return nil // heartbeats and other applications' messages
 	}
 	if w.txn == nil {
@@ -275,14 +285,15 @@ func (w *walReader) message(m *replication.Message, msg *decode.Message) error {
 	}
 	ev := decode.ParseMessage(msg.Content)
 	src := router.Source{Commit: w.commitTime, Xid: w.xid, LSN: msg.LSN}
-	return w.p.publish(w.produceCtx, w.txn, src, &ev, msg.Content, &w.rec)
+	return w.publish(w.produceCtx, w.txn, src, &ev, msg.Content, &w.rec)
 }
 
 // publish routes one event and hands it to the producer.
-func (p *Pipeline) publish(ctx context.Context, txn *offsets.Txn, src router.Source, ev *decode.Event, msg []byte, rec *router.Record) error {
+func (w *processor) publish(ctx context.Context, txn *offsets.Txn, src router.Source, ev *decode.Event, msg []byte, rec *router.Record) error {
+	p := w.p
 	d := deliveries.Get().(*delivery)
-	*d = delivery{p: p, txn: txn, commit: src.Commit, m: p.tableMetrics[ev.Table]}
-	r := p.routers[ev.Table]
+	*d = delivery{p: p, txn: txn, commit: src.Commit, m: w.tables[ev.Table]}
+	r := w.routers[ev.Table]
 	if reason := r.RouteFrom(ev, src, rec); reason != "" {
 		r.DeadLetter(ev, src.Commit, reason, rec)
 		d.reason, d.id = reason, string(ev.ID.Bytes)

@@ -16,16 +16,17 @@ import (
 // snapshot the new slot exported: exactly what was committed before the
 // slot's first change, so there is neither a gap nor a duplicate at the
 // cut-over. It returns once every row is acknowledged, before streaming.
-func (p *Pipeline) snapshot(ctx, produceCtx context.Context, snap *replication.ExportedSnapshot) error {
+func (w *processor) snapshot(ctx, produceCtx context.Context, snap *replication.ExportedSnapshot) error {
+	p := w.p
 	defer snap.Close(context.WithoutCancel(ctx))
-	rows, err := p.cfg.Source.SnapshotRows(ctx, snap, p.rowSpecs())
+	rows, err := p.cfg.Source.SnapshotRows(ctx, snap, rowSpecs(p.cfg))
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 
 	txn := p.tracker.Begin()
-	n, err := p.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Snapshot }, nil)
+	n, err := w.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Snapshot }, nil)
 	if err != nil {
 		return err
 	}

@@ -21,9 +21,9 @@ type Table struct {
 
 // mappings are the decoder's mappings, the first table's first, with the
 // OIDs resolved at start (none in replay: matched by name).
-func (p *Pipeline) mappings(relIDs []uint32) []decode.Mapping {
-	ms := []decode.Mapping{p.cfg.Mapping}
-	for _, t := range p.cfg.More {
+func mappings(cfg Config, relIDs []uint32) []decode.Mapping {
+	ms := []decode.Mapping{cfg.Mapping}
+	for _, t := range cfg.More {
 		ms = append(ms, t.Mapping)
 	}
 	for i := range ms {
@@ -35,10 +35,10 @@ func (p *Pipeline) mappings(relIDs []uint32) []decode.Mapping {
 }
 
 // rowSpecs are what table reads (snapshot, backfill) return, one per table.
-func (p *Pipeline) rowSpecs() []replication.RowSpec {
+func rowSpecs(cfg Config) []replication.RowSpec {
 	var specs []replication.RowSpec
-	for i, m := range p.mappings(nil) {
-		specs = append(specs, replication.RowSpec{Mapping: m, Filter: p.cfg.SnapshotFilter, OrderBy: p.cfg.SnapshotOrderBy, Table: i})
+	for i, m := range mappings(cfg, nil) {
+		specs = append(specs, replication.RowSpec{Mapping: m, Filter: cfg.SnapshotFilter, OrderBy: cfg.SnapshotOrderBy, Table: i})
 	}
 	return specs
 }

@@ -61,7 +61,7 @@ func TestPublishStartsAndEndsSpan(t *testing.T) {
 	p.out = ackAtOnce{}
 	ev := traceEvent()
 	var rec router.Record
-	if err := p.publish(context.Background(), p.tracker.Begin(), router.Source{Commit: at}, &ev, nil, &rec); err != nil {
+	if err := p.proc.publish(context.Background(), p.tracker.Begin(), router.Source{Commit: at}, &ev, nil, &rec); err != nil {
 		t.Fatal(err)
 	}
 	if !tr.commit.Equal(at) || tr.parent != traceParent || len(tr.outcomes) != 1 || tr.outcomes[0] != (sink.Outcome{}) {
@@ -78,7 +78,7 @@ func TestPublishAllocsWithoutTracer(t *testing.T) {
 	var rec router.Record
 	txn := p.tracker.Begin()
 	publish := func() {
-		if err := p.publish(context.Background(), txn, router.Source{Commit: at}, &ev, nil, &rec); err != nil {
+		if err := p.proc.publish(context.Background(), txn, router.Source{Commit: at}, &ev, nil, &rec); err != nil {
 			t.Fatal(err)
 		}
 	}
