@@ -30,10 +30,11 @@ type out interface {
 // and the last position committed to Kafka, once trusted, is a reading the
 // start is decided from (decideStart). A replay publishes at least once: its
 // range is not the source's position.
-func (p *Pipeline) newSink(ctx context.Context, pl *plan) (out, error) {
+func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
+	p := su.p
 	eo := p.cfg.ExactlyOnce
 	if eo == nil || p.cfg.Replay != nil {
-		s, err := p.openSink(ctx)
+		s, err := su.openSink(ctx)
 		if err != nil {
 			return nil, err // not a typed nil in the interface
 		}
@@ -104,7 +105,7 @@ func trustCommitted(pos exactlyonce.Position, srv replication.Server, topic, key
 // onTimeline is told the timeline of each replication connection: what is
 // saved from then on (the checkpoint, exactly_once's committed positions)
 // is stamped with it. Nil when nothing is saved.
-func (p *Pipeline) onTimeline(pl *plan, s out) func(int32) {
+func onTimeline(pl *plan, s out) func(int32) {
 	var stamp []func(int32)
 	if pl.checkpoints != nil {
 		stamp = append(stamp, pl.checkpoints.Timeline.Store)
@@ -125,7 +126,8 @@ func (p *Pipeline) onTimeline(pl *plan, s out) func(int32) {
 // waitSlotFree waits while another connector streams from the slot: taking
 // the transactional id over fences that one, so a standby does it only
 // once the slot is free (the active one died, or lost its connection).
-func (p *Pipeline) waitSlotFree(ctx context.Context) error {
+func (su *starter) waitSlotFree(ctx context.Context) error {
+	p := su.p
 	slot, logged := p.cfg.Source.Slot, false
 	for {
 		info, err := p.cfg.Source.DB.Slot(ctx, slot)

@@ -14,7 +14,8 @@ import (
 // prepareMarks sets up the history marks (replication/marks.go) and the
 // run's history: marks need PostgreSQL 14 (pgoutput sends logical messages
 // from 14 on), and a standby writes them through postgres.primary_dsn.
-func (p *Pipeline) prepareMarks(ctx context.Context, pl *plan) error {
+func (su *starter) prepareMarks(ctx context.Context, pl *plan) error {
+	p := su.p
 	src := p.cfg.Source
 	if p.cfg.MarksTable == "" {
 		p.history = newHistory(nil)
@@ -53,7 +54,7 @@ func (p *Pipeline) prepareMarks(ctx context.Context, pl *plan) error {
 }
 
 // freshMark writes the run's own mark again (history.fresh).
-func (p *Pipeline) freshMark(ctx context.Context, pl *plan) error {
+func (su *starter) freshMark(ctx context.Context, pl *plan) error {
 	id, below, err := pl.marks.Write(ctx)
 	if err != nil {
 		return err
@@ -92,7 +93,8 @@ const standbyMarkWait = time.Minute
 
 // refuseStart turns a saved position the server's history lacks into the
 // refusal with its fix.
-func (p *Pipeline) refuseStart(pl *plan, err error) error {
+func (su *starter) refuseStart(pl *plan, err error) error {
+	p := su.p
 	var nh *notInHistory
 	if !errors.As(err, &nh) {
 		return err

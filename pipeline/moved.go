@@ -16,7 +16,8 @@ import (
 // no other database. Refusing such a checkpoint would send the operator to
 // delete it, and with it what the rows committed since are owed: the start
 // instead treats the stream as lost (useMovedCheckpoint).
-func (p *Pipeline) movedDatabase(ctx context.Context, l loaded) (bool, error) {
+func (su *starter) movedDatabase(ctx context.Context, l loaded) (bool, error) {
+	p := su.p
 	c, src := l.ckpt, p.cfg.Source
 	if c.Mark == 0 || p.cfg.MarksTable == "" || c.Database != l.srv.Database || c.Slot != src.Slot {
 		return false, nil
@@ -39,7 +40,8 @@ func (p *Pipeline) movedDatabase(ctx context.Context, l loaded) (bool, error) {
 // row that exists now is held from retention until verify --repair: which
 // of them the old cluster's stream delivered is not known here (xids survive
 // pg_upgrade, not a copy of the data, so the checkpoint's floor is not used).
-func (p *Pipeline) useMovedCheckpoint(ctx context.Context, pl *plan, res replication.SetupResult, l *loaded) error {
+func (su *starter) useMovedCheckpoint(ctx context.Context, pl *plan, res replication.SetupResult, l *loaded) error {
+	p := su.p
 	c := l.ckpt
 	if !res.Created && c.Clean && res.Confirmed >= c.LSN {
 		p.log.Info("resuming from the slot the new database system kept (pg_upgrade): the connector stopped cleanly "+

@@ -15,8 +15,9 @@ import (
 // refuses is a prerequisite error naming the command. A Kafka that does not
 // answer yet does not stop the start, as it does not stop the producer:
 // the check goes on while the connector runs, and a refusal then stops it.
-func (p *Pipeline) ownTopics(ctx context.Context) error {
-	cfg := p.ownTopicsConfig()
+func (su *starter) ownTopics(ctx context.Context) error {
+	p := su.p
+	cfg := su.ownTopicsConfig()
 	first, cancel := context.WithTimeout(ctx, 15*time.Second)
 	err := sink.EnsureOwnTopics(first, cfg, true, p.log)
 	cancel()
@@ -52,7 +53,8 @@ func (p *Pipeline) ownTopics(ctx context.Context) error {
 // ownTopicsConfig is the sink configuration whose own topics this run
 // uses: a replay keeps its quarantines in memory (openSink), exactly_once
 // has no parking (its positions topic is checked by its own start).
-func (p *Pipeline) ownTopicsConfig() sink.Config {
+func (su *starter) ownTopicsConfig() sink.Config {
+	p := su.p
 	cfg := p.cfg.Sink
 	if p.cfg.Replay != nil {
 		cfg.QuarantineTopic = ""

@@ -180,19 +180,20 @@ func (p *Pipeline) Run(ctx context.Context) error {
 
 func (p *Pipeline) run(ctx context.Context) error {
 	// Before the slot is set up: a refusal leaves nothing behind.
-	if err := p.ownTopics(ctx); err != nil {
+	su := &starter{p: p}
+	if err := su.ownTopics(ctx); err != nil {
 		return err
 	}
-	pl, err := p.resolve(ctx)
+	pl, err := su.resolve(ctx)
 	if err != nil {
 		return err
 	}
-	s, err := p.newSink(ctx, pl)
+	s, err := su.newSink(ctx, pl)
 	if err != nil {
 		pl.close(ctx)
 		return err
 	}
-	if err := p.begin(ctx, pl); err != nil {
+	if err := su.begin(ctx, pl); err != nil {
 		s.Close()
 		pl.close(ctx)
 		return err
@@ -238,7 +239,7 @@ func (p *Pipeline) run(ctx context.Context) error {
 		}
 		p.streaming.Store(up)
 	}
-	stream.OnTimeline = p.onTimeline(pl, s)
+	stream.OnTimeline = onTimeline(pl, s)
 	r := p.start(ctx, stream)
 	pr := p.history.proven()
 	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "from", pl.start, "history_mark", pr.mark)

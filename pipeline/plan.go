@@ -61,6 +61,15 @@ type plan struct {
 	trusted *offsets.Checkpoint
 }
 
+// starter decides the run's plan: it checks the server, sets up the slot,
+// loads and judges the checkpoint, opens the sink and decides the start,
+// once, before any of the run's goroutines starts. It writes what the run
+// then reads: the plan, the history, the checkpoint store, the boundary,
+// the repair's decision (repair.go).
+type starter struct {
+	p *Pipeline
+}
+
 // close releases what the plan holds when the run does not start.
 func (pl *plan) close(ctx context.Context) {
 	if pl.snapshot != nil {
@@ -74,7 +83,8 @@ func (pl *plan) close(ctx context.Context) {
 // resolve sets up the slot for the mode and returns the plan; the start
 // position is decided later, once (decideStart), when exactly_once has
 // read its committed position.
-func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
+func (su *starter) resolve(ctx context.Context) (*plan, error) {
+	p := su.p
 	pl := &plan{stream: replication.Config{
 		Source:         p.cfg.Source,
 		StatusInterval: p.cfg.StatusInterval,
@@ -86,17 +96,17 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 	}}
 	if p.cfg.Replay != nil {
 		p.history = newHistory(nil)
-		return pl, p.setupReplay(ctx, pl)
+		return pl, su.setupReplay(ctx, pl)
 	}
 	if p.cfg.ExactlyOnce != nil {
 		// A standby instance waits before it reads anything: a checkpoint
 		// loaded while another instance streams is stale by the time this
 		// one takes over, and the start is decided from it.
-		if err := p.waitSlotFree(ctx); err != nil {
+		if err := su.waitSlotFree(ctx); err != nil {
 			return nil, fmt.Errorf("exactly_once: %w", err)
 		}
 	}
-	if err := p.setup(ctx, pl); err != nil {
+	if err := su.setup(ctx, pl); err != nil {
 		return nil, err
 	}
 	pl.stream.Standby = pl.standby
@@ -109,13 +119,14 @@ func (p *Pipeline) resolve(ctx context.Context) (*plan, error) {
 // begin decides where the run starts, from the readings setup and (in
 // exactly_once) the sink took, logs it once, and opens the guard at the
 // stream's start.
-func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
+func (su *starter) begin(ctx context.Context, pl *plan) error {
+	p := su.p
 	if p.cfg.Replay != nil {
 		return nil // the range is the start (setupReplay)
 	}
 	st, err := decideStart(pl.readings)
 	if err != nil {
-		return p.refuseStart(pl, err)
+		return su.refuseStart(pl, err)
 	}
 	pl.start, pl.stream.StartLSN = st.skip, st.stream
 	fr := pl.readings.fresh
@@ -127,7 +138,7 @@ func (p *Pipeline) begin(ctx context.Context, pl *plan) error {
 	if st.readBack {
 		e.startReadBack(ctx, st.proof.commit)
 	}
-	p.logStart(pl.readings, st)
+	su.logStart(pl.readings, st)
 	g, err := newGuards(ctx, p.cfg.Source, st.stream)
 	if err != nil {
 		return fmt.Errorf("setup: %w", err)
@@ -163,7 +174,8 @@ type loaded struct {
 // setup loads the checkpoint and checks it belongs to this server and slot,
 // prepares the slot (and, on its creation in snapshot mode, its exported
 // snapshot) and records the readings the start is decided from.
-func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
+func (su *starter) setup(ctx context.Context, pl *plan) error {
+	p := su.p
 	src := p.cfg.Source
 	if err := replication.Check(ctx, src); err != nil {
 		return fmt.Errorf("setup: %w", err)
@@ -176,24 +188,24 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 		return fmt.Errorf("setup: %w", err)
 	}
 	pl.standby = standby
-	l, err := p.loadCheckpoint(ctx, pl)
+	l, err := su.loadCheckpoint(ctx, pl)
 	if err != nil {
 		return err
 	}
-	if err := p.prepareMarks(ctx, pl); err != nil {
+	if err := su.prepareMarks(ctx, pl); err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}
 	pending := p.cfg.Snapshot == "pending"
 	hadSnapshot := l.have && l.ckpt.SnapshotDone
 	if pending {
-		if err := p.prepareSnapshot(ctx, pl, &l); err != nil {
+		if err := su.prepareSnapshot(ctx, pl, &l); err != nil {
 			return err
 		}
 	} else if l.have && !l.ckpt.SnapshotDone {
 		p.log.Warn("the checkpoint records an unfinished initial snapshot, which snapshot.mode none does not take again", "slot", src.Slot)
 	}
 	if standby {
-		p.logStandbySlot(ctx)
+		su.logStandbySlot(ctx)
 	}
 	res, err := replication.Setup(ctx, src, pending)
 	if err != nil {
@@ -203,12 +215,12 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 	if res.Created && pl.readings.fresh.id != 0 {
 		// The slot starts past the mark written before it: one more, so
 		// that the run's first positions are proven from the start.
-		if err := p.freshMark(ctx, pl); err != nil {
+		if err := su.freshMark(ctx, pl); err != nil {
 			pl.close(ctx)
 			return fmt.Errorf("setup: %w", err)
 		}
 	}
-	if err := p.useCheckpoint(ctx, pl, res, &l); err != nil {
+	if err := su.useCheckpoint(ctx, pl, res, &l); err != nil {
 		pl.close(ctx)
 		return err
 	}
@@ -230,7 +242,8 @@ func (p *Pipeline) setup(ctx context.Context, pl *plan) error {
 // loadCheckpoint loads the checkpoint, refuses one of another server or
 // slot before the slot is touched (a refused start changes nothing), and
 // sets up the plan's store.
-func (p *Pipeline) loadCheckpoint(ctx context.Context, pl *plan) (loaded, error) {
+func (su *starter) loadCheckpoint(ctx context.Context, pl *plan) (loaded, error) {
+	p := su.p
 	var l loaded
 	store, src := p.cfg.Checkpoints, p.cfg.Source
 	if store == nil {
@@ -249,7 +262,7 @@ func (p *Pipeline) loadCheckpoint(ctx context.Context, pl *plan) (loaded, error)
 	l.forget = store.Forget()
 	if l.have {
 		if err := replication.ForeignCheckpoint(l.ckpt, l.srv, src.Slot, l.forget); err != nil {
-			if l.moved, _ = p.movedDatabase(ctx, l); !l.moved {
+			if l.moved, _ = su.movedDatabase(ctx, l); !l.moved {
 				return l, err
 			}
 		}
@@ -267,7 +280,8 @@ func (p *Pipeline) loadCheckpoint(ctx context.Context, pl *plan) (loaded, error)
 // prepareSnapshot, in snapshot.mode pending: a slot left by a run that died
 // inside the initial snapshot is dropped, and when the slot is to be
 // created the snapshot's order is checked and its marker saved first.
-func (p *Pipeline) prepareSnapshot(ctx context.Context, pl *plan, l *loaded) error {
+func (su *starter) prepareSnapshot(ctx context.Context, pl *plan, l *loaded) error {
+	p := su.p
 	src := p.cfg.Source
 	_, err := src.DB.Slot(ctx, src.Slot)
 	missing := errors.Is(err, replication.ErrNoSlot)
@@ -307,7 +321,8 @@ func (p *Pipeline) prepareSnapshot(ctx context.Context, pl *plan, l *loaded) err
 }
 
 // logStandbySlot says what creating the slot on a standby waits for.
-func (p *Pipeline) logStandbySlot(ctx context.Context) {
+func (su *starter) logStandbySlot(ctx context.Context) {
+	p := su.p
 	src := p.cfg.Source
 	if _, err := src.DB.Slot(ctx, src.Slot); !errors.Is(err, replication.ErrNoSlot) {
 		return
@@ -326,10 +341,11 @@ func (p *Pipeline) logStandbySlot(ctx context.Context) {
 // up: not for a slot this run created (overwritten), and only when the
 // server can have reached it (replication.CheckPosition). A gap it
 // records is repaired by this run.
-func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.SetupResult, l *loaded) error {
+func (su *starter) useCheckpoint(ctx context.Context, pl *plan, res replication.SetupResult, l *loaded) error {
+	p := su.p
 	src := p.cfg.Source
 	if l.have && l.moved {
-		return p.useMovedCheckpoint(ctx, pl, res, l)
+		return su.useMovedCheckpoint(ctx, pl, res, l)
 	}
 	if res.Created && l.have {
 		// A new slot is a new stream: a position saved for another one must
@@ -388,7 +404,8 @@ func (p *Pipeline) useCheckpoint(ctx context.Context, pl *plan, res replication.
 
 // setupReplay checks the range against what the slot retains and points
 // the stream at a temporary copy of the slot.
-func (p *Pipeline) setupReplay(ctx context.Context, pl *plan) error {
+func (su *starter) setupReplay(ctx context.Context, pl *plan) error {
+	p := su.p
 	r, src := p.cfg.Replay, p.cfg.Source
 	info, err := src.DB.Slot(ctx, src.Slot)
 	if err != nil {

@@ -14,7 +14,8 @@ import (
 // openSink creates the producer and, in dlq.mode quarantine, restores the
 // quarantined aggregates saved on kafka.quarantine_topic before anything
 // is produced: replayed events of a quarantined aggregate are parked again.
-func (p *Pipeline) openSink(ctx context.Context) (*sink.Sink, error) {
+func (su *starter) openSink(ctx context.Context) (*sink.Sink, error) {
+	p := su.p
 	cfg := p.cfg.Sink
 	if p.cfg.Replay != nil {
 		// A replay must not take requests meant for the running connector:

@@ -129,7 +129,8 @@ func decideSaved(r startReadings) (startAt, error) {
 }
 
 // logStart says, once, which reading decided the start.
-func (p *Pipeline) logStart(r startReadings, st startAt) {
+func (su *starter) logStart(r startReadings, st startAt) {
+	p := su.p
 	switch st.from {
 	case "checkpoint":
 		p.log.Info("resuming after the checkpoint", "checkpoint", r.ckpt, "slot_confirmed", r.slot)
