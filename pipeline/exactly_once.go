@@ -46,7 +46,7 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 	}
 	key := exactlyonce.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot)
 	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
-		Source: key, Fail: p.fail, Owner: p.streaming.Load, Proof: p.markProof,
+		Source: key, Fail: p.fail, Owner: p.conn.up.Load, Proof: p.markProof,
 		Acknowledged: max(pl.readings.slot, pl.readings.ckpt),
 		Prerequisite: func(problem, fix string) error { return &replication.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
 	if err != nil {

@@ -50,7 +50,7 @@ func (r *retentionLoop) partitionRound(ctx context.Context, tb *retentionTable, 
 		r.logBlocked(tb, d.Why)
 		return
 	}
-	session := r.p.sessions.Load()
+	session := r.p.conn.sessions.Load()
 	parts, err := tb.r.Partitions(ctx)
 	if err != nil {
 		r.roundError(ctx, tb, "list partitions", err)
@@ -69,7 +69,7 @@ func (r *retentionLoop) partitionRound(ctx context.Context, tb *retentionTable, 
 		}
 		// The state may change between partitions (a gap found, the slot
 		// lost, a reconnect: the decision was made in the session before).
-		if why := retention.Blocked(r.state()); why != "" || r.p.sessions.Load() != session {
+		if why := retention.Blocked(r.state()); why != "" || r.p.conn.sessions.Load() != session {
 			r.logBlocked(tb, why)
 			return
 		}

@@ -123,16 +123,14 @@ type Pipeline struct {
 	prog progress      // snapshot done, events acknowledged, replay position (side.go)
 	ckpt *checkpointer // nil when nothing is saved (checkpoint.go)
 
-	streaming atomic.Bool
-	sessions  atomic.Uint64    // the stream's sessions so far (retention.Epoch)
-	rep       *repair          // the gap and its repair (repair.go)
-	ret       *retentionLoop   // outbox.retention and the lost slots' repair hold (retention.go)
-	b         boundary         // the sink's transactions: eos, or atLeastOnce (eos.go); set by newSink
-	history   *history         // the proof of the run's positions (history.go); set by resolve
-	held      *offsets.Stamped // the checkpoint store (nil: none), for the slot-loss runbook
-	fatalOnce sync.Once
-	fatal     chan error
-	ready     chan struct{}
+	conn    connection       // the replication connection's state, as the stream reports it
+	rep     *repair          // the gap and its repair (repair.go)
+	ret     *retentionLoop   // outbox.retention and the lost slots' repair hold (retention.go)
+	b       boundary         // the sink's transactions: eos, or atLeastOnce (eos.go); set by newSink
+	history *history         // the proof of the run's positions (history.go); set by resolve
+	held    *offsets.Stamped // the checkpoint store (nil: none), for the slot-loss runbook
+	fatal   failure
+	ready   chan struct{}
 }
 
 // New validates the routing rules; Run does the rest.
@@ -155,7 +153,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	p := &Pipeline{cfg: cfg, log: log, m: m, rep: newRepair(log), b: atLeastOnce{}, fatal: make(chan error, 1), ready: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, log: log, m: m, rep: newRepair(log), b: atLeastOnce{}, fatal: failure{first: make(chan error, 1)}, ready: make(chan struct{})}
 	p.proc = &processor{p: p, routers: r, tables: tableMetrics(cfg, m)}
 	p.ret = &retentionLoop{p: p}
 	if cfg.HoldsTable != "" {
@@ -168,7 +166,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 func (p *Pipeline) Ready() <-chan struct{} { return p.ready }
 
 // Streaming reports whether the replication connection is up.
-func (p *Pipeline) Streaming() bool { return p.streaming.Load() }
+func (p *Pipeline) Streaming() bool { return p.conn.up.Load() }
 
 // Run sets up the slot and streams until ctx ends, then stops reading,
 // drains in-flight records, confirms the watermark and returns nil; or it
@@ -235,9 +233,9 @@ func (p *Pipeline) run(ctx context.Context) error {
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)
 	stream.OnConnected = func(up bool) {
 		if up {
-			p.sessions.Add(1)
+			p.conn.sessions.Add(1)
 		}
-		p.streaming.Store(up)
+		p.conn.up.Store(up)
 	}
 	stream.OnTimeline = onTimeline(pl, s)
 	r := p.start(ctx, stream)
@@ -248,7 +246,7 @@ func (p *Pipeline) run(ctx context.Context) error {
 	var cause error
 	select {
 	case <-ctx.Done():
-	case cause = <-p.fatal:
+	case cause = <-p.fatal.first:
 	}
 	return p.shutdown(ctx, r, cause)
 }
@@ -414,7 +412,20 @@ func fatalReason(err error) string {
 
 // fail hands the first fatal error to Run.
 func (p *Pipeline) fail(err error) {
-	p.fatalOnce.Do(func() { p.fatal <- err })
+	p.fatal.once.Do(func() { p.fatal.first <- err })
+}
+
+// failure is the first fatal error of a run, whoever reports it.
+type failure struct {
+	once  sync.Once
+	first chan error
+}
+
+// connection is the replication connection's state, written by the
+// stream's OnConnected callback only.
+type connection struct {
+	up       atomic.Bool
+	sessions atomic.Uint64 // the stream's sessions so far (retention.Epoch)
 }
 
 // markFlushTimeout bounds the wait of a clean stop for its last mark.

@@ -88,8 +88,8 @@ type retentionTable struct {
 // retentionState is what the rule needs besides the readings.
 func (r *retentionLoop) state() retention.State {
 	return retention.State{
-		Owner:   r.p.streaming.Load(),
-		Session: r.p.sessions.Load(),
+		Owner:   r.p.conn.up.Load(),
+		Session: r.p.conn.sessions.Load(),
 		// exactly_once: outcomes reach the tracker after the Kafka commit;
 		// after a reconnect, only what the server is proven to hold.
 		Acked:    r.p.history.confirmable(r.p.confirmable()),
@@ -162,10 +162,10 @@ func (r *retentionLoop) round(ctx context.Context, tb *retentionTable) {
 	} else {
 		r.setTableStats(tb.name, st)
 	}
-	if !r.p.streaming.Load() {
+	if !r.p.conn.up.Load() {
 		return // a standby, or the stream is down: its positions are not the slot's
 	}
-	session := r.p.sessions.Load() // before the reading: a session that began meanwhile drops it
+	session := r.p.conn.sessions.Load() // before the reading: a session that began meanwhile drops it
 	x, err := tb.r.Read(ctx)
 	if err != nil {
 		r.roundError(ctx, tb, "take a reading", err)
@@ -197,7 +197,7 @@ func (r *retentionLoop) round(ctx context.Context, tb *retentionTable) {
 			r.logBlocked(tb, why)
 			break
 		}
-		if r.p.sessions.Load() != session {
+		if r.p.conn.sessions.Load() != session {
 			break
 		}
 		start := time.Now()

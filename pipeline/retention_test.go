@@ -17,7 +17,7 @@ func TestRetentionState(t *testing.T) {
 	newP := func() *Pipeline {
 		p := &Pipeline{plan: &plan{}, tracker: offsets.NewTracker(500), rep: newRepair(slog.New(slog.DiscardHandler))}
 		p.ret = &retentionLoop{p: p}
-		p.streaming.Store(true)
+		p.conn.up.Store(true)
 		p.prog.snapDone.Store(true)
 		return p
 	}
@@ -27,7 +27,7 @@ func TestRetentionState(t *testing.T) {
 		want retention.State
 	}{
 		{"streaming", func(*Pipeline) {}, retention.State{Owner: true, Acked: 500, HoldRead: true}},
-		{"not streaming", func(p *Pipeline) { p.streaming.Store(false) }, retention.State{Acked: 500, HoldRead: true}},
+		{"not streaming", func(p *Pipeline) { p.conn.up.Store(false) }, retention.State{Acked: 500, HoldRead: true}},
 		{"gap recorded", func(p *Pipeline) { p.rep.found(gapInfo{Since: 100, Xmin: 7}) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
 		{"repair pending", func(p *Pipeline) { p.rep.pending.Store(true) }, retention.State{Owner: true, Acked: 500, Gap: true, HoldRead: true}},
 		{"snapshot pending", func(p *Pipeline) { p.prog.snapDone.Store(false) }, retention.State{Owner: true, Acked: 500, Snapshot: true, HoldRead: true}},
