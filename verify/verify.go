@@ -1,8 +1,13 @@
 // Package verify compares the outbox rows still in the table with the
 // records in Kafka: which rows have no record (missing), which ids have more
 // than one (duplicated), and which aggregates' records sit in a partition in
-// another order than the table's (out of order). It does no I/O: the caller
-// feeds it the rows, in table order, twice, and the records in between.
+// another order than the table's (out of order). Checker does no I/O: its
+// caller feeds it the rows, in table order, twice, and the records in
+// between. Run (run.go) is that caller: it reads the rows, the records and
+// the rows again through interfaces declared here (Rows, Records), sends the
+// missing rows again (Republisher) and decides whether a repair lifts
+// retention's holds (Hold); the CLI supplies PostgreSQL, Kafka and the
+// producer.
 //
 // The three passes:
 //  1. AddRow for every row in table order: the row's id fingerprint is kept

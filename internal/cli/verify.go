@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
@@ -82,38 +81,16 @@ type VerifyReport struct {
 	Since  time.Time  `json:"since"`
 	Until  *time.Time `json:"until,omitempty"`
 	Column string     `json:"column"` // the time column selecting the rows
-	Topics []string   `json:"topics"`
-	// MissingTopics are topics rows were routed to that do not exist.
-	MissingTopics []string `json:"missing_topics,omitempty"`
-	verify.Result
-	Repair  *RepairReport `json:"repair,omitempty"`
-	Seconds float64       `json:"seconds"`
+	verify.Report
+	Seconds float64 `json:"seconds"`
 }
 
 // RepairReport is what --repair did.
-type RepairReport struct {
-	Published    int64 `json:"published"`
-	DeadLettered int64 `json:"dead_lettered"`
-	// Parked: rows of a quarantined aggregate, republished to the parking
-	// topic behind its dead letter (outbox-cdc redrive delivers them).
-	Parked int64  `json:"parked"`
-	Failed int64  `json:"failed"`
-	Error  string `json:"error,omitempty"`
-	// HoldCleared: the repair lifted a lost slot's hold on outbox
-	// retention (offsets.Checkpoint.RepairSince).
-	HoldCleared bool `json:"hold_cleared,omitempty"`
-}
+type RepairReport = verify.Repair
 
-// verifyProgress is read by the progress printer.
-type verifyProgress struct {
-	phase            atomic.Value // string
-	rows, records    atomic.Int64
-	checked, resends atomic.Int64
-}
-
-func (p *verifyProgress) print(w io.Writer) {
+func printVerifyProgress(p *verify.Progress, w io.Writer) {
 	fmt.Fprintf(w, "verify: %s: rows read %d, records read %d, rows checked %d, republished %d\n",
-		p.phase.Load(), p.rows.Load(), p.records.Load(), p.checked.Load(), p.resends.Load())
+		p.Phase.Load(), p.Rows.Load(), p.Records.Load(), p.Checked.Load(), p.Republished.Load())
 }
 
 // run compares the outbox rows of the range with Kafka.
@@ -132,10 +109,10 @@ func (o *verifyOpts) run(ctx context.Context, e env) int {
 	if code != ExitOK {
 		return code
 	}
-	var pr verifyProgress
-	pr.phase.Store("reading rows")
+	var pr verify.Progress
+	pr.Phase.Store("reading rows")
 	stop := printProgress(&pr, e.stderr)
-	rep, err := (&verifyRun{pc: e.pc, o: *o, vts: vts, pr: &pr, log: e.log}).run(ctx)
+	rep, err := o.verify(ctx, e.pc, vts, &pr, e.log)
 	stop()
 	if err != nil {
 		fmt.Fprintf(e.stderr, "outbox-cdc verify: %v\n", err)
@@ -149,8 +126,14 @@ func (o *verifyOpts) run(ctx context.Context, e env) int {
 	} else {
 		printVerify(e.stdout, rep)
 	}
+	return verifyExit(rep)
+}
+
+// verifyExit is verify's exit code: with --repair whether it republished
+// every missing row, without it whether none is missing.
+func verifyExit(rep *VerifyReport) int {
 	if rep.Repair != nil {
-		if !rep.repaired() {
+		if !rep.Repaired() {
 			return ExitFailure
 		}
 		return ExitOK
@@ -193,7 +176,7 @@ func (o *verifyOpts) openTables(ctx context.Context, pc pipeline.Config, stderr 
 
 // printProgress prints pr every progressEvery until the returned stop is
 // called (which waits for the printer to end).
-func printProgress(pr *verifyProgress, w io.Writer) (stop func()) {
+func printProgress(pr *verify.Progress, w io.Writer) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -206,7 +189,7 @@ func printProgress(pr *verifyProgress, w io.Writer) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				pr.print(w)
+				printVerifyProgress(pr, w)
 			}
 		}
 	}()
@@ -243,64 +226,59 @@ func eachRow(ctx context.Context, vts []verifyTable, f func(vt verifyTable, ev *
 	return nil
 }
 
-// verifyRun reads the rows (pass 1), the records, and the rows again (pass
-// 3), republishing the missing ones with --repair. With several outbox
-// tables the rows are each table's in turn, each routed by its own table.
-type verifyRun struct {
-	pc  pipeline.Config
-	o   verifyOpts
-	vts []verifyTable
-	pr  *verifyProgress
-	log *slog.Logger
-
-	c   *verify.Checker
-	rec router.Record
-}
-
-func (v *verifyRun) run(ctx context.Context) (*VerifyReport, error) {
+// verify runs verify.Run over the tables, Kafka and, with --repair, the
+// repair sink. With several outbox tables the rows are each table's in
+// turn, each routed by its own table.
+func (o *verifyOpts) verify(ctx context.Context, pc pipeline.Config, vts []verifyTable, pr *verify.Progress, log *slog.Logger) (*VerifyReport, error) {
 	var cols []string
-	for _, vt := range v.vts {
+	for _, vt := range vts {
 		if !slices.Contains(cols, vt.rr.Column) {
 			cols = append(cols, vt.rr.Column)
 		}
 	}
-	rep := &VerifyReport{Since: v.o.since.Time, Column: strings.Join(cols, ",")}
-	if !v.o.until.IsZero() {
-		rep.Until = &v.o.until.Time
+	rep := &VerifyReport{Since: o.since.Time, Column: strings.Join(cols, ",")}
+	if !o.until.IsZero() {
+		rep.Until = &o.until.Time
 	}
 	// The connector's retention (outbox.retention) deletes no row while
 	// verify reads the rows twice and republishes the missing ones.
-	release, err := replication.VerifyLock(ctx, v.pc.Source.Tables())
+	release, err := replication.VerifyLock(ctx, pc.Source.Tables())
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	v.c = verify.New()
-	err = eachRow(ctx, v.vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
-		v.route(vt.rt, ev, at)
-		v.c.AddRow(verify.Row{ID: ev.ID.Bytes, Topic: v.rec.Topic})
-		v.pr.rows.Add(1)
-	})
+	var republish verify.OpenRepublisher[tableRow]
+	if o.repair {
+		republish = openRepairSink(pc, log)
+	}
+	r, err := verify.Run(ctx, o.config(pc, pr, log), tableRows(vts), kafkaRecords{pc.Sink}, republish)
 	if err != nil {
 		return nil, err
 	}
-	v.c.Seal()
-	rep.Topics = v.c.Topics()
-	if rep.MissingTopics, err = v.readRecords(ctx, rep.Topics); err != nil {
-		return nil, err
-	}
-	if rep.Repair, err = v.checkRows(ctx); err != nil {
-		return nil, err
-	}
-	rep.Result = v.c.Result()
-	v.clearRepairHold(ctx, rep)
+	rep.Report = *r
 	return rep, nil
 }
 
-// repaired reports whether --repair republished every missing row.
-func (r *VerifyReport) repaired() bool {
-	p := r.Repair
-	return p != nil && p.Failed == 0 && p.Error == "" && p.Published+p.DeadLettered+p.Parked == r.Missing.Count
+// config is verify.Run's: the range, the side topics (the dead-letter topic
+// always, the parking topic in dlq.mode quarantine) and the holds a whole
+// repair lifts.
+func (o *verifyOpts) config(pc pipeline.Config, pr *verify.Progress, log *slog.Logger) verify.Config {
+	cfg := verify.Config{Since: o.since.Time, Until: o.until.Time, Margin: o.margin,
+		SideTopics: []string{pc.Routes.DLQTopic}, HeldSince: o.holdSince, Log: log, Progress: pr}
+	if p := pc.Sink.ParkingTopic; p != "" {
+		cfg.SideTopics = append(cfg.SideTopics, p)
+	}
+	if h := o.hold; h.Set() {
+		holds := replication.NewHolds(pc.Source.Writer(), pc.HoldsTable, pc.Source.Slot)
+		cfg.Held = verify.HoldFunc(func(ctx context.Context) (bool, error) { return holds.Clear(ctx, h) })
+	}
+	if cs := pc.Checkpoints; cs != nil {
+		// A hold by time, offsets.Checkpoint.RepairSince, written by an
+		// earlier version, is cleared from at most its time.
+		since := o.since.Time
+		cfg.TimeHold = verify.HoldFunc(func(ctx context.Context) (bool, error) { return cs.ClearRepair(ctx, since) })
+	}
+	return cfg
 }
 
 // loadHold reads the lost slot's repair hold (replication.Holds): a
@@ -318,187 +296,79 @@ func (o *verifyOpts) loadHold(ctx context.Context, pc pipeline.Config) error {
 	return nil
 }
 
-// recordsFrom is where Kafka is read from: --margin before --since, or
-// before the hold's rows when they may be older (from the start without a
-// known time).
-func (o *verifyOpts) recordsFrom() time.Time {
-	from := o.since.Add(-o.margin)
-	if h := o.holdSince.Add(-o.margin); o.hold.Set() && h.Before(from) {
-		from = h
-	}
-	return from
+// tableRow is a row as the repair sink needs it.
+type tableRow struct {
+	rt *router.Router
+	ev *decode.Event
+	at time.Time
 }
 
-// clearRepairHold lifts a lost slot's repair hold on retention once a whole
-// repair republished every missing row, the held ones among them: nothing
-// it kept is undelivered now. The hold is cleared only if no loss since
-// widened it. (A hold by time, offsets.Checkpoint.RepairSince, written by
-// an earlier version, is cleared from at most its time.)
-func (v *verifyRun) clearRepairHold(ctx context.Context, rep *VerifyReport) {
-	if !rep.repaired() || !v.o.until.IsZero() {
-		return
-	}
-	if h := v.o.hold; h.Set() {
-		cleared, err := replication.NewHolds(v.pc.Source.Writer(), v.pc.HoldsTable, v.pc.Source.Slot).Clear(ctx, h)
-		switch {
-		case err != nil:
-			v.log.Warn("the repair is done, but the lost slot's hold on retention could not be cleared; run verify --repair again", "err", err)
-		case cleared:
-			rep.Repair.HoldCleared = true
+// tableRows reads the outbox tables' ranges (verify.Rows).
+type tableRows []verifyTable
+
+func (vts tableRows) Read(ctx context.Context, route bool, f func(verify.Row, tableRow)) error {
+	var rec router.Record
+	return eachRow(ctx, vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
+		row := verify.Row{ID: ev.ID.Bytes}
+		if route {
+			routeRow(vt.rt, ev, at, &rec)
+			row.Topic = rec.Topic
 		}
-	}
-	if cs := v.pc.Checkpoints; cs != nil {
-		if cleared, err := cs.ClearRepair(ctx, v.o.since.Time); err == nil && cleared {
-			rep.Repair.HoldCleared = true
-		}
+		f(row, tableRow{rt: vt.rt, ev: ev, at: at})
+	})
+}
+
+// routeRow gives ev's record (in rec): its topic, or the dead-letter one.
+func routeRow(rt *router.Router, ev *decode.Event, at time.Time, rec *router.Record) {
+	if reason := rt.Route(ev, at, rec); reason != "" {
+		rt.DeadLetter(ev, at, reason, rec)
 	}
 }
 
-// route gives ev's record (in v.rec): its topic, or the dead-letter one.
-func (v *verifyRun) route(rt *router.Router, ev *decode.Event, at time.Time) {
-	if reason := rt.Route(ev, at, &v.rec); reason != "" {
-		rt.DeadLetter(ev, at, reason, &v.rec)
-	}
-}
+// kafkaRecords reads the topics' records (verify.Records).
+type kafkaRecords struct{ cfg sink.Config }
 
-// readRecords reads the records of the rows' topics, and returns the
-// topics that do not exist. The dead-letter topic always, and the parking
-// topic in dlq.mode quarantine, are read too: rows the sink dead-lettered
-// (a topic that refused them) or parked (their aggregate is quarantined)
-// were handled, not lost; republishing a parked row would overtake its
-// dead letter.
-func (v *verifyRun) readRecords(ctx context.Context, rowTopics []string) (missing []string, err error) {
-	side := []string{v.pc.Routes.DLQTopic}
-	if p := v.pc.Sink.ParkingTopic; p != "" {
-		side = append(side, p)
-	}
-	topics := slices.Clone(rowTopics)
-	for _, t := range side {
-		if !slices.Contains(topics, t) {
-			topics = append(topics, t)
-		}
-	}
-	v.pr.phase.Store("reading records")
-	st, err := sink.ReadRange(ctx, v.pc.Sink, topics, v.o.recordsFrom(), func(r sink.ReadRecord) error {
-		v.c.AddRecord(verify.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key,
-			ID: r.ID, HasID: r.HasID, DeadLetter: slices.Contains(side, r.Topic)})
-		v.pr.records.Add(1)
+func (k kafkaRecords) Read(ctx context.Context, topics []string, from time.Time, f func(verify.Record)) ([]string, error) {
+	st, err := sink.ReadRange(ctx, k.cfg, topics, from, func(r sink.ReadRecord) error {
+		f(verify.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, ID: r.ID, HasID: r.HasID})
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("read kafka: %w", err)
-	}
-	for _, t := range st.MissingTopics {
-		if !slices.Contains(side, t) {
-			missing = append(missing, t)
-		}
-	}
-	return missing, nil
+	return st.MissingTopics, err
 }
 
-// checkRows reads the rows again, checks each against the records and,
-// with --repair, republishes the missing ones (nil report without it).
-func (v *verifyRun) checkRows(ctx context.Context) (*RepairReport, error) {
-	v.pr.phase.Store("checking rows")
-	var rp *repairer
-	if v.o.repair {
-		v.pr.phase.Store("checking rows and republishing the missing ones")
-		// A quarantine topic found not compacted later stops the repair.
-		var stop context.CancelCauseFunc
-		ctx, stop = context.WithCancelCause(ctx)
-		defer stop(nil)
-		s, err := pipeline.OpenRepairSink(ctx, v.pc, stop, v.log)
+// openRepairSink opens the producer that republishes missing rows
+// (verify.OpenRepublisher).
+func openRepairSink(pc pipeline.Config, log *slog.Logger) verify.OpenRepublisher[tableRow] {
+	return func(ctx context.Context, stop context.CancelCauseFunc, done func(verify.Outcome)) (verify.Republisher[tableRow], error) {
+		s, err := pipeline.OpenRepairSink(ctx, pc, stop, log)
 		if err != nil {
 			return nil, err
 		}
-		rp = &repairer{s: s, pr: v.pr}
-		defer s.Close()
+		return &repairSink{s: s, done: done}, nil
 	}
-	var differs error
-	err := eachRow(ctx, v.vts, func(vt verifyTable, ev *decode.Event, at time.Time) {
-		if differs != nil {
-			return
-		}
-		missing, ok := v.c.Check(verify.Row{ID: ev.ID.Bytes})
-		if !ok {
-			differs = fmt.Errorf("the second read of the rows differs from the first at row %d", v.c.Checked()+1)
-			return
-		}
-		v.pr.checked.Add(1)
-		if missing && rp != nil {
-			// The row's time column stands in for the commit time, which
-			// is gone.
-			v.route(vt.rt, ev, at)
-			rp.produce(ctx, &v.rec)
-		}
-	})
-	if err == nil {
-		err = differs
-	}
-	if err != nil && ctx.Err() != nil {
-		err = context.Cause(ctx) // the repair's stop says why
-	}
-	if err != nil {
-		return nil, err
-	}
-	if v.c.Checked() != v.c.Result().Rows {
-		return nil, fmt.Errorf("the second read of the rows returned %d rows, the first %d", v.c.Checked(), v.c.Result().Rows)
-	}
-	if rp == nil {
-		return nil, nil
-	}
-	return rp.finish(ctx), nil
 }
 
-// repairer republishes missing rows through the sink and counts outcomes.
-type repairer struct {
-	s               *sink.Sink
-	pr              *verifyProgress
-	published, dead atomic.Int64
-	parked, bad     atomic.Int64
-	mu              sync.Mutex
-	err             error // the first failure
+// repairSink republishes rows through the sink.
+type repairSink struct {
+	s    *sink.Sink
+	done func(verify.Outcome)
+	rec  router.Record
 }
 
-func (r *repairer) produce(ctx context.Context, rec *router.Record) {
+func (r *repairSink) Republish(ctx context.Context, row tableRow) {
+	// The row's time column stands in for the commit time, which is gone.
+	routeRow(row.rt, row.ev, row.at, &r.rec)
 	// An error here is ctx's; Delivered has counted the record.
-	_ = r.s.Produce(ctx, rec, r)
+	_ = r.s.Produce(ctx, &r.rec, r)
 }
 
 // Delivered runs on a client goroutine.
-func (r *repairer) Delivered(o sink.Outcome) {
-	switch {
-	case o.Err != nil:
-		r.bad.Add(1)
-		r.mu.Lock()
-		if r.err == nil {
-			r.err = o.Err
-		}
-		r.mu.Unlock()
-	case o.DeadLettered:
-		r.dead.Add(1)
-	case o.Parked:
-		r.parked.Add(1)
-	default:
-		r.published.Add(1)
-	}
-	r.pr.resends.Add(1)
+func (r *repairSink) Delivered(o sink.Outcome) {
+	r.done(verify.Outcome{DeadLettered: o.DeadLettered, Parked: o.Parked, Err: o.Err})
 }
 
-// finish waits for every acknowledgement.
-func (r *repairer) finish(ctx context.Context) *RepairReport {
-	err := r.s.Flush(ctx)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.err != nil {
-		err = r.err
-	}
-	rep := &RepairReport{Published: r.published.Load(), DeadLettered: r.dead.Load(), Parked: r.parked.Load(), Failed: r.bad.Load()}
-	if err != nil {
-		rep.Error = err.Error()
-	}
-	return rep
-}
+func (r *repairSink) Flush(ctx context.Context) error { return r.s.Flush(ctx) }
+func (r *repairSink) Close()                          { r.s.Close() }
 
 func printVerify(w io.Writer, r *VerifyReport) {
 	until := "no end"

@@ -261,3 +261,32 @@ var wantVerifyJSON = map[string]string{
   "seconds": 0.04
 }`,
 }
+
+// TestVerifyExit: without --repair a missing row fails verify; with it,
+// only a repair that did not republish every missing row does.
+func TestVerifyExit(t *testing.T) {
+	missing := func(n int64, repair *RepairReport) *VerifyReport {
+		r := &VerifyReport{}
+		r.Missing.Count, r.Repair = n, repair
+		return r
+	}
+	tests := []struct {
+		name string
+		rep  *VerifyReport
+		want int
+	}{
+		{"clean", missing(0, nil), ExitOK},
+		{"missing", missing(2, nil), ExitFailure},
+		{"repaired", missing(2, &RepairReport{Published: 1, DeadLettered: 1}), ExitOK},
+		{"repaired, one parked", missing(2, &RepairReport{Published: 1, Parked: 1}), ExitOK},
+		{"one failed", missing(2, &RepairReport{Published: 1, Failed: 1}), ExitFailure},
+		{"one short", missing(2, &RepairReport{Published: 1}), ExitFailure},
+		{"an error", missing(1, &RepairReport{Published: 1, Error: "flush: boom"}), ExitFailure},
+		{"nothing to repair", missing(0, &RepairReport{}), ExitOK},
+	}
+	for _, tc := range tests {
+		if got := verifyExit(tc.rep); got != tc.want {
+			t.Errorf("%s: exit %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
