@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
@@ -48,7 +49,7 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
 		Source: key, Fail: p.fail, Owner: p.conn.up.Load, Proof: p.markProof,
 		Acknowledged: max(pl.readings.slot, pl.readings.ckpt),
-		Prerequisite: func(problem, fix string) error { return &replication.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
+		Prerequisite: func(problem, fix string) error { return &fault.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +93,7 @@ func trustCommitted(pos exactlyonce.Position, srv replication.Server, topic, key
 	if pos.LSN == 0 || why == "" {
 		return nil
 	}
-	return &replication.PrerequisiteError{
+	return &fault.PrerequisiteError{
 		Problem: fmt.Sprintf("the position %v committed to Kafka (topic %s, key %s, timeline %d) %s; streaming would skip, and confirm, "+
 			"every transaction this server commits below it", pos.LSN, topic, key, pos.Timeline, why),
 		Fix: fmt.Sprintf("if this server was restored or a standby promoted, what Kafka holds past what the server has stays published; "+

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
@@ -40,7 +41,7 @@ func TestTrustCommitted(t *testing.T) {
 				}
 				return
 			}
-			var pe *replication.PrerequisiteError
+			var pe *fault.PrerequisiteError
 			if !errors.As(err, &pe) {
 				t.Fatalf("err = %v, want a prerequisite error", err)
 			}

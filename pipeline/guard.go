@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
@@ -63,7 +64,7 @@ func (p *Pipeline) failGap(src replication.Source, why string, verified lsn.LSN,
 // schemaError is the fatal error for an outbox table that lost a mapped
 // column while the connector ran: its rows could only be dead-lettered.
 func schemaError(problem string) error {
-	return &replication.FatalError{Reason: "schema_mismatch", Err: &replication.PrerequisiteError{
+	return &fault.FatalError{Reason: "schema_mismatch", Err: &fault.PrerequisiteError{
 		Problem: problem + " while the connector ran; nothing after the last complete transaction was confirmed",
 		Fix: "restore the column (ALTER TABLE ... ADD COLUMN) or map another one under outbox.columns, and restart; " +
 			"rows written while it was missing then go to the dead-letter topic with the reason",

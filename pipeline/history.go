@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
@@ -246,7 +247,7 @@ func (h *history) redecoded(id txnID) again {
 // newer events of its keys, skipping it could skip a new history's. The
 // restart publishes everything past the checkpoint again, in order.
 func behind(id txnID, forgot lsn.LSN) error {
-	return &replication.FatalError{Reason: "reconnect_behind", Err: fmt.Errorf("after a reconnect the server sent again "+
+	return &fault.FatalError{Reason: "reconnect_behind", Err: fmt.Errorf("after a reconnect the server sent again "+
 		"a transaction (xid %d, commit %v) older than the %d the connector remembers past its proof (up to %v): "+
 		"restarting from the checkpoint publishes what follows it again, in order", id.xid, id.final, tailMax, forgot)}
 }
@@ -256,7 +257,7 @@ func behind(id txnID, forgot lsn.LSN) error {
 // left the one streamed between the proof and the reconnect. A restart
 // resumes from the restored slot and the proven checkpoint.
 func diverged(id txnID, redo lsn.LSN) error {
-	return &replication.FatalError{Reason: "server_rewound", Err: &replication.PrerequisiteError{
+	return &fault.FatalError{Reason: "server_rewound", Err: &fault.PrerequisiteError{
 		Problem: fmt.Sprintf("after a reconnect the server sent a transaction (xid %d, commit %v) the connector did not decode "+
 			"there before it reached %v: the server was restored from an older copy (or replaced by a server that was behind) "+
 			"and wrote new transactions since", id.xid, id.final, redo),

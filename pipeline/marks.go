@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
@@ -110,7 +111,7 @@ func (su *starter) refuseStart(pl *plan, err error) error {
 	} else if pl.checkpoints != nil {
 		fix += pl.checkpoints.Forget()
 	}
-	return &replication.PrerequisiteError{Problem: nh.Error(), Fix: fix + " (docs/operations.md, Restores)"}
+	return &fault.PrerequisiteError{Problem: nh.Error(), Fix: fix + " (docs/operations.md, Restores)"}
 }
 
 // markProof is the proof the transactional sink records with each position.

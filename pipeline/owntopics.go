@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
@@ -72,7 +72,7 @@ func ownTopicError(err error) error {
 	var nc *quarantine.NotCompactedError
 	switch {
 	case errors.As(err, &ot):
-		return &replication.PrerequisiteError{Problem: "kafka: " + ot.What(), Fix: ot.Fix}
+		return &fault.PrerequisiteError{Problem: "kafka: " + ot.What(), Fix: ot.Fix}
 	case errors.As(err, &nc):
 		return notCompacted(err)
 	}

@@ -18,10 +18,12 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
+	"github.com/outbox-cdc/outbox-cdc/pgopt"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
@@ -140,13 +142,13 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 		return nil, err
 	}
 	if cfg.QueueSize <= 0 {
-		cfg.QueueSize = 1024
+		cfg.QueueSize = pgopt.DefaultQueueMessages
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = kafkaopt.DefaultDrainTimeout
 	}
 	if cfg.MonitorInterval <= 0 {
-		cfg.MonitorInterval = 10 * time.Second
+		cfg.MonitorInterval = pgopt.DefaultMonitorInterval
 	}
 	if cfg.GuardInterval <= 0 {
 		cfg.GuardInterval = defaultGuardInterval
@@ -397,7 +399,7 @@ func (p *Pipeline) shutdown(ctx context.Context, r *running, cause error) error 
 
 // fatalReason labels a fatal error for outbox_cdc_fatal_errors_total.
 func fatalReason(err error) string {
-	var f *replication.FatalError
+	var f *fault.FatalError
 	var d *deliveryError
 	switch {
 	case errors.As(err, &f) && f.Reason != "":

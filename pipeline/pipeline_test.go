@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/internal/pgwire"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -328,7 +329,7 @@ func TestProcess(t *testing.T) {
 		plan: plan{schemaFrom: []lsn.LSN{0x100}},
 		run: func(h *harness) {
 			h.data(pgwire.Begin(0x200, at, 1), outboxRelation("event_type"))
-			var f *replication.FatalError
+			var f *fault.FatalError
 			if err := h.ended(); !errors.As(err, &f) || f.Reason != "schema_mismatch" {
 				h.t.Fatalf("processor ended with %v, want a schema_mismatch fatal error", err)
 			}

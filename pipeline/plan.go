@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
@@ -412,7 +413,7 @@ func (su *starter) setupReplay(ctx context.Context, pl *plan) error {
 		return fmt.Errorf("replay: slot %s: %w", src.Slot, err)
 	}
 	if r.From < info.Confirmed {
-		return &replication.PrerequisiteError{
+		return &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("LSN %v is older than what slot %s retains", r.From, src.Slot),
 			Fix:     fmt.Sprintf("the oldest replayable LSN is %v; keep a longer window with postgres.retain", info.Confirmed),
 		}

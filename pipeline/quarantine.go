@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
@@ -86,7 +87,7 @@ func startSink(ctx context.Context, src replication.Source, cfg sink.Config, log
 func notCompacted(err error) error {
 	var nc *quarantine.NotCompactedError
 	if errors.As(err, &nc) {
-		return &replication.PrerequisiteError{
+		return &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("kafka.quarantine_topic %s has cleanup.policy %s: quarantines would be deleted with old segments", nc.Topic, nc.Policy),
 			Fix:     fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact (or name a new topic: it is created compacted)", nc.Topic),
 		}

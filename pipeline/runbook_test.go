@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // TestRunbook: a lost slot's error gains the repair command, starting
@@ -16,7 +16,7 @@ import (
 func TestRunbook(t *testing.T) {
 	commit := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	p := &Pipeline{cfg: Config{ConfigPath: "/etc/outbox-cdc.yaml"}}
-	lost := &replication.FatalError{Reason: "slot_invalidated", Err: errors.New("slot x was invalidated")}
+	lost := &fault.FatalError{Reason: "slot_invalidated", Err: errors.New("slot x was invalidated")}
 	if got := p.runbook(lost); got != error(lost) {
 		t.Fatalf("without a checkpoint: %v, want the error unchanged", got)
 	}
@@ -24,11 +24,11 @@ func TestRunbook(t *testing.T) {
 	p.held.Holds(offsets.Checkpoint{LSN: 0x500, CommitTime: commit})
 	got := p.runbook(fmt.Errorf("stream: %w", lost))
 	want := "outbox-cdc verify --config /etc/outbox-cdc.yaml --repair --since 2026-11-30T11:55:00Z"
-	var f *replication.FatalError
+	var f *fault.FatalError
 	if !strings.Contains(got.Error(), want) || !errors.As(got, &f) || f.Reason != "slot_invalidated" {
 		t.Fatalf("runbook: %v\nwant it to contain %q and keep the reason", got, want)
 	}
-	other := &replication.FatalError{Reason: "schema_mismatch", Err: errors.New("column gone")}
+	other := &fault.FatalError{Reason: "schema_mismatch", Err: errors.New("column gone")}
 	if got := p.runbook(other); got != error(other) {
 		t.Fatalf("schema error changed: %v", got)
 	}

@@ -8,9 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // progress is what a run delivered so far: the snapshot finished, the
@@ -56,7 +56,7 @@ const repairMargin = 5 * time.Minute
 // what to run once a new slot exists: the events committed after the last
 // checkpoint were not delivered and are in the outbox table only.
 func (p *Pipeline) runbook(err error) error {
-	var f *replication.FatalError
+	var f *fault.FatalError
 	if !errors.As(err, &f) || !slices.Contains([]string{"slot_missing", "slot_invalidated", "slot_or_publication_missing"}, f.Reason) {
 		return err
 	}
@@ -64,7 +64,7 @@ func (p *Pipeline) runbook(err error) error {
 	if !ok {
 		return err
 	}
-	return &replication.FatalError{Reason: f.Reason, Err: fmt.Errorf("%w\n%s", err, p.repairCommand(last))}
+	return &fault.FatalError{Reason: f.Reason, Err: fmt.Errorf("%w\n%s", err, p.repairCommand(last))}
 }
 
 // repairHold is where a lost slot's rows may begin, for retention: the

@@ -7,19 +7,12 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 )
 
-// PrerequisiteError is a server setting or privilege that must change before
-// the connector can run. It is fatal: retrying cannot fix it.
-type PrerequisiteError struct {
-	Problem string
-	Fix     string
-}
-
-func (e *PrerequisiteError) Error() string { return e.Problem + "; " + e.Fix }
-
 // Check verifies the server prerequisites. It returns every problem it finds,
-// joined, each a *PrerequisiteError, or a connection error.
+// joined, each a *fault.PrerequisiteError, or a connection error.
 func Check(ctx context.Context, src Source) error {
 	conn, err := src.DB.connect(ctx)
 	if err != nil {
@@ -31,7 +24,9 @@ func Check(ctx context.Context, src Source) error {
 
 func check(ctx context.Context, conn *pgx.Conn, src Source) error {
 	var problems []error
-	add := func(problem, fix string) { problems = append(problems, &PrerequisiteError{problem, fix}) }
+	add := func(problem, fix string) {
+		problems = append(problems, &fault.PrerequisiteError{Problem: problem, Fix: fix})
+	}
 
 	var walLevel string
 	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
@@ -342,31 +343,38 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 		return fmt.Errorf("checkpoint store: save: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		var beyond bool
-		if err := conn.QueryRow(ctx, `SELECT $1::pg_lsn > `+walPosition, c.LSN).Scan(&beyond); err != nil {
+		return s.notSaved(ctx, conn, c, proven != "")
+	}
+	return nil
+}
+
+// notSaved says why a save changed no row: a position beyond the server's
+// WAL end, a mark the server lacks (both: a restore while the connector
+// ran), else a later checkpoint another connector saved (offsets.ErrStale).
+func (s *TableStore) notSaved(ctx context.Context, conn *pgx.Conn, c offsets.Checkpoint, proven bool) error {
+	var beyond bool
+	if err := conn.QueryRow(ctx, `SELECT $1::pg_lsn > `+walPosition, c.LSN).Scan(&beyond); err != nil {
+		s.reset(ctx)
+		return fmt.Errorf("checkpoint store: save: %w", err)
+	}
+	if beyond {
+		return fmt.Errorf("checkpoint store: not saved: %v lies beyond the WAL end of the server that holds %s "+
+			"(restored from an older copy while the connector ran?)", c.LSN, s.table)
+	}
+	if proven {
+		var found bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.marks+" WHERE slot = $1 AND mark = $2)", s.slot,
+			int64(c.Mark)).Scan(&found); err != nil {
 			s.reset(ctx)
 			return fmt.Errorf("checkpoint store: save: %w", err)
 		}
-		if beyond {
-			return fmt.Errorf("checkpoint store: not saved: %v lies beyond the WAL end of the server that holds %s "+
-				"(restored from an older copy while the connector ran?)", c.LSN, s.table)
+		if !found {
+			return fmt.Errorf("checkpoint store: not saved: the server that holds %s lacks history mark %d, which proves %v: "+
+				"it was restored from an older copy or replaced while the connector ran; the connector stops when its "+
+				"stream reconnects there, and the restart resumes from the restored checkpoint", s.table, c.Mark, c.LSN)
 		}
-		if proven != "" {
-			var found bool
-			if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+s.marks+" WHERE slot = $1 AND mark = $2)", s.slot,
-				int64(c.Mark)).Scan(&found); err != nil {
-				s.reset(ctx)
-				return fmt.Errorf("checkpoint store: save: %w", err)
-			}
-			if !found {
-				return fmt.Errorf("checkpoint store: not saved: the server that holds %s lacks history mark %d, which proves %v: "+
-					"it was restored from an older copy or replaced while the connector ran; the connector stops when its "+
-					"stream reconnects there, and the restart resumes from the restored checkpoint", s.table, c.Mark, c.LSN)
-			}
-		}
-		return offsets.ErrStale
 	}
-	return nil
+	return offsets.ErrStale
 }
 
 // serverTimeline is the timeline the server writes WAL on now: the first
@@ -466,7 +474,7 @@ func NotInHistory(at lsn.LSN, tli int32, srv Server) string {
 }
 
 func refuseCheckpoint(c offsets.Checkpoint, why, forget string) error {
-	return &PrerequisiteError{
+	return &fault.PrerequisiteError{
 		Problem: fmt.Sprintf("checkpoint %v %s", c.LSN, why),
 		Fix: "if it does not belong to this slot, drop it and start again, which streams from the slot's confirmed position: " +
 			forget + "; to publish a range of events again, use outbox-cdc replay (docs/operations.md)",

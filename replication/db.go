@@ -25,18 +25,6 @@ type DB struct {
 // anew each time). Its error must not contain the password.
 type PasswordFunc func(ctx context.Context) (string, error)
 
-// NewDB returns a DB for a parsed configuration; cfg is copied.
-func NewDB(cfg *pgconn.Config) (*DB, error) {
-	// pgx only connects with a configuration made by its ParseConfig: parse
-	// an empty one and put the given connection settings in it.
-	cc, err := pgx.ParseConfig("")
-	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	cc.Config = *cfg.Copy()
-	return &DB{cfg: cc}, nil
-}
-
 // ParseDB parses dsn; a non-nil password replaces the DSN's password at
 // every connection attempt.
 func ParseDB(dsn string, password PasswordFunc) (*DB, error) {

@@ -8,27 +8,12 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 )
 
-// FatalError is an error that retrying cannot fix.
-type FatalError struct {
-	Err error
-	// Reason is a short label for metrics: slot_missing, slot_invalidated, ...
-	Reason string
-}
-
-func (e *FatalError) Error() string { return e.Err.Error() }
-func (e *FatalError) Unwrap() error { return e.Err }
-
 func fatalf(format string, args ...any) error {
-	return &FatalError{Err: fmt.Errorf(format, args...)}
-}
-
-// IsFatal reports whether err must stop the connector rather than be retried.
-func IsFatal(err error) bool {
-	var f *FatalError
-	var p *PrerequisiteError
-	return errors.As(err, &f) || errors.As(err, &p)
+	return &fault.FatalError{Err: fmt.Errorf(format, args...)}
 }
 
 // classify marks server errors that retrying cannot fix as fatal, with a
@@ -46,14 +31,14 @@ func classify(err error) error {
 		strings.HasPrefix(pgErr.Code, "53"), strings.HasPrefix(pgErr.Code, "58"):
 		return err
 	case pgErr.Code == "42704": // undefined_object: slot or publication
-		return &FatalError{Reason: "slot_or_publication_missing", Err: fmt.Errorf("%w (the slot or the publication was dropped: "+
+		return &fault.FatalError{Reason: "slot_or_publication_missing", Err: fmt.Errorf("%w (the slot or the publication was dropped: "+
 			"restart to recreate it; if the same error returns, the WAL written while the publication was missing cannot be decoded: "+
 			"drop the slot, restart, and reconcile events committed after the checkpoint LSN (docs/operations.md))", err)}
 	case pgErr.Code == "55000": // object_not_in_prerequisite_state, e.g. an invalidated slot
-		return &FatalError{Reason: "slot_invalidated", Err: fmt.Errorf("%w (the slot was invalidated, likely by max_slot_wal_keep_size: "+
+		return &fault.FatalError{Reason: "slot_invalidated", Err: fmt.Errorf("%w (the slot was invalidated, likely by max_slot_wal_keep_size: "+
 			"drop and recreate it, then reconcile events after the checkpoint LSN)", err)}
 	}
-	return &FatalError{Reason: "server_error", Err: err}
+	return &fault.FatalError{Reason: "server_error", Err: err}
 }
 
 // Transient reports whether err says the server or the way to it went away

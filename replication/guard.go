@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -82,7 +83,7 @@ func NewGuard(ctx context.Context, src Source, from lsn.LSN) (*Guard, error) {
 	}
 	if why := s.LeftStream(src, s.Membership) + s.SchemaProblem(src); why != "" {
 		g.watch.Close()
-		return nil, &PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"Changing the outbox table while the connector runs\""}
+		return nil, &fault.PrerequisiteError{Problem: why, Fix: "see docs/operations.md, \"Changing the outbox table while the connector runs\""}
 	}
 	g.start, g.first = s.Membership, s.Before
 	g.addFloor(s)

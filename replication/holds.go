@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/retention"
 )
 
@@ -90,7 +91,7 @@ func (h *Holds) Add(ctx context.Context, hold retention.Hold, since time.Time) e
 			strings.Replace(h.DDL(), "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
 		if _, err := conn.Exec(ctx, ddl); err != nil {
 			schema := pgx.Identifier{h.schema}.Sanitize()
-			return &PrerequisiteError{
+			return &fault.PrerequisiteError{
 				Problem: fmt.Sprintf("the repair holds table %s is missing and this role cannot create it: %v", h.table, err),
 				Fix: fmt.Sprintf("have an administrator run: CREATE SCHEMA IF NOT EXISTS %s; %s; GRANT USAGE ON SCHEMA %s TO <role>; "+
 					"GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO <role>", schema, h.DDL(), schema, h.table),

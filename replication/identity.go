@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -90,13 +91,13 @@ func followTimeline(old int32, start lsn.LSN, srv Server) error {
 	fork, ok := srv.ForkPoint(old)
 	switch {
 	case !ok:
-		return &FatalError{Reason: "timeline_fork", Err: &PrerequisiteError{
+		return &fault.FatalError{Reason: "timeline_fork", Err: &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("the server moved from timeline %d to %d, which does not descend from it: positions streamed so far mean nothing here",
 				old, srv.Timeline),
 			Fix: "check that the DSN reaches the intended cluster; restart the connector to stream from the slot's own position",
 		}}
 	case start > fork:
-		return &FatalError{Reason: "timeline_fork", Err: &PrerequisiteError{
+		return &fault.FatalError{Reason: "timeline_fork", Err: &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("the server moved from timeline %d to %d at %v, but the connector had streamed timeline %d up to %v: "+
 				"transactions published after %v may not exist on this server, and resuming would skip what it wrote after %v",
 				old, srv.Timeline, fork, old, start, fork, fork),
@@ -122,13 +123,13 @@ func followTimeline(old int32, start lsn.LSN, srv Server) error {
 func sameServer(systemID string, start lsn.LSN, srv Server, standby bool) error {
 	switch {
 	case systemID != "" && srv.SystemID != systemID:
-		return &FatalError{Reason: "server_rewound", Err: &PrerequisiteError{
+		return &fault.FatalError{Reason: "server_rewound", Err: &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("the reconnect reached database system %s, but the connector streamed database system %s: "+
 				"positions streamed so far mean nothing there", srv.SystemID, systemID),
 			Fix: "check that postgres.dsn reaches the intended cluster; restart the connector to run its start checks",
 		}}
 	case !standby && srv.WALEnd < start:
-		return &FatalError{Reason: "server_rewound", Err: &PrerequisiteError{
+		return &fault.FatalError{Reason: "server_rewound", Err: &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("the server's WAL ends at %v on timeline %d, before %v, which it had sent the connector: "+
 				"it was restored from an older copy of its data directory; resuming would skip every transaction it commits below %v",
 				srv.WALEnd, srv.Timeline, start, start),
@@ -212,7 +213,7 @@ func (s *Stream) checkMark(ctx context.Context, conn *pgconn.PgConn, at ResumeAt
 	if found {
 		return nil
 	}
-	return &FatalError{Reason: "server_rewound", Err: &PrerequisiteError{
+	return &fault.FatalError{Reason: "server_rewound", Err: &fault.PrerequisiteError{
 		Problem: fmt.Sprintf("the server lacks history mark %d (%s), which the connector decoded at or after %v: it was "+
 			"restored from an older copy or replaced by a server that was behind; resuming would skip every transaction "+
 			"it commits below %v", at.Mark, s.cfg.MarksTable, at.Pos, at.Pos),

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -90,7 +91,7 @@ func (m *Marks) Prepare(ctx context.Context) (uint64, lsn.LSN, error) {
 			strings.Replace(m.DDL(), "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
 		if _, err := conn.Exec(ctx, ddl); err != nil {
 			m.reset(ctx)
-			return 0, 0, &PrerequisiteError{
+			return 0, 0, &fault.PrerequisiteError{
 				Problem: fmt.Sprintf("the history marks table %s is missing and this role cannot create it: %v", m.table, err),
 				Fix:     m.adminFix(),
 			}
@@ -98,7 +99,7 @@ func (m *Marks) Prepare(ctx context.Context) (uint64, lsn.LSN, error) {
 	}
 	id, below, err := m.Write(ctx)
 	if err != nil {
-		return 0, 0, &PrerequisiteError{
+		return 0, 0, &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("cannot write a history mark: %v", err),
 			Fix: fmt.Sprintf("GRANT SELECT, INSERT, DELETE ON %s TO <role>; GRANT EXECUTE ON FUNCTION "+
 				"pg_logical_emit_message(boolean, text, text) TO <role>", m.table),
@@ -269,10 +270,10 @@ func (m *Marks) Check(ctx context.Context) error {
 	}
 	switch {
 	case exists && !use:
-		return &PrerequisiteError{Problem: fmt.Sprintf("this role may not use the history marks table %s", m.table),
+		return &fault.PrerequisiteError{Problem: fmt.Sprintf("this role may not use the history marks table %s", m.table),
 			Fix: fmt.Sprintf("GRANT SELECT, INSERT, DELETE ON %s TO <role>", m.table)}
 	case !exists && !create:
-		return &PrerequisiteError{Problem: fmt.Sprintf("the history marks table %s is missing and this role may not create it", m.table),
+		return &fault.PrerequisiteError{Problem: fmt.Sprintf("the history marks table %s is missing and this role may not create it", m.table),
 			Fix: m.adminFix()}
 	}
 	return nil

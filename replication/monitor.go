@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 )
 
@@ -88,7 +89,7 @@ func (m *Monitor) slotStats(ctx context.Context) {
 	info, err := m.Source.DB.Slot(ctx, slot)
 	switch {
 	case errors.Is(err, ErrNoSlot):
-		m.Fail(&FatalError{Reason: "slot_missing", Err: fmt.Errorf("replication slot %s was dropped while the connector ran; "+
+		m.Fail(&fault.FatalError{Reason: "slot_missing", Err: fmt.Errorf("replication slot %s was dropped while the connector ran; "+
 			"events committed since are not in any stream: restart to recreate it, then reconcile from the last checkpoint", slot)})
 		return
 	case err != nil:

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -222,7 +223,7 @@ func LeftStreamError(src Source, why string, verified lsn.LSN, backfill bool) er
 		tail += "rows written while the table was outside the publication are not in the WAL stream and, with " +
 			"checkpoint.store none, cannot be backfilled: republish them from the table"
 	}
-	return &FatalError{Reason: "outbox_left_stream", Err: fmt.Errorf("%w: %s; %s; %s", errNotPublished, why, fix, tail)}
+	return &fault.FatalError{Reason: "outbox_left_stream", Err: fmt.Errorf("%w: %s; %s; %s", errNotPublished, why, fix, tail)}
 }
 
 // copyCovers checks the result of pg_copy_logical_replication_slot: the
@@ -237,7 +238,7 @@ func copyCovers(res []*pgconn.Result, slot string, from lsn.LSN) error {
 		return fatalf("copy slot %s: %v", slot, err)
 	}
 	if pos > from {
-		return &PrerequisiteError{
+		return &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("LSN %v is older than what slot %s retains: it moved to %v while the replay started", from, slot, pos),
 			Fix:     fmt.Sprintf("the oldest replayable LSN is now %v; keep a longer window with postgres.retain", pos),
 		}

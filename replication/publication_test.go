@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -91,7 +92,7 @@ func TestCopyCovers(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("copyCovers = %v, want %q", err, tc.wantErr)
 			}
-			if !IsFatal(err) {
+			if !fault.IsFatal(err) {
 				t.Errorf("%v is retried, want fatal", err)
 			}
 		})

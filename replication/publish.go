@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 )
 
 // EnsurePublication creates the publication if it is missing and checks it
@@ -41,7 +43,7 @@ func publishOnPrimary(ctx context.Context, conn *pgx.Conn, src Source) error {
 		if err != nil {
 			return err
 		}
-		return &PrerequisiteError{
+		return &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("publication %s does not exist, and the server is a standby where it cannot be created", src.Publication),
 			Fix:     "run on the primary: " + create + "; or set postgres.primary_dsn so the connector creates it there",
 		}
@@ -117,7 +119,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-				return &PrerequisiteError{
+				return &fault.PrerequisiteError{
 					Problem: fmt.Sprintf("cannot create publication %s: %s", src.Publication, pgErr.Message),
 					Fix:     "have the table owner run: " + sql,
 				}
@@ -131,14 +133,14 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
 	}
 	pub := pgx.Identifier{src.Publication}.Sanitize()
 	if !pubInsert {
-		return &PrerequisiteError{
+		return &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("publication %s does not publish inserts", src.Publication),
 			Fix:     fmt.Sprintf("run ALTER PUBLICATION %s SET (publish = 'insert')", pub),
 		}
 	}
 	for i, t := range src.Tables() {
 		if partitioned[i] && !viaRoot {
-			return &PrerequisiteError{
+			return &fault.PrerequisiteError{
 				Problem: fmt.Sprintf("publication %s publishes the partitions of %s under their own names (publish_via_partition_root is off), "+
 					"so their rows would not be recognised as outbox rows", src.Publication, t.qualified()),
 				Fix: fmt.Sprintf("run ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pub),
@@ -150,7 +152,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, src Source) error {
 			return fmt.Errorf("read publication tables: %w", err)
 		}
 		if !member {
-			return &PrerequisiteError{
+			return &fault.PrerequisiteError{
 				Problem: fmt.Sprintf("publication %s does not include %s", src.Publication, t.qualified()),
 				Fix:     fmt.Sprintf("run ALTER PUBLICATION %s ADD TABLE %s", pub, t.qualified()),
 			}

@@ -2,15 +2,14 @@ package replication
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -343,12 +342,12 @@ func (s Source) snapshotOrder(ctx context.Context, q rowQuerier, by string) ([]s
 	case exists:
 		by = want
 	case by != "":
-		return nil, &PrerequisiteError{Problem: fmt.Sprintf("snapshot.order_by: %s has no column %s", table, by),
+		return nil, &fault.PrerequisiteError{Problem: fmt.Sprintf("snapshot.order_by: %s has no column %s", table, by),
 			Fix: "set snapshot.order_by to a column of the outbox table, or leave it empty to order by created_at or the primary key"}
 	}
 	order := orderColumns(by, pk)
 	if len(order) == 0 {
-		return nil, &PrerequisiteError{Problem: fmt.Sprintf("%s has no primary key, so its snapshot has no stable order", table),
+		return nil, &fault.PrerequisiteError{Problem: fmt.Sprintf("%s has no primary key, so its snapshot has no stable order", table),
 			Fix: "set snapshot.order_by to a column such as created_at, or add a primary key"}
 	}
 	return order, nil
@@ -390,57 +389,6 @@ func (s Source) CheckSnapshotOrder(ctx context.Context, orderBy string) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	_, err = s.snapshotOrder(ctx, conn, orderBy)
 	return err
-}
-
-// HeartbeatPrefix is the logical message prefix of heartbeats.
-const HeartbeatPrefix = "outbox-cdc-heartbeat"
-
-// ErrHeartbeatDenied is returned by Heartbeat.Beat when the role may not
-// call pg_logical_emit_message.
-var ErrHeartbeatDenied = errors.New("heartbeat denied")
-
-// Heartbeat writes heartbeats on a connection of its own, opened on first
-// use and after errors. Use it from one goroutine.
-type Heartbeat struct {
-	db   *DB
-	conn *pgx.Conn
-}
-
-// NewHeartbeat returns a Heartbeat on db.
-func NewHeartbeat(db *DB) *Heartbeat { return &Heartbeat{db: db} }
-
-// Beat writes one heartbeat. Non-transactional: it is written even with no
-// transaction, so the walsender has WAL of this database to decode and
-// report. Errors other than ErrHeartbeatDenied are transient: the stream
-// reports connection trouble.
-func (h *Heartbeat) Beat(ctx context.Context) error {
-	if h.conn == nil || h.conn.IsClosed() {
-		c, err := h.db.connect(ctx)
-		if err != nil {
-			return fmt.Errorf("heartbeat: connect: %w", err)
-		}
-		h.conn = c
-	}
-	_, err := h.conn.Exec(ctx, "SELECT pg_logical_emit_message(false, $1, '')", HeartbeatPrefix)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "42501":
-		return ErrHeartbeatDenied
-	case err != nil && ctx.Err() == nil:
-		h.Close()
-	}
-	if err != nil {
-		return fmt.Errorf("heartbeat: %w", err)
-	}
-	return nil
-}
-
-// Close releases the connection.
-func (h *Heartbeat) Close() {
-	if h.conn != nil {
-		h.conn.Close(context.Background())
-		h.conn = nil
-	}
 }
 
 // columnScan reads the Mapping.Columns part of a rows query: each column's

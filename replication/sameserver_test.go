@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -35,8 +36,8 @@ func TestSameServer(t *testing.T) {
 				}
 				return
 			}
-			var pe *PrerequisiteError
-			if !IsFatal(err) || !errors.As(err, &pe) || !strings.Contains(pe.Problem, tt.want) {
+			var pe *fault.PrerequisiteError
+			if !fault.IsFatal(err) || !errors.As(err, &pe) || !strings.Contains(pe.Problem, tt.want) {
 				t.Fatalf("err = %v, want a fatal prerequisite error saying %q", err, tt.want)
 			}
 		})

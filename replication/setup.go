@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -180,13 +181,13 @@ func ensureSlot(ctx context.Context, conn *pgx.Conn, src Source, failover bool) 
 	info, err := slotInfo(ctx, conn, src.Slot)
 	if err == nil {
 		if info.Plugin != "pgoutput" {
-			return 0, false, &PrerequisiteError{
+			return 0, false, &fault.PrerequisiteError{
 				Problem: fmt.Sprintf("replication slot %s uses plugin %q, not pgoutput", src.Slot, info.Plugin),
 				Fix:     "choose another postgres.slot, or drop this slot if nothing else uses it",
 			}
 		}
 		if info.Database != conn.Config().Database {
-			return 0, false, &PrerequisiteError{
+			return 0, false, &fault.PrerequisiteError{
 				Problem: fmt.Sprintf("replication slot %s belongs to database %q, not %q", src.Slot, info.Database, conn.Config().Database),
 				Fix:     "connect to the slot's database or choose another postgres.slot",
 			}
@@ -224,7 +225,7 @@ var errNoSlot = errors.New("no such slot")
 
 // ErrSlotLost is the fatal error for an invalidated slot.
 func ErrSlotLost(slot string) error {
-	return &FatalError{Reason: "slot_invalidated", Err: &PrerequisiteError{
+	return &fault.FatalError{Reason: "slot_invalidated", Err: &fault.PrerequisiteError{
 		Problem: fmt.Sprintf("replication slot %s was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)", slot),
 		Fix:     "events after its last confirmed position may be missing from Kafka; drop the slot, recreate it and reconcile",
 	}}

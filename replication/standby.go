@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 )
 
 // walPosition is the server's WAL position as a query reads it: on a
@@ -43,38 +45,38 @@ type standbyFacts struct {
 }
 
 // problems are the prerequisites facts fail, every one (none on a primary).
-func (f standbyFacts) problems() []*PrerequisiteError {
+func (f standbyFacts) problems() []*fault.PrerequisiteError {
 	if !f.Recovery {
 		return nil
 	}
 	if f.Major < standbyVersion {
-		return []*PrerequisiteError{{
+		return []*fault.PrerequisiteError{{
 			Problem: fmt.Sprintf("the server is a standby (in recovery) running PostgreSQL %s; logical decoding on a standby needs %d or later",
 				f.Version, standbyVersion),
 			Fix: fmt.Sprintf("point postgres.dsn at the primary, or upgrade to PostgreSQL %d", standbyVersion),
 		}}
 	}
-	var out []*PrerequisiteError
+	var out []*fault.PrerequisiteError
 	if !f.HotStandbyFeedback {
-		out = append(out, &PrerequisiteError{
+		out = append(out, &fault.PrerequisiteError{
 			Problem: "hot_standby_feedback is off on the standby: the primary would remove catalog rows the slot needs and the standby would invalidate the slot",
 			Fix:     "set hot_standby_feedback = on on the standby (ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf())",
 		})
 	}
 	if f.PrimarySlot == "" {
-		out = append(out, &PrerequisiteError{
+		out = append(out, &fault.PrerequisiteError{
 			Problem: "primary_slot_name is not set on the standby: without a physical slot the primary may remove WAL and catalog rows the standby's slot still needs",
 			Fix:     "create a physical slot on the primary (SELECT pg_create_physical_replication_slot('standby1')) and set primary_slot_name on the standby",
 		})
 	}
 	if f.TableStore && !f.Primary {
-		out = append(out, &PrerequisiteError{
+		out = append(out, &fault.PrerequisiteError{
 			Problem: "checkpoint.store is table, but the server is a read-only standby",
 			Fix:     "set postgres.primary_dsn so the checkpoint table is written on the primary, or set checkpoint.store: file",
 		})
 	}
 	if f.Failover == FailoverOn {
-		out = append(out, &PrerequisiteError{
+		out = append(out, &fault.PrerequisiteError{
 			Problem: "postgres.failover_slot is on, but failover slots are created on a primary; this server is a standby",
 			Fix:     "set postgres.failover_slot: auto or off, or point postgres.dsn at the primary",
 		})
@@ -101,7 +103,7 @@ func readStandbyFacts(ctx context.Context, conn *pgx.Conn, src Source) (standbyF
 // checkPrimary checks postgres.primary_dsn against the server: the same
 // database system (a physical standby shares its primary's system
 // identifier), and a server that is not itself in recovery.
-func checkPrimary(ctx context.Context, conn *pgx.Conn, src Source) ([]*PrerequisiteError, error) {
+func checkPrimary(ctx context.Context, conn *pgx.Conn, src Source) ([]*fault.PrerequisiteError, error) {
 	if src.Primary == nil {
 		return nil, nil
 	}
@@ -119,26 +121,26 @@ func checkPrimary(ctx context.Context, conn *pgx.Conn, src Source) ([]*Prerequis
 	if err := pc.QueryRow(ctx, q).Scan(&psys, &precovery, &walLevel); err != nil {
 		return nil, fmt.Errorf("postgres.primary_dsn: read system identifier: %w", err)
 	}
-	var out []*PrerequisiteError
+	var out []*fault.PrerequisiteError
 	switch {
 	case psys != sys && recovery:
-		out = append(out, &PrerequisiteError{
+		out = append(out, &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("postgres.primary_dsn is database system %s, but the standby of postgres.dsn is %s: not its primary", psys, sys),
 			Fix:     "point postgres.primary_dsn at the primary the standby replicates from",
 		})
 	case psys != sys:
-		out = append(out, &PrerequisiteError{
+		out = append(out, &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("postgres.dsn is a primary (database system %s) and postgres.primary_dsn another server (database system %s)", sys, psys),
 			Fix:     "unset postgres.primary_dsn (it is for a postgres.dsn that is a standby), or point it at the same server",
 		})
 	case precovery:
-		out = append(out, &PrerequisiteError{
+		out = append(out, &fault.PrerequisiteError{
 			Problem: "postgres.primary_dsn points at a server in recovery (a standby): heartbeats, the publication and the checkpoint table cannot be written there",
 			Fix:     "point postgres.primary_dsn at the primary",
 		})
 	}
 	if recovery && walLevel != "logical" {
-		out = append(out, &PrerequisiteError{
+		out = append(out, &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("wal_level is %q on the primary; logical decoding on a standby needs \"logical\" there", walLevel),
 			Fix:     "set wal_level = logical on the primary and restart it (the standby replays the change)",
 		})
@@ -206,7 +208,7 @@ func nudgeStandby(ctx context.Context, primary *DB) {
 func standbySlotError(slot string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55000" {
-		return &PrerequisiteError{
+		return &fault.PrerequisiteError{
 			Problem: fmt.Sprintf("cannot create replication slot %s on the standby: %s", slot, pgErr.Message),
 			Fix:     "set wal_level = logical on the primary and restart it (the standby replays the change), then start again",
 		}

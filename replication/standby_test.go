@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 )
 
 // TestStandbyProblems: what a server in recovery must have before the
@@ -63,7 +65,7 @@ func TestStandbyProblems(t *testing.T) {
 func TestStandbySlotError(t *testing.T) {
 	refused := fmt.Errorf("create replication slot s: %w", &pgconn.PgError{Code: "55000",
 		Message: "logical decoding on standby requires wal_level >= logical on the primary"})
-	var pe *PrerequisiteError
+	var pe *fault.PrerequisiteError
 	if err := standbySlotError("s", refused); !errors.As(err, &pe) || !strings.Contains(pe.Fix, "wal_level = logical on the primary") {
 		t.Errorf("refusal mapped to %v", err)
 	}

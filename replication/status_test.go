@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
@@ -88,10 +89,10 @@ func TestClassify(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := classify(tt.err)
-			if IsFatal(err) != tt.fatal {
-				t.Fatalf("classify(%v) fatal = %v, want %v", tt.err, IsFatal(err), tt.fatal)
+			if fault.IsFatal(err) != tt.fatal {
+				t.Fatalf("classify(%v) fatal = %v, want %v", tt.err, fault.IsFatal(err), tt.fatal)
 			}
-			var f *FatalError
+			var f *fault.FatalError
 			if tt.fatal && (!errors.As(err, &f) || f.Reason != tt.reason) {
 				t.Fatalf("classify(%v) = %v, want reason %q", tt.err, err, tt.reason)
 			}
@@ -152,7 +153,7 @@ func TestStreamReconnectChecks(t *testing.T) {
 		name    string
 		change  func(*fakeWalsender) // what happened to the server while the connection was down
 		resume  lsn.LSN
-		fatal   string // the FatalError's reason; "" resumes
+		fatal   string // the fault.FatalError's reason; "" resumes
 		mention string // in the fatal error
 	}{
 		{"new timeline, resume at the fork", promoted, 0x200, "", ""},
@@ -190,7 +191,7 @@ func TestStreamReconnectChecks(t *testing.T) {
 				break
 			}
 			if tt.fatal != "" {
-				var fe *FatalError
+				var fe *fault.FatalError
 				select {
 				case err := <-done:
 					if !errors.As(err, &fe) || fe.Reason != tt.fatal || !strings.Contains(err.Error(), tt.mention) {

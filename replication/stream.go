@@ -16,8 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/pgopt"
 )
 
 // Positions is what the stream needs to know of delivery: the acknowledged
@@ -101,35 +103,27 @@ type Stream struct {
 // NewStream prepares a stream; Run starts it.
 func NewStream(cfg Config, pos Positions, m *metrics.Metrics, log *slog.Logger) *Stream {
 	if cfg.StatusInterval <= 0 {
-		cfg.StatusInterval = time.Second
+		cfg.StatusInterval = pgopt.DefaultStatusInterval
 	}
 	if cfg.ConfirmDelay <= 0 {
 		cfg.ConfirmDelay = 5 * time.Millisecond
 	}
 	if cfg.BackoffMax <= 0 {
-		cfg.BackoffMax = 30 * time.Second
+		cfg.BackoffMax = pgopt.DefaultBackoffMax
 	}
 	if cfg.QueueBytes <= 0 {
-		cfg.QueueBytes = DefaultQueueBytes
+		cfg.QueueBytes = pgopt.DefaultQueueBytes
 	}
 	if cfg.QueueMessages <= 0 {
-		cfg.QueueMessages = DefaultQueueMessages
+		cfg.QueueMessages = pgopt.DefaultQueueMessages
 	}
 	if cfg.ReceiveTimeout <= 0 {
-		cfg.ReceiveTimeout = DefaultReceiveTimeout
+		cfg.ReceiveTimeout = pgopt.DefaultReceiveTimeout
 	}
 	rc, cancel := context.WithCancel(context.Background())
 	return &Stream{cfg: cfg, pos: pos, log: log, m: m, buf: newBudget(cfg.QueueBytes, int64(cfg.QueueMessages)),
 		batchMsgs: max(1, min(batchMessages, cfg.QueueMessages/4)), batchBytes: min(batchBytes, cfg.QueueBytes/4), stopRead: make(chan struct{}), readCtx: rc, cancel: cancel}
 }
-
-// Defaults of Config.
-const (
-	DefaultQueueBytes    = 64 << 20
-	DefaultQueueMessages = 1024
-	// As PostgreSQL's own wal_receiver_timeout.
-	DefaultReceiveTimeout = 60 * time.Second
-)
 
 // errSilent reports a connection on which the server stopped answering; it
 // is retried like any other loss.
@@ -184,11 +178,11 @@ func (s *Stream) Run(ctx context.Context, out chan<- *Batch) error {
 			<-ctx.Done()
 			return nil
 		}
-		if IsFatal(err) {
+		if fault.IsFatal(err) {
 			return err
 		}
 		if s.cfg.CopyOf != "" {
-			return &FatalError{Err: fmt.Errorf("replay connection lost: %w", err)}
+			return &fault.FatalError{Err: fmt.Errorf("replay connection lost: %w", err)}
 		}
 		if time.Since(began) > time.Minute {
 			backoff = 100 * time.Millisecond

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
@@ -54,9 +55,9 @@ func TestCheckpointTrust(t *testing.T) {
 				}
 				return
 			}
-			var pe *PrerequisiteError
+			var pe *fault.PrerequisiteError
 			if !errors.As(err, &pe) {
-				t.Fatalf("err = %v, want a *PrerequisiteError (exit 1)", err)
+				t.Fatalf("err = %v, want a *fault.PrerequisiteError (exit 1)", err)
 			}
 			for _, w := range append(tt.want, forget, "outbox-cdc replay") {
 				if !strings.Contains(err.Error(), w) {

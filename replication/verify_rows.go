@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/retention"
 )
 
@@ -47,7 +48,7 @@ var timeTypes = map[string]bool{"timestamp with time zone": true, "timestamp wit
 
 // ReadRange opens a range read. The time column is spec.OrderBy when set,
 // else created_at; a table with neither, or with one that is not a
-// timestamp, is refused with a *PrerequisiteError naming the fix. A zero
+// timestamp, is refused with a *fault.PrerequisiteError naming the fix. A zero
 // until means no upper bound; then the rows a lost slot's hold keeps
 // (retention.Hold: by transaction, whatever their time) are read too.
 func (s Source) ReadRange(ctx context.Context, spec RowSpec, since, until time.Time, held retention.Hold) (*RangeRead, error) {
@@ -87,14 +88,14 @@ func (s Source) prepareRange(ctx context.Context, r *RangeRead, spec RowSpec, si
 	}
 	switch {
 	case typ == "" && spec.OrderBy == "":
-		return &PrerequisiteError{Problem: fmt.Sprintf("verify: %s has no created_at column to select rows by time", table),
+		return &fault.PrerequisiteError{Problem: fmt.Sprintf("verify: %s has no created_at column to select rows by time", table),
 			Fix: "set snapshot.order_by to a timestamp column the application sets at insert, or add one: " +
 				"ALTER TABLE " + table + " ADD COLUMN created_at timestamptz NOT NULL DEFAULT now() (rows written before it get the time of the ALTER)"}
 	case typ == "":
-		return &PrerequisiteError{Problem: fmt.Sprintf("verify: snapshot.order_by: %s has no column %s", table, col),
+		return &fault.PrerequisiteError{Problem: fmt.Sprintf("verify: snapshot.order_by: %s has no column %s", table, col),
 			Fix: "set snapshot.order_by to a timestamp column of the outbox table, or leave it empty to use created_at"}
 	case !timeTypes[base]:
-		return &PrerequisiteError{Problem: fmt.Sprintf("verify: column %s of %s is %s, not a timestamp: it cannot select rows by time", col, table, typ),
+		return &fault.PrerequisiteError{Problem: fmt.Sprintf("verify: column %s of %s is %s, not a timestamp: it cannot select rows by time", col, table, typ),
 			Fix: "set snapshot.order_by to a timestamptz column set at insert (such as created_at)"}
 	}
 	order, err := s.snapshotOrder(ctx, r.tx, col)

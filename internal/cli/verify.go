@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
 	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/retention"
@@ -158,7 +159,7 @@ func (o *verifyOpts) openTables(ctx context.Context, pc pipeline.Config, stderr 
 		}
 		spec := replication.RowSpec{Mapping: tables[i].Mapping, OrderBy: pc.SnapshotOrderBy, Table: i}
 		rr, err := src.ReadRange(ctx, spec, o.since.Time, o.until.Time, o.hold)
-		var pre *replication.PrerequisiteError
+		var pre *fault.PrerequisiteError
 		switch {
 		case errors.As(err, &pre):
 			// The table cannot be read by time: fix the configuration or the

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
+	"github.com/outbox-cdc/outbox-cdc/pgopt"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
@@ -249,10 +250,11 @@ func Default() Config {
 	return Config{
 		Postgres: Postgres{
 			Slot: "outbox_cdc", Publication: "outbox_cdc",
-			StatusInterval: time.Second, ReconnectBackoffMax: 30 * time.Second,
-			Retain: "0", HeartbeatInterval: 10 * time.Second,
-			RetainedWALWarnBytes: 1 << 30, QueueBytes: 64 << 20, ReceiveTimeout: 60 * time.Second,
-			FailoverSlot: "auto", PasswordCommandTimeout: 10 * time.Second,
+			StatusInterval: pgopt.DefaultStatusInterval, ReconnectBackoffMax: pgopt.DefaultBackoffMax,
+			Retain: "0", HeartbeatInterval: pgopt.DefaultHeartbeatInterval,
+			RetainedWALWarnBytes: pgopt.DefaultRetainedWALWarn, QueueBytes: pgopt.DefaultQueueBytes,
+			ReceiveTimeout: pgopt.DefaultReceiveTimeout, FailoverSlot: "auto",
+			PasswordCommandTimeout: pgopt.DefaultPasswordCommandTimeout,
 		},
 		Outbox: Outbox{
 			Table: "public.outbox",

@@ -19,9 +19,9 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/internal/cli"
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // Exactly-once mode (kafka.delivery exactly_once) against the real broker:
@@ -420,7 +420,7 @@ func TestExactlyOncePositionsTopicPolicy(t *testing.T) {
 	cfg.Kafka.Delivery, cfg.Kafka.PositionsTopic = "exactly_once", positionsFor("eospolicy")
 	createTopic(t, cfg.Kafka.PositionsTopic, 1) // cleanup.policy delete, the broker default
 	err := runOnce(t, cfg)
-	var pre *replication.PrerequisiteError
+	var pre *fault.PrerequisiteError
 	if !errors.As(err, &pre) || !strings.Contains(pre.Error(), "cleanup.policy=compact") {
 		t.Fatalf("run: %v, want a prerequisite error naming cleanup.policy=compact", err)
 	}

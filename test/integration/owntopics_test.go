@@ -16,10 +16,10 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/internal/cli"
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/pipeline"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // TestOwnTopicsOnLockedDownBroker: on a broker that forbids
@@ -103,7 +103,7 @@ func TestOwnTopicsOnLockedDownBroker(t *testing.T) {
 		t.Logf("check:\n%s", out)
 		err := runPipeline(t, cfg)
 		t.Logf("run: %v", err)
-		var pre *replication.PrerequisiteError
+		var pre *fault.PrerequisiteError
 		if !errors.As(err, &pre) || !strings.Contains(pre.Fix, command+" --replication-factor 3 --config retention.bytes=-1 --config retention.ms=-1") {
 			t.Fatalf("run: %v, want a prerequisite error naming %q", err, command)
 		}
