@@ -2,13 +2,13 @@ package sink
 
 import (
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // Config is the producer configuration (the kafka section of the config file).
@@ -92,6 +92,11 @@ func (cfg Config) ConnOpts() ([]kgo.Opt, error) {
 	return opts, nil
 }
 
+// creation is how the producers create event topics.
+func (cfg Config) creation() kafka.Creation {
+	return kafka.Creation{Auto: cfg.AutoCreateTopics, Partitions: cfg.TopicPartitions, Replication: cfg.TopicReplicationFactor}
+}
+
 // BufferedRecords is kafka.max_buffered_records, or its default.
 func (cfg Config) BufferedRecords() int {
 	if cfg.MaxBufferedRecords <= 0 {
@@ -127,7 +132,7 @@ func (cfg Config) ProducerOpts(conn []kgo.Opt, log *slog.Logger, batchMax func(t
 		// Keyed records hash with murmur2 like the Java client, so the same
 		// aggregate_id lands in the same partition for every producer.
 		// A record with a partition column's value keeps it (partitioner).
-		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.RecordPartitioner(kafka.NewPartitioner()),
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ProducerBatchCompression(codec),
 		// A batch over the topic's limit is refused whole: cap each topic's
@@ -141,8 +146,7 @@ func (cfg Config) ProducerOpts(conn []kgo.Opt, log *slog.Logger, batchMax func(t
 		// Retry quickly after a broker comes back: franz-go's default backoff
 		// grows to seconds, which is what recovery after an outage then takes.
 		kgo.RetryBackoffFn(func(tries int) time.Duration {
-			d := min(100*time.Millisecond<<min(tries, 4), time.Second)
-			return d/2 + rand.N(d/2+1)
+			return kafka.Jitter(kafka.Backoff(100*time.Millisecond, time.Second, tries))
 		}),
 		kgo.MaxBufferedRecords(cfg.BufferedRecords()),
 	)

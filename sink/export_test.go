@@ -4,17 +4,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
-// BatchSize is batchSize for the tests: what a broker counts against
+// BatchSize is kafka.BatchSize for the tests: what a broker counts against
 // max.message.bytes for rec sent alone.
 func BatchSize(rec *router.Record) int {
 	r := kgo.Record{Key: rec.Key, Value: rec.Value}
 	for _, h := range rec.Headers {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 	}
-	return batchSize(&r)
+	return kafka.BatchSize(&r)
 }
 
 // Quarantined lists the quarantined aggregates, in no particular order (for

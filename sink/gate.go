@@ -88,7 +88,7 @@ func (g *gate) produce(r *record) {
 		}
 	}
 	g.waiting = append(g.waiting, r)
-	g.bytes += r.size
+	g.bytes += r.Size()
 	full := len(g.waiting) >= g.maxRecords || g.bytes >= g.maxBytes
 	g.mu.Unlock()
 	if full {

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
@@ -204,20 +205,20 @@ func ensureOwnTopic(ctx context.Context, adm *kadm.Client, o ownTopic, brokers [
 
 // checkOwnTopic checks an existing own topic's settings.
 func checkOwnTopic(o ownTopic, configs []kadm.Config, log *slog.Logger) error {
-	if policy, ok := KeepsLastPerKey(configs); o.compacted && !ok {
+	if policy, ok := kafka.KeepsLastPerKey(configs); o.compacted && !ok {
 		return &quarantine.NotCompactedError{Topic: o.name, Policy: policy}
 	}
 	for _, c := range configs {
 		switch v := c.MaybeValue(); {
-		case c.Key == "cleanup.policy" && o.keep && compacts(v):
+		case c.Key == "cleanup.policy" && o.keep && kafka.Compacts(v):
 			log.Warn("kafka: the connector's own topic is compacted: a key's older records in it are deleted before a redrive reads them",
 				"role", o.role, "topic", o.name, "cleanup.policy", v,
 				"fix", fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=delete,retention.ms=-1", o.name))
-		case c.Key == "retention.ms" && o.keep && finite(v):
+		case c.Key == "retention.ms" && o.keep && kafka.Finite(v):
 			log.Warn("kafka: the connector's own topic has a finite retention: records not redriven within it are deleted, and redrive cannot republish them",
 				"role", o.role, "topic", o.name, "retention.ms", v,
 				"fix", fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config retention.ms=-1", o.name))
-		case c.Key == "retention.bytes" && o.keep && finite(v):
+		case c.Key == "retention.bytes" && o.keep && kafka.Finite(v):
 			// The value is the topic's own or, without one, the broker's
 			// log.retention.bytes: either deletes by size.
 			log.Warn("kafka: the connector's own topic has a finite retention size: once a partition outgrows it, its oldest records are deleted, and redrive cannot republish them",

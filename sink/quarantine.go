@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
@@ -25,16 +26,11 @@ func (s *Sink) openQuarantine(cfg Config, conn []kgo.Opt, codec kgo.CompressionC
 		return
 	}
 	qc := quarantine.Config{Parking: cfg.ParkingTopic, DLQ: cfg.DLQTopic, Max: cfg.MaxQuarantined,
-		Topic: cfg.QuarantineTopic, Source: cfg.QuarantineSource, Owner: cfg.Owner, Fail: cfg.Fail, Report: cfg.Redrives}
-	k := quarantine.Kafka{Client: s.cl, Admin: s.adm, Conn: conn, Partitioner: newPartitioner, Codec: codec,
-		Replication: s.meta.replication, BatchSize: batchSize, BatchMax: defaultBatchMax, KeepsLastPerKey: KeepsLastPerKey}
-	s.q = quarantine.New(s.ctx, qc, k, s.log)
+		Topic: cfg.QuarantineTopic, Source: cfg.QuarantineSource, Owner: cfg.Owner, Fail: cfg.Fail, Report: cfg.Redrives,
+		Conn: conn, Codec: codec, Replication: s.meta.Replication()}
+	s.q = quarantine.New(s.ctx, qc, s.cl, s.log)
 	s.restored = s.q.Ready()
 }
-
-// newPartitioner is the sink's partitioner, for the clients that produce
-// what it produced (a redrive, a redrive request).
-func newPartitioner() kgo.Partitioner { return partitioner{kgo.StickyKeyPartitioner(nil)} }
 
 // StartQuarantines restores the quarantines saved on the state topic and
 // follows it for redrive requests (quarantine.Set.Start). Call it before
@@ -70,7 +66,7 @@ func (s *Sink) quarantine(r *record, reason string) error {
 	if s.q == nil {
 		return nil
 	}
-	return s.q.Begin(r, r.orig, reason)
+	return s.q.Begin(r, r.Orig(), reason)
 }
 
 // What divert did with a record.
@@ -84,7 +80,7 @@ const (
 // holds it while the quarantine is being saved or redriven. Called with
 // s.mu held, in Produce order for each key (see submit and handOver).
 func (s *Sink) divert(r *record) int {
-	if s.q == nil || r.dead || r.parked || len(r.Key) == 0 {
+	if s.q == nil || r.DeadLettered() || r.parked || len(r.Key) == 0 {
 		return divertNone
 	}
 	orig := r.Topic
@@ -94,9 +90,9 @@ func (s *Sink) divert(r *record) int {
 	case quarantine.Pass:
 		return divertNone
 	}
-	r.orig, r.parked = orig, true
+	r.parked = true
 	r.err, r.alone, r.resent = nil, false, false
-	r.size = batchSize(&r.Record)
+	r.Rerouted(orig)
 	return divertParked
 }
 
@@ -126,5 +122,5 @@ func NewStateClient(cfg Config) (*quarantine.StateClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return quarantine.NewStateClient(conn, newPartitioner(), cfg.QuarantineTopic, cfg.QuarantineSource, cfg.TestOpts...)
+	return quarantine.NewStateClient(conn, kafka.NewPartitioner(), cfg.QuarantineTopic, cfg.QuarantineSource, cfg.TestOpts...)
 }

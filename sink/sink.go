@@ -31,24 +31,22 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
-	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
 // Sink wraps one idempotent producer.
 type Sink struct {
 	cl  *kgo.Client
-	adm *kadm.Client
 	dlq string
 	log *slog.Logger
 
-	meta           *Metadata
+	meta           *kafka.Metadata
 	unknownTimeout time.Duration
 	poll           time.Duration // how often a missing topic is looked for
 	maxHeld        int
@@ -105,7 +103,7 @@ func New(cfg Config, log *slog.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	s.cl, s.adm, s.meta = cl, kadm.NewClient(cl), NewMetadata(cl, cfg, log)
+	s.cl, s.meta = cl, kafka.NewMetadata(cl, cfg.creation(), log)
 	s.gate.cl = cl
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.openQuarantine(cfg, append(slices.Clip(base), cfg.TestOpts...), codec)
@@ -125,12 +123,12 @@ func (s *Sink) Ping(ctx context.Context) error {
 	return nil
 }
 
-// record is an Event (the kgo.Record, its size and dead-letter copy) and
+// record is a kafka.Event (the kgo.Record, its size and dead-letter copy) and
 // its state in the sink, so one allocation carries a whole event. It has
 // one owner at a time: the client, a topic's held queue or retry list, or a
 // worker.
 type record struct {
-	Event
+	kafka.Event
 	done Done
 	sink *Sink
 	ctx  context.Context // Produce's: it governs the record until it is sent
@@ -167,13 +165,13 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 	}
 	// The router's dead letter of a row with an aggregate_id (without one
 	// its key is the event id): later records of the key must not overtake it.
-	if r.dead && topicread.Header(&r.Record, wire.HeaderAggregateID) != "" {
+	if r.DeadLettered() && kafka.Header(&r.Record, wire.HeaderAggregateID) != "" {
 		// Its key may be quarantined already, in the set still being read.
 		if err := s.awaitRestore(ctx); err != nil {
 			r.finish(Outcome{Err: err})
 			return err
 		}
-		if err := s.quarantine(r, r.reason); err != nil {
+		if err := s.quarantine(r, r.Reason()); err != nil {
 			r.finish(Outcome{Err: err})
 			return nil
 		}
@@ -234,7 +232,7 @@ func (s *Sink) submit(r *record, fromProduce bool) error {
 		if !fromProduce || s.held < s.maxHeld && (s.maxHeldBytes <= 0 || s.heldBytes < s.maxHeldBytes) {
 			t.held = append(t.held, r)
 			s.held++
-			s.heldBytes += int64(r.size)
+			s.heldBytes += int64(r.Size())
 			s.startWorker(t)
 			s.mu.Unlock()
 			return nil
@@ -313,16 +311,16 @@ func (s *Sink) settle(r *record, err error) {
 	case err == nil:
 		first, ok := t.refused[r.Partition]
 		overtook = ok && !r.resent && r.seq > first
-		o = &Outcome{DeadLettered: r.dead, Reason: r.reason, Parked: r.parked}
+		o = &Outcome{DeadLettered: r.DeadLettered(), Reason: r.Reason(), Parked: r.parked}
 	case s.closed:
-		o = &Outcome{Err: shutdownError(err)}
+		o = &Outcome{Err: kafka.ShutdownError(err)}
 	case r.ctx.Err() != nil: // the caller stopped: resent after a restart
-		o = &Outcome{Err: shutdownError(err)}
+		o = &Outcome{Err: kafka.ShutdownError(err)}
 	case errors.Is(err, context.Canceled) && r.Context.Err() != nil:
 		// Failed unsent because a refusal holds the topic back: it goes
 		// again, in order, with the refused records.
 		t.retry = append(t.retry, r)
-	case Classify(err) == ClassUnpublishable:
+	case kafka.Classify(err) == kafka.ClassUnpublishable:
 		r.err = err
 		t.retry = append(t.retry, r)
 		started = s.startRepair(t, r)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // topicState is what the sink knows about one topic. Fields other than
@@ -76,7 +76,7 @@ func (t *topicState) admit(r *record) {
 // letter is sent regardless: only the broker's refusal makes it fatal.
 func (t *topicState) overLimit(r *record) bool {
 	limit := int(t.limit.Load())
-	return limit > 0 && r.size > limit && !(r.dead && r.level >= 2)
+	return limit > 0 && r.Size() > limit && !r.Minimal()
 }
 
 func (t *topicState) signal() {
@@ -169,7 +169,7 @@ func (s *Sink) step(t *topicState) bool {
 	case t.missing && !t.expired:
 		if now.Sub(t.missingSince) < s.unknownTimeout {
 			s.mu.Unlock()
-			topicread.Sleep(s.ctx, s.poll)
+			kafka.Sleep(s.ctx, s.poll)
 			return true
 		}
 		t.expired = true
@@ -239,17 +239,17 @@ func (s *Sink) repairStep(t *topicState) bool {
 		t.retry = slices.Delete(t.retry, i, i+1)
 		s.mu.Unlock()
 		s.handOver(t, r, resend)
-	case UnknownTopic(r.err):
+	case kafka.UnknownTopic(r.err):
 		// Look the topic up again before anything is sent; these records
 		// were not refused for what they are.
 		for _, x := range t.retry {
-			if x.err != nil && UnknownTopic(x.err) {
+			if x.err != nil && kafka.UnknownTopic(x.err) {
 				x.err, x.alone = nil, false
 			}
 		}
 		t.known = false
 		s.mu.Unlock()
-	case r.alone || TopicWide(r.err):
+	case r.alone || kafka.TopicWide(r.err):
 		t.retry = slices.Delete(t.retry, i, i+1)
 		s.mu.Unlock()
 		s.refusedAlone(t, r)
@@ -272,7 +272,7 @@ func (s *Sink) popHeld(t *topicState) *record {
 	t.held[0] = nil
 	t.held = t.held[1:]
 	s.held--
-	s.heldBytes -= int64(r.size)
+	s.heldBytes -= int64(r.Size())
 	if s.spaceWanted {
 		close(s.space)
 		s.space, s.spaceWanted = make(chan struct{}), false

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // The commit loop and one Kafka transaction: what waits is committed in
@@ -88,10 +88,10 @@ func (t *Txn) probe() {
 	}
 }
 
-// fatal: no further attempt of this producer can succeed (sink.IsFatalTxn,
+// fatal: no further attempt of this producer can succeed (kafka.IsFatalTxn,
 // a client that cannot begin, a hanging transaction only an operator ends).
 func fatal(err error) bool {
-	return sink.IsFatalTxn(err) || errors.Is(err, errBegin) || errors.Is(err, errHanging)
+	return kafka.IsFatalTxn(err) || errors.Is(err, errBegin) || errors.Is(err, errHanging)
 }
 
 // setFatal records the first fatal error and reports it. Called with
@@ -100,7 +100,7 @@ func (t *Txn) setFatal(err error) {
 	if t.fatal != nil {
 		return
 	}
-	t.fatal = sink.FatalTxnError(t.txnID, err)
+	t.fatal = kafka.FatalTxnError(t.txnID, err)
 	if errors.Is(err, errHanging) {
 		t.fatal = err // says what to do itself
 	}
@@ -141,7 +141,6 @@ func (t *Txn) commit(ctx context.Context) error {
 		case errors.Is(err, errRefused):
 			// The records to dead-letter or send alone are marked: at once.
 		default:
-			d := min(100*time.Millisecond<<min(attempt, 6), 5*time.Second)
 			msg := "kafka transaction aborted; producing its PostgreSQL transactions again in a new one"
 			if t.unsure != nil {
 				msg = "kafka transaction commit not confirmed; learning whether it committed before producing again"
@@ -149,7 +148,7 @@ func (t *Txn) commit(ctx context.Context) error {
 			t.log.Warn(msg, "attempt", attempt, "events", len(b), "end_lsn", end, "err", err)
 			select {
 			case <-ctx.Done():
-			case <-time.After(d/2 + rand.N(d/2+1)):
+			case <-time.After(kafka.Jitter(kafka.Backoff(100*time.Millisecond, 5*time.Second, attempt))):
 			}
 		}
 	}
@@ -210,7 +209,7 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 		return t.abort(ctx, fmt.Errorf("produce position to %s: %w", t.cfg.Positions, posErr))
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		if !sink.IsFatalTxn(err) && unconfirmedEnd(err) {
+		if !kafka.IsFatalTxn(err) && unconfirmedEnd(err) {
 			// Producing the events again now could publish them twice:
 			// the next try settles it first.
 			return fmt.Errorf("commit transaction: %w: %w", errUnconfirmed, err)

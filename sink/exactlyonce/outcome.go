@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // The outcome of an attempt: committed, refused, or not known (settled
@@ -182,7 +183,7 @@ func (t *Txn) abort(ctx context.Context, cause error) error {
 	}
 	switch err := cl.EndTransaction(ctx, kgo.TryAbort); {
 	case err == nil:
-	case sink.IsFatalTxn(err):
+	case kafka.IsFatalTxn(err):
 		return err
 	default:
 		// Still in the transaction for franz-go: the next try aborts again

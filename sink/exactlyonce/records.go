@@ -8,7 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // The records of a transaction against their topics: prepared before it
@@ -24,20 +24,20 @@ func (t *Txn) refusals(b []*entry) error {
 		switch {
 		case err == nil:
 			continue
-		case sink.IsFatalTxn(err) || sink.Classify(err) != sink.ClassUnpublishable:
+		case kafka.IsFatalTxn(err) || kafka.Classify(err) != kafka.ClassUnpublishable:
 			return fmt.Errorf("produce to %s: %w", e.rec.Topic, err)
 		}
 		refused = true
 		if tp := t.topics[e.rec.Topic]; tp != nil && (errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)) {
 			tp.stale = true
 		}
-		if sink.UnknownTopic(err) {
+		if kafka.UnknownTopic(err) {
 			if tp := t.topics[e.rec.Topic]; tp != nil {
 				tp.known = false // look it up again, and wait for it
 			}
 			continue
 		}
-		if !e.alone && !sink.TopicWide(err) {
+		if !e.alone && !kafka.TopicWide(err) {
 			e.suspect = true
 			continue
 		}
@@ -45,8 +45,8 @@ func (t *Txn) refusals(b []*entry) error {
 		switch {
 		case !e.rec.DeadLettered():
 			t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "err", err)
-			e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, sink.RefusedReason(e.rec.Topic, err), err)
-		case e.rec.Minimal() || sink.TopicWide(err):
+			e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, kafka.RefusedReason(e.rec.Topic, err), err)
+		case e.rec.Minimal() || kafka.TopicWide(err):
 			return fmt.Errorf("dead-letter topic %s refused the record: %w", t.cfg.Sink.DLQTopic, err)
 		default:
 			e.rec.Shrink(err.Error(), err)
@@ -90,7 +90,7 @@ func (t *Txn) prepare(ctx context.Context, e *entry) error {
 		if tp.limit <= 0 || e.rec.Size() <= int(tp.limit) || e.rec.Minimal() {
 			return nil
 		}
-		why := sink.TooLargeReason(e.rec.Size(), tp.limit, e.rec.Topic)
+		why := kafka.TooLargeReason(e.rec.Size(), tp.limit, e.rec.Topic)
 		if e.rec.DeadLettered() {
 			e.rec.Shrink(why, nil)
 			return nil

@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
@@ -78,7 +78,7 @@ func TestTxnSettleFencedByOwnCommit(t *testing.T) {
 				// next start reads the position): no outcome before Close.
 				select {
 				case err := <-failed:
-					var fenced *sink.FencedError
+					var fenced *kafka.FencedError
 					if !errors.As(err, &fenced) {
 						t.Fatalf("fatal error %v, want the fence of a takeover", err)
 					}

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
@@ -109,7 +110,7 @@ func (t *Txn) ensurePositions(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("describe %s: %w", name, err)
 	}
-	if policy, ok := sink.KeepsLastPerKey(rc.Configs); !ok {
+	if policy, ok := kafka.KeepsLastPerKey(rc.Configs); !ok {
 		return t.prerequisite(
 			fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, policy),
 			fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
@@ -148,7 +149,7 @@ func (t *Txn) fence(parent context.Context) error {
 			return t.prerequisite(
 				fmt.Sprintf("the Kafka transaction coordinator did not answer for a minute (%v); its __transaction_state topic may not be creatable", err),
 				"on a cluster of fewer than 3 brokers set transaction.state.log.replication.factor and transaction.state.log.min.isr to at most the broker count")
-		case sink.IsRetriableTxn(err):
+		case kafka.IsRetriableTxn(err):
 		default:
 			return fmt.Errorf("init transactional id %s: %w", t.txnID, err)
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // Config configures the exactly-once producer (kafka.delivery exactly_once).
@@ -87,7 +88,7 @@ type Config struct {
 type Txn struct {
 	cl   *kgo.Client // transactional: every attempt is one of its transactions
 	adm  *kadm.Client
-	meta *sink.Metadata // the topic lookup both producers use
+	meta *kafka.Metadata // the topic lookup both producers use
 	// base is the first client, which adm and meta use; cl replaces it as
 	// the transactional client after a fence that was the broker's answer
 	// to this instance's own commit (settleFenced).
@@ -146,7 +147,7 @@ type Txn struct {
 
 // entry is one event in the producer's hands until its transaction commits.
 type entry struct {
-	rec     *sink.Event // its own topic, or its dead-letter copy
+	rec     *kafka.Event // its own topic, or its dead-letter copy
 	done    sink.Done
 	suspect bool  // refused together with others: sent alone next time
 	alone   bool  // sent alone in this attempt
@@ -175,7 +176,8 @@ func New(cfg Config, log *slog.Logger) (*Txn, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.cl, t.base, t.adm, t.meta = cl, cl, kadm.NewClient(cl), sink.NewMetadata(cl, cfg.Sink, log)
+	t.cl, t.base, t.adm, t.meta = cl, cl, kadm.NewClient(cl), kafka.NewMetadata(cl, kafka.Creation{Auto: cfg.Sink.AutoCreateTopics,
+		Partitions: cfg.Sink.TopicPartitions, Replication: cfg.Sink.TopicReplicationFactor}, log)
 	t.instance = strconv.FormatUint(rand.Uint64(), 36)
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t, nil
@@ -202,11 +204,11 @@ func (t *Txn) newClient() (*kgo.Client, error) {
 	return cl, nil
 }
 
-// batchMax is franz-go's batch cap for topic (sink.BatchCap of its limit).
+// batchMax is franz-go's batch cap for topic (kafka.BatchCap of its limit).
 func (t *Txn) batchMax(topic string) int32 {
 	v, _ := t.limits.Load(topic)
 	n, _ := v.(int32)
-	return sink.BatchCap(n)
+	return kafka.BatchCap(n)
 }
 
 // TransactionalID is the id this producer commits under.
@@ -219,7 +221,7 @@ func (t *Txn) Produce(ctx context.Context, rec *router.Record, done sink.Done) e
 		done.Delivered(sink.Outcome{Err: err})
 		return err
 	}
-	e := &entry{rec: sink.NewEvent(rec, t.cfg.Sink.DLQTopic), done: done}
+	e := &entry{rec: kafka.NewEvent(rec, t.cfg.Sink.DLQTopic), done: done}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()

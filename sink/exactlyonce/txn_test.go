@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
 
@@ -200,8 +201,8 @@ func TestTxnFencing(t *testing.T) {
 	}
 	produceTxn(ctx, t, first, done, 200, topic, "zombie")
 	o := done.Wait(ctx, t)
-	var fenced *sink.FencedError
-	if !errors.As(o.Err, &fenced) || sink.Classify(o.Err) == sink.ClassShutdown {
+	var fenced *kafka.FencedError
+	if !errors.As(o.Err, &fenced) || kafka.Classify(o.Err) == kafka.ClassShutdown {
 		t.Fatalf("fenced instance's outcome %+v, want a fatal FencedError", o)
 	}
 	// Never commits again, whatever it is given.
@@ -251,7 +252,7 @@ func TestTxnFencedIdleStops(t *testing.T) {
 	case <-time.After(200 * time.Millisecond): // several idle checks pass unfenced
 	}
 	newTxn(ctx, t, c, "sys/db/slot", time.Millisecond)
-	var fenced *sink.FencedError
+	var fenced *kafka.FencedError
 	select {
 	case err := <-fatal:
 		if !errors.As(err, &fenced) {

@@ -24,7 +24,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
-	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // Header names the quarantine a parked record belongs to: the id of the
@@ -54,27 +54,11 @@ type Config struct {
 	Owner         func() bool                // nil: always (sink.Config.Owner)
 	Fail          func(error)                // sink.Config.Fail
 	Report        func(result string, n int) // sink.Config.Redrives
-}
-
-// Kafka is what the quarantine uses of the producer's cluster.
-type Kafka struct {
-	// Client is the producer's: state records are written through it.
-	Client *kgo.Client
-	Admin  *kadm.Client
 	// Conn are the cluster and security options, for the quarantine's
 	// own consumers and the redrive's producer.
-	Conn []kgo.Opt
-	// Partitioner is the producer's, for records a redrive republishes.
-	Partitioner func() kgo.Partitioner
+	Conn        []kgo.Opt
 	Codec       kgo.CompressionCodec // kafka.compression
 	Replication int16                // for the state topic it creates; -1: the broker's default
-	// BatchSize is what a broker counts against max.message.bytes for a
-	// record sent alone; BatchMax the batch cap while a limit is unknown.
-	BatchSize func(*kgo.Record) int
-	BatchMax  int32
-	// KeepsLastPerKey reports whether topic settings keep each key's last
-	// record for ever, and the policy as a problem states it.
-	KeepsLastPerKey func([]kadm.Config) (policy string, ok bool)
 }
 
 // Record is a producer's record as the quarantine sees it.
@@ -134,15 +118,11 @@ type Set struct {
 	fail           func(error)
 	onQuarantines  func(result string, quarantined int)
 
-	cl          *kgo.Client
+	cl          *kgo.Client // the producer's: state records are written through it
 	adm         *kadm.Client
 	connOpts    []kgo.Opt
-	partitioner func() kgo.Partitioner
 	codec       kgo.CompressionCodec
 	replication int16
-	batchSize   func(*kgo.Record) int
-	batchMax    int32
-	keepsLast   func([]kadm.Config) (string, bool)
 
 	// ctx is the producer's: it ends at its Close, and so do the
 	// goroutines of the restore, the saves and the redrive loop.
@@ -156,12 +136,11 @@ type Set struct {
 	started     atomic.Bool             // Start was called
 }
 
-// New makes the set of a producer whose context is ctx. It reads nothing
-// yet: Start restores the saved set.
-func New(ctx context.Context, cfg Config, k Kafka, log *slog.Logger) *Set {
+// New makes the set of a producer whose context is ctx and whose client
+// is cl. It reads nothing yet: Start restores the saved set.
+func New(ctx context.Context, cfg Config, cl *kgo.Client, log *slog.Logger) *Set {
 	s := &Set{parking: cfg.Parking, dlq: cfg.DLQ, maxQuarantined: cfg.Max, log: log, fail: cfg.Fail, onQuarantines: cfg.Report,
-		cl: k.Client, adm: k.Admin, connOpts: k.Conn, partitioner: k.Partitioner, codec: k.Codec, replication: k.Replication,
-		batchSize: k.BatchSize, batchMax: k.BatchMax, keepsLast: k.KeepsLastPerKey,
+		cl: cl, adm: kadm.NewClient(cl), connOpts: cfg.Conn, codec: cfg.Codec, replication: cfg.Replication,
 		ctx: ctx, quarantined: make(map[string]*quarantined), restored: make(chan struct{})}
 	if s.maxQuarantined <= 0 {
 		s.maxQuarantined = kafkaopt.DefaultMaxQuarantined
@@ -200,7 +179,7 @@ func (s *Set) Begin(r Record, topic, reason string) error {
 	if len(s.quarantined) >= s.maxQuarantined {
 		return fmt.Errorf("cannot quarantine aggregate %q: %d aggregates are quarantined already (dlq.max_quarantined); redrive or skip some, or raise the bound", key, len(s.quarantined))
 	}
-	id := topicread.Header(kr, wire.HeaderID)
+	id := kafka.Header(kr, wire.HeaderID)
 	if id == "" {
 		id = key
 	}

@@ -44,7 +44,7 @@ func newSet(t *testing.T, cfg Config) (*Set, *[]int) {
 		}
 		reported = append(reported, n)
 	}
-	return New(context.Background(), cfg, Kafka{}, slog.New(slog.DiscardHandler)), &reported
+	return New(context.Background(), cfg, nil, slog.New(slog.DiscardHandler)), &reported
 }
 
 // TestRouteParksAfterBegin: a dead letter begins its key's quarantine;

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
@@ -57,7 +58,7 @@ func (s *Set) redriveLoop() {
 		}
 		if err := fetchErr(fs); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			s.log.Error("reading the quarantine topic", "topic", st.name, "err", err)
-			topicread.Sleep(s.ctx, time.Second)
+			kafka.Sleep(s.ctx, time.Second)
 			continue
 		}
 		fs.EachRecord(func(r *kgo.Record) {
@@ -150,7 +151,7 @@ func (s *Set) redrive(req *StateRecord) {
 	skip := req.State == StateSkip
 	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", rec.FirstID, "skip_dead_letter", skip)
 	for q.inflight.Load() > 0 { // parked records before the hold must be on the parking topic
-		topicread.Sleep(s.ctx, 10*time.Millisecond)
+		kafka.Sleep(s.ctx, 10*time.Millisecond)
 	}
 	n, err := s.republish(s.ctx, &rec, skip)
 	if s.ctx.Err() != nil {
@@ -227,7 +228,7 @@ func (s *Set) republish(ctx context.Context, rec *StateRecord, skip bool) (int, 
 		return 0, err
 	}
 	for _, r := range parked {
-		id := topicread.Header(r, wire.HeaderID)
+		id := kafka.Header(r, wire.HeaderID)
 		if id != "" && seen[id] {
 			continue
 		}
@@ -237,11 +238,11 @@ func (s *Set) republish(ctx context.Context, rec *StateRecord, skip bool) (int, 
 	// A client of its own: the sink's caps each partition's batches at the
 	// limit it knew when it first produced there, which the operator may
 	// have raised since to make the redrive possible.
-	biggest := s.batchMax
+	biggest := int32(kafka.DefaultBatchMax)
 	for _, r := range out {
-		biggest = max(biggest, int32(min(s.batchSize(r)+4, 1<<30)))
+		biggest = max(biggest, int32(min(kafka.BatchSize(r)+4, 1<<30)))
 	}
-	cl, err := kgo.NewClient(s.consumerOpts(kgo.RecordPartitioner(s.partitioner()),
+	cl, err := kgo.NewClient(s.consumerOpts(kgo.RecordPartitioner(kafka.NewPartitioner()),
 		kgo.ProducerBatchMaxBytes(biggest), kgo.ProducerBatchCompression(s.codec), kgo.RequiredAcks(kgo.AllISRAcks()))...)
 	if err != nil {
 		return 0, fmt.Errorf("kafka client: %w", err)
@@ -249,7 +250,7 @@ func (s *Set) republish(ctx context.Context, rec *StateRecord, skip bool) (int, 
 	defer cl.Close()
 	for i, r := range out {
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
-			return i, fmt.Errorf("republish event %s to %s: %w", topicread.Header(r, wire.HeaderID), r.Topic, err)
+			return i, fmt.Errorf("republish event %s to %s: %w", kafka.Header(r, wire.HeaderID), r.Topic, err)
 		}
 	}
 	return len(out), nil
@@ -277,11 +278,11 @@ func (s *Set) readDeadLetter(ctx context.Context, rec *StateRecord) (*kgo.Record
 		return nil, fmt.Errorf("read the dead letter at %s/%d@%d: %w", s.dlq, rec.DLQPartition, rec.DLQOffset, err)
 	case dl == nil || string(dl.Key) != rec.Key:
 		return nil, fmt.Errorf("the dead letter at %s/%d@%d is gone (retention?); redrive with --skip", s.dlq, rec.DLQPartition, rec.DLQOffset)
-	case topicread.Header(dl, wire.HeaderPayloadOmitted) != "":
+	case kafka.Header(dl, wire.HeaderPayloadOmitted) != "":
 		return nil, fmt.Errorf("the dead letter at %s/%d@%d lost its payload (%s): publish event %s yourself, then redrive with --skip",
-			s.dlq, rec.DLQPartition, rec.DLQOffset, topicread.Header(dl, wire.HeaderPayloadOmitted), rec.FirstID)
+			s.dlq, rec.DLQPartition, rec.DLQOffset, kafka.Header(dl, wire.HeaderPayloadOmitted), rec.FirstID)
 	}
-	topic := topicread.Header(dl, wire.HeaderTopic)
+	topic := kafka.Header(dl, wire.HeaderTopic)
 	if topic == "" {
 		return nil, fmt.Errorf("event %s was dead-lettered by the router (%s), it has no topic to go to: fix the row's event and publish it yourself, then redrive with --skip",
 			rec.FirstID, rec.Reason)
@@ -329,8 +330,8 @@ func (s *Set) readParked(ctx context.Context, rec *StateRecord, skip bool) ([]*k
 	}
 	var out []*kgo.Record
 	err = s.readRange(ctx, s.parking, from, to, func(r *kgo.Record) {
-		if string(r.Key) == rec.Key && topicread.Header(r, Header) == rec.FirstID {
-			out = append(out, restored(r, topicread.Header(r, wire.HeaderTopic), Header))
+		if string(r.Key) == rec.Key && kafka.Header(r, Header) == rec.FirstID {
+			out = append(out, restored(r, kafka.Header(r, wire.HeaderTopic), Header))
 		}
 	})
 	if err != nil {

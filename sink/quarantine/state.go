@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
@@ -223,7 +224,7 @@ func (s *Set) ensureStateTopic(ctx context.Context) error {
 			err = r.Err
 		}
 		if err == nil {
-			if policy, ok := s.keepsLast(r.Configs); !ok {
+			if policy, ok := kafka.KeepsLastPerKey(r.Configs); !ok {
 				return &NotCompactedError{Topic: name, Policy: policy}
 			}
 			return nil

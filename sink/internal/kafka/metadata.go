@@ -1,4 +1,4 @@
-package sink
+package kafka
 
 import (
 	"context"
@@ -13,44 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
-
-// lookup learns whether t exists (creating it when allowed) and its
-// max.message.bytes. Failing requests are retried for ever, as the client
-// retries produce requests: the records wait.
-func (s *Sink) lookup(t *topicState) {
-	var (
-		exists bool
-		limit  int32
-		err    error
-	)
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		exists, limit, err = s.meta.Lookup(s.ctx, t.name)
-		if err == nil {
-			break
-		}
-		s.log.Warn("kafka: cannot look up topic; retrying", "topic", t.name, "err", err)
-		if topicread.Sleep(s.ctx, backoff); s.ctx.Err() != nil {
-			return
-		}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t.known, t.stale, t.checked = true, false, time.Now()
-	if limit > 0 {
-		t.limit.Store(limit)
-	}
-	switch {
-	case exists && t.missing:
-		s.log.Info("kafka: topic exists now; sending its records", "topic", t.name, "waited", time.Since(t.missingSince).Round(time.Millisecond))
-		t.missing, t.expired = false, false
-	case !exists && !t.missing:
-		t.missing, t.missingSince = true, time.Now()
-		s.log.Warn("kafka: topic does not exist; its records wait for it", "topic", t.name, "timeout", s.unknownTimeout)
-	}
-}
 
 // Metadata answers what both producers (this package's and
 // sink/exactlyonce's) ask of a topic before its records go: does it exist
@@ -68,19 +31,27 @@ type Metadata struct {
 	broker brokerInfo
 }
 
-// NewMetadata asks through cl and creates topics as cfg says
-// (kafka.auto_create_topics, kafka.topic_partitions,
-// kafka.topic_replication_factor).
-func NewMetadata(cl *kgo.Client, cfg Config, log *slog.Logger) *Metadata {
-	m := &Metadata{cl: cl, adm: kadm.NewClient(cl), log: log, autoCreate: cfg.AutoCreateTopics,
-		partitions: cfg.TopicPartitions, replication: cfg.TopicReplicationFactor}
-	if m.partitions == 0 {
-		m.partitions = -1
+// Creation is how the producers create event topics: kafka.auto_create_topics,
+// kafka.topic_partitions and kafka.topic_replication_factor (0 or -1: the
+// broker's default).
+type Creation struct {
+	Auto        bool
+	Partitions  int32
+	Replication int16
+}
+
+// NewMetadata asks through cl and creates topics as c says.
+func NewMetadata(cl *kgo.Client, c Creation, log *slog.Logger) *Metadata {
+	return &Metadata{cl: cl, adm: kadm.NewClient(cl), log: log, autoCreate: c.Auto,
+		partitions: DefaultIfZero(c.Partitions), replication: DefaultIfZero(c.Replication)}
+}
+
+// DefaultIfZero is n, or -1 (the broker's default) for 0.
+func DefaultIfZero[N int16 | int32](n N) N {
+	if n == 0 {
+		return -1
 	}
-	if m.replication == 0 {
-		m.replication = -1
-	}
-	return m
+	return n
 }
 
 // Replication is the replication factor of the topics it creates; -1: the
@@ -248,32 +219,4 @@ func parseLimit(v string) int32 {
 		return 0
 	}
 	return int32(n)
-}
-
-// batchMax is franz-go's batch cap for topic (ProducerBatchMaxBytesFn),
-// asked when the client first produces to one of its partitions, which is
-// after the lookup. franz-go counts a batch with a length prefix the broker
-// does not count: 4 bytes until it knows the produce version, a uvarint (1
-// to 3 bytes here) after. Allowing 4 lets every record that passed the size
-// check through; the rare batch that ends up 1 to 3 bytes over is refused
-// and repaired, which beats dead-lettering a record that fits.
-func (s *Sink) batchMax(topic string) int32 {
-	var limit int32
-	if topic != "" {
-		s.mu.Lock()
-		if t := s.topics[topic]; t != nil {
-			limit = t.limit.Load()
-		}
-		s.mu.Unlock()
-	}
-	return BatchCap(limit)
-}
-
-// BatchCap is the batch cap for a topic limit (0: unknown): both
-// producers' ProducerBatchMaxBytesFn (batchMax).
-func BatchCap(limit int32) int32 {
-	if limit <= 0 {
-		return defaultBatchMax
-	}
-	return min(max(limit+4, 512), 1<<30)
 }

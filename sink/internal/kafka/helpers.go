@@ -1,7 +1,8 @@
-package topicread
+package kafka
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -26,3 +27,17 @@ func Sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	}
 }
+
+// Backoff is the nth wait (from 0) of a doubling backoff: first, then
+// twice as long each time, at most most.
+func Backoff(first, most time.Duration, n int) time.Duration {
+	d := first
+	for ; n > 0 && d < most; n-- {
+		d *= 2
+	}
+	return min(d, most)
+}
+
+// Jitter is d/2 plus a random part of at most d/2: clients retrying
+// together spread out.
+func Jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }

@@ -1,4 +1,4 @@
-package sink
+package kafka
 
 import (
 	"context"
@@ -54,9 +54,9 @@ func UnknownTopic(err error) bool {
 	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
 }
 
-// shutdownError keeps a client-closing or context error as it is (it
+// ShutdownError keeps a client-closing or context error as it is (it
 // classifies as shutdown) and marks anything else as cut short by one.
-func shutdownError(err error) error {
+func ShutdownError(err error) error {
 	if Classify(err) == ClassShutdown {
 		return err
 	}

@@ -1,6 +1,10 @@
-package sink
+package kafka
 
 import "github.com/twmb/franz-go/pkg/kgo"
+
+// NewPartitioner is the producers' partitioner: murmur2 on the key (the
+// Java client's hash) unless the record has its own partition.
+func NewPartitioner() kgo.Partitioner { return partitioner{kgo.StickyKeyPartitioner(nil)} }
 
 // partitioner sends a record whose Partition is set (≥ 0) there and leaves
 // the others (Partition -1, set by Produce) to the key partitioner. franz-go

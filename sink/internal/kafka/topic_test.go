@@ -1,4 +1,4 @@
-package sink
+package kafka
 
 import (
 	"testing"
@@ -31,7 +31,7 @@ func TestCompactionRule(t *testing.T) {
 		if c.retention != "" {
 			configs = append(configs, kadm.Config{Key: "retention.ms", Value: kadm.StringPtr(c.retention)})
 		}
-		if got := compacts(c.policy); got != c.compacts {
+		if got := Compacts(c.policy); got != c.compacts {
 			t.Errorf("compacts(%q) = %v, want %v", c.policy, got, c.compacts)
 		}
 		if _, got := KeepsLastPerKey(configs); got != c.keeps {
