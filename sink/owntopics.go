@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
@@ -151,63 +150,43 @@ func EnsureOwnTopics(ctx context.Context, cfg Config, create bool, log *slog.Log
 }
 
 func ensureOwnTopic(ctx context.Context, adm *kadm.Client, o ownTopic, brokers []string, repl int16, create bool, log *slog.Logger) error {
-	rcs, err := adm.DescribeTopicConfigs(ctx, o.name)
-	if err != nil {
-		return fmt.Errorf("describe %s topic %s: %w", o.role, o.name, err)
-	}
-	rc, err := rcs.On(o.name, nil)
-	if err == nil {
-		err = rc.Err
-	}
+	got, err := kafka.EnsureTopic(ctx, adm, kafka.TopicSpec{Name: o.name, Label: o.role + " topic " + o.name,
+		Partitions: o.partitions, Replication: repl, Configs: o.configs, KeepLast: o.compacted,
+		Validate: !create, MayBeUnreadable: true})
+	var (
+		te *kafka.TopicError
+		nk *kafka.NotKeptError
+	)
 	switch {
-	case err == nil:
-		return checkOwnTopic(o, rc.Configs, log)
-	case !errors.Is(err, kerr.UnknownTopicOrPartition):
-		var ke *kerr.Error
-		if errors.As(err, &ke) { // not authorized to describe, say: producing will tell
-			log.Warn("kafka: cannot read the settings of the connector's own topic", "role", o.role, "topic", o.name, "err", err)
-			return nil
-		}
-		return fmt.Errorf("describe %s topic %s: %w", o.role, o.name, err)
-	}
-	configs := make(map[string]*string, len(o.configs))
-	for k, v := range o.configs {
-		configs[k] = kadm.StringPtr(v)
-	}
-	var resp kadm.CreateTopicResponses
-	if create {
-		resp, err = adm.CreateTopics(ctx, o.partitions, repl, configs, o.name)
-	} else {
-		resp, err = adm.ValidateCreateTopics(ctx, o.partitions, repl, configs, o.name)
-	}
-	if err == nil {
-		err = resp.Error()
-	}
-	var ke *kerr.Error
-	switch {
-	case err == nil && create:
-		r := resp[o.name]
-		log.Info("kafka: created the connector's own topic", "role", o.role, "topic", o.name,
-			"partitions", r.NumPartitions, "replication_factor", r.ReplicationFactor, "configs", o.configs)
-		return nil
-	case err == nil:
-		log.Info("kafka: the connector's own topic does not exist; the connector creates it at start", "role", o.role, "topic", o.name, "configs", o.configs)
-		return nil
-	case errors.Is(err, kerr.TopicAlreadyExists):
-		return nil // created meanwhile, by another instance
-	case errors.As(err, &ke):
-		return &OwnTopicError{Topic: o.name, Role: o.role, Err: err,
+	case errors.As(err, &nk):
+		return &quarantine.NotCompactedError{Topic: o.name, Policy: nk.Policy}
+	case errors.As(err, &te) && te.Op == "create" && te.Refused():
+		return &OwnTopicError{Topic: o.name, Role: o.role, Err: te.Err,
 			Problem: "does not exist and the cluster refuses to create it",
 			Fix:     "create it: " + o.createCommand(brokers, repl)}
+	case err != nil:
+		return err
 	}
-	return fmt.Errorf("create %s topic %s: %w", o.role, o.name, err)
+	switch got.Found {
+	case kafka.Exists:
+		warnOwnTopic(o, got.Configs, log)
+	case kafka.Unreadable: // not authorized to describe, say: producing will tell
+		log.Warn("kafka: cannot read the settings of the connector's own topic", "role", o.role, "topic", o.name, "err", got.Err)
+	case kafka.Created:
+		if create {
+			log.Info("kafka: created the connector's own topic", "role", o.role, "topic", o.name,
+				"partitions", got.Partitions, "replication_factor", got.Replication, "configs", o.configs)
+		} else {
+			log.Info("kafka: the connector's own topic does not exist; the connector creates it at start", "role", o.role, "topic", o.name, "configs", o.configs)
+		}
+	}
+	return nil // CreatedMeanwhile: by another instance
 }
 
-// checkOwnTopic checks an existing own topic's settings.
-func checkOwnTopic(o ownTopic, configs []kadm.Config, log *slog.Logger) error {
-	if policy, ok := kafka.KeepsLastPerKey(configs); o.compacted && !ok {
-		return &quarantine.NotCompactedError{Topic: o.name, Policy: policy}
-	}
+// warnOwnTopic warns of an existing own topic's settings that may lose
+// records; the quarantine state topic's compaction is EnsureTopic's to
+// check (TopicSpec.KeepLast).
+func warnOwnTopic(o ownTopic, configs []kadm.Config, log *slog.Logger) {
 	for _, c := range configs {
 		switch v := c.MaybeValue(); {
 		case c.Key == "cleanup.policy" && o.keep && kafka.Compacts(v):
@@ -226,5 +205,4 @@ func checkOwnTopic(o ownTopic, configs []kadm.Config, log *slog.Logger) error {
 				"fix", fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config retention.bytes=-1", o.name))
 		}
 	}
-	return nil
 }

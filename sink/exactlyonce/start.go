@@ -88,33 +88,26 @@ func (t *Txn) checkTransactions(ctx context.Context) error {
 // republish what was committed since.
 func (t *Txn) ensurePositions(ctx context.Context) error {
 	name := t.cfg.Positions
-	rcs, err := t.adm.DescribeTopicConfigs(ctx, name)
-	if err != nil {
-		return fmt.Errorf("describe %s: %w", name, err)
-	}
-	rc, err := rcs.On(name, nil)
-	if err == nil {
-		err = rc.Err
-	}
+	got, err := kafka.EnsureTopic(ctx, t.adm, kafka.TopicSpec{Name: name, Label: name, Partitions: 1,
+		Replication: t.meta.Replication(), Configs: map[string]string{"cleanup.policy": "compact"}, KeepLast: true})
+	var (
+		te *kafka.TopicError
+		nk *kafka.NotKeptError
+	)
 	switch {
-	case errors.Is(err, kerr.UnknownTopicOrPartition):
-		compact := "compact"
-		_, err := t.adm.CreateTopic(ctx, 1, t.meta.Replication(), map[string]*string{"cleanup.policy": &compact}, name)
-		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-			return t.prerequisite(
-				fmt.Sprintf("cannot create the positions topic %s: %v", name, err),
-				fmt.Sprintf("create it with cleanup.policy=compact and 1 partition (kafka-topics.sh --create --topic %s --partitions 1 --config cleanup.policy=compact)", name))
-		}
-		t.log.Info("kafka: created the positions topic", "topic", name, "cleanup.policy", compact)
-		return nil
-	case err != nil:
-		return fmt.Errorf("describe %s: %w", name, err)
-	}
-	if policy, ok := kafka.KeepsLastPerKey(rc.Configs); !ok {
+	case errors.As(err, &te) && te.Op == "create":
 		return t.prerequisite(
-			fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, policy),
+			fmt.Sprintf("cannot create the positions topic %s: %v", name, te.Err),
+			fmt.Sprintf("create it with cleanup.policy=compact and 1 partition (kafka-topics.sh --create --topic %s --partitions 1 --config cleanup.policy=compact)", name))
+	case errors.As(err, &nk):
+		return t.prerequisite(
+			fmt.Sprintf("the positions topic %s has cleanup.policy=%s; it must be compact, or committed positions are deleted", name, nk.Policy),
 			fmt.Sprintf("kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact, "+
 				"or set kafka.positions_topic to a compacted topic", name))
+	case err != nil:
+		return err
+	case got.Found != kafka.Exists:
+		t.log.Info("kafka: created the positions topic", "topic", name, "cleanup.policy", "compact")
 	}
 	return nil
 }

@@ -217,32 +217,18 @@ func (s *Set) restore(latest map[string]stateAt) {
 // ensureStateTopic creates the state topic compacted, or checks it is.
 func (s *Set) ensureStateTopic(ctx context.Context) error {
 	name := s.state.name
-	rc, err := s.adm.DescribeTopicConfigs(ctx, name)
-	if err == nil {
-		var r kadm.ResourceConfig
-		if r, err = rc.On(name, nil); err == nil {
-			err = r.Err
-		}
-		if err == nil {
-			if policy, ok := kafka.KeepsLastPerKey(r.Configs); !ok {
-				return &NotCompactedError{Topic: name, Policy: policy}
-			}
-			return nil
-		}
-	}
-	if !errors.Is(err, kerr.UnknownTopicOrPartition) {
-		return fmt.Errorf("describe quarantine topic %s: %w", name, err)
-	}
-	configs := map[string]*string{}
-	for k, v := range StateTopicConfigs {
-		configs[k] = &v
-	}
 	// One partition: a handful of records, each key's in one order.
-	_, err = s.adm.CreateTopic(ctx, 1, s.replication, configs, name)
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("create quarantine topic %s: %w", name, err)
+	got, err := kafka.EnsureTopic(ctx, s.adm, kafka.TopicSpec{Name: name, Label: "quarantine topic " + name,
+		Partitions: 1, Replication: s.replication, Configs: StateTopicConfigs, KeepLast: true})
+	var nk *kafka.NotKeptError
+	switch {
+	case errors.As(err, &nk):
+		return &NotCompactedError{Topic: name, Policy: nk.Policy}
+	case err != nil:
+		return err
+	case got.Found != kafka.Exists:
+		s.log.Info("kafka: created the quarantine topic", "topic", name, "cleanup.policy", StateTopicConfigs["cleanup.policy"])
 	}
-	s.log.Info("kafka: created the quarantine topic", "topic", name, "cleanup.policy", StateTopicConfigs["cleanup.policy"])
 	return nil
 }
 
