@@ -71,10 +71,10 @@ func (s *Sink) missingDeadLetter(t *topicState, r *record) {
 	diverted := s.divert(r) // an earlier record of its key was dead-lettered
 	s.mu.Unlock()
 	switch diverted {
-	case divertParked:
+	case quarantine.Park:
 		_ = s.submit(r, false)
 		return
-	case divertHeld:
+	case quarantine.Hold:
 		return
 	}
 	s.deadLetter(r, fmt.Sprintf("topic %s did not exist for %v (kafka.unknown_topic_timeout): %v",

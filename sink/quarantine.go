@@ -69,31 +69,22 @@ func (s *Sink) quarantine(r *record, reason string) error {
 	return s.q.Begin(r, r.Orig(), reason)
 }
 
-// What divert did with a record.
-const (
-	divertNone   = iota // nothing: r goes to its topic
-	divertParked        // r is bound for the parking topic now
-	divertHeld          // r waits in its quarantine's held queue
-)
-
 // divert sends r to the parking topic when its key is quarantined, or
-// holds it while the quarantine is being saved or redriven. Called with
-// s.mu held, in Produce order for each key (see submit and handOver).
-func (s *Sink) divert(r *record) int {
-	if s.q == nil || r.DeadLettered() || r.parked || len(r.Key) == 0 {
-		return divertNone
+// holds it while the quarantine is being saved or redriven (the set's
+// Route decides). Called with s.mu held, in Produce order for each key
+// (see submit and handOver).
+func (s *Sink) divert(r *record) quarantine.Routing {
+	if s.q == nil || r.DeadLettered() || r.parked {
+		return quarantine.Pass
 	}
 	orig := r.Topic
-	switch s.q.Route(r) {
-	case quarantine.Hold:
-		return divertHeld
-	case quarantine.Pass:
-		return divertNone
+	how := s.q.Route(r)
+	if how == quarantine.Park {
+		r.parked = true
+		r.err, r.alone, r.resent = nil, false, false
+		r.Rerouted(orig)
 	}
-	r.parked = true
-	r.err, r.alone, r.resent = nil, false, false
-	r.Rerouted(orig)
-	return divertParked
+	return how
 }
 
 // The record as package quarantine sees it (quarantine.Record).

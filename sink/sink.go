@@ -213,9 +213,9 @@ func (s *Sink) submit(r *record, fromProduce bool) error {
 			// Only a ready topic: one being repaired may still hold records
 			// of the key ahead of r; handOver diverts r after them.
 			switch s.divert(r) {
-			case divertParked:
+			case quarantine.Park:
 				continue
-			case divertHeld:
+			case quarantine.Hold:
 				s.mu.Unlock()
 				return nil
 			}
@@ -273,11 +273,11 @@ func (s *Sink) handOver(t *topicState, r *record, how int) {
 		return
 	}
 	switch s.divert(r) { // nothing of its key is left ahead of it in t
-	case divertParked:
+	case quarantine.Park:
 		s.mu.Unlock()
 		_ = s.submit(r, false)
 		return
-	case divertHeld:
+	case quarantine.Hold:
 		s.mu.Unlock()
 		return
 	}

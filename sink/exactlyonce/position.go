@@ -8,13 +8,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // PositionKey is the source identity the position is kept under: the
 // cluster's system identifier, the database and the slot. The timeline is
 // left out: positions stay comparable across a promotion.
 func PositionKey(systemID, database, slot string) string {
-	return systemID + "/" + database + "/" + slot
+	return kafka.SourceKey(systemID, database, slot)
 }
 
 // Position is the value of a position record. Its key (PositionKey) is the

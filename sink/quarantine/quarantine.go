@@ -75,7 +75,7 @@ type Record interface {
 type Mark struct {
 	starts *quarantined // the quarantine this dead letter started: its outcome waits until it is saved
 	parked *quarantined // the quarantine it is parked for
-	pass   int          // passNormal, or how Route lets a released record pass
+	pass   passing      // passNormal, or how Route lets a released record pass
 }
 
 // Saving reports whether the record's outcome waits until the quarantine
@@ -102,11 +102,13 @@ type quarantined struct {
 	inflight atomic.Int64
 }
 
-// How Route lets a record pass.
+// passing is how Route lets a record pass.
+type passing int
+
 const (
-	passNormal  = iota
-	passRelease // lifted by a redrive: to its own topic
-	passPark    // released after the quarantine was saved: to parking
+	passNormal  passing = iota
+	passRelease         // lifted by a redrive: to its own topic
+	passPark            // released after the quarantine was saved: to parking
 )
 
 // Set is the quarantined aggregates of one producer. Its lock is taken
@@ -198,11 +200,14 @@ func (s *Set) Begin(r Record, topic, reason string) error {
 	return nil
 }
 
-// What Route did with a record.
+// Routing is what Route did with a record: the one choice between a
+// record's own topic, the parking topic and its quarantine's held queue.
+type Routing int
+
 const (
-	Pass = iota // nothing: r goes to its topic
-	Park        // r is bound for the parking topic now
-	Hold        // r waits in its quarantine's held queue
+	Pass Routing = iota // nothing: r goes to its topic
+	Park                // r is bound for the parking topic now
+	Hold                // r waits in its quarantine's held queue
 )
 
 // Route sends r to the parking topic when its key is quarantined, with the
@@ -210,7 +215,7 @@ const (
 // the quarantine is being saved or redriven. The producer calls it in
 // Produce order for each key, for records that are neither dead letters
 // nor parked already.
-func (s *Set) Route(r Record) int {
+func (s *Set) Route(r Record) Routing {
 	m, kr := r.Mark(), r.Kafka()
 	if len(kr.Key) == 0 || m.pass == passRelease {
 		return Pass

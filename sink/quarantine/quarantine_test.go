@@ -71,7 +71,7 @@ func TestRouteParksAfterBegin(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		r    *fakeRecord
-		want int
+		want Routing
 	}{
 		{"no key", event("", "orders", "ev-2"), Pass},
 		{"other key", event("j", "orders", "ev-3"), Pass},

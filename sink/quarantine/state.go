@@ -63,7 +63,7 @@ func (r *StateRecord) answers(req *StateRecord) bool {
 // database and slot, as offsets.Identity names them (several connectors
 // may share the topic).
 func Source(systemID, database, slot string) string {
-	return systemID + "/" + database + "/" + slot
+	return kafka.SourceKey(systemID, database, slot)
 }
 
 // NotCompactedError is a state topic that would delete quarantines.
@@ -162,11 +162,11 @@ func (s *Set) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
 // a topic that is not compacted is reported to Config.Fail and the records
 // keep waiting (the pipeline stops).
 func (s *Set) restoreLater() {
-	for attempt, wait := 1, time.Second; ; attempt, wait = attempt+1, min(2*wait, 10*time.Second) {
+	for attempt := 1; ; attempt++ {
 		select {
 		case <-s.ctx.Done():
 			return
-		case <-time.After(wait):
+		case <-time.After(kafka.Backoff(time.Second, 10*time.Second, attempt-1)):
 		}
 		latest, err := s.readStateTopic(s.ctx)
 		var nc *NotCompactedError
@@ -392,7 +392,7 @@ func writeState(ctx context.Context, cl *kgo.Client, topic, key string, rec *Sta
 // with later records of the key in its retry list); lift then removes q
 // from the set. Records arriving meanwhile
 // are held and handed on too: none overtakes another.
-func (s *Set) releaseHeld(q *quarantined, pass int, lift bool) {
+func (s *Set) releaseHeld(q *quarantined, pass passing, lift bool) {
 	for {
 		s.mu.Lock()
 		held := q.held

@@ -41,3 +41,10 @@ func Backoff(first, most time.Duration, n int) time.Duration {
 // Jitter is d/2 plus a random part of at most d/2: clients retrying
 // together spread out.
 func Jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
+
+// SourceKey names one source (the cluster's system identifier, the
+// database and the slot) in the keys of the connector's compacted topics:
+// the positions topic and the quarantine state topic.
+func SourceKey(systemID, database, slot string) string {
+	return systemID + "/" + database + "/" + slot
+}
