@@ -4,10 +4,6 @@
 // read an error. It is the one reader of verify's range read, the
 // positions topic, the quarantine state topic's restore and a redrive's
 // reads of the dead-letter and parking topics.
-//
-// It also holds the two helpers the sink packages share (Header, Sleep):
-// sink, sink/quarantine and sink/exactlyonce all import it, and it none of
-// them.
 package topicread
 
 import (

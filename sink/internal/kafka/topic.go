@@ -36,9 +36,8 @@ func policyHas(policy, want string) bool {
 // must: it compacts, and it does not also delete by time ("compact,delete"
 // with a finite retention.ms deletes a quarantine or a position older than
 // that, and with a finite retention.bytes the oldest segments once a
-// partition outgrows it). It returns the policy as a problem would state it. The one
-// definition: the state topic, the positions topic and EnsureOwnTopics
-// check with it (EnsureTopic).
+// partition outgrows it). It returns the policy as a problem would state
+// it. The one definition: EnsureTopic checks every own topic with it.
 func KeepsLastPerKey(configs []kadm.Config) (policy string, ok bool) {
 	retention, bytes := "", ""
 	for _, c := range configs {
