@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -41,6 +42,12 @@ func TestMain(m *testing.M) {
 
 // runSuite owns the servers so its deferred cleanups happen before os.Exit.
 func runSuite(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		// The checker's and the harness's own tests need no server.
+		env.skip = "the chaos suite starts PostgreSQL and Kafka; not in -short"
+		return m.Run()
+	}
 	if os.Getenv(testenv.EnvPGDSN) != "" || os.Getenv(testenv.EnvKafkaBrokers) != "" {
 		// Every fault needs the harness to own the servers.
 		env.skip = "the chaos suite kills and restarts its servers; unset " + testenv.EnvPGDSN + " and " + testenv.EnvKafkaBrokers

@@ -125,31 +125,6 @@ func skippedKinds(t *testing.T) map[string]bool {
 	return skip
 }
 
-func (r *run) doOps(ctx context.Context, kind string, f *faultRecord) (string, error) {
-	r.opsN++
-	switch kind {
-	case fOpsPartition:
-		return r.opsPartition(ctx)
-	case fOpsAddColumn:
-		return r.opsAddColumn(ctx)
-	case fOpsDropMapped:
-		return r.opsDropMapped(ctx, f)
-	case fOpsPubGap, fOpsPubGapMsg:
-		return r.opsPublicationGap(ctx, f, kind)
-	case fOpsForeignCkpt:
-		return r.opsForeignCheckpoint(ctx, f)
-	case fOpsOversize:
-		return r.opsOversize(ctx)
-	case fOpsRedrive:
-		return r.opsRedrive(ctx)
-	case fOpsParkingRetention:
-		return r.opsParkingRetention(ctx)
-	case fOpsPubFlapStopped:
-		return r.opsFlapStopped(ctx, f) // flap_test.go
-	}
-	return "", fmt.Errorf("unknown operations fault %q", kind)
-}
-
 // opsFailed records a failed expectation of an operations fault; the run
 // goes on (the fix is applied anyway) and fails at the end.
 func (r *run) opsFailed(kind, format string, args ...any) {
