@@ -1,0 +1,179 @@
+package chaos
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// deadSeqs are the dead-lettered events by key and seq. In dlq.mode skip
+// (the exactly_once run) a key's later events go on to its topic past its
+// dead letter: the order checks step over these seqs. In dlq.mode
+// quarantine nothing may pass a dead letter (quarantine_test.go) until a
+// redrive lifts the quarantine: with --skip its later events then follow
+// on the topic without it.
+type deadSeqs map[string]map[int]bool
+
+func deadLettered(dlq []copyRec) deadSeqs {
+	d := deadSeqs{}
+	for _, c := range dlq {
+		if d[c.Key] == nil {
+			d[c.Key] = map[int]bool{}
+		}
+		d[c.Key][c.Seq] = true
+	}
+	return d
+}
+
+// add adds the events named in lost (parked events the parking topic's
+// retention deleted before the redrive that lifted their quarantine with
+// --skip): they never reach the topic either; and removes the dead letters
+// a redrive republished (in republished) to their topic.
+func (d deadSeqs) add(byID map[string]*event, lost map[string]string, republished map[string]bool) {
+	for id := range republished {
+		if e := byID[id]; e != nil && e.Oversize {
+			delete(d[e.Agg], e.Seq)
+		}
+	}
+	for id := range lost {
+		if e := byID[id]; e != nil {
+			if d[e.Agg] == nil {
+				d[e.Agg] = map[int]bool{}
+			}
+			d[e.Agg][e.Seq] = true
+		}
+	}
+}
+
+// next is the seq that follows last for key: last+1, past dead letters.
+func (d deadSeqs) next(key string, last int) int {
+	n := last + 1
+	for d[key][n] {
+		n++
+	}
+	return n
+}
+
+// checkOrder: per aggregate, in partition order, the first sequence number
+// is 1 and each next one is the previous plus one (past dead letters in
+// dlq.mode skip), or goes back to one already seen (a replayed tail
+// starting); every aggregate stays in one partition.
+func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(string, ...any)) {
+	type state struct {
+		topic     string
+		partition int32
+		last, max int
+	}
+	st := map[string]*state{}
+	proc := processOf(r.conn.incarnations(), recs)
+	// A process started after a publication gap may replay across it
+	// without the gap's record (ops-foreign-checkpoint deleted the
+	// checkpoint that held it): the gap's rows were never in the WAL
+	// stream, so its replay of delivered events jumps over them.
+	var gapAt time.Time
+	for _, f := range r.faults {
+		if gapKind(f.Kind) {
+			gapAt = f.Start
+			break
+		}
+	}
+	of := incarnationOf(r.conn.incarnations(), recs)
+	replaysAcrossGap := func(c copyRec) bool {
+		in := of(c)
+		return !gapAt.IsZero() && in != nil && in.Start.After(gapAt)
+	}
+	repaired := r.repairOrder(rep, recs, fail) // lostorder_test.go
+	bad := func(c copyRec, format string, args ...any) {
+		rep.OrderViolations++
+		if who := proc(c); who != "" {
+			if rep.OrderViolationsByProcess == nil {
+				rep.OrderViolationsByProcess = map[string]int{}
+			}
+			rep.OrderViolationsByProcess[strings.Trim(who, " ()")]++
+		}
+		if len(rep.OrderExamples) < 10 {
+			rep.OrderExamples = append(rep.OrderExamples, fmt.Sprintf(format, args...)+proc(c)+repaired.note(c))
+		}
+	}
+	for _, c := range recs {
+		if r.rd.lost[c.ID] != "" {
+			// An event lost to parking retention has a copy only if a
+			// verify --repair (a runbook's) republished it later: late by
+			// design, it is not held to the order.
+			rep.RepairedAfterRetention++
+			if r.repairedLost == nil {
+				r.repairedLost = map[string]bool{}
+			}
+			r.repairedLost[c.ID] = true // verify_test.go: not missing
+			continue
+		}
+		s := st[c.Key]
+		if s == nil {
+			s = &state{topic: c.Topic, partition: c.Partition}
+			st[c.Key] = s
+		}
+		if s.topic != c.Topic || s.partition != c.Partition {
+			bad(c, "aggregate %s in %s/%d and %s/%d", c.Key, s.topic, s.partition, c.Topic, c.Partition)
+			continue
+		}
+		switch {
+		case c.Seq == dead.next(c.Key, s.last):
+		case c.Seq <= s.last && c.Seq >= 1:
+			// A replay restarting at an event already delivered (every seq
+			// up to last has been seen); it must then continue +1.
+		case repaired.excuses(c, dead):
+			// A lost slot's rows, republished late and in table order.
+			rep.LostSlotRepairJumps++
+		case c.Seq <= s.max && replaysAcrossGap(c):
+			// A replay of delivered events over the rows of a gap (above).
+			rep.GapReplayJumps++
+		default:
+			bad(c, "aggregate %s: seq %d after %d (max seen %d) at %s/%d@%d", c.Key, c.Seq, s.last, s.max, c.Topic, c.Partition, c.Offset)
+		}
+		// Diagnosis only: the first copies alone, are they in order?
+		if c.Seq > s.max && c.Seq != dead.next(c.Key, s.max) {
+			rep.FirstCopyOrderViolations++
+		}
+		s.last = c.Seq
+		s.max = max(s.max, c.Seq)
+		repaired.observe(c)
+	}
+	if rep.OrderViolations > 0 {
+		fail("%d order violations (%d of them among first copies; by process %v); first: %s", rep.OrderViolations, rep.FirstCopyOrderViolations,
+			rep.OrderViolationsByProcess, strings.Join(rep.OrderExamples, "; "))
+	}
+}
+
+// processOf tells, for the examples, which connector process appended a
+// copy: a producer id belongs to the last process started before its first
+// append.
+func processOf(incs []*incarnation, recs []copyRec) func(copyRec) string {
+	of := incarnationOf(incs, recs)
+	return func(c copyRec) string {
+		in := of(c)
+		if in == nil {
+			return ""
+		}
+		return fmt.Sprintf(" (process #%d, %s)", in.N, in.Reason)
+	}
+}
+
+// incarnationOf finds the process that produced a copy: the last one
+// started before its producer id's first append.
+func incarnationOf(incs []*incarnation, recs []copyRec) func(copyRec) *incarnation {
+	firstAppend := map[int64]time.Time{}
+	for _, c := range recs {
+		if t, ok := firstAppend[c.Producer]; !ok || c.Append.Before(t) {
+			firstAppend[c.Producer] = c.Append
+		}
+	}
+	return func(c copyRec) *incarnation {
+		var in *incarnation
+		for _, x := range incs {
+			if !x.Start.Truncate(time.Millisecond).After(firstAppend[c.Producer]) {
+				in = x
+			}
+		}
+		return in
+	}
+}
