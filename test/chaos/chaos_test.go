@@ -279,10 +279,7 @@ type run struct {
 	// bigTopic is the topic of aggregate type "big": max.message.bytes is
 	// bigTopicMaxBytes, and ops-oversize writes events larger than that.
 	bigTopic string
-	// repairedLost: events lost to parking retention that the final read
-	// found republished (a verify --repair's copy: checkOrder).
-	repairedLost map[string]bool
-	pub          string // publication (the connector creates it)
+	pub      string // publication (the connector creates it)
 	// partitioned: the outbox is RANGE-partitioned on bucket; bucket is the
 	// writers' current partition key, scratch the empty partition the next
 	// ops-partition detaches and drops.
@@ -324,11 +321,8 @@ type run struct {
 	// written since.
 	flowStart time.Time
 	// lastDeleted is the last connector process's count of rows retention
-	// deleted, read before the final stop (-1: not read); retDeleted the
-	// ids of the rows retention deleted, set by the analysis
-	// (retention_test.go).
+	// deleted, read before the final stop (-1: not read; retention_test.go).
 	lastDeleted float64
-	retDeleted  map[string]bool
 	// firstPrimary is env.pg before the first promotion (promote_test.go).
 	firstPrimary *testenv.Postgres
 	// held: the slow writers' holds (slow_test.go); second: the second

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"context"
 	"fmt"
 	"regexp"
 	"slices"
@@ -43,57 +42,27 @@ type copyRec struct {
 	Compacted bool
 }
 
-// analyze reads everything back and runs the checks.
-func (r *run) analyze(ctx context.Context) *Report {
-	t := r.t
+// checked is what check found: the report, the failures the run had not
+// reported yet (the test reports them) and notes for the log.
+type checked struct {
+	Report *Report
+	Errors []string
+	Notes  []string
+}
+
+// check runs every check over o. It reads nothing but o.
+func (o *observation) check() checked {
+	var v checked
 	rep := &Report{FaultsByKind: map[string]int{}, FaultsByClass: map[string]int{}, RecoveryByKind: map[string]recovery{},
 		DuplicatesByIncarnation: map[string]int{}, SlackMillis: consumeSlack.Milliseconds()}
+	v.Report = rep
 	fail := func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		rep.Failures = append(rep.Failures, msg)
-		t.Errorf("%s", msg)
+		v.Errors = append(v.Errors, msg)
 	}
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-
-	events := r.ledger.all()
-	rep.EventsWritten = len(events)
-	for _, e := range events {
-		if e.Message {
-			rep.MessageEvents++
-		}
-	}
-	rep.Transactions = r.wstats.txns.Load()
-	rep.WriterRetries = r.wstats.retries.Load()
-	rep.UnknownCommits = r.wstats.unknown.Load()
-	rep.UnknownCommitted = r.wstats.unknownWon.Load()
-	for _, f := range r.faults {
-		rep.FaultsByKind[f.Kind]++
-		rep.FaultsByClass[faultClass(f.Kind)]++
-		rep.ConnectorKills += f.Kills
-	}
-	for _, k := range allFaults {
-		if r.skip[k] {
-			rep.SkippedKinds = append(rep.SkippedKinds, k)
-		}
-	}
-	rep.FaultsTotal = len(r.faults)
-	rep.ExpectedExits = r.expectedExits
-	rep.OpsFailures = r.opsFailures
-	for _, f := range r.opsFailures {
-		rep.Failures = append(rep.Failures, "operations: "+strings.SplitN(f, "\n", 2)[0])
-	}
-	rep.WriterRefusedCol = r.wstats.undefinedColumn.Load()
-	rep.UnexpectedExits = r.exits
-	rep.HangingAborted = append(append([]string(nil), r.runbooks...), r.conn.startRunbooks()...)
-	rep.Hangs = r.hangs
-	for _, h := range r.hangs {
-		rep.Failures = append(rep.Failures, "hang: "+h)
-	}
-	for _, e := range r.exits {
-		rep.Failures = append(rep.Failures, "unexpected exit: "+strings.SplitN(e, "\n", 2)[0])
-	}
-
+	o.summarize(rep)
+	events := slices.Clone(o.Events)
 	byID := make(map[string]*event, len(events))
 	for i := range events {
 		if byID[events[i].ID] != nil {
@@ -101,43 +70,111 @@ func (r *run) analyze(ctx context.Context) *Report {
 		}
 		byID[events[i].ID] = &events[i]
 	}
+	o.checkTable(rep, byID, fail)
 
-	// The table is the ground truth of what committed.
-	table, err := readTable(rctx, direct(r.dsn))
-	if err != nil {
-		fail("read outbox table: %v", err)
+	if o.ReadErr != "" {
+		fail("read topics: %v", o.ReadErr)
 	}
-	for id, row := range table {
+	recs, dlq := slices.Clone(o.Records), slices.Clone(o.DeadLetters)
+	rep.RecordsInKafka = len(recs)
+	recs = o.withCompacted(rep, recs)
+	rep.EventsUndone = len(o.Undone)
+	recs, dlq = dropUndone(rep, recs, o.Undone), dropUndone(rep, dlq, o.Undone)
+	copies := o.copiesOf(rep, recs, dlq, byID, fail)
+	o.checkParking(rep, recs, dlq, byID, copies, fail)
+	dead := deadLettered(dlq)
+	checkLoss(rep, o.withoutSlotLost(rep, events, copies, byID, dead), copies, o.Redrive.Lost, fail)
+	o.checkRetention(rep, copies, fail)
+	rep.Slow = o.slowCounts(events)
+	v.Notes = append(v.Notes, rep.Slow.String())
+	if note := o.checkSecondSlot(rep, fail); note != "" {
+		v.Notes = append(v.Notes, note)
+	}
+
+	o.noteBackfills(rep)
+	dead.add(byID, o.Redrive.Lost, o.Redrive.Republished)
+	o.checkOrder(rep, recs, dead, fail)
+	o.checkDuplicates(rep, o.withoutRedriven(rep, copies), byID, fail)
+	eoRecs, eoCopies := o.withoutReadBackCopies(rep, recs, copies, byID)
+	o.checkExactlyOnce(rep, eoRecs, eoCopies, byID, dead, fail)
+	o.checkWatermark(rep, events, copies, fail)
+	o.recoveries(rep, events)
+	rep.Verify = o.checkVerify(repairedLost(recs, o.Redrive.Lost), fail)
+
+	for _, f := range o.Faults {
+		rep.Faults = append(rep.Faults, faultJSON{Kind: f.Kind, Start: f.Start.Format("15:04:05.000"),
+			Seconds: round2(f.End.Sub(f.Start).Seconds()), Detail: f.Detail, ExpectedExit: f.ExpectedExit,
+			FirstDelivery: f.FirstDelivery.Milliseconds(), CaughtUp: f.CaughtUp.Milliseconds(), Measured: f.Measured})
+	}
+	rep.Pass = len(rep.Failures) == 0 && !o.Failed
+	return v
+}
+
+// summarize fills the report's counts of the writers and the faults, and
+// the failures the fault phase reported already.
+func (o *observation) summarize(rep *Report) {
+	rep.EventsWritten = len(o.Events)
+	for _, e := range o.Events {
+		if e.Message {
+			rep.MessageEvents++
+		}
+	}
+	rep.Transactions = o.Writers.Txns
+	rep.WriterRetries = o.Writers.Retries
+	rep.UnknownCommits = o.Writers.Unknown
+	rep.UnknownCommitted = o.Writers.UnknownWon
+	for _, f := range o.Faults {
+		rep.FaultsByKind[f.Kind]++
+		rep.FaultsByClass[faultClass(f.Kind)]++
+		rep.ConnectorKills += f.Kills
+	}
+	rep.SkippedKinds = o.Skipped
+	rep.FaultsTotal = len(o.Faults)
+	rep.ExpectedExits = o.ExpectedExits
+	rep.OpsFailures = o.OpsFailures
+	for _, f := range o.OpsFailures {
+		rep.Failures = append(rep.Failures, "operations: "+strings.SplitN(f, "\n", 2)[0])
+	}
+	rep.WriterRefusedCol = o.Writers.UndefinedColumn
+	rep.UnexpectedExits = o.Exits
+	rep.HangingAborted = o.Runbooks
+	rep.Hangs = o.Hangs
+	for _, h := range o.Hangs {
+		rep.Failures = append(rep.Failures, "hang: "+h)
+	}
+	for _, e := range o.Exits {
+		rep.Failures = append(rep.Failures, "unexpected exit: "+strings.SplitN(e, "\n", 2)[0])
+	}
+}
+
+// checkTable: the table is the ground truth of what committed.
+func (o *observation) checkTable(rep *Report, byID map[string]*event, fail func(string, ...any)) {
+	if o.TableErr != "" {
+		fail("read outbox table: %v", o.TableErr)
+	}
+	for id, row := range o.Table {
 		e := byID[id]
 		if e == nil {
 			rep.TableMismatches++
-			fail("row %s (%s seq %d) is in the table but no writer counted it committed", id, row.agg, row.seq)
-		} else if e.Agg != row.agg || e.Seq != row.seq {
+			fail("row %s (%s seq %d) is in the table but no writer counted it committed", id, row.Agg, row.Seq)
+		} else if e.Agg != row.Agg || e.Seq != row.Seq {
 			rep.TableMismatches++
-			fail("row %s is %s seq %d in the table, %s seq %d for its writer", id, row.agg, row.seq, e.Agg, e.Seq)
+			fail("row %s is %s seq %d in the table, %s seq %d for its writer", id, row.Agg, row.Seq, e.Agg, e.Seq)
 		}
 	}
-	if err == nil {
+	if o.TableErr == "" {
 		for id, e := range byID {
-			if _, ok := table[id]; !ok && !e.Message { // a table-less event has no row
+			if _, ok := o.Table[id]; !ok && !e.Message { // a table-less event has no row
 				rep.TableMismatches++
 				fail("event %s (%s seq %d) counted committed but not in the table", id, e.Agg, e.Seq)
 			}
 		}
 	}
+}
 
-	recs, dlq, err := readAll(rctx, append(slices.Clone(r.topics), r.bigTopic), r.dlq)
-	if err != nil {
-		fail("read topics: %v", err)
-	}
-	rep.RecordsInKafka = len(recs)
-	recs = r.withCompacted(rep, recs)
-	undone := r.ledger.undoneIDs()
-	rep.EventsUndone = len(undone)
-	recs, dlq = dropUndone(rep, recs, undone), dropUndone(rep, dlq, undone)
-
-	// Copies per event, in partition order; the dead-letter copies of the
-	// events written oversize on purpose count as their delivery.
+// copiesOf are the copies per event, in partition order; the dead-letter
+// copies of the events written oversize on purpose count as their delivery.
+func (o *observation) copiesOf(rep *Report, recs, dlq []copyRec, byID map[string]*event, fail func(string, ...any)) map[string][]copyRec {
 	copies := map[string][]copyRec{}
 	createTime := 0
 	for _, c := range dlq {
@@ -145,13 +182,13 @@ func (r *run) analyze(ctx context.Context) *Report {
 			createTime++
 		}
 	}
-	r.checkDeadLetters(rep, dlq, byID, copies, fail)
+	o.checkDeadLetters(rep, dlq, byID, copies, fail)
 	for _, c := range recs {
 		if !c.LogAppend {
 			createTime++
 		}
 		e := byID[c.ID]
-		if e != nil && e.Oversize && !r.rd.republished[c.ID] { // a redrive republishes it with the limit raised
+		if e != nil && e.Oversize && !o.Redrive.Republished[c.ID] { // a redrive republishes it with the limit raised
 			rep.UnexpectedRecords++
 			fail("record %s/%d@%d is event %s, written larger (%d-byte pad) than its topic's max.message.bytes (%d): the broker accepted it",
 				c.Topic, c.Partition, c.Offset, c.ID, oversizePad, bigTopicMaxBytes)
@@ -164,7 +201,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 			}
 			continue
 		}
-		if c.Key != e.Agg || c.Topic != r.prefix+"."+e.Type || c.Seq != e.Seq {
+		if c.Key != e.Agg || c.Topic != o.Prefix+"."+e.Type || c.Seq != e.Seq {
 			rep.UnexpectedRecords++
 			if rep.UnexpectedRecords <= 5 {
 				fail("record %s/%d@%d (key %s seq %d) does not match event %s (%s %s seq %d)",
@@ -179,30 +216,7 @@ func (r *run) analyze(ctx context.Context) *Report {
 	if rep.UnexpectedRecords > 5 {
 		fail("%d unexpected records in all", rep.UnexpectedRecords)
 	}
-	r.checkParking(rctx, rep, recs, dlq, byID, copies, fail)
-	dead := deadLettered(dlq)
-	checkLoss(rep, r.withoutSlotLost(rep, events, copies, byID, dead), copies, r.rd.lost, fail)
-	r.checkRetention(rep, table, copies, fail)
-	rep.Slow = r.slowSummary(events)
-	r.checkSecondSlot(rctx, rep, fail)
-
-	r.noteBackfills(rep)
-	dead.add(byID, r.rd.lost, r.rd.republished)
-	r.checkOrder(rep, recs, dead, fail)
-	r.checkDuplicates(rep, r.withoutRedriven(rep, copies), byID, fail)
-	eoRecs, eoCopies := r.withoutReadBackCopies(rep, recs, copies, byID)
-	r.checkExactlyOnce(rep, eoRecs, eoCopies, byID, dead, fail)
-	r.checkWatermark(rep, events, copies, fail)
-	r.recoveries(rep, events)
-	rep.Verify = r.verifyRun(ctx, r.verifySince(), fail)
-
-	for _, f := range r.faults {
-		rep.Faults = append(rep.Faults, faultJSON{Kind: f.Kind, Start: f.Start.Format("15:04:05.000"),
-			Seconds: round2(f.End.Sub(f.Start).Seconds()), Detail: f.Detail, ExpectedExit: f.ExpectedExit,
-			FirstDelivery: f.FirstDelivery.Milliseconds(), CaughtUp: f.CaughtUp.Milliseconds(), Measured: f.Measured})
-	}
-	rep.Pass = len(rep.Failures) == 0 && !t.Failed()
-	return rep
+	return copies
 }
 
 // backfillLine is how a connector process says it published rows of a
@@ -210,17 +224,15 @@ func (r *run) analyze(ctx context.Context) *Report {
 var backfillLine = regexp.MustCompile(`(?i)published the rows written while|backfill`)
 
 // noteBackfills marks the processes that published rows of a publication
-// gap from the table, from their logs, and lists what each said.
-func (r *run) noteBackfills(rep *Report) {
-	for _, in := range r.conn.incarnations() {
-		for l := range strings.SplitSeq(r.conn.logOf(in.N), "\n") {
-			if backfillLine.MatchString(l) {
-				in.Backfilled = true
-				if _, rest, ok := strings.Cut(l, "msg="); ok {
-					l = rest
-				}
-				rep.Backfills = append(rep.Backfills, fmt.Sprintf("#%d (%s): %s", in.N, in.Reason, l))
+// gap from the table (their log lines) and lists what each said.
+func (o *observation) noteBackfills(rep *Report) {
+	for _, in := range o.Incarnations {
+		for _, l := range o.BackfillLines[in.N] {
+			in.Backfilled = true
+			if _, rest, ok := strings.Cut(l, "msg="); ok {
+				l = rest
 			}
+			rep.Backfills = append(rep.Backfills, fmt.Sprintf("#%d (%s): %s", in.N, in.Reason, l))
 		}
 	}
 }
@@ -234,17 +246,17 @@ func (r *run) noteBackfills(rep *Report) {
 // RepairedAfterRetention): one on its topic, and one parked again when its
 // aggregate was quarantined then (a later redrive delivers that one, the
 // copy on its topic). Any further copy stays a duplicate.
-func (r *run) withoutRedriven(rep *Report, copies map[string][]copyRec) map[string][]copyRec {
+func (o *observation) withoutRedriven(rep *Report, copies map[string][]copyRec) map[string][]copyRec {
 	out := make(map[string][]copyRec, len(copies))
 	for id, cs := range copies {
-		redriven, lost := r.rd.republished[id], r.rd.lost[id] != ""
+		redriven, lost := o.Redrive.Republished[id], o.Redrive.Lost[id] != ""
 		if !redriven && !lost {
 			out[id] = cs
 			continue
 		}
 		reparked, repaired := false, false
 		for _, c := range cs {
-			aside := c.Topic == r.parkingTopic() || c.Topic == r.dlq
+			aside := c.Topic == o.ParkingTopic || c.Topic == o.DLQ
 			switch {
 			case redriven && !aside:
 				rep.Redriven++
@@ -299,7 +311,7 @@ func checkLoss(rep *Report, events []event, copies map[string][]copyRec, lost ma
 // the suite wrote oversize on purpose, each with a non-empty error header,
 // and adds them to copies. Any other dead-lettered record fails the run:
 // transient failures must never be dead-lettered.
-func (r *run) checkDeadLetters(rep *Report, dlq []copyRec, byID map[string]*event, copies map[string][]copyRec, fail func(string, ...any)) {
+func (o *observation) checkDeadLetters(rep *Report, dlq []copyRec, byID map[string]*event, copies map[string][]copyRec, fail func(string, ...any)) {
 	rep.DeadLettered = len(dlq)
 	bad := func(format string, args ...any) {
 		rep.DeadLetteredUnexpected++
@@ -325,6 +337,6 @@ func (r *run) checkDeadLetters(rep *Report, dlq []copyRec, byID map[string]*even
 	}
 	if rep.DeadLetteredUnexpected > 0 {
 		fail("%d unexpected records on the dead-letter topic %s (only events written oversize on purpose may be dead-lettered; transient failures never); first: %s",
-			rep.DeadLetteredUnexpected, r.dlq, strings.Join(rep.DeadLetterExamples, "; "))
+			rep.DeadLetteredUnexpected, o.DLQ, strings.Join(rep.DeadLetterExamples, "; "))
 	}
 }

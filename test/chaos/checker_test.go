@@ -16,7 +16,7 @@ import (
 // runs with one planted fault each.
 
 type checkFixture struct {
-	r      *run
+	o      *observation
 	events []event
 	byID   map[string]*event
 	copies map[string][]copyRec
@@ -30,14 +30,14 @@ type checkFixture struct {
 func newFixture(t *testing.T) *checkFixture {
 	t0 := time.Now().Truncate(time.Second)
 	f := &checkFixture{byID: map[string]*event{}, copies: map[string][]copyRec{}}
-	f.r = &run{t: t, prefix: "p", live: newLiveConsumer(), samp: &sampler{},
-		conn: &connector{incs: []*incarnation{{N: 1, Reason: "initial", Start: t0.Add(-time.Second)}}}}
+	f.o = &observation{Prefix: "p", ExactlyOnce: exactlyOnce(), Seen: map[string]time.Time{},
+		Incarnations: []*incarnation{{N: 1, Reason: "initial", Start: t0.Add(-time.Second)}}}
 	for i := 1; i <= 4; i++ {
 		e := event{ID: fmt.Sprintf("e%d", i), Agg: "a", Type: "order", Seq: i,
 			PostLSN: lsn.LSN(100 * i), Committed: t0.Add(time.Duration(i) * 10 * time.Millisecond)}
 		f.events = append(f.events, e)
 		f.addCopy(e, e.Committed.Add(5*time.Millisecond), 7)
-		f.r.live.seen[e.ID] = e.Committed.Add(20 * time.Millisecond)
+		f.o.Seen[e.ID] = e.Committed.Add(20 * time.Millisecond)
 	}
 	for i := range f.events {
 		f.byID[f.events[i].ID] = &f.events[i]
@@ -57,7 +57,7 @@ func (f *checkFixture) fail(format string, args ...any) {
 }
 
 func (f *checkFixture) sample(at time.Time, slot lsn.LSN) {
-	f.r.samp.samples = append(f.r.samp.samples, sample{T: at, Slot: slot})
+	f.o.Samples = append(f.o.Samples, sample{T: at, Slot: slot})
 }
 
 func TestCheckWatermark(t *testing.T) {
@@ -65,7 +65,7 @@ func TestCheckWatermark(t *testing.T) {
 		f := newFixture(t)
 		f.sample(f.events[1].Committed.Add(10*time.Millisecond), 200) // e2 appended 5ms before
 		rep := &Report{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 0 || len(f.fails) != 0 || rep.WatermarkChecks != 1 {
 			t.Fatalf("violations %d, checks %d, fails %v", rep.WatermarkViolations, rep.WatermarkChecks, f.fails)
 		}
@@ -76,7 +76,7 @@ func TestCheckWatermark(t *testing.T) {
 		// even though the consumer saw it well within the slack.
 		f.sample(f.events[2].Committed.Add(2*time.Millisecond), 300)
 		rep := &Report{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "event e3") {
 			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
 		}
@@ -87,10 +87,10 @@ func TestCheckWatermark(t *testing.T) {
 		// confirmed it at once.
 		e4 := f.events[3]
 		f.copies[e4.ID][0].Append = e4.Committed.Add(10 * time.Second)
-		f.r.live.seen[e4.ID] = e4.Committed.Add(10 * time.Second)
+		f.o.Seen[e4.ID] = e4.Committed.Add(10 * time.Second)
 		f.sample(e4.Committed.Add(50*time.Millisecond), 400)
 		rep := &Report{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 1 || rep.ConsumerViolations != 1 {
 			t.Fatalf("violations %d / consumer %d, fails %v", rep.WatermarkViolations, rep.ConsumerViolations, f.fails)
 		}
@@ -98,10 +98,10 @@ func TestCheckWatermark(t *testing.T) {
 	t.Run("broker died before serving the consumer", func(t *testing.T) {
 		f := newFixture(t)
 		e4 := f.events[3]
-		f.r.live.seen[e4.ID] = e4.Committed.Add(10 * time.Second)
+		f.o.Seen[e4.ID] = e4.Committed.Add(10 * time.Second)
 		f.sample(e4.Committed.Add(50*time.Millisecond), 400)
 		rep := &Report{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 0 || rep.ConsumerLateChecks != 1 || len(f.fails) != 0 {
 			t.Fatalf("violations %d, late %d, fails %v", rep.WatermarkViolations, rep.ConsumerLateChecks, f.fails)
 		}
@@ -138,7 +138,7 @@ func TestCheckOrder(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t)
 			rep := &Report{}
-			f.r.checkOrder(rep, tt.recs, tt.dead, f.fail)
+			f.o.checkOrder(rep, tt.recs, tt.dead, f.fail)
 			if rep.OrderViolations != tt.bad {
 				t.Fatalf("violations %d, want %d: %v", rep.OrderViolations, tt.bad, rep.OrderExamples)
 			}
@@ -150,12 +150,12 @@ func TestCheckDuplicates(t *testing.T) {
 	t.Run("resent after the confirmed position", func(t *testing.T) {
 		f := newFixture(t)
 		t1 := f.events[3].Committed.Add(time.Second)
-		f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: "after-kill", Start: t1, SlotAtStart: 200})
+		f.o.Incarnations = append(f.o.Incarnations, &incarnation{N: 2, Reason: "after-kill", Start: t1, SlotAtStart: 200})
 		f.addCopy(f.events[2], t1.Add(10*time.Millisecond), 8)
 		f.addCopy(f.events[3], t1.Add(10*time.Millisecond), 8)
 		f.sample(t1.Add(-time.Millisecond), 200)
 		rep := &Report{DuplicatesByIncarnation: map[string]int{}}
-		f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+		f.o.checkDuplicates(rep, f.copies, f.byID, f.fail)
 		if len(f.fails) != 0 || rep.Duplicates != 2 || rep.MaxDuplicatesPerKill != 2 {
 			t.Fatalf("dups %d, max per kill %d, fails %v", rep.Duplicates, rep.MaxDuplicatesPerKill, f.fails)
 		}
@@ -163,10 +163,10 @@ func TestCheckDuplicates(t *testing.T) {
 	t.Run("resent below the position the process started from", func(t *testing.T) {
 		f := newFixture(t)
 		t1 := f.events[3].Committed.Add(time.Second)
-		f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: "after-kill", Start: t1, SlotAtStart: 300})
+		f.o.Incarnations = append(f.o.Incarnations, &incarnation{N: 2, Reason: "after-kill", Start: t1, SlotAtStart: 300})
 		f.addCopy(f.events[2], t1.Add(10*time.Millisecond), 8) // e3 at LSN 300 was confirmed
 		rep := &Report{DuplicatesByIncarnation: map[string]int{}}
-		f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+		f.o.checkDuplicates(rep, f.copies, f.byID, f.fail)
 		if rep.DupsBelowConfirmed != 1 || len(f.fails) != 1 {
 			t.Fatalf("below confirmed %d, fails %v", rep.DupsBelowConfirmed, f.fails)
 		}
@@ -177,7 +177,7 @@ func TestCheckDuplicates(t *testing.T) {
 		f.sample(t1, 400)
 		f.addCopy(f.events[3], t1.Add(100*time.Millisecond), 7)
 		rep := &Report{DuplicatesByIncarnation: map[string]int{}}
-		f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+		f.o.checkDuplicates(rep, f.copies, f.byID, f.fail)
 		if rep.DupsBelowEarlierSample != 1 || rep.InProcessDuplicates != 1 || len(f.fails) != 1 {
 			t.Fatalf("below earlier sample %d, in process %d, fails %v", rep.DupsBelowEarlierSample, rep.InProcessDuplicates, f.fails)
 		}
@@ -186,10 +186,10 @@ func TestCheckDuplicates(t *testing.T) {
 		f := newFixture(t)
 		t1 := f.events[3].Committed.Add(time.Second)
 		f.sample(t1, 400)
-		f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: reasonAfterGap, Start: t1.Add(time.Second), SlotAtStart: 400})
+		f.o.Incarnations = append(f.o.Incarnations, &incarnation{N: 2, Reason: reasonAfterGap, Start: t1.Add(time.Second), SlotAtStart: 400})
 		f.addCopy(f.events[2], t1.Add(1100*time.Millisecond), 8) // e3 (LSN 300), confirmed, sent again
 		rep := &Report{DuplicatesByIncarnation: map[string]int{}}
-		f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+		f.o.checkDuplicates(rep, f.copies, f.byID, f.fail)
 		if len(f.fails) != 0 || rep.GapBackfillDuplicates != 1 || rep.GapBackfillBelowConfirmed != 1 || rep.DupsBelowConfirmed != 0 || rep.DupsBelowEarlierSample != 0 {
 			t.Fatalf("gap dups %d (below start %d), below confirmed %d, below earlier sample %d, fails %v", rep.GapBackfillDuplicates,
 				rep.GapBackfillBelowConfirmed, rep.DupsBelowConfirmed, rep.DupsBelowEarlierSample, f.fails)
@@ -199,11 +199,11 @@ func TestCheckDuplicates(t *testing.T) {
 		f := newFixture(t)
 		t1 := f.events[3].Committed.Add(time.Second)
 		f.sample(t1, 400)
-		f.r.faults = []faultRecord{{Kind: fPGCrash, Start: t1.Add(10 * time.Millisecond), End: t1.Add(50 * time.Millisecond)}}
+		f.o.Faults = []faultRecord{{Kind: fPGCrash, Start: t1.Add(10 * time.Millisecond), End: t1.Add(50 * time.Millisecond)}}
 		f.sample(t1.Add(60*time.Millisecond), 300)
 		f.addCopy(f.events[3], t1.Add(100*time.Millisecond), 7)
 		rep := &Report{DuplicatesByIncarnation: map[string]int{}}
-		f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+		f.o.checkDuplicates(rep, f.copies, f.byID, f.fail)
 		if rep.DupsBelowEarlierSample != 0 || len(f.fails) != 0 {
 			t.Fatalf("below earlier sample %d, fails %v", rep.DupsBelowEarlierSample, f.fails)
 		}
@@ -226,7 +226,7 @@ func TestCheckDeadLetters(t *testing.T) {
 	// any copy yet.
 	newBig := func(t *testing.T) (*checkFixture, event) {
 		f := newFixture(t)
-		f.r.dlq = "p-dlq"
+		f.o.DLQ = "p-dlq"
 		big := event{ID: "big1", Agg: "big", Type: "big", Seq: 1, PostLSN: 450, Oversize: true,
 			Committed: f.events[3].Committed.Add(5 * time.Millisecond)}
 		f.events = append(f.events, big)
@@ -239,15 +239,15 @@ func TestCheckDeadLetters(t *testing.T) {
 	t.Run("the intended oversize record is accepted", func(t *testing.T) {
 		f, big := newBig(t)
 		rep := &Report{}
-		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, &tooLarge)}, f.byID, f.copies, f.fail)
+		f.o.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, &tooLarge)}, f.byID, f.copies, f.fail)
 		checkLoss(rep, f.events, f.copies, nil, f.fail)
 		if len(f.fails) != 0 || rep.DeadLetteredIntended != 1 || rep.DeadLetteredUnexpected != 0 || rep.EventsLost != 0 || rep.OversizeEvents != 1 {
 			t.Fatalf("intended %d, unexpected %d, lost %d, fails %v", rep.DeadLetteredIntended, rep.DeadLetteredUnexpected, rep.EventsLost, f.fails)
 		}
 		// Its dead-letter copy is what the watermark check sees as appended.
 		f.sample(big.Committed.Add(20*time.Millisecond), 450)
-		f.r.live.seen[big.ID] = big.Committed.Add(30 * time.Millisecond)
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.Seen[big.ID] = big.Committed.Add(30 * time.Millisecond)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 0 || len(f.fails) != 0 {
 			t.Fatalf("watermark violations %d, fails %v", rep.WatermarkViolations, f.fails)
 		}
@@ -256,7 +256,7 @@ func TestCheckDeadLetters(t *testing.T) {
 		f, big := newBig(t)
 		reason := "Kafka refused the record for topic p.order: UNKNOWN_TOPIC_OR_PARTITION"
 		rep := &Report{}
-		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, &tooLarge), f.dlqCopy(f.events[1], &reason)}, f.byID, f.copies, f.fail)
+		f.o.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, &tooLarge), f.dlqCopy(f.events[1], &reason)}, f.byID, f.copies, f.fail)
 		if rep.DeadLetteredUnexpected != 1 || rep.DeadLetteredIntended != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "event e2") {
 			t.Fatalf("unexpected %d, intended %d, fails %v", rep.DeadLetteredUnexpected, rep.DeadLetteredIntended, f.fails)
 		}
@@ -265,7 +265,7 @@ func TestCheckDeadLetters(t *testing.T) {
 		f, _ := newBig(t)
 		ghost := event{ID: "ghost", Agg: "a", Seq: 9}
 		rep := &Report{}
-		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(ghost, &tooLarge)}, f.byID, f.copies, f.fail)
+		f.o.checkDeadLetters(rep, []copyRec{f.dlqCopy(ghost, &tooLarge)}, f.byID, f.copies, f.fail)
 		if rep.DeadLetteredUnexpected != 1 || len(f.fails) != 1 {
 			t.Fatalf("unexpected %d, fails %v", rep.DeadLetteredUnexpected, f.fails)
 		}
@@ -273,7 +273,7 @@ func TestCheckDeadLetters(t *testing.T) {
 	t.Run("the oversize record without an error header", func(t *testing.T) {
 		f, big := newBig(t)
 		rep := &Report{}
-		f.r.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, nil)}, f.byID, f.copies, f.fail)
+		f.o.checkDeadLetters(rep, []copyRec{f.dlqCopy(big, nil)}, f.byID, f.copies, f.fail)
 		if rep.DeadLetteredUnexpected != 1 || rep.DeadLetteredIntended != 0 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "no error header") {
 			t.Fatalf("unexpected %d, intended %d, fails %v", rep.DeadLetteredUnexpected, rep.DeadLetteredIntended, f.fails)
 		}
@@ -281,7 +281,7 @@ func TestCheckDeadLetters(t *testing.T) {
 	t.Run("the oversize record never dead-lettered", func(t *testing.T) {
 		f, _ := newBig(t)
 		rep := &Report{}
-		f.r.checkDeadLetters(rep, nil, f.byID, f.copies, f.fail)
+		f.o.checkDeadLetters(rep, nil, f.byID, f.copies, f.fail)
 		checkLoss(rep, f.events, f.copies, nil, f.fail)
 		if rep.EventsLost != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "big1") {
 			t.Fatalf("lost %d, fails %v", rep.EventsLost, f.fails)
@@ -499,7 +499,7 @@ func TestLostToRetention(t *testing.T) {
 // the parking topic's retention: one parked again and one on its topic;
 // any further copy, or a second copy of an event not lost, stays.
 func TestWithoutRedriven(t *testing.T) {
-	r := &run{prefix: "p", dlq: "p-dlq"}
+	o := &observation{Prefix: "p", DLQ: "p-dlq", ParkingTopic: "p-parking"}
 	main := func(off int64) copyRec { return copyRec{Topic: "p.big", Key: "big", Offset: off} }
 	parked := func(off int64, deleted bool) copyRec {
 		return copyRec{Topic: "p-parking", Key: "big", Offset: off, Deleted: deleted}
@@ -518,12 +518,12 @@ func TestWithoutRedriven(t *testing.T) {
 		{"lost, parked again twice", true, false, []copyRec{parked(1, true), parked(4, false), parked(6, false)}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r.rd = redriveState{lost: map[string]string{}, republished: map[string]bool{}}
+			o.Redrive = redriveObs{Lost: map[string]string{}, Republished: map[string]bool{}}
 			if tc.lost {
-				r.rd.lost["e"] = "partition 0 offset 1"
+				o.Redrive.Lost["e"] = "partition 0 offset 1"
 			}
-			r.rd.republished["e"] = tc.redr
-			got := r.withoutRedriven(&Report{}, map[string][]copyRec{"e": tc.cs})["e"]
+			o.Redrive.Republished["e"] = tc.redr
+			got := o.withoutRedriven(&Report{}, map[string][]copyRec{"e": tc.cs})["e"]
 			if len(got) != tc.keep {
 				t.Fatalf("kept %+v, want %d copies", got, tc.keep)
 			}

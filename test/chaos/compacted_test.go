@@ -208,11 +208,11 @@ func (r *run) readBackSaid(ctx context.Context, since time.Time) string {
 // withCompacted adds to recs (the final read, in topic, partition and
 // offset order) the compacted topic's records the live consumer read and
 // the cleaner removed since: they were delivered.
-func (r *run) withCompacted(rep *Report, recs []copyRec) []copyRec {
-	if !r.compacted {
+func (o *observation) withCompacted(rep *Report, recs []copyRec) []copyRec {
+	if !o.Compacted {
 		return recs
 	}
-	cr := &compactionReport{Topic: r.compactTopic()}
+	cr := &compactionReport{Topic: o.CompactTopic}
 	rep.Compaction = cr
 	type at struct {
 		p int32
@@ -224,7 +224,7 @@ func (r *run) withCompacted(rep *Report, recs []copyRec) []copyRec {
 			held[at{c.Partition, c.Offset}] = true
 		}
 	}
-	for _, c := range r.live.kept(cr.Topic) {
+	for _, c := range o.Kept[cr.Topic] {
 		if k := (at{c.Partition, c.Offset}); !held[k] {
 			held[k] = true
 			c.Compacted = true
@@ -251,16 +251,16 @@ func (r *run) withCompacted(rep *Report, recs []copyRec) []copyRec {
 // read-back could not find, and everything after it, is published again.
 // (A copy is told by its append time: in exactly_once every process of the
 // source has the same producer id.)
-func (r *run) withoutReadBackCopies(rep *Report, recs []copyRec, copies map[string][]copyRec, byID map[string]*event) ([]copyRec, map[string][]copyRec) {
+func (o *observation) withoutReadBackCopies(rep *Report, recs []copyRec, copies map[string][]copyRec, byID map[string]*event) ([]copyRec, map[string][]copyRec) {
 	type span struct{ from, to time.Time }
 	var spans []span
-	for i, f := range r.faults {
+	for i, f := range o.Faults {
 		if f.Kind != fPGRestoreCompacted || f.Rewound.IsZero() {
 			continue
 		}
 		s := span{from: f.Rewound}
-		if i+1 < len(r.faults) {
-			s.to = r.faults[i+1].Start
+		if i+1 < len(o.Faults) {
+			s.to = o.Faults[i+1].Start
 		}
 		spans = append(spans, s)
 	}

@@ -13,8 +13,8 @@ import (
 // checkDuplicates attributes every extra copy to the connector process
 // that produced it (by producer id) and checks that a process only resent
 // events after the position the slot had confirmed when it started.
-func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map[string]*event, fail func(string, ...any)) {
-	incs := r.conn.incarnations()
+func (o *observation) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map[string]*event, fail func(string, ...any)) {
+	incs := o.Incarnations
 	// A producer id belongs to the last process started before its first
 	// append.
 	firstAppend := map[int64]time.Time{}
@@ -37,7 +37,7 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 	// moves forward (a restart may lose its last value), so a copy appended
 	// at A must not be of an event already confirmed by a sample before A.
 	var pgStarts []time.Time
-	for _, f := range r.faults {
+	for _, f := range o.Faults {
 		if strings.HasPrefix(f.Kind, "pg-") {
 			pgStarts = append(pgStarts, f.Start)
 		}
@@ -49,7 +49,7 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 	epochOf := func(t time.Time) int {
 		return sort.Search(len(pgStarts), func(i int) bool { return pgStarts[i].After(t) })
 	}
-	samples := r.samp.all()
+	samples := o.Samples
 	runMax := make([]lsn.LSN, len(samples))
 	for i, s := range samples {
 		runMax[i] = s.Slot
@@ -98,7 +98,7 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 				rep.InProcessDuplicates++
 				if len(rep.InProcessExamples) < 10 {
 					rep.InProcessExamples = append(rep.InProcessExamples, fmt.Sprintf("event %s (%s seq %d) appended at %s and again at %s (%s)",
-						id, e.Agg, e.Seq, cs[0].Append.Format("15:04:05.000"), c.Append.Format("15:04:05.000"), r.faultAt(c.Append)))
+						id, e.Agg, e.Seq, cs[0].Append.Format("15:04:05.000"), c.Append.Format("15:04:05.000"), o.faultAt(c.Append)))
 				}
 				continue
 			}
@@ -165,7 +165,7 @@ func (r *run) checkDuplicates(rep *Report, copies map[string][]copyRec, byID map
 	}
 	// Did the after-ack kills land between the acknowledgement and the
 	// status update? Then the burst's last event was sent again.
-	for _, f := range r.faults {
+	for _, f := range o.Faults {
 		if f.AckEvent == "" {
 			continue
 		}

@@ -96,8 +96,8 @@ func (er *eosReport) String() string {
 // transaction in one Kafka transaction (under KIP-890, each transaction has
 // a producer epoch of its own); per key, in partition order, seq 1, 2, 3, …
 // (past the dead-lettered ones: dlq.mode is skip)
-func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]copyRec, byID map[string]*event, dead deadSeqs, fail func(string, ...any)) {
-	if !exactlyOnce() {
+func (o *observation) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]copyRec, byID map[string]*event, dead deadSeqs, fail func(string, ...any)) {
+	if !o.ExactlyOnce {
 		return
 	}
 	er := &eosReport{}
@@ -113,14 +113,14 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 	kafka := map[kTxn]bool{}
 	of := map[pgTxn]map[kTxn]bool{}
 	committed := map[pgTxn]time.Time{}
-	inWindow := r.detectionWindow()
+	inWindow := o.detectionWindow()
 	for id, cs := range copies {
 		// Also after a restore or a promotion and the refusal's fix: the
 		// run after the tombstone reads back what Kafka holds (readback.go).
 		if extra := len(cs) - 1; extra > 0 {
 			er.Duplicates += extra
 			if er.Duplicates <= 5 {
-				fail("exactly_once: event %s has %d copies for read_committed: %s", id, len(cs), r.copiesAt(cs))
+				fail("exactly_once: event %s has %d copies for read_committed: %s", id, len(cs), o.copiesAt(cs))
 			}
 		}
 		e := byID[id]
@@ -145,7 +145,7 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 			er.SplitTransactions++
 			if er.SplitTransactions <= 5 {
 				fail("exactly_once: writer %d transaction %d (committed %s) spread over %d Kafka transactions (%s)",
-					k.writer, k.txn, committed[k].Format("15:04:05.000"), len(ks), r.faultAt(committed[k]))
+					k.writer, k.txn, committed[k].Format("15:04:05.000"), len(ks), o.faultAt(committed[k]))
 			}
 		}
 	}
@@ -158,7 +158,7 @@ func (r *run) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]
 			er.OrderBreaks++
 			if er.OrderBreaks <= 5 {
 				fail("exactly_once: key %s seq %d after %d (%s/%d@%d appended %s, %s)", c.Key, c.Seq, last[c.Key], c.Topic, c.Partition, c.Offset,
-					c.Append.Format("15:04:05.000"), r.faultAt(c.Append))
+					c.Append.Format("15:04:05.000"), o.faultAt(c.Append))
 			}
 		}
 		last[c.Key] = c.Seq
@@ -239,11 +239,11 @@ func (r *run) killAfterCommit(ctx context.Context) (string, error) {
 // before the removal and its table-less events, and committed them in
 // Kafka before the guard's reading found the gap; the repair after the
 // restart publishes the rest in another Kafka transaction.
-func (r *run) detectionWindow() func(time.Time) bool {
+func (o *observation) detectionWindow() func(time.Time) bool {
 	type span struct{ from, to time.Time }
 	var spans []span
-	incs := r.conn.incarnations()
-	for _, f := range r.faults {
+	incs := o.Incarnations
+	for _, f := range o.Faults {
 		if !gapKind(f.Kind) {
 			continue
 		}
@@ -266,10 +266,10 @@ func (r *run) detectionWindow() func(time.Time) bool {
 
 // copiesAt names where and when each copy was appended, and the faults
 // under way then, for a duplicate's failure line.
-func (r *run) copiesAt(cs []copyRec) string {
+func (o *observation) copiesAt(cs []copyRec) string {
 	parts := make([]string, len(cs))
 	for i, c := range cs {
-		parts[i] = fmt.Sprintf("%s/%d@%d at %s (%s)", c.Topic, c.Partition, c.Offset, c.Append.Format("15:04:05.000"), r.faultAt(c.Append))
+		parts[i] = fmt.Sprintf("%s/%d@%d at %s (%s)", c.Topic, c.Partition, c.Offset, c.Append.Format("15:04:05.000"), o.faultAt(c.Append))
 	}
 	return strings.Join(parts, "; ")
 }

@@ -16,10 +16,10 @@ import (
 // tableRow is an outbox row the database holds: in its table, or deleted
 // by retention (deleted: when; tbl: which table, for those only).
 type tableRow struct {
-	agg     string
-	seq     int
-	tbl     string
-	deleted time.Time
+	Agg     string
+	Seq     int
+	Tbl     string    `json:",omitempty"`
+	Deleted time.Time `json:",omitzero"`
 }
 
 func readTable(ctx context.Context, dsn string) (map[string]tableRow, error) {
@@ -38,14 +38,14 @@ func readTable(ctx context.Context, dsn string) (map[string]tableRow, error) {
 		var id string
 		var r tableRow
 		var deleted *time.Time
-		if err := rows.Scan(&id, &r.agg, &r.seq, &deleted, &r.tbl); err != nil {
+		if err := rows.Scan(&id, &r.Agg, &r.Seq, &deleted, &r.Tbl); err != nil {
 			return nil, err
 		}
 		if deleted != nil {
 			if _, ok := out[id]; ok {
 				continue
 			}
-			r.deleted = *deleted
+			r.Deleted = *deleted
 		}
 		out[id] = r
 	}

@@ -70,15 +70,15 @@ type repairOrder struct {
 // run) and window, and the seqs they republished. It fails the run when
 // the records it attributes to a repair outnumber what verify published:
 // a connector's producer was taken for the repair's.
-func (r *run) repairOrder(rep *Report, recs []copyRec, fail func(string, ...any)) *repairOrder {
-	if len(r.repairRuns) == 0 {
+func (o *observation) repairOrder(rep *Report, recs []copyRec, fail func(string, ...any)) *repairOrder {
+	if len(o.RepairRuns) == 0 {
 		return nil
 	}
-	o := &repairOrder{byID: map[string]*event{}, windows: map[int64]lostWindow{},
+	ro := &repairOrder{byID: map[string]*event{}, windows: map[int64]lostWindow{},
 		repaired: map[string]map[int]time.Time{}, stream: map[string]int{}}
-	events := r.ledger.all()
+	events := o.Events
 	for i := range events {
-		o.byID[events[i].ID] = &events[i]
+		ro.byID[events[i].ID] = &events[i]
 	}
 	firstAppend := map[int64]time.Time{}
 	for _, c := range recs {
@@ -86,14 +86,14 @@ func (r *run) repairOrder(rep *Report, recs []copyRec, fail func(string, ...any)
 			firstAppend[c.Producer] = c.Append
 		}
 	}
-	for _, x := range r.repairRuns {
-		w := r.lostWindowOf(x)
+	for _, x := range o.RepairRuns {
+		w := o.lostWindowOf(x)
 		mine := map[int64]bool{}
 		var pids []string
 		for pid, t := range firstAppend {
 			if !t.Before(x.Start.Truncate(time.Millisecond)) && !t.After(x.End) {
 				mine[pid] = true
-				o.windows[pid] = w
+				ro.windows[pid] = w
 				pids = append(pids, fmt.Sprint(pid))
 			}
 		}
@@ -101,7 +101,7 @@ func (r *run) repairOrder(rep *Report, recs []copyRec, fail func(string, ...any)
 		for _, c := range recs {
 			if mine[c.Producer] {
 				n++
-				if w.holds(o.byID[c.ID]) {
+				if w.holds(ro.byID[c.ID]) {
 					in++
 				}
 			}
@@ -115,22 +115,22 @@ func (r *run) repairOrder(rep *Report, recs []copyRec, fail func(string, ...any)
 		}
 	}
 	for _, c := range recs {
-		if w, ok := o.windows[c.Producer]; ok && w.holds(o.byID[c.ID]) {
-			if o.repaired[c.Key] == nil {
-				o.repaired[c.Key] = map[int]time.Time{}
+		if w, ok := ro.windows[c.Producer]; ok && w.holds(ro.byID[c.ID]) {
+			if ro.repaired[c.Key] == nil {
+				ro.repaired[c.Key] = map[int]time.Time{}
 			}
-			o.repaired[c.Key][c.Seq] = w.before
+			ro.repaired[c.Key][c.Seq] = w.before
 		}
 	}
-	return o
+	return ro
 }
 
 // lostWindowOf is the window of the promotion x repaired: from the highest
 // position the old slot confirmed since the rewind before it, to the start
 // of the first process after it (the one that created the new slot).
-func (r *run) lostWindowOf(x repairRun) lostWindow {
+func (o *observation) lostWindowOf(x repairRun) lostWindow {
 	var prev time.Time
-	for _, f := range r.faults {
+	for _, f := range o.Faults {
 		for _, t := range f.rewinds() {
 			if t.Before(x.Rewound) && t.After(prev) {
 				prev = t
@@ -138,12 +138,12 @@ func (r *run) lostWindowOf(x repairRun) lostWindow {
 		}
 	}
 	w := lostWindow{before: x.Start}
-	for _, s := range r.samp.all() {
+	for _, s := range o.Samples {
 		if !s.T.Before(prev) && s.T.Before(x.Rewound) {
 			w.after = max(w.after, s.Slot)
 		}
 	}
-	for _, in := range r.conn.incarnations() {
+	for _, in := range o.Incarnations {
 		if !in.Start.Before(x.Rewound) && in.Start.Before(w.before) {
 			w.before = in.Start
 			break
@@ -242,7 +242,7 @@ func TestRepairOrder(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f, recs := newRepairFixture(t, tc.spec, tc.gap, tc.published)
 			rep := &Report{}
-			f.r.checkOrder(rep, recs, nil, f.fail)
+			f.o.checkOrder(rep, recs, nil, f.fail)
 			fails := strings.Join(f.fails, "; ")
 			if rep.OrderViolations != tc.bad || rep.LostSlotRepairJumps != tc.jumps || rep.GapReplayJumps != 0 ||
 				!strings.Contains(strings.Join(rep.OrderExamples, "; "), tc.note) || !strings.Contains(fails, tc.fail) ||
@@ -261,11 +261,11 @@ func newRepairFixture(t *testing.T, spec string, gap bool, published int64) (*ch
 	f := newFixture(t)
 	t0 := f.events[0].Committed.Add(-10 * time.Millisecond)
 	rewound, started := t0.Add(100*time.Millisecond), t0.Add(200*time.Millisecond)
-	f.r.conn = &connector{incs: []*incarnation{{N: 1, Reason: "initial", Start: t0.Add(-time.Second)},
-		{N: 2, Reason: reasonAfterPromote, Start: started}}}
-	f.r.faults = []faultRecord{{Kind: fPGPromote, Start: t0.Add(50 * time.Millisecond), Rewound: rewound, NewStream: true, End: started}}
+	f.o.Incarnations = []*incarnation{{N: 1, Reason: "initial", Start: t0.Add(-time.Second)},
+		{N: 2, Reason: reasonAfterPromote, Start: started}}
+	f.o.Faults = []faultRecord{{Kind: fPGPromote, Start: t0.Add(50 * time.Millisecond), Rewound: rewound, NewStream: true, End: started}}
 	if gap {
-		f.r.faults = append([]faultRecord{{Kind: fOpsPubGap, Start: t0.Add(-2 * time.Second), End: t0.Add(-time.Second)}}, f.r.faults...)
+		f.o.Faults = append([]faultRecord{{Kind: fOpsPubGap, Start: t0.Add(-2 * time.Second), End: t0.Add(-time.Second)}}, f.o.Faults...)
 	}
 	f.sample(t0.Add(50*time.Millisecond), 300)
 	var events []event
@@ -276,7 +276,7 @@ func newRepairFixture(t *testing.T, spec string, gap bool, published int64) (*ch
 		}
 		events = append(events, event{ID: fmt.Sprintf("e%d", i), Agg: "a", Type: "order", Seq: i, PostLSN: lsn.LSN(100 * i), Committed: at})
 	}
-	f.r.ledger = &ledger{events: events}
+	f.o.Events = events
 	repair := repairRun{Rewound: rewound, Start: started.Add(150 * time.Millisecond), End: started.Add(180 * time.Millisecond), Since: "t0"}
 	var recs []copyRec
 	for i, tok := range strings.Fields(spec) {
@@ -297,9 +297,9 @@ func newRepairFixture(t *testing.T, spec string, gap bool, published int64) (*ch
 	if published > 0 {
 		repair.Published = published
 	}
-	f.r.repairRuns = []repairRun{repair}
+	f.o.RepairRuns = []repairRun{repair}
 	if !strings.Contains(spec, "R") {
-		f.r.repairRuns = nil
+		f.o.RepairRuns = nil
 	}
 	return f, recs
 }

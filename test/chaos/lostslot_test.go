@@ -73,14 +73,14 @@ func (r *run) afterLaggingPromotion(ctx context.Context, f *faultRecord, in *inc
 // withoutSlotLost leaves out of the loss check the table-less events noted
 // by afterLaggingPromotion that have no copy, counts them, and adds them to
 // the seqs the order checks step over.
-func (r *run) withoutSlotLost(rep *Report, events []event, copies map[string][]copyRec, byID map[string]*event, dead deadSeqs) []event {
-	if len(r.slotLost) == 0 {
+func (o *observation) withoutSlotLost(rep *Report, events []event, copies map[string][]copyRec, byID map[string]*event, dead deadSeqs) []event {
+	if len(o.SlotLost) == 0 {
 		return events
 	}
 	gone := map[string]string{}
 	out := make([]event, 0, len(events))
 	for _, e := range events {
-		if at := r.slotLost[e.ID]; at != "" && len(copies[e.ID]) == 0 {
+		if at := o.SlotLost[e.ID]; at != "" && len(copies[e.ID]) == 0 {
 			gone[e.ID] = at
 			rep.SlotLostMessages = append(rep.SlotLostMessages, at)
 			continue
@@ -150,9 +150,9 @@ func TestWithoutSlotLost(t *testing.T) {
 			if !tc.copied {
 				delete(f.copies, "e3")
 			}
-			f.r.slotLost = map[string]string{"e3": "e3 (a seq 3)"}
+			f.o.SlotLost = map[string]string{"e3": "e3 (a seq 3)"}
 			rep, dead := &Report{}, deadSeqs{}
-			left := f.r.withoutSlotLost(rep, f.events, f.copies, f.byID, dead)
+			left := f.o.withoutSlotLost(rep, f.events, f.copies, f.byID, dead)
 			if len(left) != tc.wantLoss || dead.next("a", 2) != tc.wantNext || len(rep.SlotLostMessages) != 4-tc.wantLoss {
 				t.Fatalf("left %d, next after 2 %d, counted %v", len(left), dead.next("a", 2), rep.SlotLostMessages)
 			}

@@ -58,31 +58,31 @@ func (d deadSeqs) next(key string, last int) int {
 // is 1 and each next one is the previous plus one (past dead letters in
 // dlq.mode skip), or goes back to one already seen (a replayed tail
 // starting); every aggregate stays in one partition.
-func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(string, ...any)) {
+func (o *observation) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(string, ...any)) {
 	type state struct {
 		topic     string
 		partition int32
 		last, max int
 	}
 	st := map[string]*state{}
-	proc := processOf(r.conn.incarnations(), recs)
+	proc := processOf(o.Incarnations, recs)
 	// A process started after a publication gap may replay across it
 	// without the gap's record (ops-foreign-checkpoint deleted the
 	// checkpoint that held it): the gap's rows were never in the WAL
 	// stream, so its replay of delivered events jumps over them.
 	var gapAt time.Time
-	for _, f := range r.faults {
+	for _, f := range o.Faults {
 		if gapKind(f.Kind) {
 			gapAt = f.Start
 			break
 		}
 	}
-	of := incarnationOf(r.conn.incarnations(), recs)
+	of := incarnationOf(o.Incarnations, recs)
 	replaysAcrossGap := func(c copyRec) bool {
 		in := of(c)
 		return !gapAt.IsZero() && in != nil && in.Start.After(gapAt)
 	}
-	repaired := r.repairOrder(rep, recs, fail) // lostorder_test.go
+	repaired := o.repairOrder(rep, recs, fail) // lostorder_test.go
 	bad := func(c copyRec, format string, args ...any) {
 		rep.OrderViolations++
 		if who := proc(c); who != "" {
@@ -96,15 +96,11 @@ func (r *run) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fail func(s
 		}
 	}
 	for _, c := range recs {
-		if r.rd.lost[c.ID] != "" {
+		if o.Redrive.Lost[c.ID] != "" {
 			// An event lost to parking retention has a copy only if a
 			// verify --repair (a runbook's) republished it later: late by
 			// design, it is not held to the order.
-			rep.RepairedAfterRetention++
-			if r.repairedLost == nil {
-				r.repairedLost = map[string]bool{}
-			}
-			r.repairedLost[c.ID] = true // verify_test.go: not missing
+			rep.RepairedAfterRetention++ // repairedLost: verify takes them for found
 			continue
 		}
 		s := st[c.Key]

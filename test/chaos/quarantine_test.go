@@ -2,11 +2,8 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // The connector runs with dlq.mode quarantine (the default): once an event
@@ -29,21 +26,20 @@ func (r *run) commitAfterOversize(ctx context.Context) error {
 	return r.commitBig(ctx, afterOversize)
 }
 
-// checkParking reads the parking topic, counts its records as deliveries
-// of the committed events they are copies of, and requires per key what
+// checkParking counts the parking topic's records as deliveries of the
+// committed events they are copies of, and requires per key what
 // quarantineViolations says.
-func (r *run) checkParking(ctx context.Context, rep *Report, recs, dlq []copyRec, byID map[string]*event,
+func (o *observation) checkParking(rep *Report, recs, dlq []copyRec, byID map[string]*event,
 	copies map[string][]copyRec, fail func(string, ...any)) {
-	if exactlyOnce() { // dlq.mode is skip there (the transactional sink does not divert keys)
+	if o.ExactlyOnce { // dlq.mode is skip there (the transactional sink does not divert keys)
 		return
 	}
-	_, parked, err := readAll(ctx, nil, r.parkingTopic())
-	if err != nil && !errors.Is(err, kerr.UnknownTopicOrPartition) {
-		fail("read the parking topic: %v", err)
+	if o.ParkedErr != "" {
+		fail("read the parking topic: %v", o.ParkedErr)
 		return
 	}
-	parked = withDeleted(parked, r.live.kept(r.parkingTopic()))
-	parked = dropUndone(rep, parked, r.ledger.undoneIDs())
+	parked := withDeleted(o.Parked, o.Kept[o.ParkingTopic])
+	parked = dropUndone(rep, parked, o.Undone)
 	for _, c := range parked {
 		if c.Deleted {
 			rep.ParkedDeleted++
@@ -59,7 +55,7 @@ func (r *run) checkParking(ctx context.Context, rep *Report, recs, dlq []copyRec
 		}
 		copies[c.ID] = append(copies[c.ID], c)
 	}
-	for _, v := range quarantineViolations(recs, dlq, parked, r.rd.lifted) {
+	for _, v := range quarantineViolations(recs, dlq, parked, o.Redrive.Lifted) {
 		rep.QuarantineViolations++
 		fail("dlq.mode quarantine: %s", v)
 	}

@@ -56,13 +56,13 @@ func TestOnlyKinds(t *testing.T) {
 // each restore starts a history of its own.
 func TestWalEpochsTwoRestores(t *testing.T) {
 	t0 := time.Now()
-	r := &run{}
+	o := &observation{}
 	f := faultRecord{Kind: fPGRestoreOlder}
 	f.rewindAt(t0.Add(time.Second))
 	f.rewindAt(t0.Add(2 * time.Second))
-	r.faults = []faultRecord{f}
+	o.Faults = []faultRecord{f}
 	samples := []sample{{T: t0.Add(500 * time.Millisecond)}, {T: t0.Add(1500 * time.Millisecond)}, {T: t0.Add(2500 * time.Millisecond)}}
-	eps := r.walEpochs(nil, samples)
+	eps := o.walEpochs(nil, samples)
 	if len(eps) != 3 || len(eps[0].samples) != 1 || len(eps[1].samples) != 1 || len(eps[2].samples) != 1 {
 		t.Fatalf("epochs %+v", eps)
 	}
@@ -75,19 +75,18 @@ func TestWalEpochsTwoRestores(t *testing.T) {
 func TestCompactedCopies(t *testing.T) {
 	t.Setenv(EnvDelivery, "exactly_once")
 	f := newFixture(t)
-	f.r.compacted = true
-	top := f.r.compactTopic()
+	f.o.Compacted, f.o.CompactTopic = true, "p."+compactType
+	top := f.o.CompactTopic
 	// e1 and e2 are on the compacted topic; the cleaner removed e1.
 	for i, c := range f.recs[:2] {
 		c.Topic = top
 		f.recs[i] = c
 		f.copies[c.ID][0] = c
 	}
-	f.r.live.keepCopies(top)
-	f.r.live.copies[top] = []copyRec{f.recs[0], f.recs[1]}
+	f.o.Kept = map[string][]copyRec{top: {f.recs[0], f.recs[1]}}
 	final := append([]copyRec(nil), f.recs[1:]...)
 	rep := &Report{}
-	recs := f.r.withCompacted(rep, final)
+	recs := f.o.withCompacted(rep, final)
 	if rep.Compaction.Removed != 1 || len(recs) != 4 || !recs[0].Compacted || recs[0].ID != "e1" {
 		t.Fatalf("removed %d, recs %+v", rep.Compaction.Removed, recs)
 	}
@@ -98,21 +97,21 @@ func TestCompactedCopies(t *testing.T) {
 
 	// The restore after e4; its runbook's read-back sends e2..e4 again.
 	rewound := f.events[3].Committed.Add(100 * time.Millisecond)
-	f.r.faults = []faultRecord{{Kind: fPGRestoreCompacted, Start: rewound.Add(-time.Second), Rewound: rewound, End: rewound.Add(time.Second)}}
+	f.o.Faults = []faultRecord{{Kind: fPGRestoreCompacted, Start: rewound.Add(-time.Second), Rewound: rewound, End: rewound.Add(time.Second)}}
 	for _, e := range f.events[1:] {
 		f.addCopy(e, rewound.Add(2*time.Second), 7)
 	}
 	recs = append(recs, f.recs[4:]...)
-	kept, copies := f.r.withoutReadBackCopies(rep, recs, f.copies, f.byID)
-	f.r.checkExactlyOnce(rep, kept, copies, f.byID, nil, f.fail)
+	kept, copies := f.o.withoutReadBackCopies(rep, recs, f.copies, f.byID)
+	f.o.checkExactlyOnce(rep, kept, copies, f.byID, nil, f.fail)
 	if rep.Compaction.ReadBackDuplicates != 3 || rep.ExactlyOnce.Duplicates != 0 || rep.ExactlyOnce.OrderBreaks != 0 || len(f.fails) != 0 {
 		t.Fatalf("read-back copies %d, eos %+v, fails %v", rep.Compaction.ReadBackDuplicates, rep.ExactlyOnce, f.fails)
 	}
 	// A copy sent again after the next fault began is a duplicate.
-	f.r.faults = append(f.r.faults, faultRecord{Kind: fConnKill, Start: rewound.Add(1500 * time.Millisecond)})
+	f.o.Faults = append(f.o.Faults, faultRecord{Kind: fConnKill, Start: rewound.Add(1500 * time.Millisecond)})
 	rep = &Report{Compaction: &compactionReport{}}
-	kept, copies = f.r.withoutReadBackCopies(rep, recs, f.copies, f.byID)
-	f.r.checkExactlyOnce(rep, kept, copies, f.byID, nil, f.fail)
+	kept, copies = f.o.withoutReadBackCopies(rep, recs, f.copies, f.byID)
+	f.o.checkExactlyOnce(rep, kept, copies, f.byID, nil, f.fail)
 	if rep.Compaction.ReadBackDuplicates != 0 || rep.ExactlyOnce.Duplicates != 3 {
 		t.Fatalf("after the next fault: read-back copies %d, duplicates %d", rep.Compaction.ReadBackDuplicates, rep.ExactlyOnce.Duplicates)
 	}

@@ -92,7 +92,7 @@ func (l *ledger) undo(table map[string]tableRow) int {
 	n := 0
 	top := map[string]int{}
 	for _, row := range table {
-		top[row.agg] = max(top[row.agg], row.seq)
+		top[row.Agg] = max(top[row.Agg], row.Seq)
 	}
 	for _, e := range l.events {
 		_, inTable := table[e.ID]
@@ -344,13 +344,13 @@ type walEpoch struct {
 // it ended (the undone ones are out of the ledger); a promoted server's new
 // slot is a new stream that says nothing of the old timeline, so its
 // history holds only the events committed since the promotion.
-func (r *run) walEpochs(events []event, samples []sample) []walEpoch {
+func (o *observation) walEpochs(events []event, samples []sample) []walEpoch {
 	type cut struct {
 		at        time.Time
 		newStream bool
 	}
 	var cuts []cut
-	for _, f := range r.faults {
+	for _, f := range o.Faults {
 		for _, at := range f.rewinds() {
 			cuts = append(cuts, cut{at, f.NewStream})
 		}

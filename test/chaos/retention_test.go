@@ -85,18 +85,16 @@ func (rr *retentionReport) String() string {
 // milliseconds, never after the append) at or before the deletion. An
 // event with no copy at all is also lost (checkLoss). In long mode a run
 // in which retention deleted nothing fails: it tested nothing.
-func (r *run) checkRetention(rep *Report, table map[string]tableRow, copies map[string][]copyRec, fail func(string, ...any)) {
-	rr := &retentionReport{Retention: chaosRetention.String(), DeletedByTable: map[string]int{}, LastProcessMetric: r.lastDeleted}
+func (o *observation) checkRetention(rep *Report, copies map[string][]copyRec, fail func(string, ...any)) {
+	rr := &retentionReport{Retention: chaosRetention.String(), DeletedByTable: map[string]int{}, LastProcessMetric: o.LastDeleted}
 	rep.Retention = rr
-	r.retDeleted = map[string]bool{}
-	for id, row := range table {
-		if row.deleted.IsZero() {
+	for id, row := range o.Table {
+		if row.Deleted.IsZero() {
 			continue
 		}
-		r.retDeleted[id] = true
 		rr.Deleted++
-		rr.DeletedByTable[row.tbl]++
-		i := slices.IndexFunc(copies[id], func(c copyRec) bool { return !c.Append.After(row.deleted) })
+		rr.DeletedByTable[row.Tbl]++
+		i := slices.IndexFunc(copies[id], func(c copyRec) bool { return !c.Append.After(row.Deleted) })
 		if i < 0 {
 			rr.BeforeDelivery++
 			if len(rr.Examples) < 10 {
@@ -105,17 +103,17 @@ func (r *run) checkRetention(rep *Report, table map[string]tableRow, copies map[
 					first = "first copy appended " + earliest(copies[id]).Format("15:04:05.000")
 				}
 				rr.Examples = append(rr.Examples, fmt.Sprintf("%s (%s %s seq %d) deleted %s, %s",
-					id, row.tbl, row.agg, row.seq, row.deleted.Format("15:04:05.000"), first))
+					id, row.Tbl, row.Agg, row.Seq, row.Deleted.Format("15:04:05.000"), first))
 			}
 		}
 	}
 	if rr.BeforeDelivery > 0 {
 		fail("retention deleted %d rows before the broker appended their event; first: %v", rr.BeforeDelivery, rr.Examples)
 	}
-	if r.lastDeleted > float64(rr.Deleted) {
-		fail("the last connector process counted %v rows deleted (%s), the table records %d deletions in all", r.lastDeleted, deletedMetric, rr.Deleted)
+	if o.LastDeleted > float64(rr.Deleted) {
+		fail("the last connector process counted %v rows deleted (%s), the table records %d deletions in all", o.LastDeleted, deletedMetric, rr.Deleted)
 	}
-	if r.m.Name == longMode.Name && rr.Deleted == 0 {
+	if o.Mode == longMode.Name && rr.Deleted == 0 {
 		fail("outbox.retention is %s but retention deleted no row in the whole run", chaosRetention)
 	}
 }
@@ -136,7 +134,7 @@ func earliest(cs []copyRec) time.Time {
 // deleted nothing.
 func TestCheckRetention(t *testing.T) {
 	row := func(f *checkFixture, i int, after time.Duration) tableRow {
-		return tableRow{agg: "a", seq: i + 1, tbl: "public.outbox", deleted: f.copies[f.events[i].ID][0].Append.Add(after)}
+		return tableRow{Agg: "a", Seq: i + 1, Tbl: "public.outbox", Deleted: f.copies[f.events[i].ID][0].Append.Add(after)}
 	}
 	for _, tc := range []struct {
 		name   string
@@ -146,30 +144,30 @@ func TestCheckRetention(t *testing.T) {
 		want   string // "" passes
 	}{
 		{"deleted after the append", shortMode, 2, func(f *checkFixture) map[string]tableRow {
-			return map[string]tableRow{"e1": row(f, 0, 0), "e2": row(f, 1, time.Second), "e3": {agg: "a", seq: 3}}
+			return map[string]tableRow{"e1": row(f, 0, 0), "e2": row(f, 1, time.Second), "e3": {Agg: "a", Seq: 3}}
 		}, ""},
 		{"deleted before the append", shortMode, -1, func(f *checkFixture) map[string]tableRow {
 			return map[string]tableRow{"e1": row(f, 0, time.Second), "e2": row(f, 1, -time.Millisecond)}
 		}, "before the broker appended"},
 		{"deleted, never delivered", shortMode, -1, func(f *checkFixture) map[string]tableRow {
 			delete(f.copies, "e4")
-			return map[string]tableRow{"e4": {agg: "a", seq: 4, tbl: "public.outbox", deleted: time.Now()}}
+			return map[string]tableRow{"e4": {Agg: "a", Seq: 4, Tbl: "public.outbox", Deleted: time.Now()}}
 		}, "e4 (public.outbox a seq 4) deleted"},
 		{"a count above the records", shortMode, 3, func(f *checkFixture) map[string]tableRow {
 			return map[string]tableRow{"e1": row(f, 0, 0), "e2": row(f, 1, 0)}
 		}, "counted 3 rows deleted"},
 		{"a long run that deleted nothing", longMode, 0, func(f *checkFixture) map[string]tableRow {
-			return map[string]tableRow{"e1": {agg: "a", seq: 1}}
+			return map[string]tableRow{"e1": {Agg: "a", Seq: 1}}
 		}, "deleted no row"},
 		{"a short run that deleted nothing", shortMode, 0, func(f *checkFixture) map[string]tableRow {
-			return map[string]tableRow{"e1": {agg: "a", seq: 1}}
+			return map[string]tableRow{"e1": {Agg: "a", Seq: 1}}
 		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
-			f.r.m, f.r.lastDeleted = tc.mode, tc.metric
+			f.o.Mode, f.o.LastDeleted, f.o.Table = tc.mode.Name, tc.metric, tc.rows(f)
 			rep := &Report{}
-			f.r.checkRetention(rep, tc.rows(f), f.copies, f.fail)
+			f.o.checkRetention(rep, f.copies, f.fail)
 			switch {
 			case tc.want == "" && len(f.fails) > 0:
 				t.Fatalf("fails %v", f.fails)

@@ -21,9 +21,9 @@ type rewindFixture struct {
 
 func newRewindFixture(t *testing.T, newStream bool) *rewindFixture {
 	f := &rewindFixture{checkFixture: newFixture(t)}
-	f.r.m = shortMode
+	f.o.Mode = shortMode.Name
 	f.rewound = f.events[3].Committed.Add(100 * time.Millisecond)
-	f.r.faults = []faultRecord{{Kind: fPGRestore, Start: f.rewound.Add(-time.Second), Rewound: f.rewound, NewStream: newStream,
+	f.o.Faults = []faultRecord{{Kind: fPGRestore, Start: f.rewound.Add(-time.Second), Rewound: f.rewound, NewStream: newStream,
 		End: f.rewound.Add(time.Second)}}
 	f.undone = map[string]bool{"e3": true, "e4": true}
 	f.events = f.events[:2]
@@ -33,7 +33,7 @@ func newRewindFixture(t *testing.T, newStream bool) *rewindFixture {
 			Committed: f.rewound.Add(2*time.Second + time.Duration(i)*10*time.Millisecond)}
 		f.events = append(f.events, e)
 		f.addCopy(e, e.Committed.Add(5*time.Millisecond), 8)
-		f.r.live.seen[e.ID] = e.Committed.Add(20 * time.Millisecond)
+		f.o.Seen[e.ID] = e.Committed.Add(20 * time.Millisecond)
 	}
 	for i := range f.events {
 		f.byID[f.events[i].ID] = &f.events[i]
@@ -46,15 +46,15 @@ func TestCheckAfterRewind(t *testing.T) {
 		f := newRewindFixture(t, false)
 		f.sample(f.events[1].Committed.Add(50*time.Millisecond), 400) // e4 (undone) had been confirmed
 		rep := &Report{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 0 || len(f.fails) != 0 {
 			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
 		}
 		// Without the split at the rewind (the checker before it), n3 and n4
 		// (LSNs 300 and 400, written after the restore) count as confirmed
 		// early.
-		f.r.faults[0].Rewound = time.Time{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.Faults[0].Rewound = time.Time{}
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "event n4") {
 			t.Fatalf("without the split: violations %d, fails %v", rep.WatermarkViolations, f.fails)
 		}
@@ -63,7 +63,7 @@ func TestCheckAfterRewind(t *testing.T) {
 		f := newRewindFixture(t, false)
 		f.sample(f.events[2].Committed.Add(time.Millisecond), 300) // n3 appended 4ms later
 		rep := &Report{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 1 || len(f.fails) != 1 || !strings.Contains(f.fails[0], "event n3") {
 			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
 		}
@@ -73,7 +73,7 @@ func TestCheckAfterRewind(t *testing.T) {
 		f.copies["e2"] = nil // e2 survived the restore but never reached Kafka
 		f.sample(f.rewound.Add(time.Second), 200)
 		rep := &Report{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 1 || !strings.Contains(strings.Join(f.fails, ";"), "event e2") {
 			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
 		}
@@ -83,7 +83,7 @@ func TestCheckAfterRewind(t *testing.T) {
 		f.copies["e2"] = nil // left to the lost slot's repair
 		f.sample(f.rewound.Add(time.Second), 200)
 		rep := &Report{}
-		f.r.checkWatermark(rep, f.events, f.copies, f.fail)
+		f.o.checkWatermark(rep, f.events, f.copies, f.fail)
 		if rep.WatermarkViolations != 0 || len(f.fails) != 0 {
 			t.Fatalf("violations %d, fails %v", rep.WatermarkViolations, f.fails)
 		}
@@ -95,8 +95,8 @@ func TestCheckAfterRewind(t *testing.T) {
 		recs := []copyRec{f.recs[0], f.recs[1], f.recs[2], f.recs[3], f.recs[4], f.recs[5]}
 		rep := &Report{}
 		kept := dropUndone(rep, recs, f.undone)
-		f.r.checkOrder(rep, kept, nil, f.fail)
-		f.r.checkExactlyOnce(rep, kept, f.copies, f.byID, nil, f.fail)
+		f.o.checkOrder(rep, kept, nil, f.fail)
+		f.o.checkExactlyOnce(rep, kept, f.copies, f.byID, nil, f.fail)
 		if rep.UndoneCopies != 2 || rep.OrderViolations != 0 || rep.ExactlyOnce.OrderBreaks != 0 || len(f.fails) != 0 {
 			t.Fatalf("undone %d, order violations %d, breaks %d, fails %v", rep.UndoneCopies, rep.OrderViolations, rep.ExactlyOnce.OrderBreaks, f.fails)
 		}
@@ -105,7 +105,7 @@ func TestCheckAfterRewind(t *testing.T) {
 		for _, id := range []string{"e3", "e4"} {
 			f.byID[id] = &event{ID: id, Agg: "a", Type: "order", Seq: int(id[1] - '0'), Txn: 99}
 		}
-		f.r.checkExactlyOnce(rep, recs, f.copies, f.byID, nil, f.fail)
+		f.o.checkExactlyOnce(rep, recs, f.copies, f.byID, nil, f.fail)
 		if rep.ExactlyOnce.OrderBreaks != 1 {
 			t.Fatalf("undone copies kept: breaks %d, fails %v", rep.ExactlyOnce.OrderBreaks, f.fails)
 		}
@@ -119,7 +119,7 @@ func TestLedgerUndo(t *testing.T) {
 	a, b := &aggregate{id: "a", next: 5}, &aggregate{id: "b", next: 2}
 	newWriter(0, "", []*aggregate{a, b}, 0, 1, l, &writerStats{})
 	l.add([]event{{ID: "e1", Agg: "a", Seq: 1}, {ID: "e2", Agg: "a", Seq: 2}, {ID: "e3", Agg: "a", Seq: 3}, {ID: "e4", Agg: "a", Seq: 4}, {ID: "f1", Agg: "b", Seq: 1}})
-	n := l.undo(map[string]tableRow{"e1": {agg: "a", seq: 1}, "e2": {agg: "a", seq: 2}})
+	n := l.undo(map[string]tableRow{"e1": {Agg: "a", Seq: 1}, "e2": {Agg: "a", Seq: 2}})
 	if n != 3 || l.len() != 2 || a.next != 3 || b.next != 1 {
 		t.Fatalf("undone %d, kept %d, next a %d b %d", n, l.len(), a.next, b.next)
 	}
@@ -135,7 +135,7 @@ func TestLedgerUndo(t *testing.T) {
 	w.msgAggs = []*aggregate{m}
 	l.add([]event{{ID: "r1", Agg: "a", Seq: 1, Txn: 1}, {ID: "m1", Agg: "m", Seq: 1, Txn: 1, Message: true},
 		{ID: "r2", Agg: "a", Seq: 2, Txn: 2}, {ID: "m2", Agg: "m", Seq: 2, Txn: 2, Message: true}})
-	n = l.undo(map[string]tableRow{"r1": {agg: "a", seq: 1}})
+	n = l.undo(map[string]tableRow{"r1": {Agg: "a", Seq: 1}})
 	if u := l.undoneIDs(); n != 2 || l.len() != 2 || !u["r2"] || !u["m2"] || a.next != 2 || m.next != 2 {
 		t.Fatalf("with messages: undone %d %v, kept %d, next a %d m %d; want r2 and m2 undone, next a 2 m 2", n, u, l.len(), a.next, m.next)
 	}
@@ -150,18 +150,18 @@ func TestCheckDuplicatesAfterRestore(t *testing.T) {
 	f := newRewindFixture(t, false)
 	f.sample(f.rewound.Add(-500*time.Millisecond), 200) // after the fault began, before the rewind
 	at := f.rewound.Add(time.Second)
-	f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: reasonAfterRestore, Start: at, SlotAtStart: 100})
+	f.o.Incarnations = append(f.o.Incarnations, &incarnation{N: 2, Reason: reasonAfterRestore, Start: at, SlotAtStart: 100})
 	f.addCopy(f.events[1], at.Add(10*time.Millisecond), 9) // e2, LSN 200, again
 	rep := &Report{DuplicatesByIncarnation: map[string]int{}}
-	f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+	f.o.checkDuplicates(rep, f.copies, f.byID, f.fail)
 	if rep.Duplicates != 1 || rep.DupsBelowEarlierSample != 0 || rep.DupsBelowConfirmed != 0 || len(f.fails) != 0 {
 		t.Fatalf("dups %d, below earlier sample %d, below confirmed %d, fails %v", rep.Duplicates, rep.DupsBelowEarlierSample, rep.DupsBelowConfirmed, f.fails)
 	}
 	// Split at the fault's start only (the checker before the rewind), the
 	// copy counts as resent below a position confirmed in its lifetime.
-	f.r.faults[0].Rewound = time.Time{}
+	f.o.Faults[0].Rewound = time.Time{}
 	rep = &Report{DuplicatesByIncarnation: map[string]int{}}
-	f.r.checkDuplicates(rep, f.copies, f.byID, f.fail)
+	f.o.checkDuplicates(rep, f.copies, f.byID, f.fail)
 	if rep.DupsBelowEarlierSample != 1 || len(f.fails) != 1 {
 		t.Fatalf("without the split: below earlier sample %d, fails %v", rep.DupsBelowEarlierSample, f.fails)
 	}
@@ -185,14 +185,14 @@ func TestCheckSplitBeforeDetection(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			removed := f.events[0].Committed.Add(-tc.after)
-			f.r.faults = []faultRecord{{Kind: fOpsPubGap, Start: removed, End: removed.Add(2 * time.Second)}}
-			f.r.conn.incs = append(f.r.conn.incs, &incarnation{N: 2, Reason: reasonAfterGap, Start: removed.Add(time.Second)})
+			f.o.Faults = []faultRecord{{Kind: fOpsPubGap, Start: removed, End: removed.Add(2 * time.Second)}}
+			f.o.Incarnations = append(f.o.Incarnations, &incarnation{N: 2, Reason: reasonAfterGap, Start: removed.Add(time.Second)})
 			// e1 and e2 are one writer transaction, in two Kafka transactions.
 			f.byID["e1"].Txn, f.byID["e2"].Txn = 7, 7
 			f.byID["e2"].Committed = f.byID["e1"].Committed
 			f.copies["e2"][0].Producer = 9
 			rep := &Report{}
-			f.r.checkExactlyOnce(rep, f.recs, f.copies, f.byID, nil, f.fail)
+			f.o.checkExactlyOnce(rep, f.recs, f.copies, f.byID, nil, f.fail)
 			er := rep.ExactlyOnce
 			if tc.apart && (er.SplitBeforeDetection != 1 || er.SplitTransactions != 0 || len(f.fails) != 0) {
 				t.Fatalf("want counted apart: %+v, fails %v", er, f.fails)

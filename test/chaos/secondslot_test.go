@@ -270,35 +270,30 @@ func (s *secondSlot) note(now time.Time, pos lsn.LSN) (lsn.LSN, bool) {
 	return target, found
 }
 
-// checkSecondSlot checks the slot once more after the last stop and
-// reports: a deletion past its position fails the run, and so does a long
-// run in which it never advanced (it tested nothing).
-func (r *run) checkSecondSlot(ctx context.Context, rep *Report, fail func(string, ...any)) {
-	s := r.second
+// checkSecondSlot reports the slot as its final check after the last stop
+// left it (finalSecondSlot), and returns a note for the log: a deletion
+// past its position fails the run, and so does a long run in which it never
+// advanced (it tested nothing).
+func (o *observation) checkSecondSlot(rep *Report, fail func(string, ...any)) string {
+	s := o.SecondSlot
 	if s == nil {
-		return
+		return ""
 	}
-	conn, err := pgx.Connect(ctx, direct(r.dsn))
-	if err == nil {
-		_, _, err = s.check(ctx, conn)
-		conn.Close(context.Background())
+	if s.FinalErr != "" {
+		fail("second slot: the final check: %v", s.FinalErr)
 	}
-	if err != nil {
-		fail("second slot: the final check: %v", err)
-	}
-	s.mu.Lock()
-	sr := s.rep
-	s.mu.Unlock()
+	sr := s.Report
 	rep.SecondSlot = &sr
-	r.t.Logf("chaos: second slot %s (lag %s): created %d times, %d advances, %d checks, last confirmed %s, %d failed ticks; %d rows deleted past it",
+	note := fmt.Sprintf("second slot %s (lag %s): created %d times, %d advances, %d checks, last confirmed %s, %d failed ticks; %d rows deleted past it",
 		sr.Slot, sr.Lag, sr.Created, sr.Advances, sr.Checks, sr.LastConfirmed, sr.FailedTicks, sr.Violations)
 	if sr.Violations > 0 {
 		fail("retention deleted %d rows committed past the second logical slot %s's confirmed_flush_lsn; first: %s",
-			sr.Violations, s.name, strings.Join(sr.Examples, "; "))
+			sr.Violations, s.Name, strings.Join(sr.Examples, "; "))
 	}
-	if r.m.Name == longMode.Name && sr.Advances == 0 {
-		fail("the second slot %s never advanced", s.name)
+	if o.Mode == longMode.Name && sr.Advances == 0 {
+		fail("the second slot %s never advanced", s.Name)
 	}
+	return note
 }
 
 // TestSecondSlotTarget: the slot goes to the newest reading at least the lag

@@ -112,7 +112,7 @@ func (r *run) startSlowWriters(ctx context.Context, stop <-chan struct{}, wg *sy
 
 // verifySince is the --since of the run's verify: early enough for the
 // backdated rows (the database holds this run's rows only).
-func (r *run) verifySince() time.Time { return r.flowStart.Add(-backdateMax - time.Minute) }
+func verifySince(flowStart time.Time) time.Time { return flowStart.Add(-backdateMax - time.Minute) }
 
 // slowReport is what the backdated rows and the held transactions did (the
 // report's "backdated_and_held" section).
@@ -125,37 +125,29 @@ type slowReport struct {
 	VerifySince      string `json:"verify_since"`
 }
 
-// slowSummary fills the report's section and logs it; it runs after
-// checkRetention (r.retDeleted).
-func (r *run) slowSummary(events []event) *slowReport {
-	sr := r.slowCounts(events)
-	r.t.Logf("chaos: %v", sr)
-	return sr
-}
-
-func (r *run) slowCounts(events []event) *slowReport {
-	sr := &slowReport{VerifySince: r.verifySince().UTC().Format(time.RFC3339)}
+// slowCounts fills the report's section.
+func (o *observation) slowCounts(events []event) *slowReport {
+	sr := &slowReport{VerifySince: verifySince(o.FlowStart).UTC().Format(time.RFC3339)}
+	retDeleted := o.retentionDeleted()
 	txns := map[[2]int64]bool{}
 	for _, e := range events {
 		if e.Backdate > 0 {
 			sr.BackdatedRows++
-			if r.retDeleted[e.ID] {
+			if retDeleted[e.ID] {
 				sr.BackdatedDeleted++
 			}
 		}
-		if r.held != nil && r.held.writers[e.Writer] {
+		if o.Held != nil && o.Held.Writers[e.Writer] {
 			txns[[2]int64{int64(e.Writer), e.Txn}] = true
 		}
 	}
 	sr.HeldTxns = len(txns)
-	if r.held == nil {
+	if o.Held == nil {
 		return sr
 	}
-	r.held.mu.Lock()
-	defer r.held.mu.Unlock()
-	sr.HeldAttempts = len(r.held.spans)
-	for _, s := range r.held.spans {
-		for _, f := range r.faults {
+	sr.HeldAttempts = len(o.Held.Spans)
+	for _, s := range o.Held.Spans {
+		for _, f := range o.Faults {
 			if f.Start.Before(s[1]) && f.End.After(s[0]) {
 				sr.HeldDuringFault++
 				break

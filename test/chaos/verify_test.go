@@ -28,10 +28,21 @@ type verifyJSON struct {
 	Error           string  `json:"error,omitempty"`
 }
 
-// verifyRun runs `outbox-cdc verify --json` over the rows written since
-// since, with the connector's configuration; it must finish and find
-// every row in Kafka but those a redrive named lost to parking retention.
-func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, ...any)) *verifyJSON {
+// verifyObs is what the run's verify printed (runVerify).
+type verifyObs struct {
+	Exit         int      `json:"exit"`
+	Error        string   `json:"error,omitempty"`
+	Seconds      float64  `json:"seconds"`
+	Rows         int64    `json:"rows"`
+	Found        int64    `json:"found"`
+	Missing      int64    `json:"missing"`
+	MissingFirst []string `json:"missing_first,omitempty"`
+	Stderr       string   `json:"stderr,omitempty"` // its last 4000 bytes
+}
+
+// runVerify runs `outbox-cdc verify --json` over the rows written since
+// since, with the connector's configuration.
+func (r *run) runVerify(ctx context.Context, since time.Time) *verifyObs {
 	vctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
 	defer cancel()
 	began := time.Now()
@@ -41,7 +52,7 @@ func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, 
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	v := &verifyJSON{Seconds: round2(time.Since(began).Seconds())}
+	v := &verifyObs{Seconds: round2(time.Since(began).Seconds())}
 	var ee *exec.ExitError
 	switch {
 	case vctx.Err() != nil:
@@ -57,23 +68,50 @@ func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, 
 			v.Error = "verify --json printed no report: " + jerr.Error()
 		}
 	}
-	v.Rows, v.Found, v.Missing = rep.Rows, rep.Found, rep.Missing.Count
+	v.Rows, v.Found, v.Missing, v.MissingFirst = rep.Rows, rep.Found, rep.Missing.Count, rep.Missing.First
+	v.Stderr = stderr.String()
+	if len(v.Stderr) > 4000 {
+		v.Stderr = v.Stderr[len(v.Stderr)-4000:]
+	}
+	return v
+}
+
+// repairedLost are the events lost to parking retention that the final
+// read found republished (a verify --repair's copy: checkOrder).
+func repairedLost(recs []copyRec, lost map[string]string) map[string]bool {
+	out := map[string]bool{}
+	for _, c := range recs {
+		if lost[c.ID] != "" {
+			out[c.ID] = true
+		}
+	}
+	return out
+}
+
+// checkVerify: the run's verify must finish and find every row in Kafka
+// but those a redrive named lost to parking retention.
+func (o *observation) checkVerify(repairedLost map[string]bool, fail func(string, ...any)) *verifyJSON {
+	ob := o.Verify
+	if ob == nil {
+		return nil
+	}
+	v := &verifyJSON{Exit: ob.Exit, Rows: ob.Rows, Found: ob.Found, Missing: ob.Missing, Seconds: ob.Seconds, Error: ob.Error}
 	// An event lost to retention that a restore or a promotion undid
 	// later has no row left to miss; one a later verify --repair (a
 	// runbook's) republished is on its topic again; nor has one whose row
 	// outbox retention deleted, once it was parked (checkRetention: after
 	// the broker appended it).
-	undone := r.ledger.undoneIDs()
-	for id := range r.rd.lost {
+	retDeleted := o.retentionDeleted()
+	for id := range o.Redrive.Lost {
 		// A gap repair (the table read back) may park it again: a second
 		// parked copy, after the one retention deleted.
-		if !undone[id] && !r.retDeleted[id] && len(r.live.copiesOf(r.bigTopic, id)) == 0 && !r.repairedLost[id] &&
-			len(r.live.copiesOf(r.parkingTopic(), id)) < 2 {
+		if !o.Undone[id] && !retDeleted[id] && len(o.keptOf(o.BigTopic, id)) == 0 && !repairedLost[id] &&
+			len(o.keptOf(o.ParkingTopic, id)) < 2 {
 			v.LostToRetention++
 		}
 	}
-	for _, id := range rep.Missing.First {
-		if r.rd.lost[id] == "" {
+	for _, id := range ob.MissingFirst {
+		if o.Redrive.Lost[id] == "" {
 			v.Unnamed += id + " "
 		}
 	}
@@ -82,12 +120,8 @@ func (r *run) verifyRun(ctx context.Context, since time.Time, fail func(string, 
 		wantExit = 1 // something missing
 	}
 	if v.Error != "" || v.Exit != wantExit || v.Missing != v.LostToRetention || v.Unnamed != "" || v.Rows == 0 {
-		tail := stderr.String()
-		if len(tail) > 4000 {
-			tail = tail[len(tail)-4000:]
-		}
 		fail("verify over the run: exit %d (want %d), %d rows, %d found, %d missing (%d lost to parking retention, named; not named: %s), %s\n%s",
-			v.Exit, wantExit, v.Rows, v.Found, v.Missing, v.LostToRetention, v.Unnamed, v.Error, tail)
+			v.Exit, wantExit, v.Rows, v.Found, v.Missing, v.LostToRetention, v.Unnamed, v.Error, ob.Stderr)
 	}
 	return v
 }

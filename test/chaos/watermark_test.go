@@ -20,12 +20,12 @@ import (
 //     excused (and counted) only when the broker had appended the event by
 //     T, i.e. the broker died or was cut off between acknowledging the
 //     record and serving it to the consumer.
-func (r *run) checkWatermark(rep *Report, events []event, copies map[string][]copyRec, fail func(string, ...any)) {
-	seen := r.live.snapshot()
-	samples := r.samp.all()
+func (o *observation) checkWatermark(rep *Report, events []event, copies map[string][]copyRec, fail func(string, ...any)) {
+	seen := o.Seen
+	samples := o.Samples
 	rep.WatermarkSamples = len(samples)
 	for _, s := range samples {
-		if r.inKafkaOutage(s.T) {
+		if o.inKafkaOutage(s.T) {
 			rep.WatermarkSamplesKafkaDown++
 		}
 	}
@@ -47,8 +47,8 @@ func (r *run) checkWatermark(rep *Report, events []event, copies map[string][]co
 	// events that history holds.
 	var clags []time.Duration
 	reported := map[string]bool{}
-	for _, ep := range r.walEpochs(events, samples) {
-		r.watermarkEpoch(rep, ep.events, ep.samples, copies, seen, reported, &clags)
+	for _, ep := range o.walEpochs(events, samples) {
+		o.watermarkEpoch(rep, ep.events, ep.samples, copies, seen, reported, &clags)
 	}
 	if len(clags) > 0 {
 		slices.Sort(clags)
@@ -64,7 +64,7 @@ func (r *run) checkWatermark(rep *Report, events []event, copies map[string][]co
 
 // watermarkEpoch runs the watermark check over the samples and events of
 // one history of the server's WAL; clags collects the confirmation lags.
-func (r *run) watermarkEpoch(rep *Report, events []event, samples []sample, copies map[string][]copyRec, seen map[string]time.Time,
+func (o *observation) watermarkEpoch(rep *Report, events []event, samples []sample, copies map[string][]copyRec, seen map[string]time.Time,
 	reported map[string]bool, clags *[]time.Duration) {
 	evs := slices.Clone(events) // this history's events
 	sort.Slice(evs, func(i, j int) bool { return evs[i].PostLSN < evs[j].PostLSN })
@@ -105,7 +105,7 @@ func (r *run) watermarkEpoch(rep *Report, events []event, samples []sample, copi
 		for next < len(evs) && evs[next].PostLSN <= s.Slot {
 			e := evs[next]
 			next++
-			if cs := copies[e.ID]; len(cs) > 0 && !r.inFault(cs[0].Append) && !r.inFault(s.T) {
+			if cs := copies[e.ID]; len(cs) > 0 && !o.inFault(cs[0].Append) && !o.inFault(s.T) {
 				*clags = append(*clags, s.T.Sub(cs[0].Append))
 			}
 		}
@@ -147,7 +147,7 @@ func (r *run) watermarkEpoch(rep *Report, events []event, samples []sample, copi
 			// broker had appended it before T: the broker died (or was cut
 			// off) between acknowledging and serving it.
 			rep.ConsumerLateChecks++
-			if !r.inKafkaOutage(s.T) {
+			if !o.inKafkaOutage(s.T) {
 				rep.ConsumerLateOutsideOutage++
 			}
 		}
@@ -162,8 +162,8 @@ func (r *run) watermarkEpoch(rep *Report, events []event, samples []sample, copi
 
 // inKafkaOutage reports whether t lies in a fault that cut the connector
 // off the broker.
-func (r *run) inKafkaOutage(t time.Time) bool {
-	for _, f := range r.faults {
+func (o *observation) inKafkaOutage(t time.Time) bool {
+	for _, f := range o.Faults {
 		if kafkaUnreachable(f.Kind) && !t.Before(f.Start) && !t.After(f.End) {
 			return true
 		}
@@ -172,8 +172,8 @@ func (r *run) inKafkaOutage(t time.Time) bool {
 }
 
 // inFault reports whether t lies in a fault or the second after it.
-func (r *run) inFault(t time.Time) bool {
-	for _, f := range r.faults {
+func (o *observation) inFault(t time.Time) bool {
+	for _, f := range o.Faults {
 		if !t.Before(f.Start) && t.Before(f.End.Add(time.Second)) {
 			return true
 		}
@@ -194,8 +194,8 @@ func kafkaUnreachable(kind string) bool {
 // recoveries measures, for each fault, the time from its end to the first
 // event consumed that had not been consumed before, and to every event
 // committed before its end being consumed.
-func (r *run) recoveries(rep *Report, events []event) {
-	seen := r.live.snapshot()
+func (o *observation) recoveries(rep *Report, events []event) {
+	seen := o.Seen
 	times := make([]time.Time, 0, len(seen))
 	for _, t := range seen {
 		times = append(times, t)
@@ -211,8 +211,8 @@ func (r *run) recoveries(rep *Report, events []event) {
 		}
 		prefix[i] = cur
 	}
-	for i := range r.faults {
-		f := &r.faults[i]
+	for i := range o.Faults {
+		f := &o.Faults[i]
 		j := sort.Search(len(times), func(k int) bool { return times[k].After(f.End) })
 		if j < len(times) {
 			f.FirstDelivery = times[j].Sub(f.End)
@@ -222,8 +222,8 @@ func (r *run) recoveries(rep *Report, events []event) {
 			f.CaughtUp = prefix[k-1].Sub(f.End)
 		}
 		next := time.Now()
-		if i+1 < len(r.faults) {
-			next = r.faults[i+1].Start
+		if i+1 < len(o.Faults) {
+			next = o.Faults[i+1].Start
 		}
 		f.Measured = j < len(times) && !f.End.Add(max(f.FirstDelivery, f.CaughtUp)).After(next)
 		if !f.Measured {
@@ -245,9 +245,9 @@ func (r *run) recoveries(rep *Report, events []event) {
 
 // faultAt names the faults under way (or ended within 5s) at t, for the
 // examples of a report.
-func (r *run) faultAt(t time.Time) string {
+func (o *observation) faultAt(t time.Time) string {
 	var kinds []string
-	for _, f := range r.faults {
+	for _, f := range o.Faults {
 		if !t.Before(f.Start) && t.Before(f.End.Add(5*time.Second)) {
 			kinds = append(kinds, f.Kind)
 		}
