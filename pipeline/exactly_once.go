@@ -41,15 +41,14 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 		}
 		return s, nil
 	}
-	srv, err := p.cfg.Source.DB.Identify(ctx)
+	srv, err := su.identify(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
-	key := exactlyonce.PositionKey(srv.SystemID, srv.Database, p.cfg.Source.Slot)
+	key, _ := su.sourceKey(ctx) // identified above
 	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
 		Source: key, Fail: p.fail, Owner: p.conn.up.Load, Proof: p.markProof,
-		Acknowledged: max(pl.readings.slot, pl.readings.ckpt),
-		Prerequisite: func(problem, fix string) error { return &fault.PrerequisiteError{Problem: problem, Fix: fix} }}, p.log)
+		Acknowledged: max(pl.readings.slot, pl.readings.ckpt)}, p.log)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 	"github.com/outbox-cdc/outbox-cdc/replication"
+	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
 
 // plan is what setup decided, resolved once: the processor, the side loops
@@ -68,7 +69,35 @@ type plan struct {
 // then reads: the plan, the history, the checkpoint store, the boundary,
 // the repair's decision (repair.go).
 type starter struct {
-	p *Pipeline
+	p   *Pipeline
+	srv *replication.Server // the server as identify read it, once per start
+}
+
+// identify reads the server's identity once per start: the checkpoint is
+// judged by it (loadCheckpoint), and the source key (sourceKey) and
+// exactly_once's trust in its committed position are taken from it. The
+// reading is taken before the slot is set up, and no later than the
+// exactly_once standby's wait for the slot (resolve): every position a
+// previous instance could still commit was decoded before it.
+func (su *starter) identify(ctx context.Context) (replication.Server, error) {
+	if su.srv == nil {
+		srv, err := su.p.cfg.Source.DB.Identify(ctx)
+		if err != nil {
+			return replication.Server{}, err
+		}
+		su.srv = &srv
+	}
+	return *su.srv, nil
+}
+
+// sourceKey names this source (cluster, database, slot) on the connector's
+// own topics: exactly_once's positions and the quarantine state.
+func (su *starter) sourceKey(ctx context.Context) (string, error) {
+	srv, err := su.identify(ctx)
+	if err != nil {
+		return "", err
+	}
+	return exactlyonce.PositionKey(srv.SystemID, srv.Database, su.p.cfg.Source.Slot), nil
 }
 
 // close releases what the plan holds when the run does not start.
@@ -257,7 +286,7 @@ func (su *starter) loadCheckpoint(ctx context.Context, pl *plan) (loaded, error)
 	case !errors.Is(err, offsets.ErrNoCheckpoint):
 		return l, fmt.Errorf("load checkpoint: %w", err)
 	}
-	if l.srv, err = src.DB.Identify(ctx); err != nil {
+	if l.srv, err = su.identify(ctx); err != nil {
 		return l, fmt.Errorf("setup: %w", err)
 	}
 	l.forget = store.Forget()

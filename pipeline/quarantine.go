@@ -7,7 +7,6 @@ import (
 	"log/slog"
 
 	"github.com/outbox-cdc/outbox-cdc/internal/fault"
-	"github.com/outbox-cdc/outbox-cdc/replication"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
@@ -36,7 +35,7 @@ func (su *starter) openSink(ctx context.Context) (*sink.Sink, error) {
 	// Kafka not usable at start: the restore goes on in the sink, and a
 	// topic found not compacted then stops the connector.
 	cfg.Fail = func(err error) { p.fail(notCompacted(err)) }
-	return startSink(ctx, p.cfg.Source, cfg, p.log)
+	return startSink(ctx, cfg, su.sourceKey, p.log)
 }
 
 // OpenRepairSink opens the sink that verify --repair republishes missing
@@ -58,18 +57,23 @@ func OpenRepairSink(ctx context.Context, cfg Config, fail func(error), log *slog
 	}
 	sc.Owner = func() bool { return false }
 	sc.Fail = func(err error) { fail(notCompacted(err)) }
-	return startSink(ctx, cfg.Source, sc, log)
+	key := func(ctx context.Context) (string, error) {
+		srv, err := cfg.Source.DB.Identify(ctx)
+		return quarantine.Source(srv.SystemID, srv.Database, cfg.Source.Slot), err
+	}
+	return startSink(ctx, sc, key, log)
 }
 
-// startSink names this connector's keys on the quarantine topic, creates
-// the sink and starts its quarantines.
-func startSink(ctx context.Context, src replication.Source, cfg sink.Config, log *slog.Logger) (*sink.Sink, error) {
+// startSink names this connector's keys on the quarantine topic (source:
+// the source key, read only in dlq.mode quarantine), creates the sink and
+// starts its quarantines.
+func startSink(ctx context.Context, cfg sink.Config, source func(context.Context) (string, error), log *slog.Logger) (*sink.Sink, error) {
 	if cfg.QuarantineTopic != "" && cfg.ParkingTopic != "" {
-		srv, err := src.DB.Identify(ctx)
+		key, err := source(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("setup: %w", err)
 		}
-		cfg.QuarantineSource = quarantine.Source(srv.SystemID, srv.Database, src.Slot)
+		cfg.QuarantineSource = key
 	}
 	s, err := sink.New(cfg, log)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
@@ -51,12 +52,9 @@ func (t *Txn) Start(ctx context.Context) (Position, error) {
 }
 
 // prerequisite is a broker setting that must change before the connector
-// can run (Config.Prerequisite).
+// can run.
 func (t *Txn) prerequisite(problem, fix string) error {
-	if t.cfg.Prerequisite != nil {
-		return t.cfg.Prerequisite(problem, fix)
-	}
-	return errors.New(problem + "; " + fix)
+	return &fault.PrerequisiteError{Problem: problem, Fix: fix}
 }
 
 // checkTransactions refuses brokers without the transaction APIs.

@@ -58,10 +58,6 @@ type Config struct {
 	// that no other can have taken the transactional id over (another takes
 	// it only once the slot is free); nil: assumed.
 	Owner func() bool
-	// Prerequisite makes the error for a broker setting to change
-	// (replication.PrerequisiteError in the connector; this package does
-	// not import the replication package).
-	Prerequisite func(problem, fix string) error
 	// Proof returns the history mark that proves positions up to at are in
 	// the server's history (replication/marks.go); it is recorded with each
 	// position. Nil, or a zero mark: none.
