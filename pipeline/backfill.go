@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
@@ -162,10 +163,10 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 		b.record(ev)
 		return true
 	}
-	backoff, first := 100*time.Millisecond, time.Time{}
+	first := time.Time{}
 	p.b.repairing(true) // exactly_once after a restore's runbook (readback_repair.go)
 	defer p.b.repairing(false)
-	for {
+	for attempt := 0; ; attempt++ {
 		g, again, err := w.readBackfill(ctx, produceCtx, txn, &n, keep, b.Xmin)
 		if err == nil {
 			b.clearAt = g.ClearAt
@@ -182,13 +183,11 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 		if !again || !replication.Transient(err) || ctx.Err() != nil || time.Since(first) > backfillRetryFor {
 			return err
 		}
-		p.log.Warn("the gap repair lost its connection; it reads the table again", "err", err, "published", n, "in", backoff)
-		select {
-		case <-ctx.Done():
+		wait := backoff.Nth(100*time.Millisecond, max(p.cfg.BackoffMax, time.Second), attempt)
+		p.log.Warn("the gap repair lost its connection; it reads the table again", "err", err, "published", n, "in", wait)
+		if backoff.Sleep(ctx, wait); ctx.Err() != nil {
 			return ctx.Err()
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, max(p.cfg.BackoffMax, time.Second))
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
@@ -150,8 +151,7 @@ func (k *checkpointer) beforeStream(ctx context.Context, pl *plan) error {
 	if pl.checkpoints == nil || pl.guard == nil || (pl.trusted != nil && len(pl.trusted.Stream) > 0 && !pl.changed) {
 		return nil
 	}
-	backoff := 100 * time.Millisecond
-	for {
+	for n := 0; ; n++ {
 		_, r := k.saveAs(ctx, 0, true, false)
 		if k.p.cfg.ExactlyOnce == nil || !pl.changed || r == saveDone || r == saveSkipped {
 			return nil
@@ -159,13 +159,11 @@ func (k *checkpointer) beforeStream(ctx context.Context, pl *plan) error {
 		if r == saveStale {
 			return fmt.Errorf("exactly_once: another connector saved a later checkpoint while this one started; restart to start from it")
 		}
-		k.p.log.Warn("the gap found at start is not saved yet; the stream waits for it (exactly_once)", "in", backoff)
-		select {
-		case <-ctx.Done():
+		wait := backoff.Nth(100*time.Millisecond, 5*time.Second, n)
+		k.p.log.Warn("the gap found at start is not saved yet; the stream waits for it (exactly_once)", "in", wait)
+		if backoff.Sleep(ctx, wait); ctx.Err() != nil {
 			return nil
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
@@ -29,11 +30,9 @@ func (su *starter) ownTopics(ctx context.Context) error {
 	}
 	p.log.Warn("kafka: cannot check the connector's own topics yet; checking again while the connector runs", "err", err)
 	go func() {
-		for backoff := time.Second; ; backoff = min(2*backoff, 30*time.Second) {
-			select {
-			case <-ctx.Done():
+		for n := 0; ; n++ {
+			if backoff.Sleep(ctx, backoff.Nth(time.Second, 30*time.Second, n)); ctx.Err() != nil {
 				return
-			case <-time.After(backoff):
 			}
 			attempt, cancel := context.WithTimeout(ctx, 15*time.Second)
 			err := sink.EnsureOwnTopics(attempt, cfg, true, p.log)

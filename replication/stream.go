@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -165,7 +165,7 @@ func (s *Stream) reading() bool {
 func (s *Stream) Run(ctx context.Context, out chan<- *Batch) error {
 	defer s.StopReading()
 	start := ResumeAt{Pos: s.cfg.StartLSN, Mark: s.cfg.FirstMark} // the start was proven by the run's start checks
-	backoff := 100 * time.Millisecond
+	attempt := 0
 	for {
 		began := time.Now()
 		err := s.session(ctx, start, out)
@@ -185,12 +185,12 @@ func (s *Stream) Run(ctx context.Context, out chan<- *Batch) error {
 			return &fault.FatalError{Err: fmt.Errorf("replay connection lost: %w", err)}
 		}
 		if time.Since(began) > time.Minute {
-			backoff = 100 * time.Millisecond
+			attempt = 0
 		}
-		wait := backoff/2 + rand.N(backoff/2+1)
+		wait := backoff.Jitter(backoff.Nth(100*time.Millisecond, s.cfg.BackoffMax, attempt))
 		s.log.Warn("replication connection lost; reconnecting", "err", err, "in", wait.Round(time.Millisecond))
 		s.m.Reconnects.Inc()
-		backoff = min(backoff*2, s.cfg.BackoffMax)
+		attempt++
 
 		// Everything sent before the loss is in out; learn where it ends.
 		reset, resumed := NewReset()

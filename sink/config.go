@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
@@ -146,7 +147,7 @@ func (cfg Config) ProducerOpts(conn []kgo.Opt, log *slog.Logger, batchMax func(t
 		// Retry quickly after a broker comes back: franz-go's default backoff
 		// grows to seconds, which is what recovery after an outage then takes.
 		kgo.RetryBackoffFn(func(tries int) time.Duration {
-			return kafka.Jitter(kafka.Backoff(100*time.Millisecond, time.Second, tries))
+			return backoff.Jitter(backoff.Nth(100*time.Millisecond, time.Second, tries))
 		}),
 		kgo.MaxBufferedRecords(cfg.BufferedRecords()),
 	)

@@ -3,6 +3,7 @@ package sink
 import (
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
@@ -21,7 +22,7 @@ func (s *Sink) lookup(t *topicState) {
 			break
 		}
 		s.log.Warn("kafka: cannot look up topic; retrying", "topic", t.name, "err", err)
-		if kafka.Sleep(s.ctx, kafka.Backoff(100*time.Millisecond, 5*time.Second, attempt)); s.ctx.Err() != nil {
+		if backoff.Sleep(s.ctx, backoff.Nth(100*time.Millisecond, 5*time.Second, attempt)); s.ctx.Err() != nil {
 			return
 		}
 	}

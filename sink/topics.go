@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
@@ -169,7 +170,7 @@ func (s *Sink) step(t *topicState) bool {
 	case t.missing && !t.expired:
 		if now.Sub(t.missingSince) < s.unknownTimeout {
 			s.mu.Unlock()
-			kafka.Sleep(s.ctx, s.poll)
+			backoff.Sleep(s.ctx, s.poll)
 			return true
 		}
 		t.expired = true

@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
@@ -148,7 +149,7 @@ func (t *Txn) commit(ctx context.Context) error {
 			t.log.Warn(msg, "attempt", attempt, "events", len(b), "end_lsn", end, "err", err)
 			select {
 			case <-ctx.Done():
-			case <-time.After(kafka.Jitter(kafka.Backoff(100*time.Millisecond, 5*time.Second, attempt))):
+			case <-time.After(backoff.Jitter(backoff.Nth(100*time.Millisecond, 5*time.Second, attempt))):
 			}
 		}
 	}

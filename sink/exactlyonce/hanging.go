@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
-	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 )
 
 // A hanging transaction: one of this source's transactions that its
@@ -127,7 +127,7 @@ func (t *Txn) checkHanging(ctx context.Context, s *positionsRead) error {
 		default:
 			confirmed = true
 		}
-		if kafka.Sleep(ctx, hangRecheck); ctx.Err() != nil {
+		if backoff.Sleep(ctx, hangRecheck); ctx.Err() != nil {
 			return fmt.Errorf("look for hanging transactions: %w", ctx.Err())
 		}
 	}
@@ -153,7 +153,7 @@ func (t *Txn) hangInputs(ctx context.Context, s *positionsRead, pid int64, topic
 		if errors.As(err, new(*kadm.AuthError)) {
 			break
 		}
-		kafka.Sleep(ctx, time.Second)
+		backoff.Sleep(ctx, time.Second)
 	}
 	// Without it the positions partition is looked at alone, as before.
 	t.log.Warn("kafka: cannot look for hanging transactions on the event topics' partitions (DescribeProducers needs READ on them)",

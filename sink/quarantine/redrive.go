@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
@@ -58,7 +59,7 @@ func (s *Set) redriveLoop() {
 		}
 		if err := fetchErr(fs); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			s.log.Error("reading the quarantine topic", "topic", st.name, "err", err)
-			kafka.Sleep(s.ctx, time.Second)
+			backoff.Sleep(s.ctx, time.Second)
 			continue
 		}
 		fs.EachRecord(func(r *kgo.Record) {
@@ -151,7 +152,7 @@ func (s *Set) redrive(req *StateRecord) {
 	skip := req.State == StateSkip
 	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", rec.FirstID, "skip_dead_letter", skip)
 	for q.inflight.Load() > 0 { // parked records before the hold must be on the parking topic
-		kafka.Sleep(s.ctx, 10*time.Millisecond)
+		backoff.Sleep(s.ctx, 10*time.Millisecond)
 	}
 	n, err := s.republish(s.ctx, &rec, skip)
 	if s.ctx.Err() != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
 	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
@@ -166,7 +167,7 @@ func (s *Set) restoreLater() {
 		select {
 		case <-s.ctx.Done():
 			return
-		case <-time.After(kafka.Backoff(time.Second, 10*time.Second, attempt-1)):
+		case <-time.After(backoff.Nth(time.Second, 10*time.Second, attempt-1)):
 		}
 		latest, err := s.readStateTopic(s.ctx)
 		var nc *NotCompactedError

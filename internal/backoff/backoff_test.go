@@ -1,12 +1,12 @@
-package kafka
+package backoff
 
 import (
 	"testing"
 	"time"
 )
 
-// TestBackoff: the waits the hand-written loops had (doubling, capped).
-func TestBackoff(t *testing.T) {
+// TestNth: the waits the hand-written loops had (doubling, capped).
+func TestNth(t *testing.T) {
 	ms := time.Millisecond
 	cases := []struct {
 		first, most time.Duration
@@ -18,12 +18,12 @@ func TestBackoff(t *testing.T) {
 	}
 	for _, c := range cases {
 		for n, want := range c.want {
-			if got := Backoff(c.first, c.most, n); got != want {
-				t.Errorf("Backoff(%v, %v, %d) = %v, want %v", c.first, c.most, n, got, want)
+			if got := Nth(c.first, c.most, n); got != want {
+				t.Errorf("Nth(%v, %v, %d) = %v, want %v", c.first, c.most, n, got, want)
 			}
 		}
-		if got := Backoff(c.first, c.most, 1000); got != c.most {
-			t.Errorf("Backoff(%v, %v, 1000) = %v, want %v", c.first, c.most, got, c.most)
+		if got := Nth(c.first, c.most, 1000); got != c.most {
+			t.Errorf("Nth(%v, %v, 1000) = %v, want %v", c.first, c.most, got, c.most)
 		}
 	}
 	for range 100 {
