@@ -15,7 +15,7 @@ CONFIG ?= outbox-cdc.yaml
 MODULES := . outbox inbox bench deploy/helm
 # Packages whose tests start PostgreSQL or Kafka (internal/testenv's lifecycle
 # tests do too); make unit and make integration run them, make check does not.
-SERVER_PKGS := /internal/testenv$$|/test/integration$$|/test/chaos$$
+SERVER_PKGS := /internal/testenv$$|/test/integration$$
 BENCH_OUT ?= bench/results
 # The PostgreSQL version matrix. The default version is the machine's own
 # server (PostgreSQL 15 from Debian's packages); the others are fetched from
