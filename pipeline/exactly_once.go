@@ -55,7 +55,14 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 	t.SetTimeline(srv.Timeline)
 	committed, err := t.Start(ctx)
 	if err == nil {
-		err = trustCommitted(committed, srv, eo.PositionsTopic, key, strings.Join(p.cfg.Sink.Brokers, ","))
+		// The server is read again for the trust check, after the fence: an
+		// instance still alive (its stream reconnecting) may have committed
+		// positions past the start's reading (identify) until Start fenced
+		// it, and none can commit past a reading taken now.
+		var now replication.Server
+		if now, err = p.cfg.Source.DB.Identify(ctx); err == nil {
+			err = trustCommitted(committed, now, eo.PositionsTopic, key, strings.Join(p.cfg.Sink.Brokers, ","))
+		}
 	}
 	if err != nil {
 		t.Close()

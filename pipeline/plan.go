@@ -75,10 +75,10 @@ type starter struct {
 
 // identify reads the server's identity once per start: the checkpoint is
 // judged by it (loadCheckpoint), and the source key (sourceKey) and
-// exactly_once's trust in its committed position are taken from it. The
-// reading is taken before the slot is set up, and no later than the
-// exactly_once standby's wait for the slot (resolve): every position a
-// previous instance could still commit was decoded before it.
+// exactly_once's first timeline are taken from it. exactly_once's trust in
+// its committed position reads the server again after the fence (newSink):
+// an instance still alive may commit positions past this reading until
+// then.
 func (su *starter) identify(ctx context.Context) (replication.Server, error) {
 	if su.srv == nil {
 		srv, err := su.p.cfg.Source.DB.Identify(ctx)
