@@ -18,7 +18,7 @@ import (
 func TestStateTopicCompactDeleteRefused(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
-	s, _ := newSinkTuned(t, c, nil, savedMode)
+	s, _ := sinktest.NewSink(t, c, nil, savedMode)
 	sinktest.CreateTopic(ctx, t, s.Client(), stateTopic, map[string]string{"cleanup.policy": "compact,delete", "retention.ms": "604800000"})
 	var nc *quarantine.NotCompactedError
 	if err := s.StartQuarantines(ctx); !errors.As(err, &nc) {

@@ -30,7 +30,7 @@ func TestGateGathersWhileInFlight(t *testing.T) {
 	done := sinktest.OutcomesFor(n + 2)
 
 	// The topic is looked up and ready before requests are counted.
-	produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
 	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("warm-up: %v", o.Err)
 	}
@@ -51,7 +51,7 @@ func TestGateGathersWhileInFlight(t *testing.T) {
 		return nil, nil, false
 	})
 
-	produce(ctx, t, s, baseRecord(topic, []byte("0")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("0")), done)
 	for reqs.Load() == 0 {
 		select {
 		case <-ctx.Done():
@@ -60,7 +60,7 @@ func TestGateGathersWhileInFlight(t *testing.T) {
 		}
 	}
 	for i := 1; i <= n; i++ {
-		produce(ctx, t, s, baseRecord(topic, []byte(fmt.Sprint(i))), done)
+		sinktest.Produce(ctx, t, s, baseRecord(topic, []byte(fmt.Sprint(i))), done)
 	}
 	// An observation window for an absence: nothing is sent while the first
 	// request is outstanding.
@@ -76,7 +76,7 @@ func TestGateGathersWhileInFlight(t *testing.T) {
 	}
 	// How many requests the waiting records then take depends on how soon
 	// franz-go's drain starts while they are handed over: not asserted.
-	got := consume(ctx, t, c, topic, n+2)
+	got := sinktest.Consume(ctx, t, c, topic, n+2)
 	for i, r := range got[1:] {
 		if string(r.Value) != fmt.Sprint(i) {
 			t.Fatalf("record %d is %q, want %q (order)", i, r.Value, fmt.Sprint(i))
@@ -101,9 +101,9 @@ func (h producesWritten) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _
 func TestCloseFailsWaiting(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
-	s, closeSink := newSinkCloser(t, c, nil)
+	s, closeSink := sinktest.NewSink(t, c, nil, nil)
 	done := sinktest.NewOutcomes()
-	produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
 	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("warm-up: %v", o.Err)
 	}
@@ -113,8 +113,8 @@ func TestCloseFailsWaiting(t *testing.T) {
 		c.SleepControl(func() { <-ctx.Done() })
 		return nil, nil, false
 	})
-	produce(ctx, t, s, baseRecord(topic, []byte("in the client")), done)
-	produce(ctx, t, s, baseRecord(topic, []byte("waiting")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("in the client")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("waiting")), done)
 	closeFailsAll(ctx, t, closeSink, done, 2)
 }
 
@@ -146,16 +146,16 @@ func TestGateLatencyBudgetGathers(t *testing.T) {
 	c := sinktest.NewCluster(t)
 	var reqs atomic.Int32
 	counted := atomic.Bool{}
-	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.LatencyBudget = 100 * time.Millisecond },
+	s, _ := sinktest.NewSink(t, c, nil, func(cfg *sink.Config) { cfg.LatencyBudget = 100 * time.Millisecond },
 		kgo.WithHooks(producesWritten{&reqs, &counted}))
 	done := sinktest.OutcomesFor(n + 2)
-	produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("warm-up")), done)
 	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("warm-up: %v", o.Err)
 	}
 	counted.Store(true)
 	for i := range n {
-		produce(ctx, t, s, baseRecord(topic, []byte(fmt.Sprint(i))), done)
+		sinktest.Produce(ctx, t, s, baseRecord(topic, []byte(fmt.Sprint(i))), done)
 		time.Sleep(time.Millisecond) // a steady 1,000 records/s or less
 	}
 	for range n {
@@ -168,7 +168,7 @@ func TestGateLatencyBudgetGathers(t *testing.T) {
 	if got := reqs.Load(); got > n/4 {
 		t.Errorf("%d produce requests for %d records arriving 1ms apart under a 100ms budget, want at most %d", got, n, n/4)
 	}
-	got := consume(ctx, t, c, topic, n+1)
+	got := sinktest.Consume(ctx, t, c, topic, n+1)
 	for i, r := range got[1:] {
 		if string(r.Value) != fmt.Sprint(i) {
 			t.Fatalf("record %d is %q, want %q (order)", i, r.Value, fmt.Sprint(i))

@@ -14,111 +14,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
 )
-
-// results collects the outcome of each of n records by index; slot(i) is
-// record i's Done. Only the test goroutine fails the test.
-type results struct {
-	ch chan result
-}
-
-type result struct {
-	i int
-	o sink.Outcome
-}
-
-type slot struct {
-	i  int
-	ch chan result
-}
-
-func (s slot) Delivered(o sink.Outcome) {
-	select {
-	case s.ch <- result{s.i, o}:
-	default: // more outcomes than records: all() reports it
-		s.ch <- result{-1, o}
-	}
-}
-
-func newResults(n int) *results { return &results{ch: make(chan result, n+16)} }
-
-func (r *results) slot(i int) sink.Done { return slot{i, r.ch} }
-
-// all waits for n outcomes, one per record, and checks that no record has
-// two.
-func (r *results) all(ctx context.Context, t *testing.T, n int) []sink.Outcome {
-	t.Helper()
-	out := make([]sink.Outcome, n)
-	seen := make([]bool, n)
-	for range n {
-		select {
-		case x := <-r.ch:
-			if x.i < 0 || seen[x.i] {
-				t.Fatalf("record %d has a second outcome %+v", x.i, x.o)
-			}
-			seen[x.i], out[x.i] = true, x.o
-		case <-ctx.Done():
-			t.Fatalf("outcomes: %v", ctx.Err())
-		}
-	}
-	select {
-	case x := <-r.ch:
-		t.Fatalf("extra outcome for record %d: %+v", x.i, x.o)
-	case <-time.After(50 * time.Millisecond): // observation window for an absence: no extra outcome
-	}
-	return out
-}
-
-// refusePoison refuses, as over a limit the sink did not know, every batch
-// of topic that holds a record with "poison" in it. The first request waits
-// until release is closed, so that the poison record, buffered by then, is
-// refused in a batch with others.
-func refusePoison(ctx context.Context, c *kfake.Cluster, names map[[16]byte]string) (release chan struct{}, refused, most *atomic.Int32) {
-	release = make(chan struct{})
-	var waited atomic.Bool
-	refused, most = sinktest.Refuse(c, names, func() {
-		if waited.CompareAndSwap(false, true) {
-			c.SleepControl(func() {
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-			})
-		}
-	}, func(tp string, b []byte) int16 {
-		if tp == topic && bytes.Contains(b, []byte("poison")) {
-			return kerr.MessageTooLarge.Code
-		}
-		return 0
-	})
-	return release, refused, most
-}
-
-// checkSequence checks that recs hold the values %04d from 0 to n-1 except
-// skip, in that order.
-func checkSequence(t *testing.T, recs []*kgo.Record, n, skip int) {
-	t.Helper()
-	i := 0
-	for _, r := range recs {
-		if i == skip {
-			i++
-		}
-		if want := fmt.Sprintf("%04d", i); string(r.Value) != want {
-			t.Fatalf("record at offset %d (partition %d) is %q, want %q: order or completeness broken", r.Offset, r.Partition, r.Value, want)
-		}
-		i++
-	}
-	if i != n {
-		t.Fatalf("sequence ends at %d, want %d", i, n)
-	}
-}
 
 // TestOnlyTheRefusedRecordIsDeadLettered: the broker refuses (here: as if
 // over a limit the sink did not know) every batch that holds one record, so
@@ -131,19 +32,19 @@ func TestOnlyTheRefusedRecordIsDeadLettered(t *testing.T) {
 	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
 	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq)
-	release, refused, most := refusePoison(ctx, c, names)
-	res := newResults(n)
+	release, refused, most := sinktest.RefusePoison(ctx, c, names)
+	res := sinktest.NewResults(n)
 	for i := range n {
 		v := fmt.Sprintf("%04d", i)
 		if i == poison {
 			v += "-poison"
 		}
-		produce(ctx, t, s, baseRecord(topic, []byte(v)), res.slot(i))
+		sinktest.Produce(ctx, t, s, baseRecord(topic, []byte(v)), res.Slot(i))
 		if i == poison {
 			close(release) // and go on producing while the refusal comes back
 		}
 	}
-	for i, o := range res.all(ctx, t, n) {
+	for i, o := range res.All(ctx, t, n) {
 		switch {
 		case i == poison:
 			if !o.DeadLettered || !strings.Contains(o.Reason, "MESSAGE_TOO_LARGE") {
@@ -159,8 +60,8 @@ func TestOnlyTheRefusedRecordIsDeadLettered(t *testing.T) {
 	if refused.Load() < 2 {
 		t.Fatalf("%d refusals, want the batch's and the record's alone", refused.Load())
 	}
-	checkSequence(t, consume(ctx, t, c, topic, n-1), n, poison)
-	if got := consume(ctx, t, c, dlq, 1)[0]; !bytes.HasSuffix(got.Value, []byte("-poison")) {
+	sinktest.CheckSequence(t, sinktest.Consume(ctx, t, c, topic, n-1), n, poison)
+	if got := sinktest.Consume(ctx, t, c, dlq, 1)[0]; !bytes.HasSuffix(got.Value, []byte("-poison")) {
 		t.Errorf("dead letter %q is not the poison record", got.Value)
 	}
 }
@@ -212,7 +113,7 @@ func TestRecordsOverTheLimitNeverSent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			done := sinktest.NewOutcomes()
 			size := sink.BatchSize(tc.rec)
-			produce(ctx, t, s, tc.rec, done)
+			sinktest.Produce(ctx, t, s, tc.rec, done)
 			o := done.Wait(ctx, t)
 			if o.Err != nil || o.DeadLettered != tc.dead {
 				t.Fatalf("outcome %+v, want dead-lettered %v", o, tc.dead)
@@ -226,8 +127,8 @@ func TestRecordsOverTheLimitNeverSent(t *testing.T) {
 	if n := oversent.Load(); n != 0 {
 		t.Fatalf("%d batches over the limit were sent to the broker", n)
 	}
-	consume(ctx, t, c, "sized", 1)
-	consume(ctx, t, c, dlq, 3)
+	sinktest.Consume(ctx, t, c, "sized", 1)
+	sinktest.Consume(ctx, t, c, dlq, 3)
 }
 
 // TestBatchSizeMatchesTheBroker: BatchSize is the size of the record batch
@@ -273,7 +174,7 @@ func TestBatchSizeMatchesTheBroker(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			done := sinktest.NewOutcomes()
-			produce(ctx, t, s, tc.rec, done) // alone: the previous one is acknowledged
+			sinktest.Produce(ctx, t, s, tc.rec, done) // alone: the previous one is acknowledged
 			if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 				t.Fatalf("outcome %+v", o)
 			}
@@ -312,7 +213,7 @@ func TestBrokerRefusals(t *testing.T) {
 			failed := failProduces(ctx, t, c, s, topic, tc.times, tc.err.Code)
 			done := sinktest.NewOutcomes()
 			rec := baseRecord(topic, []byte("refused"))
-			produce(ctx, t, s, rec, done)
+			sinktest.Produce(ctx, t, s, rec, done)
 			o := done.Wait(ctx, t)
 			if o.Err != nil || o.DeadLettered != tc.dead || !strings.Contains(o.Reason, tc.reason) {
 				t.Fatalf("outcome %+v, want dead-lettered %v with %q", o, tc.dead, tc.reason)
@@ -324,12 +225,12 @@ func TestBrokerRefusals(t *testing.T) {
 			if tc.dead {
 				where, other = dlq, topic
 			}
-			got := consume(ctx, t, c, where, 1)[0]
+			got := sinktest.Consume(ctx, t, c, where, 1)[0]
 			if string(got.Value) != "refused" {
 				t.Errorf("value %q", got.Value)
 			}
 			checkOriginal(t, got, rec)
-			consume(ctx, t, c, other, 0)
+			sinktest.Consume(ctx, t, c, other, 0)
 			done.None(t, 10*time.Millisecond)
 		})
 	}
@@ -357,19 +258,19 @@ func TestInvalidTimestampDeadLettered(t *testing.T) {
 	rec := baseRecord(topic, []byte("stale"))
 	rec.Timestamp = time.Now().Add(-48 * time.Hour)
 	before := time.Now().Truncate(time.Millisecond)
-	produce(ctx, t, s, rec, done)
+	sinktest.Produce(ctx, t, s, rec, done)
 	o := done.Wait(ctx, t)
 	if !o.DeadLettered || !strings.Contains(o.Reason, "INVALID_TIMESTAMP") {
 		t.Fatalf("outcome %+v, want dead-lettered for INVALID_TIMESTAMP", o)
 	}
-	got := consume(ctx, t, c, dlq, 1)[0]
+	got := sinktest.Consume(ctx, t, c, dlq, 1)[0]
 	if string(got.Value) != "stale" {
 		t.Errorf("dead letter value %q, want the payload", got.Value)
 	}
 	if got.Timestamp.Before(before) {
 		t.Errorf("dead letter timestamp %v, want the time it was dead-lettered (after %v)", got.Timestamp, before)
 	}
-	consume(ctx, t, c, topic, 0)
+	sinktest.Consume(ctx, t, c, topic, 0)
 }
 
 // TestDeadLetterCopies: a dead letter the dead-letter topic refuses is sent
@@ -414,7 +315,7 @@ func TestDeadLetterCopies(t *testing.T) {
 				rec.Key = bigKey
 			}
 			before := time.Now().Truncate(time.Millisecond)
-			produce(ctx, t, s, rec, done)
+			sinktest.Produce(ctx, t, s, rec, done)
 			o := done.Wait(ctx, t)
 			if n := refusals.Load(); n != 1+tc.refusals {
 				t.Errorf("%d refusals, want 1 by the topic and %d by the dead-letter topic", n, tc.refusals)
@@ -423,13 +324,13 @@ func TestDeadLetterCopies(t *testing.T) {
 				if o.Err == nil || !errors.Is(o.Err, tc.errorCode) || !strings.Contains(o.Err.Error(), dlq) {
 					t.Fatalf("outcome %+v, want a fatal %s naming %s", o, tc.errorCode.Message, dlq)
 				}
-				consume(ctx, t, c, dlq, 0)
+				sinktest.Consume(ctx, t, c, dlq, 0)
 				return
 			}
 			if o.Err != nil || !o.DeadLettered || !strings.Contains(o.Reason, "INVALID_TOPIC_EXCEPTION") {
 				t.Fatalf("outcome %+v, want dead-lettered with the topic's refusal", o)
 			}
-			got := consume(ctx, t, c, dlq, 1)[0]
+			got := sinktest.Consume(ctx, t, c, dlq, 1)[0]
 			if v, _ := sinktest.Header(got, "error"); v != o.Reason {
 				t.Errorf("error header %q, want %q", v, o.Reason)
 			}
@@ -446,13 +347,13 @@ func TestDeadLetterCopies(t *testing.T) {
 			_, cut := sinktest.Header(got, "truncated")
 			switch {
 			case tc.minimal != cut:
-				t.Errorf("truncated header present %v, want %v (headers %v)", cut, tc.minimal, headerList(got))
+				t.Errorf("truncated header present %v, want %v (headers %v)", cut, tc.minimal, sinktest.HeaderList(got))
 			case tc.minimal:
 				if len(got.Key) != 64 || got.Timestamp.Before(before) {
 					t.Errorf("minimal copy: key %d bytes, timestamp %v; want 64 bytes and the current time", len(got.Key), got.Timestamp)
 				}
 				if _, ok := sinktest.Header(got, "event_type"); ok {
-					t.Errorf("minimal copy keeps other headers: %v", headerList(got))
+					t.Errorf("minimal copy keeps other headers: %v", sinktest.HeaderList(got))
 				}
 			default:
 				checkOriginal(t, got, rec)
@@ -469,14 +370,14 @@ func TestUnknownTopicTimesOut(t *testing.T) {
 	const timeout = 500 * time.Millisecond
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
-	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = timeout })
-	res := newResults(4)
+	s, _ := sinktest.NewSink(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = timeout })
+	res := sinktest.NewResults(4)
 	for i := range 3 {
-		produce(ctx, t, s, baseRecord("no-such-topic", []byte(fmt.Sprintf("%04d", i))), res.slot(i))
+		sinktest.Produce(ctx, t, s, baseRecord("no-such-topic", []byte(fmt.Sprintf("%04d", i))), res.Slot(i))
 	}
 	start := time.Now()
-	produce(ctx, t, s, baseRecord(topic, []byte("other")), res.slot(3))
-	out := res.all(ctx, t, 4)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("other")), res.Slot(3))
+	out := res.All(ctx, t, 4)
 	if waited := time.Since(start); waited < timeout {
 		t.Errorf("dead-lettered after %v, before the %v timeout", waited, timeout)
 	}
@@ -489,14 +390,14 @@ func TestUnknownTopicTimesOut(t *testing.T) {
 			t.Errorf("record %d: outcome %+v, want dead-lettered for the missing topic", i, o)
 		}
 	}
-	recs := consume(ctx, t, c, dlq, 3)
-	checkSequence(t, recs, 3, -1)
+	recs := sinktest.Consume(ctx, t, c, dlq, 3)
+	sinktest.CheckSequence(t, recs, 3, -1)
 	if v, _ := sinktest.Header(recs[0], "topic"); v != "no-such-topic" {
 		t.Errorf("topic header %q", v)
 	}
 	// Still missing: the next record goes to the dead-letter topic at once.
 	done := sinktest.NewOutcomes()
-	produce(ctx, t, s, baseRecord("no-such-topic", []byte("later")), done)
+	sinktest.Produce(ctx, t, s, baseRecord("no-such-topic", []byte("later")), done)
 	if o := done.Wait(ctx, t); !o.DeadLettered {
 		t.Fatalf("record after the timeout: outcome %+v", o)
 	}
@@ -520,10 +421,10 @@ func TestUnknownTopicCreatedLate(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = 20 * time.Second })
-	res := newResults(n)
+	s, _ := sinktest.NewSink(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = 20 * time.Second })
+	res := sinktest.NewResults(n)
 	for i := range n / 2 {
-		produce(ctx, t, s, baseRecord("late", []byte(fmt.Sprintf("%04d", i))), res.slot(i))
+		sinktest.Produce(ctx, t, s, baseRecord("late", []byte(fmt.Sprintf("%04d", i))), res.Slot(i))
 	}
 	// Lookups find it missing: the first, and at least one more by the
 	// worker that keeps looking for it.
@@ -535,8 +436,8 @@ func TestUnknownTopicCreatedLate(t *testing.T) {
 		}
 	}
 	select {
-	case x := <-res.ch:
-		t.Fatalf("record %d has an outcome before its topic exists: %+v", x.i, x.o)
+	case x := <-res.C():
+		t.Fatalf("record %d has an outcome before its topic exists: %+v", x.I, x.O)
 	default:
 	}
 	adm := kadm.NewClient(s.Client())
@@ -544,15 +445,15 @@ func TestUnknownTopicCreatedLate(t *testing.T) {
 		t.Fatalf("create topic: %v", err)
 	}
 	for i := n / 2; i < n; i++ {
-		produce(ctx, t, s, baseRecord("late", []byte(fmt.Sprintf("%04d", i))), res.slot(i))
+		sinktest.Produce(ctx, t, s, baseRecord("late", []byte(fmt.Sprintf("%04d", i))), res.Slot(i))
 	}
-	for i, o := range res.all(ctx, t, n) {
+	for i, o := range res.All(ctx, t, n) {
 		if o != (sink.Outcome{}) {
 			t.Fatalf("record %d: outcome %+v, want a plain delivery", i, o)
 		}
 	}
-	checkSequence(t, consume(ctx, t, c, "late", n), n, -1)
-	consume(ctx, t, c, dlq, 0)
+	sinktest.CheckSequence(t, sinktest.Consume(ctx, t, c, "late", n), n, -1)
+	sinktest.Consume(ctx, t, c, dlq, 0)
 }
 
 // logRecorder keeps log messages with their attributes.
@@ -593,12 +494,12 @@ func TestAutoCreateTopics(t *testing.T) {
 			ctx := sinktest.Ctx(t)
 			c := sinktest.NewCluster(t)
 			logs := &logRecorder{}
-			s, _ := newSinkTuned(t, c, slog.New(logs), func(cfg *sink.Config) {
+			s, _ := sinktest.NewSink(t, c, slog.New(logs), func(cfg *sink.Config) {
 				cfg.AutoCreateTopics, cfg.TopicPartitions, cfg.TopicReplicationFactor = on, 2, 1
 				cfg.UnknownTopicTimeout = 300 * time.Millisecond
 			})
 			done := sinktest.NewOutcomes()
-			produce(ctx, t, s, baseRecord("fresh", []byte("v")), done)
+			sinktest.Produce(ctx, t, s, baseRecord("fresh", []byte("v")), done)
 			o := done.Wait(ctx, t)
 			td, err := kadm.NewClient(s.Client()).ListTopics(ctx, "fresh")
 			if err != nil {
@@ -629,10 +530,10 @@ func TestAutoCreateTopics(t *testing.T) {
 func TestCloseFailsHeldRecords(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
-	s, closeSink := newSinkTuned(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = time.Minute })
-	res := newResults(3)
+	s, closeSink := sinktest.NewSink(t, c, nil, func(cfg *sink.Config) { cfg.UnknownTopicTimeout = time.Minute })
+	res := sinktest.NewResults(3)
 	for i := range 3 {
-		produce(ctx, t, s, baseRecord("missing", []byte("v")), res.slot(i))
+		sinktest.Produce(ctx, t, s, baseRecord("missing", []byte("v")), res.Slot(i))
 	}
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
@@ -640,7 +541,7 @@ func TestCloseFailsHeldRecords(t *testing.T) {
 		t.Fatal("Flush returned nil while records wait for their topic")
 	}
 	closeSink()
-	for i, o := range res.all(ctx, t, 3) {
+	for i, o := range res.All(ctx, t, 3) {
 		if o.Err == nil || sink.Classify(o.Err) != sink.ClassShutdown {
 			t.Errorf("record %d: outcome %+v, want a shutdown error", i, o)
 		}
@@ -658,7 +559,7 @@ func TestDataLossIsLogged(t *testing.T) {
 	logs := &logRecorder{}
 	s := newSink(t, c, slog.New(logs))
 	first := sinktest.NewOutcomes()
-	produce(ctx, t, s, baseRecord(topic, []byte("0000")), first)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("0000")), first)
 	if o := first.Wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("first record: %+v, want a plain delivery", o)
 	}
@@ -670,14 +571,14 @@ func TestDataLossIsLogged(t *testing.T) {
 		return 0
 	})
 	second := sinktest.NewOutcomes()
-	produce(ctx, t, s, baseRecord(topic, []byte("0001")), second)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("0001")), second)
 	if o := second.Wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("record after the loss: %+v, want a plain delivery", o)
 	}
 	if refused.Load() != 1 {
 		t.Fatalf("the broker answered %d produce requests with the loss, want 1", refused.Load())
 	}
-	checkSequence(t, consume(ctx, t, c, topic, 2), 2, -1)
+	sinktest.CheckSequence(t, sinktest.Consume(ctx, t, c, topic, 2), 2, -1)
 	// franz-go calls the hook on a goroutine of its own.
 	for logs.find("data loss detected") == "" {
 		select {

@@ -33,12 +33,12 @@ func TestRecordPartition(t *testing.T) {
 		rec := baseRecord(topic, []byte(tc.name))
 		rec.Partition, rec.HasPartition = tc.p, tc.set
 		done := sinktest.NewOutcomes()
-		produce(ctx, t, s, rec, done)
+		sinktest.Produce(ctx, t, s, rec, done)
 		if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 			t.Fatalf("%s: outcome %+v", tc.name, o)
 		}
 	}
-	for _, r := range consume(ctx, t, c, topic, len(tests)) {
+	for _, r := range sinktest.Consume(ctx, t, c, topic, len(tests)) {
 		for _, tc := range tests {
 			if string(r.Value) == tc.name && r.Partition != tc.want {
 				t.Errorf("%s: partition %d, want %d", tc.name, r.Partition, tc.want)
@@ -49,7 +49,7 @@ func TestRecordPartition(t *testing.T) {
 	rec := baseRecord(topic, []byte("beyond"))
 	rec.Partition, rec.HasPartition = 3, true
 	done := sinktest.NewOutcomes()
-	produce(ctx, t, s, rec, done)
+	sinktest.Produce(ctx, t, s, rec, done)
 	o := done.Wait(ctx, t)
 	if o.Err == nil || sink.Classify(o.Err) != sink.ClassFatal || o.DeadLettered {
 		t.Fatalf("record for partition 3 of 3: outcome %+v (class %v), want a fatal error", o, sink.Classify(o.Err))

@@ -56,7 +56,7 @@ func TestQuarantineParksLaterEventsInOrder(t *testing.T) {
 	t.Run("in memory", func(t *testing.T) {
 		ctx := sinktest.Ctx(t)
 		c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
-		s, _ := newSinkTuned(t, c, nil, quarantineMode)
+		s, _ := sinktest.NewSink(t, c, nil, quarantineMode)
 		parksLaterEventsInOrder(ctx, t, c, s)
 	})
 	// The key's records wait while the quarantine is saved, some of them
@@ -71,8 +71,8 @@ func TestQuarantineParksLaterEventsInOrder(t *testing.T) {
 func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster, s *sink.Sink) {
 	const n, poison, keys = 400, 201, 4 // poison is k1's 51st record
 	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking)
-	release, _, most := refusePoison(ctx, c, names)
-	res := newResults(n)
+	release, _, most := sinktest.RefusePoison(ctx, c, names)
+	res := sinktest.NewResults(n)
 	want := map[string][]string{}   // on the event topic, by key
 	parked := map[string][]string{} // on the parking topic
 	for i := range n {
@@ -87,12 +87,12 @@ func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster
 		case i != poison:
 			want[key] = append(want[key], string(rec.Value))
 		}
-		produce(ctx, t, s, rec, res.slot(i))
+		sinktest.Produce(ctx, t, s, rec, res.Slot(i))
 		if i == poison {
 			close(release)
 		}
 	}
-	for i, o := range res.all(ctx, t, n) {
+	for i, o := range res.All(ctx, t, n) {
 		switch {
 		case i == poison:
 			if q := s.Quarantined(); !o.DeadLettered || len(q) != 1 {
@@ -109,10 +109,10 @@ func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster
 	if most.Load() < 2 {
 		t.Fatalf("refused batches held at most %d records: the neighbours were never in flight with it", most.Load())
 	}
-	if got := byKey(consume(ctx, t, c, topic, n-1-len(parked["k1"]))); fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := byKey(sinktest.Consume(ctx, t, c, topic, n-1-len(parked["k1"]))); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("event topic by key:\n got %v\nwant %v", got, want)
 	}
-	precs := consume(ctx, t, c, parking, len(parked["k1"]))
+	precs := sinktest.Consume(ctx, t, c, parking, len(parked["k1"]))
 	if got := byKey(precs); fmt.Sprint(got) != fmt.Sprint(parked) {
 		t.Errorf("parking topic by key:\n got %v\nwant %v", got, parked)
 	}
@@ -123,7 +123,7 @@ func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster
 			t.Fatalf("parked record %q: quarantine %q, topic %q; want ev-%d and %s", r.Value, q, tp, poison, topic)
 		}
 	}
-	if dl := consume(ctx, t, c, dlq, 1)[0]; !bytes.HasSuffix(dl.Value, []byte("-poison")) {
+	if dl := sinktest.Consume(ctx, t, c, dlq, 1)[0]; !bytes.HasSuffix(dl.Value, []byte("-poison")) {
 		t.Errorf("dead letter %q is not the poison record", dl.Value)
 	}
 	qs := s.Quarantined()
@@ -139,7 +139,7 @@ func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster
 func TestRouterDeadLetterQuarantines(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
-	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) { quarantineMode(cfg); cfg.MaxQuarantined = 1 })
+	s, _ := sinktest.NewSink(t, c, nil, func(cfg *sink.Config) { quarantineMode(cfg); cfg.MaxQuarantined = 1 })
 	recs := []*router.Record{
 		routerDead("a", 0),
 		keyedRecord(topic, "a", 1, ""),
@@ -147,11 +147,11 @@ func TestRouterDeadLetterQuarantines(t *testing.T) {
 		keyedRecord(dlq, "ev-9", 4, ""), // NULL aggregate_id: keyed by its id, quarantines nothing
 		routerDead("b", 3),              // a second quarantine: over the bound
 	}
-	res := newResults(len(recs))
+	res := sinktest.NewResults(len(recs))
 	for i, r := range recs {
-		produce(ctx, t, s, r, res.slot(i))
+		sinktest.Produce(ctx, t, s, r, res.Slot(i))
 	}
-	out := res.all(ctx, t, len(recs))
+	out := res.All(ctx, t, len(recs))
 	if !out[0].DeadLettered || !out[1].Parked || out[2] != (sink.Outcome{}) {
 		t.Errorf("outcomes %+v: want dead-lettered, parked, delivered", out[:3])
 	}
@@ -161,7 +161,7 @@ func TestRouterDeadLetterQuarantines(t *testing.T) {
 	if out[4].Err == nil || !strings.Contains(out[4].Err.Error(), "dlq.max_quarantined") || sink.Classify(out[4].Err) != sink.ClassFatal {
 		t.Errorf("dead letter over the bound: outcome %+v, want a fatal error naming dlq.max_quarantined", out[4])
 	}
-	if p := consume(ctx, t, c, parking, 1)[0]; string(p.Key) != "a" || string(p.Value) != "0001" {
+	if p := sinktest.Consume(ctx, t, c, parking, 1)[0]; string(p.Key) != "a" || string(p.Value) != "0001" {
 		t.Errorf("parked %q=%q, want a=0001", p.Key, p.Value)
 	}
 }
@@ -172,10 +172,10 @@ func TestSkipModeParksNothing(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
 	s := newSink(t, c, nil)
-	res := newResults(2)
-	produce(ctx, t, s, routerDead("a", 0), res.slot(0))
-	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(1))
-	out := res.all(ctx, t, 2)
+	res := sinktest.NewResults(2)
+	sinktest.Produce(ctx, t, s, routerDead("a", 0), res.Slot(0))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.Slot(1))
+	out := res.All(ctx, t, 2)
 	if !out[0].DeadLettered || out[1] != (sink.Outcome{}) || len(s.Quarantined()) != 0 {
 		t.Errorf("outcomes %+v, quarantined %v: want dead-lettered, delivered, none", out, s.Quarantined())
 	}
@@ -187,19 +187,19 @@ func TestSkipModeParksNothing(t *testing.T) {
 func TestQuarantineAfterMissingTopic(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
-	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) {
+	s, _ := sinktest.NewSink(t, c, nil, func(cfg *sink.Config) {
 		quarantineMode(cfg)
 		cfg.UnknownTopicTimeout = 300 * time.Millisecond
 	})
-	res := newResults(3)
+	res := sinktest.NewResults(3)
 	for i := range 3 {
-		produce(ctx, t, s, keyedRecord("no-such-topic", "a", i, ""), res.slot(i))
+		sinktest.Produce(ctx, t, s, keyedRecord("no-such-topic", "a", i, ""), res.Slot(i))
 	}
-	out := res.all(ctx, t, 3)
+	out := res.All(ctx, t, 3)
 	if !out[0].DeadLettered || !out[1].Parked || !out[2].Parked {
 		t.Fatalf("outcomes %+v: want dead-lettered, parked, parked", out)
 	}
-	checkSequence(t, consume(ctx, t, c, parking, 2), 3, 0)
+	sinktest.CheckSequence(t, sinktest.Consume(ctx, t, c, parking, 2), 3, 0)
 }
 
 // TestParkingRefusalDeadLetters: a record the parking topic refuses is
@@ -208,7 +208,7 @@ func TestQuarantineAfterMissingTopic(t *testing.T) {
 func TestParkingRefusalDeadLetters(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
-	s, _ := newSinkTuned(t, c, nil, quarantineMode)
+	s, _ := sinktest.NewSink(t, c, nil, quarantineMode)
 	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking)
 	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tp == parking && bytes.Contains(b, []byte("poison")) {
@@ -216,15 +216,15 @@ func TestParkingRefusalDeadLetters(t *testing.T) {
 		}
 		return 0
 	})
-	res := newResults(3)
-	produce(ctx, t, s, routerDead("a", 0), res.slot(0))
-	produce(ctx, t, s, keyedRecord(topic, "a", 1, "-poison"), res.slot(1))
-	produce(ctx, t, s, keyedRecord(topic, "a", 2, ""), res.slot(2))
-	out := res.all(ctx, t, 3)
+	res := sinktest.NewResults(3)
+	sinktest.Produce(ctx, t, s, routerDead("a", 0), res.Slot(0))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 1, "-poison"), res.Slot(1))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 2, ""), res.Slot(2))
+	out := res.All(ctx, t, 3)
 	if !out[0].DeadLettered || !out[1].DeadLettered || !out[2].Parked {
 		t.Fatalf("outcomes %+v: want dead-lettered, dead-lettered, parked", out)
 	}
-	dead := consume(ctx, t, c, dlq, 2)
+	dead := sinktest.Consume(ctx, t, c, dlq, 2)
 	var refused *kgo.Record
 	for _, r := range dead {
 		if bytes.HasSuffix(r.Value, []byte("-poison")) {
@@ -239,9 +239,9 @@ func TestParkingRefusalDeadLetters(t *testing.T) {
 		keys = append(keys, h.Key)
 	}
 	if tp, _ := sinktest.Header(refused, "topic"); fmt.Sprint(keys) != "[error topic id]" || tp != topic {
-		t.Errorf("refused parked record's headers %v, want error, topic=%s, id", headerList(refused), topic)
+		t.Errorf("refused parked record's headers %v, want error, topic=%s, id", sinktest.HeaderList(refused), topic)
 	}
-	if p := consume(ctx, t, c, parking, 1)[0]; string(p.Value) != "0002" {
+	if p := sinktest.Consume(ctx, t, c, parking, 1)[0]; string(p.Value) != "0002" {
 		t.Errorf("parked %q, want 0002", p.Value)
 	}
 }

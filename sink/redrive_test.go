@@ -65,10 +65,10 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 			t.Fatalf("redrive: %v", err)
 		}
 		refusing.Store(true)
-		res := newResults(2)
-		produce(ctx, t, s, keyedRecord(topic, "k", 3, "-poison"), res.slot(0))
-		produce(ctx, t, s, keyedRecord(topic, "k", 4, ""), res.slot(1))
-		if out := res.all(ctx, t, 2); !out[0].DeadLettered || !out[1].Parked {
+		res := sinktest.NewResults(2)
+		sinktest.Produce(ctx, t, s, keyedRecord(topic, "k", 3, "-poison"), res.Slot(0))
+		sinktest.Produce(ctx, t, s, keyedRecord(topic, "k", 4, ""), res.Slot(1))
+		if out := res.All(ctx, t, 2); !out[0].DeadLettered || !out[1].Parked {
 			t.Fatalf("outcomes %+v: want a new quarantine from ev-3", out)
 		}
 		writeRequest(ctx, t, c, old, quarantine.StateSkip) // the stale --skip
@@ -82,7 +82,7 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 		if q := s.Quarantined(); len(q) != 1 || q[0].FirstID != "ev-3" || s.Holding("k") {
 			t.Fatalf("quarantined %+v (holding %v), want k from ev-3", q, s.Holding("k"))
 		}
-		if got := byKey(consume(ctx, t, c, topic, 3))["k"]; fmt.Sprint(got) != "[0000-poison 0001 0002]" {
+		if got := byKey(sinktest.Consume(ctx, t, c, topic, 3))["k"]; fmt.Sprint(got) != "[0000-poison 0001 0002]" {
 			t.Fatalf("topic holds k %v, want only the first redrive's records", got)
 		}
 		waitUntil(ctx, t, "the refusal counted", func() bool { return strings.HasSuffix(results.String(), "failed1]") })
@@ -101,12 +101,12 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 		if st := stateRecords(ctx, t, c, 5)[source+"/k"]; st[len(st)-1] != nil {
 			t.Fatalf("answer %+v, want a tombstone (not quarantined)", st[len(st)-1])
 		}
-		res := newResults(1)
-		produce(ctx, t, s, keyedRecord(topic, "k", 3, ""), res.slot(0))
-		if o := res.all(ctx, t, 1)[0]; o != (sink.Outcome{}) {
+		res := sinktest.NewResults(1)
+		sinktest.Produce(ctx, t, s, keyedRecord(topic, "k", 3, ""), res.Slot(0))
+		if o := res.All(ctx, t, 1)[0]; o != (sink.Outcome{}) {
 			t.Fatalf("record after the stale request: %+v, want delivered", o)
 		}
-		if got := byKey(consume(ctx, t, c, topic, 4))["k"]; fmt.Sprint(got) != "[0000-poison 0001 0002 0003]" {
+		if got := byKey(sinktest.Consume(ctx, t, c, topic, 4))["k"]; fmt.Sprint(got) != "[0000-poison 0001 0002 0003]" {
 			t.Fatalf("topic holds k %v, want the first redrive's records and the new one, once each", got)
 		}
 		if q := s.Quarantined(); len(q) != 0 {
@@ -143,7 +143,7 @@ func TestRedriveDeadLetterDeleted(t *testing.T) {
 	if err := sc.Redrive(ctx, "k", true); err != nil {
 		t.Fatalf("redrive --skip: %v", err)
 	}
-	if got := byKey(consume(ctx, t, c, topic, 2))["k"]; fmt.Sprint(got) != "[0001 0002]" {
+	if got := byKey(sinktest.Consume(ctx, t, c, topic, 2))["k"]; fmt.Sprint(got) != "[0001 0002]" {
 		t.Fatalf("topic holds k %v, want the parked records", got)
 	}
 }
@@ -170,7 +170,7 @@ func TestRedriveAnswersEachRequest(t *testing.T) {
 	if err := <-second; err != nil {
 		t.Fatalf("second redrive (--skip): %v, want the quarantine lifted", err)
 	}
-	if got := byKey(consume(ctx, t, c, topic, 2))["k"]; fmt.Sprint(got) != "[0001 0002]" {
+	if got := byKey(sinktest.Consume(ctx, t, c, topic, 2))["k"]; fmt.Sprint(got) != "[0001 0002]" {
 		t.Fatalf("topic holds k %v, want the parked records", got)
 	}
 	if q := s.Quarantined(); len(q) != 0 {
@@ -205,5 +205,5 @@ func TestRedriveParkingTopicRecreated(t *testing.T) {
 	if err := sc.Redrive(ctx, "k", true); err != nil {
 		t.Fatalf("redrive --skip: %v", err)
 	}
-	consume(ctx, t, c, topic, 0)
+	sinktest.Consume(ctx, t, c, topic, 0)
 }

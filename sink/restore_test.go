@@ -20,15 +20,15 @@ import (
 func TestQuarantineRestoreRetriedReadsFromStart(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
-	first, closeFirst := newSinkTuned(t, c, nil, savedMode)
+	first, closeFirst := sinktest.NewSink(t, c, nil, savedMode)
 	if err := first.StartQuarantines(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// One state record each, a's first.
 	for i, key := range []string{"a", "b"} {
-		res := newResults(1)
-		produce(ctx, t, first, routerDead(key, i), res.slot(0))
-		if o := res.all(ctx, t, 1)[0]; !o.DeadLettered {
+		res := sinktest.NewResults(1)
+		sinktest.Produce(ctx, t, first, routerDead(key, i), res.Slot(0))
+		if o := res.All(ctx, t, 1)[0]; !o.DeadLettered {
 			t.Fatalf("%s: outcome %+v, want dead-lettered", key, o)
 		}
 	}
@@ -60,15 +60,15 @@ func TestQuarantineRestoreRetriedReadsFromStart(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	s, _ := newSinkTuned(t, c, nil, savedMode, kgo.FetchMaxBytes(1), kgo.FetchMaxPartitionBytes(1))
+	s, _ := sinktest.NewSink(t, c, nil, savedMode, kgo.FetchMaxBytes(1), kgo.FetchMaxPartitionBytes(1))
 	if err := s.StartQuarantines(ctx); err != nil {
 		t.Fatalf("StartQuarantines: %v; want the start to go on", err)
 	}
-	res := newResults(3)
-	produce(ctx, t, s, keyedRecord(topic, "a", 2, ""), res.slot(0))
-	produce(ctx, t, s, keyedRecord(topic, "b", 3, ""), res.slot(1))
-	produce(ctx, t, s, keyedRecord(topic, "c", 4, ""), res.slot(2))
-	out := res.all(ctx, t, 3)
+	res := sinktest.NewResults(3)
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 2, ""), res.Slot(0))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "b", 3, ""), res.Slot(1))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "c", 4, ""), res.Slot(2))
+	out := res.All(ctx, t, 3)
 	if !failed.Load() {
 		t.Fatal("the restore's fetch was never refused: the test did not test the retry")
 	}

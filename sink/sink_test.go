@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,80 +32,8 @@ const (
 // run last-in first-out).
 func newSink(t *testing.T, c *kfake.Cluster, log *slog.Logger, opts ...kgo.Opt) *sink.Sink {
 	t.Helper()
-	s, _ := newSinkCloser(t, c, log, opts...)
+	s, _ := sinktest.NewSink(t, c, log, nil, opts...)
 	return s
-}
-
-// newSinkCloser is newSink for tests that close the sink themselves: Close
-// may be called only once, so the cleanup goes through the returned func.
-func newSinkCloser(t *testing.T, c *kfake.Cluster, log *slog.Logger, opts ...kgo.Opt) (*sink.Sink, func()) {
-	t.Helper()
-	return newSinkTuned(t, c, log, nil, opts...)
-}
-
-// newSinkTuned is newSinkCloser with a change to the sink's configuration.
-func newSinkTuned(t *testing.T, c *kfake.Cluster, log *slog.Logger, tune func(*sink.Config), opts ...kgo.Opt) (*sink.Sink, func()) {
-	t.Helper()
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	cfg := sink.Config{
-		Brokers:  c.ListenAddrs(),
-		ClientID: "sink-test",
-		DLQTopic: dlq,
-		// Fast metadata refreshes keep the unknown-topic test short.
-		TestOpts: append([]kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond),
-			kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}, opts...),
-	}
-	if tune != nil {
-		tune(&cfg)
-	}
-	s, err := sink.New(cfg, log)
-	if err != nil {
-		t.Fatalf("sink.New: %v", err)
-	}
-	closeOnce := sync.OnceFunc(s.Close)
-	t.Cleanup(closeOnce)
-	return s, closeOnce
-}
-
-// consume reads n records of topic from the start, failing the test if
-// they do not arrive before ctx ends, and then checks briefly that no more
-// arrive.
-func consume(ctx context.Context, t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("consumer: %v", err)
-	}
-	defer cl.Close()
-	var recs []*kgo.Record
-	for len(recs) < n {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("consumed %d of %d records from %s: %v", len(recs), n, topic, err)
-		}
-		fs.EachError(func(tp string, p int32, err error) {
-			t.Logf("fetch %s/%d: %v", tp, p, err)
-		})
-		recs = append(recs, fs.Records()...)
-	}
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	recs = append(recs, cl.PollFetches(short).Records()...)
-	if len(recs) != n {
-		t.Fatalf("%s holds %d records, want %d", topic, len(recs), n)
-	}
-	return recs
-}
-
-func headerList(r *kgo.Record) []string {
-	var out []string
-	for _, h := range r.Headers {
-		out = append(out, h.Key+"="+string(h.Value))
-	}
-	return out
 }
 
 var commit = time.Date(2024, 5, 6, 7, 8, 9, 123_000_000, time.UTC)
@@ -126,13 +53,6 @@ func baseRecord(topic string, value []byte) *router.Record {
 	}
 }
 
-func produce(ctx context.Context, t *testing.T, s *sink.Sink, rec *router.Record, done sink.Done) {
-	t.Helper()
-	if err := s.Produce(ctx, rec, done); err != nil {
-		t.Fatalf("Produce: %v", err)
-	}
-}
-
 func checkOriginal(t *testing.T, got *kgo.Record, want *router.Record) {
 	t.Helper()
 	if !bytes.Equal(got.Key, want.Key) {
@@ -143,7 +63,7 @@ func checkOriginal(t *testing.T, got *kgo.Record, want *router.Record) {
 	}
 	for _, h := range want.Headers {
 		if v, ok := sinktest.Header(got, h.Key); !ok || v != string(h.Value) {
-			t.Errorf("header %s = %q (present %v), want %q; headers %v", h.Key, v, ok, h.Value, headerList(got))
+			t.Errorf("header %s = %q (present %v), want %q; headers %v", h.Key, v, ok, h.Value, sinktest.HeaderList(got))
 		}
 	}
 }
@@ -159,7 +79,7 @@ func TestDelivered(t *testing.T) {
 	rec := baseRecord(topic, []byte(`{"a":1}`))
 	want := *rec
 	want.Headers = append([]router.Header(nil), rec.Headers...)
-	produce(ctx, t, s, rec, done)
+	sinktest.Produce(ctx, t, s, rec, done)
 	// rec may be reused once Produce returns.
 	rec.Topic, rec.Key, rec.Value, rec.Headers = "other", nil, nil, rec.Headers[:0]
 
@@ -177,13 +97,13 @@ func TestDelivered(t *testing.T) {
 	}
 	done.None(t, 50*time.Millisecond)
 
-	got := consume(ctx, t, c, topic, 1)[0]
+	got := sinktest.Consume(ctx, t, c, topic, 1)[0]
 	checkOriginal(t, got, &want)
 	if string(got.Value) != `{"a":1}` {
 		t.Errorf("value = %q", got.Value)
 	}
 	if len(got.Headers) != len(want.Headers) {
-		t.Errorf("headers = %v, want exactly %d", headerList(got), len(want.Headers))
+		t.Errorf("headers = %v, want exactly %d", sinktest.HeaderList(got), len(want.Headers))
 	}
 	for i, h := range want.Headers {
 		if i < len(got.Headers) && got.Headers[i].Key != h.Key {
@@ -201,11 +121,11 @@ func TestDeliveredTombstoneAndManyHeaders(t *testing.T) {
 	for i := 0; i < 12; i++ { // more than the sink's inline header room
 		rec.Headers = append(rec.Headers, router.Header{Key: fmt.Sprintf("h%d", i), Value: []byte{byte('a' + i)}})
 	}
-	produce(ctx, t, s, rec, done)
+	sinktest.Produce(ctx, t, s, rec, done)
 	if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("outcome = %+v", o)
 	}
-	got := consume(ctx, t, c, topic, 1)[0]
+	got := sinktest.Consume(ctx, t, c, topic, 1)[0]
 	if got.Value != nil {
 		t.Errorf("value = %q, want a tombstone", got.Value)
 	}
@@ -221,7 +141,7 @@ func TestTooLargeForBatch(t *testing.T) {
 	s := newSink(t, c, nil, kgo.ProducerBatchMaxBytes(2048))
 	done := sinktest.NewOutcomes()
 	rec := baseRecord(topic, bytes.Repeat([]byte("x"), 10<<10))
-	produce(ctx, t, s, rec, done)
+	sinktest.Produce(ctx, t, s, rec, done)
 
 	o := done.Wait(ctx, t)
 	if o.Err != nil || !o.DeadLettered {
@@ -235,7 +155,7 @@ func TestTooLargeForBatch(t *testing.T) {
 	}
 	done.None(t, 50*time.Millisecond)
 
-	got := consume(ctx, t, c, dlq, 1)[0]
+	got := sinktest.Consume(ctx, t, c, dlq, 1)[0]
 	if v, _ := sinktest.Header(got, "error"); v != o.Reason {
 		t.Errorf("error header = %q, want the outcome's reason %q", v, o.Reason)
 	}
@@ -253,7 +173,7 @@ func TestTooLargeForBatch(t *testing.T) {
 		t.Errorf("payload_omitted header = %q (present %v)", v, ok)
 	}
 	checkOriginal(t, got, rec)
-	consume(ctx, t, c, topic, 0)
+	sinktest.Consume(ctx, t, c, topic, 0)
 }
 
 func TestBrokerRefusesTooLarge(t *testing.T) {
@@ -266,13 +186,13 @@ func TestBrokerRefusesTooLarge(t *testing.T) {
 	done := sinktest.NewOutcomes()
 	payload := bytes.Repeat([]byte("y"), 4<<10)
 	rec := baseRecord("small", payload)
-	produce(ctx, t, s, rec, done)
+	sinktest.Produce(ctx, t, s, rec, done)
 
 	o := done.Wait(ctx, t)
 	if o.Err != nil || !o.DeadLettered || !strings.Contains(o.Reason, "small") {
 		t.Fatalf("outcome = %+v, want dead-lettered with a reason naming the topic", o)
 	}
-	got := consume(ctx, t, c, dlq, 1)[0]
+	got := sinktest.Consume(ctx, t, c, dlq, 1)[0]
 	if !bytes.Equal(got.Value, payload) {
 		t.Errorf("dead-letter value has %d bytes, want the %d-byte payload", len(got.Value), len(payload))
 	}
@@ -285,7 +205,7 @@ func TestBrokerRefusesTooLarge(t *testing.T) {
 	checkOriginal(t, got, rec)
 
 	// The producer is still usable afterwards.
-	produce(ctx, t, s, baseRecord(topic, []byte("after")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("after")), done)
 	if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 		t.Fatalf("next record: outcome = %+v", o)
 	}
@@ -308,12 +228,12 @@ func TestAddressedToDLQ(t *testing.T) {
 		},
 		Timestamp: commit,
 	}
-	produce(ctx, t, s, rec, done)
+	sinktest.Produce(ctx, t, s, rec, done)
 	o := done.Wait(ctx, t)
 	if o.Err != nil || !o.DeadLettered || o.Reason != "aggregate_id is NULL" {
 		t.Fatalf("outcome = %+v, want dead-lettered with the router's reason", o)
 	}
-	got := consume(ctx, t, c, dlq, 1)[0]
+	got := sinktest.Consume(ctx, t, c, dlq, 1)[0]
 	checkOriginal(t, got, rec)
 	if _, ok := sinktest.Header(got, "topic"); ok {
 		t.Error("a record produced to the DLQ directly got a topic header")
@@ -352,16 +272,16 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 			failed := failProduces(ctx, t, c, s, topic, 3, e.Code)
 			done := sinktest.NewOutcomes()
 			rec := baseRecord(topic, []byte("transient"))
-			produce(ctx, t, s, rec, done)
+			sinktest.Produce(ctx, t, s, rec, done)
 			if o := done.Wait(ctx, t); o != (sink.Outcome{}) {
 				t.Fatalf("outcome = %+v, want a plain delivery", o)
 			}
 			if n := failed.Load(); n != 3 {
 				t.Fatalf("%d produce requests failed, want 3: the fault was not exercised", n)
 			}
-			got := consume(ctx, t, c, topic, 1)
+			got := sinktest.Consume(ctx, t, c, topic, 1)
 			checkOriginal(t, got[0], rec)
-			consume(ctx, t, c, dlq, 0)
+			sinktest.Consume(ctx, t, c, dlq, 0)
 			done.None(t, 10*time.Millisecond)
 		})
 	}
@@ -373,7 +293,7 @@ func TestFatalError(t *testing.T) {
 	s := newSink(t, c, nil)
 	failProduces(ctx, t, c, s, topic, 1, kerr.TopicAuthorizationFailed.Code)
 	done := sinktest.NewOutcomes()
-	produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
 	o := done.Wait(ctx, t)
 	if o.Err == nil || o.DeadLettered || !errors.Is(o.Err, kerr.TopicAuthorizationFailed) {
 		t.Fatalf("outcome = %+v, want a fatal TOPIC_AUTHORIZATION_FAILED", o)
@@ -381,7 +301,7 @@ func TestFatalError(t *testing.T) {
 	if sink.Classify(o.Err) != sink.ClassFatal {
 		t.Fatalf("Classify(%v) = %v", o.Err, sink.Classify(o.Err))
 	}
-	consume(ctx, t, c, dlq, 0)
+	sinktest.Consume(ctx, t, c, dlq, 0)
 	done.None(t, 10*time.Millisecond)
 }
 
@@ -389,7 +309,7 @@ func TestCloseFailsBuffered(t *testing.T) {
 	// A record still buffered at Close gets a shutdown outcome, exactly once.
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
-	s, closeSink := newSinkCloser(t, c, nil)
+	s, closeSink := sinktest.NewSink(t, c, nil, nil)
 	// Park every produce request until the cluster closes.
 	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
@@ -397,7 +317,7 @@ func TestCloseFailsBuffered(t *testing.T) {
 		return nil, nil, false
 	})
 	done := sinktest.NewOutcomes()
-	produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, []byte("v")), done)
 	closeFailsAll(ctx, t, closeSink, done, 1)
 }
 
@@ -493,7 +413,7 @@ func TestFlushWaitsForDeadLetterCopies(t *testing.T) {
 	s := newSink(t, c, slog.New(gate), kgo.ProducerBatchMaxBytes(2048))
 	t.Cleanup(release) // and before Close, which waits for the worker
 	done := sinktest.NewOutcomes()
-	produce(ctx, t, s, baseRecord(topic, bytes.Repeat([]byte("x"), 10<<10)), done)
+	sinktest.Produce(ctx, t, s, baseRecord(topic, bytes.Repeat([]byte("x"), 10<<10)), done)
 	select {
 	case <-gate.entered:
 	case <-ctx.Done():
@@ -565,13 +485,13 @@ func TestCancelAfterProduceFailsBufferedRecord(t *testing.T) {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := sinktest.NewOutcomes()
-	produce(pctx, t, s, baseRecord(topic, []byte("1")), done)
+	sinktest.Produce(pctx, t, s, baseRecord(topic, []byte("1")), done)
 	select {
 	case <-parked:
 	case <-ctx.Done():
 		t.Fatal("no produce request")
 	}
-	produce(pctx, t, s, baseRecord(topic, []byte("2")), done) // returns nil: accepted
+	sinktest.Produce(pctx, t, s, baseRecord(topic, []byte("2")), done) // returns nil: accepted
 	// E.g. SIGTERM: stop reading, then drain. cancel has closed pctx's Done
 	// when it returns, and the second record cannot be sent before the
 	// parked request is answered, so it is still buffered now.

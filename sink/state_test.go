@@ -34,7 +34,7 @@ func savedMode(cfg *sink.Config) {
 // startSaved is a sink in savedMode whose quarantines are restored.
 func startSaved(ctx context.Context, t *testing.T, c *kfake.Cluster, tune func(*sink.Config)) *sink.Sink {
 	t.Helper()
-	s, _ := newSinkTuned(t, c, nil, func(cfg *sink.Config) {
+	s, _ := sinktest.NewSink(t, c, nil, func(cfg *sink.Config) {
 		savedMode(cfg)
 		if tune != nil {
 			tune(cfg)
@@ -47,11 +47,11 @@ func startSaved(ctx context.Context, t *testing.T, c *kfake.Cluster, tune func(*
 }
 
 // noOutcome checks that res has no outcome for a while.
-func noOutcome(t *testing.T, res *results, why string) {
+func noOutcome(t *testing.T, res *sinktest.Results, why string) {
 	t.Helper()
 	select {
-	case x := <-res.ch:
-		t.Fatalf("%s: record %d has an outcome %+v already", why, x.i, x.o)
+	case x := <-res.C():
+		t.Fatalf("%s: record %d has an outcome %+v already", why, x.I, x.O)
 	case <-time.After(300 * time.Millisecond): // observation window for an absence
 	}
 }
@@ -60,7 +60,7 @@ func noOutcome(t *testing.T, res *results, why string) {
 func stateRecords(ctx context.Context, t *testing.T, c *kfake.Cluster, n int) map[string][]*quarantine.StateRecord {
 	t.Helper()
 	out := map[string][]*quarantine.StateRecord{}
-	for _, r := range consume(ctx, t, c, stateTopic, n) {
+	for _, r := range sinktest.Consume(ctx, t, c, stateTopic, n) {
 		var q *quarantine.StateRecord
 		if r.Value != nil {
 			q = new(quarantine.StateRecord)
@@ -90,21 +90,21 @@ func TestQuarantineSavedBeforeOutcome(t *testing.T) {
 		}
 		return 0
 	})
-	res := newResults(3)
-	produce(ctx, t, s, routerDead("a", 0), res.slot(0))
-	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(1))
-	produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.slot(2))
-	x := <-res.ch
-	if q := s.Quarantined(); x.i != 2 || x.o != (sink.Outcome{}) || len(q) != 1 {
-		t.Fatalf("first outcome: record %d %+v with quarantines %+v, want b delivered, a quarantined", x.i, x.o, q)
+	res := sinktest.NewResults(3)
+	sinktest.Produce(ctx, t, s, routerDead("a", 0), res.Slot(0))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.Slot(1))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.Slot(2))
+	x := <-res.C()
+	if q := s.Quarantined(); x.I != 2 || x.O != (sink.Outcome{}) || len(q) != 1 {
+		t.Fatalf("first outcome: record %d %+v with quarantines %+v, want b delivered, a quarantined", x.I, x.O, q)
 	}
 	noOutcome(t, res, "state record not acknowledged")
 	saving.Store(false)
 	out := make([]sink.Outcome, 2)
 	for range 2 {
 		select {
-		case x := <-res.ch:
-			out[x.i] = x.o
+		case x := <-res.C():
+			out[x.I] = x.O
 		case <-ctx.Done():
 			t.Fatal(ctx.Err())
 		}
@@ -112,7 +112,7 @@ func TestQuarantineSavedBeforeOutcome(t *testing.T) {
 	if !out[0].DeadLettered || !out[1].Parked {
 		t.Fatalf("outcomes %+v: want dead-lettered, parked", out)
 	}
-	dl := consume(ctx, t, c, dlq, 1)[0]
+	dl := sinktest.Consume(ctx, t, c, dlq, 1)[0]
 	st := stateRecords(ctx, t, c, 1)[source+"/a"]
 	if len(st) != 1 || st[0].State != quarantine.StateQuarantined || st[0].FirstID != "ev-0" || st[0].Key != "a" ||
 		st[0].DLQPartition != dl.Partition || st[0].DLQOffset != dl.Offset || len(st[0].ParkingStart) != 3 {
@@ -124,13 +124,13 @@ func TestQuarantineSavedBeforeOutcome(t *testing.T) {
 // ev-0 quarantines key "a" on the state topic, then closes it.
 func saveQuarantineOfA(ctx context.Context, t *testing.T, c *kfake.Cluster) {
 	t.Helper()
-	first, closeFirst := newSinkTuned(t, c, nil, savedMode)
+	first, closeFirst := sinktest.NewSink(t, c, nil, savedMode)
 	if err := first.StartQuarantines(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res := newResults(1)
-	produce(ctx, t, first, routerDead("a", 0), res.slot(0))
-	if o := res.all(ctx, t, 1)[0]; !o.DeadLettered {
+	res := sinktest.NewResults(1)
+	sinktest.Produce(ctx, t, first, routerDead("a", 0), res.Slot(0))
+	if o := res.All(ctx, t, 1)[0]; !o.DeadLettered {
 		t.Fatalf("outcome %+v, want dead-lettered", o)
 	}
 	closeFirst()
@@ -152,11 +152,11 @@ func TestQuarantineRestored(t *testing.T) {
 	if q := s.Quarantined(); len(q) != 1 || q[0].Key != "a" || q[0].FirstID != "ev-0" || restored.String() != "[1]" {
 		t.Fatalf("restored %+v (reported %v), want a from ev-0", q, restored)
 	}
-	res := newResults(3)
-	produce(ctx, t, s, keyedRecord(topic, "a", 0, ""), res.slot(0)) // replayed: parked again
-	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(1))
-	produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.slot(2))
-	out := res.all(ctx, t, 3)
+	res := sinktest.NewResults(3)
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 0, ""), res.Slot(0)) // replayed: parked again
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.Slot(1))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.Slot(2))
+	out := res.All(ctx, t, 3)
 	if !out[0].Parked || !out[1].Parked || out[2] != (sink.Outcome{}) || len(s.Quarantined()) != 1 {
 		t.Fatalf("outcomes %+v: want parked, parked, delivered", out)
 	}
@@ -181,11 +181,11 @@ func redriveSetup(ctx context.Context, t *testing.T) (*kfake.Cluster, *sink.Sink
 		}
 		return 0
 	})
-	res := newResults(3)
-	produce(ctx, t, s, keyedRecord(topic, "k", 0, "-poison"), res.slot(0))
-	produce(ctx, t, s, keyedRecord(topic, "k", 1, ""), res.slot(1))
-	produce(ctx, t, s, keyedRecord(topic, "k", 2, ""), res.slot(2))
-	if out := res.all(ctx, t, 3); !out[0].DeadLettered || !out[1].Parked || !out[2].Parked {
+	res := sinktest.NewResults(3)
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "k", 0, "-poison"), res.Slot(0))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "k", 1, ""), res.Slot(1))
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "k", 2, ""), res.Slot(2))
+	if out := res.All(ctx, t, 3); !out[0].DeadLettered || !out[1].Parked || !out[2].Parked {
 		t.Fatalf("outcomes %+v: want dead-lettered, parked, parked", out)
 	}
 	return c, s, &refusing, &slow, results
@@ -235,23 +235,23 @@ func TestRedriveRepublishesInOrder(t *testing.T) {
 	// The connector takes the request; its republishing is held up by
 	// slow, and a new record of the key waits.
 	waitUntil(ctx, t, "the redrive holds the key", func() bool { return s.Holding("k") })
-	res := newResults(1)
-	produce(ctx, t, s, keyedRecord(topic, "k", 3, ""), res.slot(0))
+	res := sinktest.NewResults(1)
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "k", 3, ""), res.Slot(0))
 	noOutcome(t, res, "record produced during the redrive")
 	slow.Store(false)
 	if err := <-answer; err != nil {
 		t.Fatalf("redrive: %v", err)
 	}
-	if o := res.all(ctx, t, 1)[0]; o.Parked || o.DeadLettered || o.Err != nil {
+	if o := res.All(ctx, t, 1)[0]; o.Parked || o.DeadLettered || o.Err != nil {
 		t.Errorf("record produced during the redrive: outcome %+v, want delivered", o)
 	}
-	got := byKey(consume(ctx, t, c, topic, 4))["k"]
+	got := byKey(sinktest.Consume(ctx, t, c, topic, 4))["k"]
 	if fmt.Sprint(got) != "[0000-poison 0001 0002 0003]" {
 		t.Fatalf("topic holds k %v, want the dead letter, the parked records and the held one, in order", got)
 	}
-	for _, r := range consume(ctx, t, c, topic, 4) {
+	for _, r := range sinktest.Consume(ctx, t, c, topic, 4) {
 		if _, ok := sinktest.Header(r, quarantine.Header); ok || len(r.Headers) != 1 {
-			t.Errorf("republished %q has headers %v, want only its id", r.Value, headerList(r))
+			t.Errorf("republished %q has headers %v, want only its id", r.Value, sinktest.HeaderList(r))
 		}
 	}
 	if q := s.Quarantined(); len(q) != 0 {
@@ -283,7 +283,7 @@ func TestRedriveSkip(t *testing.T) {
 	if err := stateClient(t, c).Redrive(ctx, "k", true); err != nil {
 		t.Fatalf("redrive --skip: %v", err)
 	}
-	if got := byKey(consume(ctx, t, c, topic, 2))["k"]; fmt.Sprint(got) != "[0001 0002]" {
+	if got := byKey(sinktest.Consume(ctx, t, c, topic, 2))["k"]; fmt.Sprint(got) != "[0001 0002]" {
 		t.Fatalf("topic holds k %v, want the parked records only", got)
 	}
 	if q := s.Quarantined(); len(q) != 0 {
@@ -305,12 +305,12 @@ func TestRedriveRefusedAgain(t *testing.T) {
 	if q := s.Quarantined(); len(q) != 1 || s.Holding("k") {
 		t.Fatalf("quarantined %+v (holding %v), want k, not holding", q, s.Holding("k"))
 	}
-	res := newResults(1)
-	produce(ctx, t, s, keyedRecord(topic, "k", 3, ""), res.slot(0))
-	if o := res.all(ctx, t, 1)[0]; !o.Parked {
+	res := sinktest.NewResults(1)
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "k", 3, ""), res.Slot(0))
+	if o := res.All(ctx, t, 1)[0]; !o.Parked {
 		t.Errorf("record after a failed redrive: %+v, want parked", o)
 	}
-	consume(ctx, t, c, topic, 0)
+	sinktest.Consume(ctx, t, c, topic, 0)
 	st := stateRecords(ctx, t, c, 3)[source+"/k"]
 	if len(st) != 3 || st[2] == nil || st[2].State != quarantine.StateFailed || st[2].FirstID != "ev-0" {
 		t.Errorf("state records %+v, want quarantined, request, failed", st)
@@ -327,7 +327,7 @@ func TestRedriveOnlyByTheOwner(t *testing.T) {
 	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	var owns atomic.Bool
 	standby := startSaved(ctx, t, c, func(cfg *sink.Config) { cfg.Owner = owns.Load })
-	active, closeActive := newSinkTuned(t, c, nil, savedMode)
+	active, closeActive := sinktest.NewSink(t, c, nil, savedMode)
 	if err := active.StartQuarantines(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -342,10 +342,10 @@ func TestRedriveOnlyByTheOwner(t *testing.T) {
 	})
 	quarantine := func(key string) {
 		t.Helper()
-		res := newResults(2)
-		produce(ctx, t, active, keyedRecord(topic, key, 0, "-poison"), res.slot(0))
-		produce(ctx, t, active, keyedRecord(topic, key, 1, ""), res.slot(1))
-		if out := res.all(ctx, t, 2); !out[0].DeadLettered || !out[1].Parked {
+		res := sinktest.NewResults(2)
+		sinktest.Produce(ctx, t, active, keyedRecord(topic, key, 0, "-poison"), res.Slot(0))
+		sinktest.Produce(ctx, t, active, keyedRecord(topic, key, 1, ""), res.Slot(1))
+		if out := res.All(ctx, t, 2); !out[0].DeadLettered || !out[1].Parked {
 			t.Fatalf("%s: outcomes %+v, want dead-lettered, parked", key, out)
 		}
 		waitUntil(ctx, t, "the standby follows the quarantine of "+key, func() bool { return standby.Holding(key) || len(standby.Quarantined()) > 0 })
@@ -372,7 +372,7 @@ func TestRedriveOnlyByTheOwner(t *testing.T) {
 	}
 	owns.Store(true)
 	waitUntil(ctx, t, "the new owner carries out the request", func() bool { return len(standby.Quarantined()) == 0 })
-	if got := byKey(consume(ctx, t, c, topic, 4)); fmt.Sprint(got) != "map[j:[0000-poison 0001] k:[0000-poison 0001]]" {
+	if got := byKey(sinktest.Consume(ctx, t, c, topic, 4)); fmt.Sprint(got) != "map[j:[0000-poison 0001] k:[0000-poison 0001]]" {
 		t.Fatalf("topic holds %v", got)
 	}
 }
@@ -405,16 +405,16 @@ func TestQuarantineRestoreWaitsForKafka(t *testing.T) {
 		}
 		return resp, nil, true
 	})
-	s, _ := newSinkTuned(t, c, nil, savedMode)
+	s, _ := sinktest.NewSink(t, c, nil, savedMode)
 	if err := s.StartQuarantines(ctx); err != nil {
 		t.Fatalf("StartQuarantines with the state topic unreadable: %v; want the start to go on", err)
 	}
-	res := newResults(2)
-	produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.slot(0)) // quarantined in the saved set
-	produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.slot(1))
+	res := sinktest.NewResults(2)
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.Slot(0)) // quarantined in the saved set
+	sinktest.Produce(ctx, t, s, keyedRecord(topic, "b", 2, ""), res.Slot(1))
 	noOutcome(t, res, "before the restore")
 	refusing.Store(false)
-	if out := res.all(ctx, t, 2); !out[0].Parked || out[1].Parked || out[1].Err != nil || out[1].DeadLettered {
+	if out := res.All(ctx, t, 2); !out[0].Parked || out[1].Parked || out[1].Err != nil || out[1].DeadLettered {
 		t.Fatalf("outcomes %+v: want a parked and b delivered", out)
 	}
 	if q := s.Quarantined(); len(q) != 1 || q[0].Key != "a" || q[0].FirstID != "ev-0" {
