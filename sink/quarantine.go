@@ -42,6 +42,22 @@ func (s *Sink) StartQuarantines(ctx context.Context) error {
 	return s.q.Start(ctx)
 }
 
+// Quarantined lists the quarantined aggregates, in no particular order:
+// the producer's own view, the only one without a state topic, and with
+// the records this process parked for each (the state topic, which
+// outbox-cdc redrive --list reads, keeps no count). Empty without a
+// parking topic.
+func (s *Sink) Quarantined() []quarantine.Quarantine {
+	if s.q == nil {
+		return []quarantine.Quarantine{}
+	}
+	return s.q.Quarantined()
+}
+
+// Holding reports whether key's new records wait: its quarantine is being
+// saved or redriven (quarantine.Set.Holding).
+func (s *Sink) Holding(key string) bool { return s.q != nil && s.q.Holding(key) }
+
 // awaitRestore waits until the quarantines are restored (at once without
 // a state topic), ctx ends or the sink closes.
 func (s *Sink) awaitRestore(ctx context.Context) error {
