@@ -1,7 +1,7 @@
 // Package sinktest holds the kfake helpers the tests of the sink packages
-// share (sink, sink/exactlyonce): only test files import it. Its helpers
-// fail the test, so only the test goroutine calls them; workers send what
-// they see back on channels (Outcomes).
+// share (sink, sink/exactlyonce, sink/quarantine): only test files import
+// it. Its helpers fail the test, so only the test goroutine calls them;
+// workers send what they see back on channels (Outcomes, Results).
 package sinktest
 
 import (

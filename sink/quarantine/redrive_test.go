@@ -1,4 +1,4 @@
-package sink_test
+package quarantine_test
 
 import (
 	"context"
@@ -121,9 +121,9 @@ func TestRedriveRequestMatchesItsQuarantine(t *testing.T) {
 // record that is gone; --skip then lifts the quarantine.
 func TestRedriveDeadLetterDeleted(t *testing.T) {
 	ctx := sinktest.Ctx(t)
-	c, s, refusing, _, _ := redriveSetup(ctx, t)
+	c, _, refusing, _, _ := redriveSetup(ctx, t)
 	refusing.Store(false)
-	adm := kadm.NewClient(s.Client())
+	adm := kadm.NewClient(sinktest.Admin(t, c))
 	ends, err := adm.ListEndOffsets(ctx, dlq)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +186,7 @@ func TestRedriveParkingTopicRecreated(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c, s, refusing, _, _ := redriveSetup(ctx, t)
 	refusing.Store(false)
-	adm := kadm.NewClient(s.Client())
+	adm := kadm.NewClient(sinktest.Admin(t, c))
 	if resp, err := adm.DeleteTopics(ctx, parking); err != nil || resp.Error() != nil {
 		t.Fatalf("delete %s: %v %v", parking, err, resp.Error())
 	}

@@ -1,4 +1,4 @@
-package sink_test
+package quarantine_test
 
 import (
 	"sync/atomic"
@@ -32,7 +32,7 @@ func TestQuarantineRestoreRetriedReadsFromStart(t *testing.T) {
 			t.Fatalf("%s: outcome %+v, want dead-lettered", key, o)
 		}
 	}
-	stateID := sinktest.TopicID(ctx, t, first.Client(), stateTopic)
+	stateID := sinktest.TopicID(ctx, t, sinktest.Admin(t, c), stateTopic)
 	closeFirst()
 
 	// The next start reads one batch per fetch; its first fetch of the

@@ -1,4 +1,4 @@
-package sink_test
+package quarantine_test
 
 import (
 	"bytes"
@@ -81,7 +81,7 @@ func TestQuarantineSavedBeforeOutcome(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	s := startSaved(ctx, t, c, nil)
-	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking, stateTopic)
+	names := sinktest.TopicNames(ctx, t, sinktest.Admin(t, c), topic, dlq, parking, stateTopic)
 	var saving atomic.Bool
 	saving.Store(true)
 	sinktest.Refuse(c, names, nil, func(tp string, _ []byte) int16 {
@@ -169,7 +169,7 @@ func redriveSetup(ctx context.Context, t *testing.T) (*kfake.Cluster, *sink.Sink
 	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	results := new(reported)
 	s := startSaved(ctx, t, c, func(cfg *sink.Config) { cfg.Redrives = results.add })
-	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking, stateTopic)
+	names := sinktest.TopicNames(ctx, t, sinktest.Admin(t, c), topic, dlq, parking, stateTopic)
 	var refusing, slow atomic.Bool
 	refusing.Store(true)
 	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
@@ -331,7 +331,7 @@ func TestRedriveOnlyByTheOwner(t *testing.T) {
 	if err := active.StartQuarantines(ctx); err != nil {
 		t.Fatal(err)
 	}
-	names := sinktest.TopicNames(ctx, t, active.Client(), topic, dlq, parking, stateTopic)
+	names := sinktest.TopicNames(ctx, t, sinktest.Admin(t, c), topic, dlq, parking, stateTopic)
 	var refusing atomic.Bool
 	refusing.Store(true)
 	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
@@ -419,5 +419,19 @@ func TestQuarantineRestoreWaitsForKafka(t *testing.T) {
 	}
 	if q := s.Quarantined(); len(q) != 1 || q[0].Key != "a" || q[0].FirstID != "ev-0" {
 		t.Fatalf("restored %+v, want a from ev-0", q)
+	}
+}
+
+// TestStateTopicCompactDeleteRefused: a quarantine state topic that
+// compacts but also deletes after seven days would forget a quarantine
+// older than that; the start refuses it, as a delete-only topic.
+func TestStateTopicCompactDeleteRefused(t *testing.T) {
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
+	s, _ := sinktest.NewSink(t, c, nil, savedMode)
+	sinktest.CreateTopic(ctx, t, sinktest.Admin(t, c), stateTopic, map[string]string{"cleanup.policy": "compact,delete", "retention.ms": "604800000"})
+	var nc *quarantine.NotCompactedError
+	if err := s.StartQuarantines(ctx); !errors.As(err, &nc) {
+		t.Fatalf("StartQuarantines = %v, want a NotCompactedError", err)
 	}
 }

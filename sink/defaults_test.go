@@ -1,7 +1,6 @@
 package sink_test
 
 import (
-	"errors"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -9,22 +8,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/sinktest"
-	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
-
-// TestStateTopicCompactDeleteRefused: a quarantine state topic that
-// compacts but also deletes after seven days would forget a quarantine
-// older than that; the start refuses it, as a delete-only topic.
-func TestStateTopicCompactDeleteRefused(t *testing.T) {
-	ctx := sinktest.Ctx(t)
-	c := sinktest.NewCluster(t)
-	s, _ := sinktest.NewSink(t, c, nil, savedMode)
-	sinktest.CreateTopic(ctx, t, s.Client(), stateTopic, map[string]string{"cleanup.policy": "compact,delete", "retention.ms": "604800000"})
-	var nc *quarantine.NotCompactedError
-	if err := s.StartQuarantines(ctx); !errors.As(err, &nc) {
-		t.Fatalf("StartQuarantines = %v, want a NotCompactedError", err)
-	}
-}
 
 // TestDefaultsOneDefinition: the configuration's defaults are the sink's,
 // and a sink.Config that leaves them 0 gets the same bounds (the client's

@@ -1,4 +1,4 @@
-package sink_test
+package quarantine_test
 
 import (
 	"bytes"
@@ -18,7 +18,11 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
-const parking = "outbox.parking"
+const (
+	topic   = sinktest.Topic // seeded by sinktest.NewCluster
+	dlq     = sinktest.DLQ
+	parking = "outbox.parking"
+)
 
 func quarantineMode(cfg *sink.Config) { cfg.ParkingTopic = parking }
 
@@ -70,7 +74,7 @@ func TestQuarantineParksLaterEventsInOrder(t *testing.T) {
 
 func parksLaterEventsInOrder(ctx context.Context, t *testing.T, c *kfake.Cluster, s *sink.Sink) {
 	const n, poison, keys = 400, 201, 4 // poison is k1's 51st record
-	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking)
+	names := sinktest.TopicNames(ctx, t, sinktest.Admin(t, c), topic, dlq, parking)
 	release, _, most := sinktest.RefusePoison(ctx, c, names)
 	res := sinktest.NewResults(n)
 	want := map[string][]string{}   // on the event topic, by key
@@ -171,7 +175,7 @@ func TestRouterDeadLetterQuarantines(t *testing.T) {
 func TestSkipModeParksNothing(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
-	s := newSink(t, c, nil)
+	s, _ := sinktest.NewSink(t, c, nil, nil)
 	res := sinktest.NewResults(2)
 	sinktest.Produce(ctx, t, s, routerDead("a", 0), res.Slot(0))
 	sinktest.Produce(ctx, t, s, keyedRecord(topic, "a", 1, ""), res.Slot(1))
@@ -209,7 +213,7 @@ func TestParkingRefusalDeadLetters(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
 	s, _ := sinktest.NewSink(t, c, nil, quarantineMode)
-	names := sinktest.TopicNames(ctx, t, s.Client(), topic, dlq, parking)
+	names := sinktest.TopicNames(ctx, t, sinktest.Admin(t, c), topic, dlq, parking)
 	sinktest.Refuse(c, names, nil, func(tp string, b []byte) int16 {
 		if tp == parking && bytes.Contains(b, []byte("poison")) {
 			return kerr.PolicyViolation.Code
