@@ -53,7 +53,7 @@ func (k *checkpointer) loop(ctx context.Context) {
 			if !events && !trailing && now.Sub(last) < idleCheckpointInterval {
 				continue
 			}
-			// A save that only records a later bound (streamBoundMoved)
+			// A save that only records a later bound (boundMoved)
 			// counts too: its own transaction moves the bound again.
 			if s, r := k.saveAs(ctx, saved, false, false); r == saveDone || r == saveStale {
 				saved, acks, last, trailing = s, n, now, events && s != saved
@@ -62,7 +62,7 @@ func (k *checkpointer) loop(ctx context.Context) {
 	}
 }
 
-// saveCheckpoint saves the watermark if it moved past saved and past where
+// save saves the watermark if it moved past saved and past where
 // this process started, and returns the position now saved. A failure is
 // counted and logged; it costs duplicates after a PostgreSQL crash, never
 // events, so streaming goes on.
@@ -71,7 +71,7 @@ func (k *checkpointer) save(ctx context.Context, saved lsn.LSN) lsn.LSN {
 	return s
 }
 
-// saveCheckpointAs saves, also when the position did not move if force;
+// saveAs saves, also when the position did not move if force;
 // clean marks the save of a clean stop (quiesce).
 func (k *checkpointer) saveAs(ctx context.Context, saved lsn.LSN, force, clean bool) (lsn.LSN, saveResult) {
 	if !k.p.prog.snapDone.Load() {
@@ -135,7 +135,7 @@ const (
 	saveDone
 )
 
-// saveBeforeStream saves the checkpoint with the stream state this run
+// beforeStream saves the checkpoint with the stream state this run
 // streams with, before the stream starts, when the trusted checkpoint has
 // none, or the start found a change while stopped and placed a gap.
 // Without it a kill before the first periodic save would let the next start
@@ -167,7 +167,7 @@ func (k *checkpointer) beforeStream(ctx context.Context, pl *plan) error {
 	}
 }
 
-// streamedCheckpoint adds to c what the stream's completeness at c.LSN
+// streamed adds to c what the stream's completeness at c.LSN
 // depends on.
 func (k *checkpointer) streamed(c *offsets.Checkpoint) {
 	if g := k.p.plan.guard; g != nil {
@@ -175,7 +175,7 @@ func (k *checkpointer) streamed(c *offsets.Checkpoint) {
 	}
 }
 
-// streamBoundMoved reports whether a guard's bound passed the one the
+// boundMoved reports whether a guard's bound passed the one the
 // checkpoint the store holds recorded: the next save records it even when
 // the position did not move. In exactly_once the slot is held back for the
 // saved bound (hold.go savedStreamXmin), and the position held there moves

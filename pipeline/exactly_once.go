@@ -45,7 +45,7 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 	if err != nil {
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
-	key, _ := su.sourceKey(ctx) // identified above
+	key := sourceKey(srv, p.cfg.Source.Slot)
 	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
 		Source: key, Fail: p.fail, Owner: p.conn.up.Load, Proof: p.markProof,
 		Acknowledged: max(pl.readings.slot, pl.readings.ckpt)}, p.log)

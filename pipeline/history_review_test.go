@@ -113,7 +113,7 @@ func TestReviewTailOrderAfterForgotten(t *testing.T) {
 // mark the mark loop writes lands at the WAL insert position, ahead of what
 // the processor decodes, so while the run catches up a backlog no mark is
 // decoded: the proof, hence the slot's confirmed position (proven) and the
-// checkpoint (saveCheckpoint), stay at the start for the whole catch-up, and
+// checkpoint (checkpointer.save), stay at the start for the whole catch-up, and
 // the tail holds every published transaction of it (forgetting past tailMax).
 // The docs say they trail "by up to ~0.5 s under load".
 func TestReviewProofFrozenDuringCatchUp(t *testing.T) {

@@ -30,7 +30,7 @@ type plan struct {
 	// stream; nil when no snapshot is taken.
 	snapshot *replication.ExportedSnapshot
 	// changed: the start found the publication changed since the trusted
-	// checkpoint (streamChangedWhileStopped); the gap it placed is saved
+	// checkpoint (repair.decide); the gap it placed is saved
 	// before the stream starts.
 	changed bool
 	// checkpoints stamps this server's identity on what it saves; nil when
@@ -90,14 +90,10 @@ func (su *starter) identify(ctx context.Context) (replication.Server, error) {
 	return *su.srv, nil
 }
 
-// sourceKey names this source (cluster, database, slot) on the connector's
+// sourceKey names a source (cluster, database, slot) on the connector's
 // own topics: exactly_once's positions and the quarantine state.
-func (su *starter) sourceKey(ctx context.Context) (string, error) {
-	srv, err := su.identify(ctx)
-	if err != nil {
-		return "", err
-	}
-	return exactlyonce.PositionKey(srv.SystemID, srv.Database, su.p.cfg.Source.Slot), nil
+func sourceKey(srv replication.Server, slot string) string {
+	return exactlyonce.PositionKey(srv.SystemID, srv.Database, slot)
 }
 
 // close releases what the plan holds when the run does not start.

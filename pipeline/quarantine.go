@@ -35,7 +35,11 @@ func (su *starter) openSink(ctx context.Context) (*sink.Sink, error) {
 	// Kafka not usable at start: the restore goes on in the sink, and a
 	// topic found not compacted then stops the connector.
 	cfg.Fail = func(err error) { p.fail(notCompacted(err)) }
-	return startSink(ctx, cfg, su.sourceKey, p.log)
+	key := func(ctx context.Context) (string, error) {
+		srv, err := su.identify(ctx)
+		return sourceKey(srv, p.cfg.Source.Slot), err
+	}
+	return startSink(ctx, cfg, key, p.log)
 }
 
 // OpenRepairSink opens the sink that verify --repair republishes missing
@@ -59,7 +63,7 @@ func OpenRepairSink(ctx context.Context, cfg Config, fail func(error), log *slog
 	sc.Fail = func(err error) { fail(notCompacted(err)) }
 	key := func(ctx context.Context) (string, error) {
 		srv, err := cfg.Source.DB.Identify(ctx)
-		return quarantine.Source(srv.SystemID, srv.Database, cfg.Source.Slot), err
+		return sourceKey(srv, cfg.Source.Slot), err
 	}
 	return startSink(ctx, sc, key, log)
 }

@@ -203,6 +203,6 @@ func (r *repair) toSave(acked lsn.LSN, freeze func() lsn.LSN) (g *gapInfo, chang
 	return g, g != r.saved
 }
 
-// saved notes the gap of a checkpoint the store holds (saved, or refused as
+// wasSaved notes the gap of a checkpoint the store holds (saved, or refused as
 // stale: another connector saved past it).
 func (r *repair) wasSaved(g *gapInfo) { r.saved = g }

@@ -27,7 +27,7 @@ type RetentionConfig struct {
 	PartitionsAhead int
 }
 
-// retentionLoop deletes each outbox table's delivered rows past the
+// run deletes each outbox table's delivered rows past the
 // retention (the rule: package retention), until ctx ends. It runs beside
 // the stream of a run with a guard (not a replay), and deletes only while
 // this process streams from the slot.
@@ -85,7 +85,7 @@ type retentionTable struct {
 	blocked  string                  // the last reason nothing was deleted (its key), logged once
 }
 
-// retentionState is what the rule needs besides the readings.
+// state is what the rule needs besides the readings.
 func (r *retentionLoop) state() retention.State {
 	return retention.State{
 		Owner:   r.p.conn.up.Load(),
@@ -100,7 +100,7 @@ func (r *retentionLoop) state() retention.State {
 	}
 }
 
-// repairHold is the lost slot's repair hold (replication.Holds) as last
+// hold is the lost slot's repair hold (replication.Holds) as last
 // read: zero for none.
 func (r *retentionLoop) hold() retention.Hold {
 	if h := r.holdXids.Load(); h != nil {
@@ -109,7 +109,7 @@ func (r *retentionLoop) hold() retention.Hold {
 	return retention.Hold{}
 }
 
-// setRepairHold records the hold the holds table holds.
+// setHold records the hold the holds table holds.
 func (r *retentionLoop) setHold(h retention.Hold) {
 	switch old := r.holdXids.Swap(&h); {
 	case old != nil && *old == h, old == nil && !h.Set():
@@ -120,7 +120,7 @@ func (r *retentionLoop) setHold(h retention.Hold) {
 	}
 }
 
-// readRepairHold reads the hold again: verify --repair clears it while the
+// readHold reads the hold again: verify --repair clears it while the
 // connector runs, another instance may have set one. Until a read succeeds
 // again after a failure nothing is deleted (retention.State.HoldRead): the
 // last hold read may be older than the one stored.
@@ -151,7 +151,7 @@ func repairHeld(h retention.Hold) string {
 		h.From, h.Below-1)
 }
 
-// retentionRound reads the table's figures, takes a reading, and deletes
+// round reads the table's figures, takes a reading, and deletes
 // in paced batches what the rule allows. Errors are logged: a failed round
 // deletes less, never more, and the next one tries again.
 func (r *retentionLoop) round(ctx context.Context, tb *retentionTable) {

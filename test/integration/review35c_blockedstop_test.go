@@ -12,7 +12,7 @@ import (
 
 // TestReview35cBlockedStartStopsClean: exactly_once, a change while stopped,
 // and the checkpoint's row busy (a store that does not answer): the start
-// waits for the pre-stream save (saveBeforeStream). A SIGTERM then ends the
+// waits for the pre-stream save (checkpointer.beforeStream). A SIGTERM then ends the
 // run at once with exit 0, and the next start (store answering again)
 // repairs the gap once.
 func TestReview35cBlockedStartStopsClean(t *testing.T) {

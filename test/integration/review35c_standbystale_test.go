@@ -18,7 +18,7 @@ import (
 // comes back, with rows written in between. B then starts from the
 // checkpoint it loaded long before (stale), finds the change
 // (streamChangedWhileStopped) and saves before streaming
-// (saveBeforeStream): the save is older than A's and the store answers
+// (checkpointer.beforeStream): the save is older than A's and the store answers
 // ErrStale, which saveCheckpointAs reports as wrote=true; the stream starts
 // with the gap and the new stream state recorded nowhere. B repairs and
 // commits in Kafka. Its later saves (held back here by a row lock, as a
