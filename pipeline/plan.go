@@ -173,7 +173,7 @@ func (su *starter) begin(ctx context.Context, pl *plan) error {
 	var ch *stoppedChange
 	if c := pl.trusted; c != nil {
 		g.seedFloor(c.LSN, c.Floor)
-		ch = changeWhileStopped(pl, c)
+		ch = changeWhileStopped(pl, c, e != nil)
 	}
 	placed, lookUp := p.rep.decide(pl.readings.committed, ch)
 	pl.changed = placed

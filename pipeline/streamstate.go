@@ -87,7 +87,7 @@ func (g *guards) seedFloor(at lsn.LSN, xmin uint64) {
 // above the bound the guard had when c was saved, which in exactly_once the
 // checkpoint was held back for (hold.go): the stream then decodes again
 // every delivered row the repair reads, and leaves it out. Nil: no change.
-func changeWhileStopped(pl *plan, c *offsets.Checkpoint) *stoppedChange {
+func changeWhileStopped(pl *plan, c *offsets.Checkpoint, exactlyOnce bool) *stoppedChange {
 	why, xmin := pl.guard.changedSince(c.Stream)
 	if why == "" {
 		return nil
@@ -98,5 +98,27 @@ func changeWhileStopped(pl *plan, c *offsets.Checkpoint) *stoppedChange {
 	// lies between is read back). Nothing then commits to Kafka past Since
 	// before the repair does (backfill.due), so a committed position past
 	// Since at a later start says the repair committed (repair.decide).
-	return &stoppedChange{why: why, since: max(c.LSN, pl.start, pl.readings.committed), xmin: xmin}
+	since := max(c.LSN, pl.start, pl.readings.committed)
+	return &stoppedChange{why: why, since: since, xmin: stoppedBound(xmin, pl.guard.floor(since), exactlyOnce)}
+}
+
+// stoppedBound is the bound of the repair of a change found at start, from
+// the bound saved with the checkpoint and the floor of the repair's
+// position (every transaction committing after it has an id at or above
+// it; 0: unknown). The saved bound covers every row the change kept from
+// the stream, but the checkpoint can trail it: a transaction delivered
+// before the stop, committed past the checkpoint with an id below the
+// bound (its acknowledgement waited behind another event), is decoded
+// again after the repair published the later rows of its aggregate, a
+// copy out of the original order. So at_least_once reads from the floor:
+// the repair then holds every transaction past its position and the
+// stream skips them (rows below it committed earlier go again, as copies).
+// exactly_once keeps the saved bound: the start is held back for that one
+// alone (hold.go), and a row below it committed before the start would be
+// published twice.
+func stoppedBound(saved, floor uint64, exactlyOnce bool) uint64 {
+	if exactlyOnce || floor == 0 {
+		return saved
+	}
+	return min(saved, floor)
 }
