@@ -559,6 +559,7 @@ func sqlLiteral(v *string, typ string) string {
 // the broker refuses it, and that record, only it, goes to the dead-letter
 // topic with an error header (checked in analyze).
 func (r *run) opsOversize(ctx context.Context) (string, error) {
+	r.syncBig(ctx, fOpsOversize) // a quarantine it joins
 	evs, err := r.big.commitNext(ctx)
 	if err != nil {
 		return "", err

@@ -46,6 +46,10 @@ type redriveState struct {
 	// republished: events a redrive republished (the dead letter too,
 	// unless --skip): their copies on the topic are no duplicates.
 	republished map[string]bool
+	// liftedAt is when the last redrive lifted a quarantine; adopted
+	// counts the quarantines the suite found the connector in (syncBig).
+	liftedAt time.Time
+	adopted  int
 }
 
 // noteBig records events of "big" just committed: the first oversize one
@@ -65,10 +69,56 @@ func (r *run) noteBig(evs []event) {
 	}
 }
 
+// syncBig adopts the connector's quarantine of "big" when the suite
+// knows of none: an at-least-once copy of a dead-lettered oversize event
+// (a gap repair's, a runbook's verify --repair after parking retention)
+// is dead-lettered again and quarantines the aggregate from that event on
+// (docs/operations.md, "A lifted quarantine can come back"). Its parked
+// events are the ones parked since the last lift, in parking order.
+func (r *run) syncBig(ctx context.Context, kind string) {
+	if exactlyOnce() || r.rd.cur != nil {
+		return
+	}
+	ls, err := r.listQuarantines(ctx)
+	if err != nil {
+		r.opsFailed(kind, "%v", err)
+		return
+	}
+	i := slices.IndexFunc(ls, func(l listed) bool { return l.Key == "big" })
+	if i < 0 {
+		return
+	}
+	byID := map[string]event{}
+	for _, e := range r.ledger.all() {
+		if e.Agg == "big" {
+			byID[e.ID] = e
+		}
+	}
+	first, ok := byID[ls[i].FirstID]
+	if !ok {
+		r.opsFailed(kind, "--list shows big quarantined since %s, no committed event of big", ls[i].FirstID)
+		return
+	}
+	ep := &episode{first: first}
+	seen := map[string]bool{first.ID: true}
+	for _, c := range r.live.kept(r.parkingTopic()) {
+		if e, ok := byID[c.ID]; ok && !seen[c.ID] && c.Append.After(r.rd.liftedAt) {
+			seen[c.ID] = true
+			ep.parked = append(ep.parked, e)
+		}
+	}
+	r.rd.cur = ep
+	r.rd.adopted++
+}
+
 // ensureQuarantine runs ops-oversize when "big" is not quarantined.
-func (r *run) ensureQuarantine(ctx context.Context) (string, error) {
+func (r *run) ensureQuarantine(ctx context.Context, kind string) (string, error) {
 	if r.rd.cur != nil {
 		return fmt.Sprintf("big quarantined since seq %d", r.rd.cur.first.Seq), nil
+	}
+	if r.syncBig(ctx, kind); r.rd.cur != nil {
+		return fmt.Sprintf("big quarantined again since seq %d by a copy of its dead letter (found with --list; %d parked since the last lift)",
+			r.rd.cur.first.Seq, len(r.rd.cur.parked)), nil
 	}
 	d, err := r.opsOversize(ctx)
 	return "ops-oversize first: " + d, err
@@ -181,7 +231,7 @@ func (r *run) noteLifted(ep *episode, want []event) {
 		r.rd.lifted[ep.first.Agg] = map[int]bool{}
 	}
 	r.rd.lifted[ep.first.Agg][ep.first.Seq] = true
-	r.rd.cur = nil
+	r.rd.cur, r.rd.liftedAt = nil, time.Now()
 	if r.rd.republished == nil {
 		r.rd.republished = map[string]bool{}
 	}
@@ -210,7 +260,7 @@ func (r *run) firstSeqsOn(topic string, evs []event) []int {
 // parkedQuarantine makes sure "big" is quarantined (ops-oversize first if
 // not) and waits for its parked events; kind names the fault for failures.
 func (r *run) parkedQuarantine(ctx context.Context, kind string) (*episode, string, error) {
-	desc, err := r.ensureQuarantine(ctx)
+	desc, err := r.ensureQuarantine(ctx, kind)
 	if err != nil {
 		return nil, desc, err
 	}
@@ -269,6 +319,9 @@ func (r *run) opsParkingRetention(ctx context.Context) (_ string, err error) {
 		return desc, err
 	}
 	deleted := slices.Clone(ep.parked)
+	// Parked copies of events a redrive delivered before (an adopted
+	// quarantine, syncBig) are on the topic already.
+	fresh := slices.DeleteFunc(slices.Clone(ep.parked), func(e event) bool { return len(r.live.copiesOf(r.bigTopic, e.ID)) > 0 })
 	start, took, err := r.expireParking(ctx)
 	if err != nil {
 		return desc, err
@@ -314,7 +367,11 @@ func (r *run) opsParkingRetention(ctx context.Context) (_ string, err error) {
 		r.rd.lost = map[string]string{}
 	}
 	for id, at := range named {
-		r.rd.lost[id] = at
+		// A parked copy of an event a redrive delivered before (the
+		// quarantine is a copy's, syncBig) is no loss.
+		if len(r.live.copiesOf(r.bigTopic, id)) == 0 {
+			r.rd.lost[id] = at
+		}
 	}
 	desc += fmt.Sprintf("; redrive refused (exit 1) naming %d deleted events", len(named))
 	ls, err := r.listQuarantines(ctx)
@@ -323,7 +380,7 @@ func (r *run) opsParkingRetention(ctx context.Context) (_ string, err error) {
 	} else if i := slices.IndexFunc(ls, func(l listed) bool { return l.Key == "big" }); i < 0 || ls[i].FirstID != ep.first.ID {
 		r.opsFailed(fOpsParkingRetention, "after the refusal --list shows %+v, want big quarantined since event %s", ls, ep.first.ID)
 	}
-	if got := r.firstSeqsOn(r.bigTopic, ep.parked); len(got) != 0 {
+	if got := r.firstSeqsOn(r.bigTopic, append(fresh, ep.parked[mark:]...)); len(got) != 0 {
 		r.opsFailed(fOpsParkingRetention, "the refused redrive republished seqs %v", got)
 	}
 	// The way out the refusal names: --skip, without the deleted events and
