@@ -57,8 +57,9 @@ type floorPair struct {
 	xmin uint64
 }
 
-// maxFloors bounds the floors kept: a checkpoint trails the readings by a
-// few seconds at most, and an older floor is only lower.
+// maxFloors bounds the floors kept: the oldest and the newest; a
+// checkpoint trails the readings by a few seconds, unless the
+// acknowledgements stall, and an older floor is only lower.
 const maxFloors = 256
 
 // reading is a good membership reading and when it was taken.
@@ -141,7 +142,10 @@ func (g *Guard) addFloor(s Snapshot) {
 		}
 	}
 	if len(g.floors) == maxFloors {
-		g.floors = slices.Delete(g.floors, 0, 1)
+		// The oldest stays: it is the floor of positions as old as the
+		// checkpoint, which stalls with the acknowledgements while the
+		// readings go on (a lower floor only bounds more).
+		g.floors = slices.Delete(g.floors, 1, 2)
 	}
 	g.floors = append(g.floors, floorPair{s.After, s.Xmin})
 }

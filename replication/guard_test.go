@@ -72,3 +72,27 @@ func TestGuardPendingBounded(t *testing.T) {
 		t.Fatalf("%d readings pending, want at most %d", len(g.pending), maxPending)
 	}
 }
+
+// TestGuardFloorKeptThroughAStall: while the acknowledged position stalls
+// (an event waits for a missing topic), the checkpoint stays put and the
+// guard reads on. The floor at the checkpoint must outlive maxFloors
+// readings: without it a save records no floor, and a change found at the
+// next start repairs from the saved bound, whose copies can come out of
+// order (pipeline stoppedBound). Found by review.
+func TestGuardFloorKeptThroughAStall(t *testing.T) {
+	g := &Guard{watch: &Watch{}}
+	ckpt := lsn.LSN(1000)
+	g.SeedFloor(ckpt, 450)
+	if f := g.Floor(ckpt); f != 450 {
+		t.Fatalf("floor at the checkpoint %d, want 450", f)
+	}
+	for i := range 3 * maxFloors {
+		g.addFloor(Snapshot{After: ckpt + lsn.LSN(100*(i+1)), Xmin: 500 + uint64(i)})
+	}
+	if f := g.Floor(ckpt); f != 450 {
+		t.Errorf("floor at the checkpoint %d after %d readings, want 450", f, 3*maxFloors)
+	}
+	if f, want := g.Floor(ckpt+lsn.LSN(100*3*maxFloors)), uint64(500+3*maxFloors-1); f != want {
+		t.Errorf("floor at the last reading %d, want %d", f, want)
+	}
+}
