@@ -254,13 +254,22 @@ func (o *observation) withoutRedriven(rep *Report, copies map[string][]copyRec) 
 			out[id] = cs
 			continue
 		}
+		// The original of a lost event is its first parked copy (the
+		// parking topic has one partition); retention can delete the copy
+		// parked again too, once a redrive delivered it.
+		orig := -1
+		for i, c := range cs {
+			if c.Topic == o.ParkingTopic && (orig < 0 || c.Offset < cs[orig].Offset) {
+				orig = i
+			}
+		}
 		reparked, repaired := false, false
-		for _, c := range cs {
+		for i, c := range cs {
 			aside := c.Topic == o.ParkingTopic || c.Topic == o.DLQ
 			switch {
 			case redriven && !aside:
 				rep.Redriven++
-			case lost && !c.Deleted && aside && !reparked:
+			case lost && i != orig && aside && !reparked:
 				reparked = true
 			case lost && !aside && !repaired:
 				repaired = true

@@ -516,6 +516,9 @@ func TestWithoutRedriven(t *testing.T) {
 		{"lost, parked again, then redriven by the next lift", true, false, []copyRec{main(5), parked(1, true), parked(4, false)}, 1},
 		{"lost, repaired twice on its topic", true, false, []copyRec{parked(1, true), main(2), main(3)}, 2},
 		{"lost, parked again twice", true, false, []copyRec{parked(1, true), parked(4, false), parked(6, false)}, 2},
+		// Long seed 14549079596856573008: the copy parked again was deleted
+		// by a later retention too, after a redrive delivered it.
+		{"lost, parked again, both parked copies deleted, redriven", true, true, []copyRec{main(6), parked(4, true), parked(9, true)}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o.Redrive = redriveObs{Lost: map[string]string{}, Republished: map[string]bool{}}
