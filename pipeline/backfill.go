@@ -9,7 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
-	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/internal/metrics"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
@@ -134,20 +133,17 @@ func (b *backfill) fingerprint(ev *decode.Event) uint64 {
 	return h.Sum64()
 }
 
-// backfillRetryFor bounds the repair's retries after a lost connection.
-// The processor waits meanwhile and the stream's queue fills: a server's
-// fast shutdown waits for its walsender to send the last WAL, which then
-// waits for this process. Past it the run stops (and a restart repairs).
-const backfillRetryFor = 10 * time.Second
-
 // runBackfill publishes the gap's rows, in the snapshot order, as events
 // of txn: the transaction the stream reached the gap with (the repair's
 // rows go first), or one of their own. The caller commits txn; the rows and
 // the position after them then go in one Kafka transaction in exactly_once.
 // Rows the stream decoded before (seen) are left out. A lost connection
-// (the server restarted while the repair waited or read) is retried with a
-// new read, past the rows already published (published), for up to
-// backfillRetryFor: the stream reconnects the same way.
+// (the server restarting) drops the stream's session and returns
+// errSessionDropped: the stream waits for the repair, and a server's
+// shutdown waits for the stream (replication.Stream.Drop). The new
+// session's Reset aborts txn with the rows published so far, and the repair
+// runs again when the stream reaches the gap, retried as the stream
+// reconnects: with backoff, for ever.
 func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, txn *offsets.Txn) error {
 	p := w.p
 	b.published = map[uint64]struct{}{}
@@ -157,38 +153,28 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 			skipped++
 			return false
 		}
-		if _, ok := b.published[b.fingerprint(ev)]; ok && !ev.ID.Null {
-			return false // published before the connection was lost
-		}
 		b.record(ev)
 		return true
 	}
-	first := time.Time{}
 	p.b.repairing(true) // exactly_once after a restore's runbook (readback_repair.go)
 	defer p.b.repairing(false)
-	for attempt := 0; ; attempt++ {
-		g, again, err := w.readBackfill(ctx, produceCtx, txn, &n, keep, b.Xmin)
-		if err == nil {
-			b.clearAt = g.ClearAt
-			b.done, b.in = true, txn
-			p.b.holdUntil(b.clearAt)
-			found := p.b.repaired()
-			p.log.Warn("published the rows written while the outbox was outside the publication",
-				"rows", n-found, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped, "found_in_kafka", found)
-			return nil
-		}
-		if first.IsZero() {
-			first = time.Now()
-		}
-		if !again || !replication.Transient(err) || ctx.Err() != nil || time.Since(first) > backfillRetryFor {
+	g, again, err := w.readBackfill(ctx, produceCtx, txn, &n, keep, b.Xmin)
+	if err != nil {
+		if !again || !replication.Transient(err) || ctx.Err() != nil || p.conn.drop == nil {
 			return err
 		}
-		wait := backoff.Nth(100*time.Millisecond, max(p.cfg.BackoffMax, time.Second), attempt)
-		p.log.Warn("the gap repair lost its connection; it reads the table again", "err", err, "published", n, "in", wait)
-		if backoff.Sleep(ctx, wait); ctx.Err() != nil {
-			return ctx.Err()
-		}
+		p.log.Warn("the gap repair lost its connection; the stream connects again and the repair reads the table "+
+			"again when it reaches the gap", "err", err, "published", n)
+		p.conn.drop()
+		return errSessionDropped
 	}
+	b.clearAt = g.ClearAt
+	b.done, b.in = true, txn
+	p.b.holdUntil(b.clearAt)
+	found := p.b.repaired()
+	p.log.Warn("published the rows written while the outbox was outside the publication",
+		"rows", n-found, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped, "found_in_kafka", found)
+	return nil
 }
 
 // readBackfill is one read of the gap's rows, each published when keep says

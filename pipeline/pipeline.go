@@ -240,6 +240,7 @@ func (p *Pipeline) run(ctx context.Context) error {
 		p.conn.up.Store(up)
 	}
 	stream.OnTimeline = onTimeline(pl, s)
+	p.conn.drop = stream.Drop
 	r := p.start(ctx, stream)
 	pr := p.history.proven()
 	p.log.Info("connector started", "slot", p.cfg.Source.Slot, "from", pl.start, "history_mark", pr.mark)
@@ -428,6 +429,9 @@ type failure struct {
 type connection struct {
 	up       atomic.Bool
 	sessions atomic.Uint64 // the stream's sessions so far (retention.Epoch)
+	// drop ends the stream's session (replication.Stream.Drop); set
+	// before the run's goroutines start.
+	drop func()
 }
 
 // markFlushTimeout bounds the wait of a clean stop for its last mark.

@@ -28,6 +28,11 @@ type producer interface {
 // errReplayDone ends the processor when a replay reached its end.
 var errReplayDone = errors.New("replay reached its end")
 
+// errSessionDropped: the gap repair lost its server and dropped the
+// stream's session (backfill.go); the processor passes over what that
+// session sent until the next one's Reset.
+var errSessionDropped = errors.New("the gap repair dropped the replication session")
+
 // process is the processor goroutine: it decodes, routes and produces, in WAL
 // order, and tells the tracker where each transaction ends. produceCtx
 // governs records handed to the sink; it outlives ctx so a stop drains them.
@@ -51,7 +56,12 @@ func (p *Pipeline) process(ctx, produceCtx context.Context, queue <-chan *replic
 		case b = <-queue:
 		}
 		for i := range b.Msgs {
-			if err := w.handle(&b.Msgs[i]); err != nil {
+			err := w.handle(&b.Msgs[i])
+			if errors.Is(err, errSessionDropped) {
+				w.awaitReset = true
+				continue
+			}
+			if err != nil {
 				return err
 			}
 		}
@@ -95,12 +105,19 @@ type processor struct {
 	// skipped, but decoded: the hold and the repair need them.
 	decoded lsn.LSN
 	rec     router.Record
+	// awaitReset: the session was dropped (errSessionDropped); its
+	// messages are passed over until the Reset.
+	awaitReset bool
 }
 
 // handle handles one message of the stream.
 func (w *processor) handle(m *replication.Message) error {
+	if w.awaitReset && m.Kind != replication.Reset {
+		return nil // sent again after the Reset, from w.decoded
+	}
 	switch m.Kind {
 	case replication.Reset:
+		w.awaitReset = false
 		if w.txn != nil {
 			w.bf.undo(w.txn)
 			w.p.tracker.Abort(w.txn)
@@ -160,6 +177,10 @@ func (w *processor) keepalive(end lsn.LSN) error {
 		// The repair alone, committing the keepalive's position.
 		t := p.tracker.Begin()
 		if err := w.runBackfill(w.ctx, w.produceCtx, w.bf, t); err != nil {
+			if errors.Is(err, errSessionDropped) { // no Reset aborts t: it is no open transaction
+				p.tracker.Abort(t)
+				p.b.abort()
+			}
 			return err
 		}
 		p.tracker.Commit(t, end)

@@ -98,6 +98,32 @@ type Stream struct {
 
 	timeline int32  // the server's timeline at the first session (Run's goroutine only)
 	systemID string // the cluster streamed (Run's goroutine only)
+
+	dropMu sync.Mutex
+	drop   context.CancelFunc // ends the current session (Drop); nil between sessions
+}
+
+// errDropped ends a session that Drop ended: the stream connects again.
+var errDropped = errors.New("the session was dropped: the gap repair lost its server")
+
+// Drop ends the current session, if any; the stream then connects again
+// and resumes where the processor says (Reset). The gap repair calls it
+// when it loses its server while the stream waits for it: a shutdown
+// waits for the walsender, which exits only once it has sent all WAL and
+// the client confirmed it (PostgreSQL src/backend/replication/walsender.c,
+// WalSndDone), and a session whose queue waits for the repair does neither.
+func (s *Stream) Drop() {
+	s.dropMu.Lock()
+	defer s.dropMu.Unlock()
+	if s.drop != nil {
+		s.drop()
+	}
+}
+
+func (s *Stream) setDrop(f context.CancelFunc) {
+	s.dropMu.Lock()
+	s.drop = f
+	s.dropMu.Unlock()
 }
 
 // NewStream prepares a stream; Run starts it.
@@ -249,8 +275,22 @@ func (s *Stream) identify(ctx context.Context, conn *pgconn.PgConn, at ResumeAt)
 }
 
 // session is one connection: connect, check the server, start
-// replication, then read until the session ends (sessionLoop.run).
-func (s *Stream) session(ctx context.Context, at ResumeAt, out chan<- *Batch) error {
+// replication, then read until the session ends (sessionLoop.run) or Drop
+// ends it (errDropped).
+func (s *Stream) session(parent context.Context, at ResumeAt, out chan<- *Batch) error {
+	ctx, drop := context.WithCancel(parent)
+	defer drop()
+	s.setDrop(drop)
+	defer s.setDrop(nil)
+	err := s.connectAndRead(ctx, at, out)
+	if parent.Err() == nil && ctx.Err() != nil {
+		return errDropped
+	}
+	return err
+}
+
+// connectAndRead is the body of a session.
+func (s *Stream) connectAndRead(ctx context.Context, at ResumeAt, out chan<- *Batch) error {
 	start := at.Pos
 	conn, err := s.cfg.DB.replication(ctx)
 	if err != nil {
