@@ -93,6 +93,12 @@ func (t *Tracker) Add(x *Txn) {
 // Ack records that one event of x has been delivered.
 func (t *Tracker) Ack(x *Txn) {
 	t.mu.Lock()
+	if x.aborted {
+		// Its records left InFlight at the abort: a late outcome (an
+		// at_least_once record delivered anyway) changes nothing.
+		t.mu.Unlock()
+		return
+	}
 	x.pending--
 	if x.pending < 0 {
 		t.mu.Unlock()
@@ -190,7 +196,10 @@ func (t *Tracker) Abort(x *Txn) {
 }
 
 func (t *Tracker) abortLocked(x *Txn) {
-	x.aborted = true
+	// Its records are forgotten: an aborted Kafka transaction (exactly_once)
+	// never acknowledges them.
+	t.inflight.Add(-int64(x.pending))
+	x.aborted, x.pending = true, 0
 	if t.open == x {
 		t.open = nil
 	}

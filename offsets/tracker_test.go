@@ -428,3 +428,31 @@ func BenchmarkTrackerEvent(b *testing.B) {
 		}
 	}
 }
+
+// TestTrackerAbortForgetsInFlight: an aborted transaction's records leave
+// InFlight at the abort. In exactly_once the aborted Kafka transaction
+// reports its records as failed, never acknowledged; in at_least_once their
+// late acknowledgements change nothing. Found by review: the in-flight count
+// stayed up for good after a Reset inside a transaction (exactly_once).
+func TestTrackerAbortForgetsInFlight(t *testing.T) {
+	tr := NewTracker(0x100)
+	x := tr.Begin()
+	tr.Add(x)
+	tr.Add(x)
+	tr.Ack(x)
+	tr.Abort(x)
+	if n := tr.InFlight(); n != 0 {
+		t.Fatalf("in flight %d after the abort, want 0", n)
+	}
+	tr.Ack(x) // a late outcome of the aborted transaction
+	if n := tr.InFlight(); n != 0 {
+		t.Fatalf("in flight %d after a late ack, want 0", n)
+	}
+	y := tr.Begin()
+	tr.Add(y)
+	tr.Commit(y, 0x200)
+	tr.Ack(y)
+	if n, a := tr.InFlight(), tr.Acked(); n != 0 || a != 0x200 {
+		t.Fatalf("in flight %d, acked %v; want 0 and 0/200", n, a)
+	}
+}

@@ -283,7 +283,7 @@ func (s *Stream) session(parent context.Context, at ResumeAt, out chan<- *Batch)
 	s.setDrop(drop)
 	defer s.setDrop(nil)
 	err := s.connectAndRead(ctx, at, out)
-	if parent.Err() == nil && ctx.Err() != nil {
+	if parent.Err() == nil && ctx.Err() != nil && !fault.IsFatal(err) {
 		return errDropped
 	}
 	return err
