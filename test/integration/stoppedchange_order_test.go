@@ -55,7 +55,9 @@ http: {listen: ''}
 	p := startRetention(t, cfgPath)
 	committed(t, conn, func(tx pgx.Tx) { row(tx, "1") })
 	waitFor(t, time.Minute, "1 delivered", func() bool { return seen("1") })
-	time.Sleep(1500 * time.Millisecond) // the checkpoint passes a guard reading: its floor is known
+	waitFor(t, 30*time.Second, "a checkpoint with a floor", func() bool { // it passed a guard reading
+		return queryInt(t, conn, "SELECT count(*) FROM outbox_cdc.checkpoints WHERE slot = $1 AND floor_xid IS NOT NULL", slot) == 1
+	})
 
 	// An event whose topic does not exist holds the acknowledged position
 	// (kafka.unknown_topic_timeout); 2 is delivered behind it.
