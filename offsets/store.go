@@ -82,6 +82,32 @@ type TableStream struct {
 type Gap struct {
 	Since lsn.LSN `json:"since"`
 	Xmin  uint64  `json:"xmin"`
+	// Repaired are rows an earlier repair of the gap published or found
+	// in Kafka already: the repair leaves them out.
+	Repaired RepairedRows `json:"repaired,omitzero"`
+	// Pending is a repair handed over to Kafka when the gap's later part
+	// was found: it holds its rows only if its transaction committed.
+	Pending PendingRepair `json:"pending,omitzero"`
+}
+
+// RepairedRows are the rows a gap repair read from the table: written by a
+// transaction whose (64-bit) id is at least Xmin and visible in Snapshot
+// (pg_snapshot text, pg_current_snapshot() of the read). Zero: none.
+type RepairedRows struct {
+	Xmin     uint64 `json:"xmin,omitempty"`
+	Snapshot string `json:"snapshot,omitempty"`
+}
+
+// IsZero reports no rows.
+func (r RepairedRows) IsZero() bool { return r.Snapshot == "" }
+
+// PendingRepair is a repair whose Kafka transaction ends at End: committed
+// at or past End, Kafka holds Rows, and the gap needs only the rows of
+// transactions from Later on (the bound of the part found after it).
+type PendingRepair struct {
+	Rows  RepairedRows `json:"rows,omitzero"`
+	End   lsn.LSN      `json:"end,omitempty"`
+	Later uint64       `json:"later,omitempty"`
 }
 
 // Identity is what a WAL position belongs to: a position means nothing on

@@ -44,6 +44,9 @@ type backfill struct {
 	// clearAt is past the commit of every row read: a transaction the
 	// stream decodes from there on holds none of them.
 	clearAt lsn.LSN
+	// read is the rows the repair read, with those an earlier repair did:
+	// once its transaction commits, all are in Kafka (repair.found).
+	read offsets.RepairedRows
 	// in is the tracked transaction the repair's rows joined, until it
 	// commits: a reconnect that aborts it aborts the repair too.
 	in *offsets.Txn
@@ -158,7 +161,7 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 	}
 	p.b.repairing(true) // exactly_once after a restore's runbook (readback_repair.go)
 	defer p.b.repairing(false)
-	g, again, err := w.readBackfill(ctx, produceCtx, txn, &n, keep, b.Xmin)
+	g, again, err := w.readBackfill(ctx, produceCtx, txn, &n, keep, b.gapInfo)
 	if err != nil {
 		if !again || !replication.Transient(err) || ctx.Err() != nil || p.conn.drop == nil {
 			return err
@@ -169,6 +172,7 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 		return errSessionDropped
 	}
 	b.clearAt = g.ClearAt
+	b.read = readRows(b.gapInfo, g.Snapshot)
 	b.done, b.in = true, txn
 	p.b.holdUntil(b.clearAt)
 	found := p.b.repaired()
@@ -181,9 +185,9 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 // so; n counts the published ones. again: the read failed, not a publish
 // (keep noted the row before its publish failed: never read past it).
 func (w *processor) readBackfill(ctx, produceCtx context.Context, txn *offsets.Txn, n *int, keep func(*decode.Event) bool,
-	xmin uint64) (g replication.Gap, again bool, err error) {
+	gi gapInfo) (g replication.Gap, again bool, err error) {
 	p := w.p
-	rows, g, err := p.cfg.Source.GapRows(ctx, xmin, rowSpecs(p.cfg), func(xids []int64) {
+	rows, g, err := p.cfg.Source.GapRows(ctx, gi.Xmin, gi.Repaired, rowSpecs(p.cfg), func(xids []int64) {
 		p.log.Warn("the gap repair waits for transactions that were open when it began: one may hold rows written while "+
 			"the outbox was outside the publication (see pg_stat_activity.backend_xid, pg_prepared_xacts)", "xids", xids)
 	})
@@ -194,6 +198,20 @@ func (w *processor) readBackfill(ctx, produceCtx context.Context, txn *offsets.T
 	k, err := w.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Backfilled }, keep)
 	*n += k
 	return g, err != nil && rows.Err() != nil, err
+}
+
+// readRows is what a repair of g in snapshot read: the rows from g's
+// bound on, and those of the earlier repair it left out. One bound for
+// both takes in, too, the rows between the two bounds that the earlier
+// snapshot did not see: those were written outside any gap (a gap's rows
+// are at or above its bound, and a repair waits for the gap's writers
+// before it reads), so the stream delivers them and no repair needs to.
+func readRows(g gapInfo, snapshot string) offsets.RepairedRows {
+	x := g.Xmin
+	if !g.Repaired.IsZero() {
+		x = min(x, g.Repaired.Xmin)
+	}
+	return offsets.RepairedRows{Xmin: x, Snapshot: snapshot}
 }
 
 // handedOver reports whether txn, just handed over, is the repair's

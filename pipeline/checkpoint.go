@@ -104,7 +104,7 @@ func (k *checkpointer) saveAs(ctx context.Context, saved lsn.LSN, force, clean b
 		c.CommitTime = last.CommitTime // older, so still a lower bound
 	}
 	if gap != nil {
-		c.Gap = &offsets.Gap{Since: gap.Since, Xmin: gap.Xmin}
+		c.Gap = new(*gap)
 	}
 	k.streamed(&c)
 	err := k.store.Save(ctx, c)

@@ -423,7 +423,7 @@ func (su *starter) useCheckpoint(ctx context.Context, pl *plan, res replication.
 	}
 	pl.trusted = &ckpt
 	if g := ckpt.Gap; g != nil {
-		p.rep.load(gapInfo{Since: g.Since, Xmin: g.Xmin}) // begin decides whether this run repairs it
+		p.rep.load(*g) // begin decides whether this run repairs it
 	}
 	return nil
 }

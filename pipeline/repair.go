@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // The gap repair's whole lifecycle, one owner (repair):
@@ -29,10 +30,23 @@ import (
 // gapInfo is what a restart needs to publish the rows the stream could not
 // decode: the position the guard vouched for and the snapshot xmin of the
 // reading behind it. Every row written by a transaction at or above Xmin
-// may have been written while the table was outside the publication.
-type gapInfo struct {
-	Since lsn.LSN
-	Xmin  uint64
+// may have been written while the table was outside the publication, but
+// for the rows an earlier repair read (Repaired, and Pending's once its
+// transaction committed).
+type gapInfo = offsets.Gap
+
+// resolved is the gap a run repairs, given the position committed to
+// Kafka (exactly_once; zero otherwise): a pending repair whose transaction
+// committed is in Kafka, so its rows are left out and only the part found
+// after it is read; one that did not (or at_least_once, which cannot tell)
+// leaves the whole gap to read.
+func resolved(g gapInfo, committed lsn.LSN) gapInfo {
+	p := g.Pending
+	g.Pending = offsets.PendingRepair{}
+	if p.End != 0 && committed >= p.End {
+		g.Xmin, g.Repaired = p.Later, p.Rows
+	}
+	return g
 }
 
 // repair owns the gap and its repair. The fields set at start (decide) are
@@ -42,10 +56,11 @@ type gapInfo struct {
 type repair struct {
 	log *slog.Logger
 
-	gap     atomic.Pointer[gapInfo] // not repaired yet: recorded in every checkpoint
-	clear   atomic.Uint64           // set once the repair committed: the gap is repaired past it
-	pending atomic.Bool             // this run has a repair to commit
-	at      atomic.Uint64           // end of the repair's transaction
+	gap     atomic.Pointer[gapInfo]              // not repaired yet: recorded in every checkpoint
+	clear   atomic.Uint64                        // set once the repair committed: the gap is repaired past it
+	pending atomic.Bool                          // this run has a repair to commit
+	at      atomic.Uint64                        // end of the repair's transaction
+	rows    atomic.Pointer[offsets.RepairedRows] // the rows it read, set with at
 
 	// Set at start, before any goroutine.
 	loaded *gapInfo  // the gap this run repairs (from the checkpoint, or a change while stopped)
@@ -88,6 +103,13 @@ type stoppedChange struct {
 // (readback_repair.go).
 func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bool) {
 	repairs := r.loaded != nil
+	if repairs && r.loaded.Pending != (offsets.PendingRepair{}) {
+		res := resolved(*r.loaded, committed)
+		r.log.Info("the gap holds a repair handed over to Kafka before its later part was found", "committed", committed,
+			"repair_end", r.loaded.Pending.End, "repaired_in_kafka", committed >= r.loaded.Pending.End, "xmin", res.Xmin)
+		r.loaded = &res
+		r.gap.Store(&res)
+	}
 	if repairs && committed > r.loaded.Since {
 		r.log.Info("the gap's rows were published before the restart; not reading them again", "since", r.loaded.Since,
 			"committed", committed)
@@ -104,7 +126,9 @@ func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bo
 			// anchored): it covers this change.
 			ch = nil
 		case old != nil && repairs:
-			gi = &gapInfo{Since: old.Since, Xmin: ch.xmin} // only a lower bound widens it
+			// Only a lower bound widens it; what an earlier repair read
+			// is in Kafka still.
+			gi = &gapInfo{Since: old.Since, Xmin: ch.xmin, Repaired: old.Repaired}
 		case old != nil:
 			lookUp = true // its repair committed: it covers nothing of this change
 		}
@@ -125,13 +149,37 @@ func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bo
 }
 
 // found records a gap the guard found while the connector ran: merged with
-// an earlier one not repaired yet, and cleared only by a later repair.
+// an earlier one not cleared yet, and cleared only by a later repair. If
+// this run's repair of the earlier one was handed over, a restart that
+// finds it committed in Kafka reads only the rows from the new bound on,
+// but for those the repair read (resolved): they were never decodable, so
+// the stream would not tell they are delivered.
 func (r *repair) found(g gapInfo) {
 	if old := r.gap.Load(); old != nil {
-		g = gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin)}
+		later := g.Xmin // the bound of what was found after the pending repair
+		if old.Pending.End != 0 {
+			later = min(later, old.Pending.Later)
+		}
+		g = gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin), Repaired: old.Repaired, Pending: old.Pending}
+		if end, rows, ok := r.handedOver(); ok {
+			g.Pending = offsets.PendingRepair{Rows: rows, End: end}
+		}
+		if g.Pending.End != 0 {
+			g.Pending.Later = later
+		}
 	}
 	r.gap.Store(&g)
 	r.clear.Store(0)
+}
+
+// handedOver is this run's repair once handed over: its transaction's end
+// and the rows it read.
+func (r *repair) handedOver() (lsn.LSN, offsets.RepairedRows, bool) {
+	rows := r.rows.Load()
+	if r.pending.Load() || rows == nil {
+		return 0, offsets.RepairedRows{}, false
+	}
+	return lsn.LSN(r.at.Load()), *rows, true
 }
 
 // open reports whether a gap is recorded, repaired or not.
@@ -142,9 +190,10 @@ func (r *repair) open() bool { return r.gap.Load() != nil }
 func (r *repair) blocksRetention() bool { return r.gap.Load() != nil || r.pending.Load() }
 
 // committed is told that the repair's transaction was handed over, ending
-// at end: once the watermark passes every row's commit (clearAt), the gap
-// is repaired.
-func (r *repair) committed(end, clearAt lsn.LSN) {
+// at end, with the rows it read: once the watermark passes every row's
+// commit (clearAt), the gap is repaired.
+func (r *repair) committed(end, clearAt lsn.LSN, rows offsets.RepairedRows) {
+	r.rows.Store(&rows)
 	r.at.Store(uint64(end))
 	r.pending.Store(false)
 	r.clear.Store(uint64(clearAt))
@@ -185,7 +234,9 @@ func (r *repair) anchor(g *gapInfo, freeze func() lsn.LSN) *gapInfo {
 	if g == nil || freeze == nil || g == r.loaded || g == r.anchored {
 		return g
 	}
-	raised := &gapInfo{Since: max(g.Since, freeze()), Xmin: g.Xmin}
+	up := *g
+	up.Since = max(g.Since, freeze())
+	raised := &up
 	if !r.gap.CompareAndSwap(g, raised) {
 		return g // replaced meanwhile: the next save anchors that one
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // TestRepairDecide: the one decision at start, from the gap the checkpoint
@@ -122,7 +123,7 @@ func TestRepairLifecycle(t *testing.T) {
 	if got, _ := r2.toSave(100, func() lsn.LSN { return 999 }); got.Since != 180 {
 		t.Fatalf("the loaded gap was anchored again: %v", got)
 	}
-	r2.committed(300, 250) // the repair's transaction ends at 300; its rows commit before 250
+	r2.committed(300, 250, offsets.RepairedRows{}) // the repair's transaction ends at 300; its rows commit before 250
 	if r2.pending.Load() {
 		t.Fatal("still pending after the repair was handed over")
 	}
@@ -146,5 +147,71 @@ func TestRepairLifecycle(t *testing.T) {
 	r2.found(gapInfo{Since: 400, Xmin: 90})
 	if got := r2.recorded(1000); got == nil {
 		t.Fatal("a new gap was cleared by the old repair's position")
+	}
+}
+
+// TestRepairGapAfterCommittedRepair: exactly_once. A run repairs a gap
+// (its transaction handed over to Kafka) and, before the watermark clears
+// it, the guard finds a second gap; the two are recorded as one. The
+// restart must not read the first repair's rows again once Kafka holds
+// them: they were never decodable, so nothing in the stream says they are
+// delivered. The long exactly_once chaos run (seed 12424546033271313958)
+// sent 2,288 copies this way after two publication changes 2 s apart.
+func TestRepairGapAfterCommittedRepair(t *testing.T) {
+	r := newRepair(slog.New(slog.DiscardHandler))
+	r.load(gapInfo{Since: 100, Xmin: 50})
+	r.decide(0, nil)
+	read := offsets.RepairedRows{Xmin: 50, Snapshot: "90:95:"}
+	r.committed(300, 250, read) // handed over; the rows commit before 250
+	r.found(gapInfo{Since: 260, Xmin: 80})
+	r.found(gapInfo{Since: 270, Xmin: 85}) // found twice (the guard, then the final check)
+	g, _ := r.toSave(260, func() lsn.LSN { return 320 })
+	if x, ok := r.bound(299); !ok || x != 50 {
+		t.Fatalf("bound = %d, %v: until the first repair is acknowledged a restart may repair from 50", x, ok)
+	}
+
+	// Kafka committed the first repair's transaction: only the second gap is read.
+	r2 := newRepair(slog.New(slog.DiscardHandler))
+	r2.load(*g)
+	r2.decide(320, nil)
+	if got := repairOf(r2); got == nil || got.Xmin != 80 || got.Repaired != read {
+		t.Fatalf("after the first repair committed, the restart repairs %+v; want from the second gap's bound 80, "+
+			"but for the rows the first read", got)
+	}
+	if x, ok := r2.bound(0); !ok || x != 80 {
+		t.Fatalf("bound = %d, %v, want 80 until this repair commits", x, ok)
+	}
+	if g2, changed := r2.toSave(0, func() lsn.LSN { t.Fatal("froze a loaded gap"); return 0 }); !changed ||
+		g2.Xmin != 80 || g2.Repaired != read || g2.Pending != (offsets.PendingRepair{}) {
+		t.Fatalf("the resolved gap is not saved as such: %+v (changed %v)", g2, changed)
+	}
+
+	// Kafka lost it: the restart repairs both, from the first bound.
+	r3 := newRepair(slog.New(slog.DiscardHandler))
+	r3.load(*g)
+	r3.decide(290, nil)
+	if got := repairOf(r3); got == nil || got.Xmin != 50 || !got.Repaired.IsZero() {
+		t.Fatalf("the first repair never committed, the restart repairs %+v; want all from 50", got)
+	}
+
+	// The second restart's repair is handed over too, and a third gap
+	// merges: what both repairs read is left out once the second commits.
+	r2.committed(400, 390, readRows(*repairOf(r2), "120:130:125"))
+	r2.found(gapInfo{Since: 410, Xmin: 110})
+	g3, _ := r2.toSave(0, func() lsn.LSN { return 450 })
+	r4 := newRepair(slog.New(slog.DiscardHandler))
+	r4.load(*g3)
+	r4.decide(450, nil)
+	want := gapInfo{Since: 450, Xmin: 110, Repaired: offsets.RepairedRows{Xmin: 50, Snapshot: "120:130:125"}}
+	if got := repairOf(r4); got == nil || *got != want {
+		t.Fatalf("third restart repairs %+v, want %+v", got, want)
+	}
+	// Kafka lost the second: the first is in Kafka still.
+	r5 := newRepair(slog.New(slog.DiscardHandler))
+	r5.load(*g3)
+	r5.decide(399, nil)
+	want = gapInfo{Since: 450, Xmin: 80, Repaired: read}
+	if got := repairOf(r5); got == nil || *got != want {
+		t.Fatalf("third restart without the second repair repairs %+v, want %+v", got, want)
 	}
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // identityColumns were added after the first release; older tables lack them.
-var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time", "repair_since", "mark", "mark_at", "floor_xid", "stream_state", "clean_stop"}
+var identityColumns = []string{"system_id", "timeline", "database", "gap_since", "gap_xmin", "commit_time", "repair_since", "mark", "mark_at", "floor_xid", "stream_state", "clean_stop", "gap_repaired"}
 
 // TableStore keeps checkpoints in a table of the source database, one row
 // per slot, so they live and fail over with the data they describe.
@@ -90,7 +90,8 @@ func (s *TableStore) DDL() string {
 	mark_at       pg_lsn,
 	floor_xid     bigint,
 	stream_state  text,
-	clean_stop    boolean)`, s.table)
+	clean_stop    boolean,
+	gap_repaired  text)`, s.table)
 }
 
 func (s *TableStore) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -148,7 +149,7 @@ func (s *TableStore) prepare(ctx context.Context, conn *pgx.Conn) error {
 		"ADD COLUMN IF NOT EXISTS commit_time timestamptz, ADD COLUMN IF NOT EXISTS repair_since timestamptz, "+
 		"ADD COLUMN IF NOT EXISTS mark bigint, ADD COLUMN IF NOT EXISTS mark_at pg_lsn, "+
 		"ADD COLUMN IF NOT EXISTS floor_xid bigint, ADD COLUMN IF NOT EXISTS stream_state text, "+
-		"ADD COLUMN IF NOT EXISTS clean_stop boolean", s.table)
+		"ADD COLUMN IF NOT EXISTS clean_stop boolean, ADD COLUMN IF NOT EXISTS gap_repaired text", s.table)
 	if _, err := conn.Exec(ctx, alter); err != nil {
 		return fmt.Errorf("checkpoint store: %s lacks the columns %s (written by an older version) and this role cannot add them (%w); "+
 			"have the table's owner run: %s", s.table, strings.Join(missing, ", "), err, alter)
@@ -185,13 +186,13 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	var gapXmin *int64
 	var commitTime, repairSince *time.Time
 	var mark, floor int64
-	var stream string
+	var stream, repaired string
 	err = conn.QueryRow(ctx, fmt.Sprintf(`SELECT lsn, snapshot_done, updated_at, coalesce(system_id, ''), coalesce(timeline, 0),
 		coalesce(database, ''), gap_since, gap_xmin, commit_time, repair_since, coalesce(mark, 0), coalesce(mark_at, '0/0'),
-		coalesce(floor_xid, 0), coalesce(stream_state, ''), coalesce(clean_stop, false)
+		coalesce(floor_xid, 0), coalesce(stream_state, ''), coalesce(clean_stop, false), coalesce(gap_repaired, '')
 		FROM %s WHERE slot = $1`, s.table), s.slot).
 		Scan(&c.LSN, &c.SnapshotDone, &c.UpdatedAt, &c.SystemID, &c.Timeline, &c.Database, &gapSince, &gapXmin, &commitTime,
-			&repairSince, &mark, &c.MarkAt, &floor, &stream, &c.Clean)
+			&repairSince, &mark, &c.MarkAt, &floor, &stream, &c.Clean, &repaired)
 	c.Mark, c.Floor = uint64(mark), uint64(floor)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return offsets.Checkpoint{}, offsets.ErrNoCheckpoint
@@ -209,6 +210,13 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	}
 	if gapSince != nil && gapXmin != nil {
 		c.Gap = &offsets.Gap{Since: *gapSince, Xmin: uint64(*gapXmin)}
+		if repaired != "" {
+			var r gapRepaired
+			if err := json.Unmarshal([]byte(repaired), &r); err != nil {
+				return offsets.Checkpoint{}, fmt.Errorf("checkpoint store: load: gap_repaired: %w", err)
+			}
+			c.Gap.Repaired, c.Gap.Pending = r.Repaired, r.Pending
+		}
 	}
 	if stream != "" {
 		if err := json.Unmarshal([]byte(stream), &c.Stream); err != nil {
@@ -286,6 +294,13 @@ func (s *TableStore) sameHistory(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+// gapRepaired is the gap_repaired column: what earlier repairs of the gap
+// read (offsets.Gap; since and xmin have columns of their own).
+type gapRepaired struct {
+	Repaired offsets.RepairedRows  `json:"repaired,omitzero"`
+	Pending  offsets.PendingRepair `json:"pending,omitzero"`
+}
+
 func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -293,9 +308,16 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	if err != nil {
 		return err
 	}
-	var gapSince, gapXmin any
+	var gapSince, gapXmin, repairedJSON any
 	if c.Gap != nil {
 		gapSince, gapXmin = c.Gap.Since, int64(c.Gap.Xmin)
+		if !c.Gap.Repaired.IsZero() || c.Gap.Pending != (offsets.PendingRepair{}) {
+			b, err := json.Marshal(gapRepaired{Repaired: c.Gap.Repaired, Pending: c.Gap.Pending})
+			if err != nil {
+				return fmt.Errorf("checkpoint store: save: %w", err)
+			}
+			repairedJSON = string(b)
+		}
 	}
 	var commitTime, repairSince any
 	if !c.CommitTime.IsZero() {
@@ -327,17 +349,18 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 		}
 	}
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
-			gap_since, gap_xmin, commit_time, repair_since, mark, mark_at, floor_xid, stream_state, clean_stop)
-		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15
+			gap_since, gap_xmin, commit_time, repair_since, mark, mark_at, floor_xid, stream_state, clean_stop, gap_repaired)
+		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16
 		WHERE $2::pg_lsn <= `+walPosition+proven+`
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
 			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
 			gap_since = excluded.gap_since, gap_xmin = excluded.gap_xmin, commit_time = excluded.commit_time,
 			repair_since = LEAST(t.repair_since, excluded.repair_since), mark = excluded.mark, mark_at = excluded.mark_at,
-			floor_xid = excluded.floor_xid, stream_state = excluded.stream_state, clean_stop = excluded.clean_stop %s`,
+			floor_xid = excluded.floor_xid, stream_state = excluded.stream_state, clean_stop = excluded.clean_stop,
+			gap_repaired = excluded.gap_repaired %s`,
 		s.table, serverTimeline, where),
 		s.slot, c.LSN, c.SnapshotDone, nullable(c.SystemID), nullable(c.Timeline), nullable(c.Database), gapSince, gapXmin, commitTime,
-		repairSince, mark, markAt, nullable(int64(c.Floor)), stream, c.Clean)
+		repairSince, mark, markAt, nullable(int64(c.Floor)), stream, c.Clean, repairedJSON)
 	if err != nil {
 		s.reset(ctx)
 		return fmt.Errorf("checkpoint store: save: %w", err)

@@ -202,3 +202,44 @@ func TestTableStoreRepairHold(t *testing.T) {
 	defer store.Close()
 	offsetstest.RepairHold(ctx, t, store)
 }
+
+// TestTableStoreKeepsRepairedRows: the gap's record of what earlier
+// repairs read survives a save and a load (gap_repaired), and an older
+// table without the column gets it.
+func TestTableStoreKeepsRepairedRows(t *testing.T) {
+	ctx, pg, conn := startServer(t)
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA old_store; CREATE TABLE old_store.checkpoints (slot text PRIMARY KEY,
+		lsn pg_lsn NOT NULL, snapshot_done boolean NOT NULL DEFAULT false, updated_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	db, err := ParseDB(pg.DSN("postgres"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := db.Identify(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := NewTableStore(db, "old_store.checkpoints", "s")
+	defer store.Close()
+	gaps := []*offsets.Gap{
+		{Since: 0x300, Xmin: 80, Repaired: offsets.RepairedRows{Xmin: 50, Snapshot: "90:95:91"},
+			Pending: offsets.PendingRepair{Rows: offsets.RepairedRows{Xmin: 40, Snapshot: "120:130:"}, End: 0x2f0, Later: 110}},
+		{Since: 0x300, Xmin: 80},
+		nil,
+	}
+	for _, g := range gaps {
+		c := offsets.Checkpoint{LSN: 0x100, SnapshotDone: true, Gap: g,
+			Identity: offsets.Identity{SystemID: id.SystemID, Timeline: id.Timeline, Database: id.Database, Slot: "s"}}
+		if err := store.Save(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		got, err := store.Load(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (got.Gap == nil) != (g == nil) || (g != nil && *got.Gap != *g) {
+			t.Errorf("saved gap %+v, loaded %+v", g, got.Gap)
+		}
+	}
+}

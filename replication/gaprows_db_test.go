@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // TestGapRowsKeepInsertionOrder: the gap repair publishes a transaction's
@@ -82,7 +84,7 @@ func TestGapRowsKeepInsertionOrder(t *testing.T) {
 	}
 	src := Source{DB: db, OutboxTable: OutboxTable{Schema: "public", Table: table}}
 	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
-	rows, g, err := src.GapRows(ctx, xid, []RowSpec{{Mapping: m}}, nil)
+	rows, g, err := src.GapRows(ctx, xid, offsets.RepairedRows{}, []RowSpec{{Mapping: m}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +166,7 @@ func TestGapRowsWaitsForOpenWriters(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rows, _, err := src.GapRows(ctx, xid, []RowSpec{{Mapping: m}}, nil)
+		rows, _, err := src.GapRows(ctx, xid, offsets.RepairedRows{}, []RowSpec{{Mapping: m}}, nil)
 		if err != nil {
 			done <- result{err: err}
 			return
@@ -191,5 +193,69 @@ func TestGapRowsWaitsForOpenWriters(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the repair did not read the table 30 s after the writer committed")
+	}
+}
+
+// TestGapRowsLeaveOutRepairedRows: a second repair of a gap leaves out the
+// rows the first one read (at or above its bound, visible in its
+// snapshot), and reads the rest: rows the first snapshot did not see, and
+// rows below its bound. A rejected snapshot text is a fatal error, not SQL.
+func TestGapRowsLeaveOutRepairedRows(t *testing.T) {
+	ctx, pg, conn := startServer(t)
+	table := fmt.Sprintf("gap_repaired_%d", time.Now().UnixNano()%1e9)
+	if _, err := conn.Exec(ctx, `CREATE TABLE `+table+` (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
+		aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), "DROP TABLE "+table) }()
+	insert := func(name string) uint64 {
+		t.Helper()
+		var xid uint64
+		if err := conn.QueryRow(ctx, "INSERT INTO "+table+" (aggregate_type, aggregate_id, event_type) VALUES ('o', 'a', $1) "+
+			"RETURNING pg_current_xact_id()::text::bigint", name).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		return xid
+	}
+	low := insert("below-first-bound")
+	first := insert("read-by-first")
+	db, err := ParseDB(pg.DSN("postgres"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := Source{DB: db, OutboxTable: OutboxTable{Schema: "public", Table: table}}
+	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
+	read := func(xmin uint64, done offsets.RepairedRows) ([]string, Gap) {
+		t.Helper()
+		rows, g, err := src.GapRows(ctx, xmin, done, []RowSpec{{Mapping: m}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var got []string
+		for rows.Next() {
+			ev, err := rows.Event()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, string(ev.EventType.Bytes))
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return got, g
+	}
+	got, g1 := read(first, offsets.RepairedRows{})
+	if !slices.Equal(got, []string{"read-by-first"}) || g1.Snapshot == "" {
+		t.Fatalf("first repair read %v (snapshot %q), want [read-by-first] and its snapshot", got, g1.Snapshot)
+	}
+	insert("after-first")
+	got, _ = read(low, offsets.RepairedRows{Xmin: first, Snapshot: g1.Snapshot})
+	if want := []string{"below-first-bound", "after-first"}; !slices.Equal(got, want) {
+		t.Fatalf("second repair read %v, want %v", got, want)
+	}
+	_, _, err = src.GapRows(ctx, low, offsets.RepairedRows{Xmin: first, Snapshot: "1:2:'; DROP TABLE x; --"}, nil, nil)
+	if !fault.IsFatal(err) {
+		t.Fatalf("a damaged snapshot text: err %v, want a fatal error", err)
 	}
 }

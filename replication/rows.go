@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/internal/fault"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // RowSpec says what a read of the outbox table returns: the mapped columns
@@ -190,15 +192,23 @@ type Gap struct {
 	// a row inserted in a savepoint), for the log: the stream matches rows,
 	// not transactions (pipeline/backfill.go).
 	Xids map[uint32]bool
+	// Snapshot is the read's snapshot (pg_snapshot text): with the bound,
+	// the rows it read (offsets.RepairedRows).
+	Snapshot string
 }
 
 // GapRows reads the rows written by transactions at or after xmin (a full
 // 64-bit transaction id), in transaction order, from every outbox table in
 // one snapshot (specs[i] for Tables()[i]): the rows of a gap the stream
-// could not decode.
+// could not decode, but for those an earlier repair read (done; zero: none).
 // Before it reads, it waits for the transactions running now (waiting is
 // told which, every gapWaitLog; waitGapWriters).
-func (s Source) GapRows(ctx context.Context, xmin uint64, specs []RowSpec, waiting func(xids []int64)) (*Rows, Gap, error) {
+func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedRows, specs []RowSpec,
+	waiting func(xids []int64)) (*Rows, Gap, error) {
+	if !done.IsZero() && !snapshotText.MatchString(done.Snapshot) {
+		return nil, Gap{}, &fault.FatalError{Reason: "checkpoint", Err: fmt.Errorf("backfill: the checkpoint's repaired rows "+
+			"name the snapshot %q, which is not a pg_snapshot; the checkpoint was edited or damaged", done.Snapshot)}
+	}
 	if err := s.waitGapWriters(ctx, xmin, waiting); err != nil {
 		return nil, Gap{}, err
 	}
@@ -206,7 +216,7 @@ func (s Source) GapRows(ctx context.Context, xmin uint64, specs []RowSpec, waiti
 	if err != nil {
 		return nil, Gap{}, err
 	}
-	g, err := s.gap(ctx, r, xmin, specs)
+	g, err := s.gap(ctx, r, xmin, done, specs)
 	if err != nil {
 		r.Close()
 		return nil, Gap{}, err
@@ -214,16 +224,22 @@ func (s Source) GapRows(ctx context.Context, xmin uint64, specs []RowSpec, waiti
 	return r, g, nil
 }
 
-func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, specs []RowSpec) (Gap, error) {
+func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.RepairedRows, specs []RowSpec) (Gap, error) {
 	// The first statement fixes the snapshot; the WAL position read in it
 	// is past every commit the snapshot sees.
 	var ref uint64
 	var g Gap
-	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "+walPosition).
-		Scan(&ref, &g.ClearAt); err != nil {
+	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "+walPosition+
+		", pg_current_snapshot()::text").Scan(&ref, &g.ClearAt, &g.Snapshot); err != nil {
 		return Gap{}, fmt.Errorf("backfill: %w", err)
 	}
 	filter := xidFilter(ref, xmin)
+	if !done.IsZero() {
+		// pg_visible_in_snapshot (PostgreSQL 13+): PG docs "System Information
+		// Functions", table "Transaction ID and Snapshot Information Functions".
+		filter += fmt.Sprintf(" AND NOT (%s >= %d AND pg_visible_in_snapshot((%s)::text::xid8, '%s'::pg_snapshot))",
+			xid8(ref), done.Xmin, xid8(ref), done.Snapshot)
+	}
 	g.Xids = map[uint32]bool{}
 	for _, t := range s.Tables() {
 		xids, err := r.tx.Query(ctx, "SELECT DISTINCT xmin::text::bigint FROM "+t.qualified()+" WHERE "+filter)
@@ -254,6 +270,10 @@ func xid8(ref uint64) string {
 	full := "(" + strconv.FormatUint(ref&^0xffffffff, 10) + " + xmin::text::bigint)"
 	return fmt.Sprintf("(%s - CASE WHEN %s > %d THEN 4294967296 ELSE 0 END)", full, full, ref)
 }
+
+// snapshotText is pg_snapshot's text form, xmin:xmax:xip,... (the only
+// text the repaired rows' filter puts in SQL).
+var snapshotText = regexp.MustCompile(`^[0-9]+:[0-9]+:([0-9]+(,[0-9]+)*)?$`)
 
 // xidFilter selects the rows written by transactions at or after xmin8.
 func xidFilter(ref, xmin8 uint64) string { return fmt.Sprintf("%s >= %d", xid8(ref), xmin8) }
