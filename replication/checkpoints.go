@@ -210,12 +210,8 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	}
 	if gapSince != nil && gapXmin != nil {
 		c.Gap = &offsets.Gap{Since: *gapSince, Xmin: uint64(*gapXmin)}
-		if repaired != "" {
-			var r gapRepaired
-			if err := json.Unmarshal([]byte(repaired), &r); err != nil {
-				return offsets.Checkpoint{}, fmt.Errorf("checkpoint store: load: gap_repaired: %w", err)
-			}
-			c.Gap.Repaired, c.Gap.Pending = r.Repaired, r.Pending
+		if err := decodeGapRepaired(repaired, c.Gap); err != nil {
+			return offsets.Checkpoint{}, fmt.Errorf("checkpoint store: load: %w", err)
 		}
 	}
 	if stream != "" {
@@ -294,13 +290,6 @@ func (s *TableStore) sameHistory(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// gapRepaired is the gap_repaired column: what earlier repairs of the gap
-// read (offsets.Gap; since and xmin have columns of their own).
-type gapRepaired struct {
-	Repaired offsets.RepairedRows  `json:"repaired,omitzero"`
-	Pending  offsets.PendingRepair `json:"pending,omitzero"`
-}
-
 func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -311,12 +300,8 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	var gapSince, gapXmin, repairedJSON any
 	if c.Gap != nil {
 		gapSince, gapXmin = c.Gap.Since, int64(c.Gap.Xmin)
-		if !c.Gap.Repaired.IsZero() || c.Gap.Pending != (offsets.PendingRepair{}) {
-			b, err := json.Marshal(gapRepaired{Repaired: c.Gap.Repaired, Pending: c.Gap.Pending})
-			if err != nil {
-				return fmt.Errorf("checkpoint store: save: %w", err)
-			}
-			repairedJSON = string(b)
+		if repairedJSON, err = encodeGapRepaired(c.Gap); err != nil {
+			return fmt.Errorf("checkpoint store: save: %w", err)
 		}
 	}
 	var commitTime, repairSince any

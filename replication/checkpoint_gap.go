@@ -1,0 +1,41 @@
+package replication
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/outbox-cdc/outbox-cdc/offsets"
+)
+
+// gapRepaired is the gap_repaired column: what earlier repairs of the gap
+// read (offsets.Gap; since and xmin have columns of their own).
+type gapRepaired struct {
+	Repaired offsets.RepairedRows  `json:"repaired,omitzero"`
+	Pending  offsets.PendingRepair `json:"pending,omitzero"`
+}
+
+// encodeGapRepaired is the column's value for g: NULL when no repair is
+// recorded.
+func encodeGapRepaired(g *offsets.Gap) (any, error) {
+	if g.Repaired.IsZero() && g.Pending == (offsets.PendingRepair{}) {
+		return nil, nil
+	}
+	b, err := json.Marshal(gapRepaired{Repaired: g.Repaired, Pending: g.Pending})
+	if err != nil {
+		return nil, fmt.Errorf("gap_repaired: %w", err)
+	}
+	return string(b), nil
+}
+
+// decodeGapRepaired sets g's repairs from the column's text ("" for NULL).
+func decodeGapRepaired(text string, g *offsets.Gap) error {
+	if text == "" {
+		return nil
+	}
+	var r gapRepaired
+	if err := json.Unmarshal([]byte(text), &r); err != nil {
+		return fmt.Errorf("gap_repaired: %w", err)
+	}
+	g.Repaired, g.Pending = r.Repaired, r.Pending
+	return nil
+}
