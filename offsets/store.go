@@ -88,6 +88,9 @@ type Gap struct {
 	// Pending is a repair handed over to Kafka when the gap's later part
 	// was found: it holds its rows only if its transaction committed.
 	Pending PendingRepair `json:"pending,omitzero"`
+	// LookUp: rows of the gap may be in Kafka from a repair whose rows are
+	// not recorded; the repair looks each up before it publishes it.
+	LookUp bool `json:"look_up,omitempty"`
 }
 
 // RepairedRows are the rows a gap repair read from the table: written by a

@@ -47,6 +47,9 @@ type backfill struct {
 	// read is the rows the repair read, with those an earlier repair did:
 	// once its transaction commits, all are in Kafka (repair.found).
 	read offsets.RepairedRows
+	// publishedAny: the repair published a row; without one, the rows it
+	// read were the stream's and need no Kafka commit of its own.
+	publishedAny bool
 	// in is the tracked transaction the repair's rows joined, until it
 	// commits: a reconnect that aborts it aborts the repair too.
 	in *offsets.Txn
@@ -173,9 +176,10 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 	}
 	b.clearAt = g.ClearAt
 	b.read = readRows(b.gapInfo, g.Snapshot)
+	found := p.b.repaired()
+	b.publishedAny = n > found
 	b.done, b.in = true, txn
 	p.b.holdUntil(b.clearAt)
-	found := p.b.repaired()
 	p.log.Warn("published the rows written while the outbox was outside the publication",
 		"rows", n-found, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped, "found_in_kafka", found)
 	return nil

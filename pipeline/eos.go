@@ -159,7 +159,21 @@ func (e *eos) abort() {
 }
 
 func (e *eos) decoded(pos lsn.LSN) { e.hold.decoded(pos) }
-func (e *eos) pass(pos lsn.LSN)    { e.txn.Pass(pos) }
+
+// pass tells the sink the stream is at pos between transactions, unless
+// the hand-over froze: the transactions before pos were not handed over
+// then, and a repair's Kafka transaction the pass would release would
+// commit rows of theirs with a position below their commits (a restart
+// decodes them again). Under the hand-over's lock, as end: a freeze
+// between the check and the pass would let a position past the gap commit.
+func (e *eos) pass(pos lsn.LSN) {
+	h := &e.handover
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.frozen {
+		e.txn.Pass(pos)
+	}
+}
 
 // holdUntil keeps the repair's Kafka transaction open until the stream
 // passes clearAt: every PostgreSQL transaction whose rows the repair read

@@ -186,7 +186,7 @@ func (w *processor) keepalive(end lsn.LSN) error {
 		p.tracker.Commit(t, end)
 		p.b.end(end)
 		if w.bf.handedOver(t) {
-			p.rep.committed(end, w.bf.clearAt, w.bf.read)
+			p.rep.committed(end, w.bf.clearAt, w.bf.read, w.bf.publishedAny)
 		}
 		w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
 	}
@@ -239,7 +239,7 @@ func (w *processor) commit(end lsn.LSN) error {
 	p.tracker.Commit(w.txn, end)
 	p.b.end(end)
 	if w.bf.handedOver(w.txn) {
-		p.rep.committed(end, w.bf.clearAt, w.bf.read)
+		p.rep.committed(end, w.bf.clearAt, w.bf.read, w.bf.publishedAny)
 	}
 	w.commits.Add(end, w.commitTime)
 	w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)

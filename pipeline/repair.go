@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"log/slog"
+	"math"
 	"sync/atomic"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -35,16 +36,24 @@ import (
 // transaction committed).
 type gapInfo = offsets.Gap
 
+// noXmin is the bound of a gap with nothing left to read: its repairs are
+// in Kafka, and it is kept for what they read (Repaired) until cleared.
+const noXmin = math.MaxUint64
+
 // resolved is the gap a run repairs, given the position committed to
-// Kafka (exactly_once; zero otherwise): a pending repair whose transaction
-// committed is in Kafka, so its rows are left out and only the part found
-// after it is read; one that did not (or at_least_once, which cannot tell)
-// leaves the whole gap to read.
+// Kafka (exactly_once; zero otherwise). A pending repair is in Kafka if it
+// published nothing (End zero: the rows it read were the stream's) or if
+// Kafka's position is at or past its transaction's end: its rows are left
+// out, and only what was found after it (Later; zero: nothing) is read.
+// Otherwise (or in at_least_once, which cannot tell) the whole gap is.
 func resolved(g gapInfo, committed lsn.LSN) gapInfo {
 	p := g.Pending
 	g.Pending = offsets.PendingRepair{}
-	if p.End != 0 && committed >= p.End {
-		g.Xmin, g.Repaired = p.Later, p.Rows
+	if !p.Rows.IsZero() && (p.End == 0 || committed >= p.End) {
+		g.Xmin, g.Repaired = noXmin, p.Rows
+		if p.Later != 0 {
+			g.Xmin = p.Later
+		}
 	}
 	return g
 }
@@ -56,11 +65,12 @@ func resolved(g gapInfo, committed lsn.LSN) gapInfo {
 type repair struct {
 	log *slog.Logger
 
-	gap     atomic.Pointer[gapInfo]              // not repaired yet: recorded in every checkpoint
-	clear   atomic.Uint64                        // set once the repair committed: the gap is repaired past it
-	pending atomic.Bool                          // this run has a repair to commit
-	at      atomic.Uint64                        // end of the repair's transaction
-	rows    atomic.Pointer[offsets.RepairedRows] // the rows it read, set with at
+	gap       atomic.Pointer[gapInfo] // not repaired yet: recorded in every checkpoint
+	clear     atomic.Uint64           // set once the repair committed: the gap is repaired past it
+	pending   atomic.Bool             // this run has a repair to commit
+	at        atomic.Uint64           // end of the repair's transaction
+	foundHere atomic.Bool             // the guard found a gap in this run (anchor)
+	kept      atomic.Bool             // a checkpoint records this run's repair (wasSaved)
 
 	// Set at start, before any goroutine.
 	loaded *gapInfo  // the gap this run repairs (from the checkpoint, or a change while stopped)
@@ -68,7 +78,7 @@ type repair struct {
 
 	// The checkpoint writer's (one at a time: the loop, then the shutdown).
 	saved    *gapInfo // the gap in the last checkpoint saved
-	anchored *gapInfo // the gap anchor raised
+	anchored *gapInfo // the gap anchor raised last
 }
 
 func newRepair(log *slog.Logger) *repair { return &repair{log: log} }
@@ -104,17 +114,26 @@ type stoppedChange struct {
 func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bool) {
 	repairs := r.loaded != nil
 	if repairs && r.loaded.Pending != (offsets.PendingRepair{}) {
+		// Saved before the stream starts (placed): this run's own commits
+		// may pass the pending repair's end, which a later start would
+		// take for that repair's.
 		res := resolved(*r.loaded, committed)
-		r.log.Info("the gap holds a repair handed over to Kafka before its later part was found", "committed", committed,
-			"repair_end", r.loaded.Pending.End, "repaired_in_kafka", committed >= r.loaded.Pending.End, "xmin", res.Xmin)
-		r.loaded = &res
+		r.log.Info("the gap records a repair handed over to Kafka", "committed", committed, "repair_end",
+			r.loaded.Pending.End, "in_kafka", !res.Repaired.IsZero() && res.Repaired == r.loaded.Pending.Rows, "xmin", res.Xmin)
+		r.loaded, placed = &res, true
 		r.gap.Store(&res)
 	}
-	if repairs && committed > r.loaded.Since {
+	if repairs && (committed > r.loaded.Since || r.loaded.Xmin == noXmin) {
 		r.log.Info("the gap's rows were published before the restart; not reading them again", "since", r.loaded.Since,
 			"committed", committed)
 		repairs = false
-		r.clear.Store(uint64(committed))
+		// Kept, with nothing left to read, for what its repairs read: a
+		// gap found before it clears merges with it (found).
+		done := *r.loaded
+		done.Xmin = noXmin
+		r.loaded = &done
+		r.gap.Store(&done)
+		r.clear.Store(uint64(max(committed, done.Since, 1))) // zero: not set
 	}
 	if ch != nil {
 		gi := &gapInfo{Since: ch.since, Xmin: ch.xmin}
@@ -128,9 +147,11 @@ func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bo
 		case old != nil && repairs:
 			// Only a lower bound widens it; what an earlier repair read
 			// is in Kafka still.
-			gi = &gapInfo{Since: old.Since, Xmin: ch.xmin, Repaired: old.Repaired}
+			gi = &gapInfo{Since: old.Since, Xmin: ch.xmin, Repaired: old.Repaired, LookUp: old.LookUp}
 		case old != nil:
-			lookUp = true // its repair committed: it covers nothing of this change
+			// Its repair committed: it covers nothing of this change, and
+			// what it read is in Kafka.
+			gi.Repaired, gi.LookUp = old.Repaired, true
 		}
 		if ch != nil {
 			r.log.Warn("the outbox's publication changed while the connector was stopped: rows written meanwhile may never "+
@@ -144,42 +165,42 @@ func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bo
 	if repairs {
 		r.bf = newBackfill(*r.loaded)
 		r.pending.Store(true)
+		lookUp = r.loaded.LookUp
 	}
 	return placed, lookUp
 }
 
 // found records a gap the guard found while the connector ran: merged with
 // an earlier one not cleared yet, and cleared only by a later repair. If
-// this run's repair of the earlier one was handed over, a restart that
-// finds it committed in Kafka reads only the rows from the new bound on,
-// but for those the repair read (resolved): they were never decodable, so
-// the stream would not tell they are delivered.
+// this run repairs the earlier one, the repair's record (committed) says
+// where the new part begins (Later): a restart that finds that repair in
+// Kafka reads only from there, but for the rows it read (resolved). They
+// were never decodable, so the stream would not tell they are delivered.
 func (r *repair) found(g gapInfo) {
-	if old := r.gap.Load(); old != nil {
-		later := g.Xmin // the bound of what was found after the pending repair
-		if old.Pending.End != 0 {
-			later = min(later, old.Pending.Later)
+	r.foundHere.Store(true)
+	for {
+		old := r.gap.Load()
+		next := g
+		if old != nil {
+			next = gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin), Repaired: old.Repaired,
+				Pending: old.Pending, LookUp: old.LookUp}
+			if r.pending.Load() || !old.Pending.Rows.IsZero() {
+				next.Pending.Later = lowerXmin(old.Pending.Later, g.Xmin)
+			}
 		}
-		g = gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin), Repaired: old.Repaired, Pending: old.Pending}
-		if end, rows, ok := r.handedOver(); ok {
-			g.Pending = offsets.PendingRepair{Rows: rows, End: end}
-		}
-		if g.Pending.End != 0 {
-			g.Pending.Later = later
+		if r.gap.CompareAndSwap(old, &next) {
+			break
 		}
 	}
-	r.gap.Store(&g)
 	r.clear.Store(0)
 }
 
-// handedOver is this run's repair once handed over: its transaction's end
-// and the rows it read.
-func (r *repair) handedOver() (lsn.LSN, offsets.RepairedRows, bool) {
-	rows := r.rows.Load()
-	if r.pending.Load() || rows == nil {
-		return 0, offsets.RepairedRows{}, false
+// lowerXmin is the lower of two bounds, zero standing for none.
+func lowerXmin(a, b uint64) uint64 {
+	if a == 0 || b == 0 {
+		return max(a, b)
 	}
-	return lsn.LSN(r.at.Load()), *rows, true
+	return min(a, b)
 }
 
 // open reports whether a gap is recorded, repaired or not.
@@ -190,22 +211,39 @@ func (r *repair) open() bool { return r.gap.Load() != nil }
 func (r *repair) blocksRetention() bool { return r.gap.Load() != nil || r.pending.Load() }
 
 // committed is told that the repair's transaction was handed over, ending
-// at end, with the rows it read: once the watermark passes every row's
-// commit (clearAt), the gap is repaired.
-func (r *repair) committed(end, clearAt lsn.LSN, rows offsets.RepairedRows) {
-	r.rows.Store(&rows)
+// at end, with the rows it read: the gap records them as pending (resolved),
+// unconditionally if it published none. Once the watermark passes every
+// row's commit (clearAt) the gap is repaired, unless a part was found
+// since (Later), which only a later repair clears.
+func (r *repair) committed(end, clearAt lsn.LSN, rows offsets.RepairedRows, published bool) {
 	r.at.Store(uint64(end))
-	r.pending.Store(false)
-	r.clear.Store(uint64(clearAt))
+	for {
+		cur := r.gap.Load()
+		next := *cur
+		next.Pending.Rows, next.Pending.End = rows, end
+		if !published {
+			next.Pending.End = 0
+		}
+		if r.gap.CompareAndSwap(cur, &next) {
+			if next.Pending.Later == 0 {
+				r.clear.Store(uint64(clearAt))
+			}
+			break
+		}
+	}
+	r.pending.Store(false) // after the record: found reads one or the other
 }
 
 // bound is the gap's xmin bound while a restart would repair it again: the
-// repair did not commit, or the watermark has not passed its transaction.
+// repair did not commit, the watermark has not passed its transaction, or
+// no checkpoint records it yet (one that published nothing moves no
+// position in Kafka: only the record tells a restart its rows are in).
 // exactly_once's hold keeps the slot at or before every transaction from
 // there on (hold.go).
 func (r *repair) bound(acked lsn.LSN) (uint64, bool) {
 	g := r.gap.Load()
-	if g != nil && (r.pending.Load() || acked < lsn.LSN(r.at.Load())) {
+	at := lsn.LSN(r.at.Load())
+	if g != nil && (r.pending.Load() || acked < at || (at != 0 && !r.kept.Load())) {
 		return g.Xmin, true
 	}
 	return 0, false
@@ -218,7 +256,7 @@ func (r *repair) recorded(acked lsn.LSN) *gapInfo {
 	if g == nil {
 		return nil
 	}
-	if c := lsn.LSN(r.clear.Load()); c != 0 && acked >= c && r.gap.CompareAndSwap(g, nil) {
+	if c := lsn.LSN(r.clear.Load()); c != 0 && acked >= c && g.Pending.Later == 0 && r.gap.CompareAndSwap(g, nil) {
 		r.log.Info("gap repaired", "since", g.Since)
 		return nil
 	}
@@ -231,7 +269,7 @@ func (r *repair) recorded(acked lsn.LSN) *gapInfo {
 // handover): every Kafka transaction committed before the restart's repair
 // then ends at or before Since, and the repair's own past it.
 func (r *repair) anchor(g *gapInfo, freeze func() lsn.LSN) *gapInfo {
-	if g == nil || freeze == nil || g == r.loaded || g == r.anchored {
+	if g == nil || freeze == nil || !r.foundHere.Load() || g == r.anchored {
 		return g
 	}
 	up := *g
@@ -256,4 +294,9 @@ func (r *repair) toSave(acked lsn.LSN, freeze func() lsn.LSN) (g *gapInfo, chang
 
 // wasSaved notes the gap of a checkpoint the store holds (saved, or refused as
 // stale: another connector saved past it).
-func (r *repair) wasSaved(g *gapInfo) { r.saved = g }
+func (r *repair) wasSaved(g *gapInfo) {
+	r.saved = g
+	if g == nil || !g.Pending.Rows.IsZero() {
+		r.kept.Store(true)
+	}
+}

@@ -12,6 +12,7 @@ import (
 // holds, the position committed to Kafka and a change found while stopped.
 func TestRepairDecide(t *testing.T) {
 	loaded := &gapInfo{Since: 100, Xmin: 50}
+	rows := offsets.RepairedRows{Xmin: 50, Snapshot: "60:70:"}
 	tests := []struct {
 		name      string
 		loaded    *gapInfo
@@ -27,7 +28,7 @@ func TestRepairDecide(t *testing.T) {
 		{name: "the checkpoint's gap is repaired", loaded: loaded, want: loaded, gap: loaded},
 		{name: "committed at Since: the repair did not commit", loaded: loaded, committed: 100, want: loaded, gap: loaded},
 		{name: "committed past Since: the repair committed before the restart", loaded: loaded, committed: 101,
-			gap: loaded, clear: 101},
+			gap: &gapInfo{Since: 100, Xmin: noXmin}, clear: 101}, // kept, nothing to read, until cleared
 		{name: "a change while stopped places a gap at the start", change: &stoppedChange{why: "w", since: 300, xmin: 70},
 			want: &gapInfo{Since: 300, Xmin: 70}, gap: &gapInfo{Since: 300, Xmin: 70}, placed: true},
 		{name: "a change the pending repair covers", loaded: loaded, change: &stoppedChange{why: "w", since: 300, xmin: 50},
@@ -37,7 +38,25 @@ func TestRepairDecide(t *testing.T) {
 			want:   &gapInfo{Since: 100, Xmin: 40}, gap: &gapInfo{Since: 100, Xmin: 40}, placed: true},
 		{name: "a change after a committed repair gets its own, looked up in Kafka", loaded: loaded, committed: 200,
 			change: &stoppedChange{why: "w", since: 300, xmin: 60},
-			want:   &gapInfo{Since: 300, Xmin: 60}, gap: &gapInfo{Since: 300, Xmin: 60}, placed: true, lookUp: true},
+			want:   &gapInfo{Since: 300, Xmin: 60, LookUp: true}, gap: &gapInfo{Since: 300, Xmin: 60, LookUp: true},
+			placed: true, lookUp: true},
+		{name: "the look-up is recorded with the gap", loaded: &gapInfo{Since: 300, Xmin: 60, LookUp: true},
+			want: &gapInfo{Since: 300, Xmin: 60, LookUp: true}, gap: &gapInfo{Since: 300, Xmin: 60, LookUp: true}, lookUp: true},
+		{name: "a pending repair in Kafka: the part after it, saved before the stream", committed: 112,
+			loaded: &gapInfo{Since: 115, Xmin: 50, Pending: offsets.PendingRepair{Rows: rows, End: 110, Later: 70}},
+			want:   &gapInfo{Since: 115, Xmin: 70, Repaired: rows}, gap: &gapInfo{Since: 115, Xmin: 70, Repaired: rows},
+			placed: true},
+		{name: "a pending repair not in Kafka: all of the gap, saved before the stream", committed: 100,
+			loaded: &gapInfo{Since: 115, Xmin: 50, Pending: offsets.PendingRepair{Rows: rows, End: 110, Later: 70}},
+			want:   &gapInfo{Since: 115, Xmin: 50}, gap: &gapInfo{Since: 115, Xmin: 50}, placed: true},
+		{name: "a repair that published nothing is in Kafka: nothing left", committed: 90,
+			loaded: &gapInfo{Since: 100, Xmin: 50, Pending: offsets.PendingRepair{Rows: rows}},
+			gap:    &gapInfo{Since: 100, Xmin: noXmin, Repaired: rows}, clear: 100, placed: true},
+		{name: "a change after a repair that is in Kafka leaves its rows out", committed: 120,
+			loaded: &gapInfo{Since: 100, Xmin: 50, Pending: offsets.PendingRepair{Rows: rows, End: 110}},
+			change: &stoppedChange{why: "w", since: 300, xmin: 40},
+			want:   &gapInfo{Since: 300, Xmin: 40, Repaired: rows, LookUp: true},
+			gap:    &gapInfo{Since: 300, Xmin: 40, Repaired: rows, LookUp: true}, placed: true, lookUp: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,15 +142,24 @@ func TestRepairLifecycle(t *testing.T) {
 	if got, _ := r2.toSave(100, func() lsn.LSN { return 999 }); got.Since != 180 {
 		t.Fatalf("the loaded gap was anchored again: %v", got)
 	}
-	r2.committed(300, 250, offsets.RepairedRows{}) // the repair's transaction ends at 300; its rows commit before 250
+	read := offsets.RepairedRows{Xmin: 30, Snapshot: "40:41:"}
+	r2.committed(300, 250, read, true) // the repair's transaction ends at 300; its rows commit before 250
 	if r2.pending.Load() {
 		t.Fatal("still pending after the repair was handed over")
 	}
 	if _, ok := r2.bound(299); !ok {
 		t.Fatal("the hold let go before the watermark passed the repair's transaction")
 	}
+	if _, ok := r2.bound(300); !ok {
+		t.Fatal("the hold let go before a checkpoint recorded the repair")
+	}
+	if g, _ := r2.toSave(240, nil); g == nil || g.Pending.Rows != read || g.Pending.End != 300 {
+		t.Fatalf("the checkpoint records %+v, want the repair pending with what it read", g)
+	} else {
+		r2.wasSaved(g)
+	}
 	if _, ok := r2.bound(300); ok {
-		t.Fatal("the hold keeps the bound after the repair is acknowledged")
+		t.Fatal("the hold keeps the bound after the repair is acknowledged and recorded")
 	}
 	if got := r2.recorded(249); got == nil {
 		t.Fatal("the gap was cleared before the watermark passed the repair's rows")
@@ -162,7 +190,7 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 	r.load(gapInfo{Since: 100, Xmin: 50})
 	r.decide(0, nil)
 	read := offsets.RepairedRows{Xmin: 50, Snapshot: "90:95:"}
-	r.committed(300, 250, read) // handed over; the rows commit before 250
+	r.committed(300, 250, read, true) // handed over; the rows commit before 250
 	r.found(gapInfo{Since: 260, Xmin: 80})
 	r.found(gapInfo{Since: 270, Xmin: 85}) // found twice (the guard, then the final check)
 	g, _ := r.toSave(260, func() lsn.LSN { return 320 })
@@ -196,7 +224,7 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 
 	// The second restart's repair is handed over too, and a third gap
 	// merges: what both repairs read is left out once the second commits.
-	r2.committed(400, 390, readRows(*repairOf(r2), "120:130:125"))
+	r2.committed(400, 390, readRows(*repairOf(r2), "120:130:125"), true)
 	r2.found(gapInfo{Since: 410, Xmin: 110})
 	g3, _ := r2.toSave(0, func() lsn.LSN { return 450 })
 	r4 := newRepair(slog.New(slog.DiscardHandler))

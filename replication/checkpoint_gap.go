@@ -12,15 +12,16 @@ import (
 type gapRepaired struct {
 	Repaired offsets.RepairedRows  `json:"repaired,omitzero"`
 	Pending  offsets.PendingRepair `json:"pending,omitzero"`
+	LookUp   bool                  `json:"look_up,omitempty"`
 }
 
 // encodeGapRepaired is the column's value for g: NULL when no repair is
 // recorded.
 func encodeGapRepaired(g *offsets.Gap) (any, error) {
-	if g.Repaired.IsZero() && g.Pending == (offsets.PendingRepair{}) {
+	if g.Repaired.IsZero() && g.Pending == (offsets.PendingRepair{}) && !g.LookUp {
 		return nil, nil
 	}
-	b, err := json.Marshal(gapRepaired{Repaired: g.Repaired, Pending: g.Pending})
+	b, err := json.Marshal(gapRepaired{Repaired: g.Repaired, Pending: g.Pending, LookUp: g.LookUp})
 	if err != nil {
 		return nil, fmt.Errorf("gap_repaired: %w", err)
 	}
@@ -36,6 +37,6 @@ func decodeGapRepaired(text string, g *offsets.Gap) error {
 	if err := json.Unmarshal([]byte(text), &r); err != nil {
 		return fmt.Errorf("gap_repaired: %w", err)
 	}
-	g.Repaired, g.Pending = r.Repaired, r.Pending
+	g.Repaired, g.Pending, g.LookUp = r.Repaired, r.Pending, r.LookUp
 	return nil
 }

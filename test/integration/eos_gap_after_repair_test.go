@@ -20,9 +20,16 @@ import (
 // exactly_once chaos run (seed 12424546033271313958) sent 2,288 copies
 // this way after two publication changes 2 s apart.
 //
-// What keeps the first gap recorded here is the history marks table,
-// locked against writes (a slow primary does the same): no position past
-// the last mark is proven, so no save passes the repair's rows.
+// What keeps the first gap recorded here is a long transaction with an id
+// (a report, a migration): the slot and the checkpoint are held at the
+// first outbox transaction above its id (pipeline/hold.go), which commits
+// before the repair's rows, so no save passes them.
+//
+// Before the fix this run often passed anyway: the restart looked the
+// repair's rows up in Kafka by time (a read-back of the last minute, when
+// the history mark lags the committed position). So the test asserts that
+// the restart decides from the gap's record, as it must once the rows are
+// older than that minute.
 func TestExactlyOnceGapBeforeRepairCleared(t *testing.T) {
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
@@ -42,28 +49,29 @@ func TestExactlyOnceGapBeforeRepairCleared(t *testing.T) {
 	waitFor(t, time.Minute, "before visible", func() bool { return copiesOf(t, topic, "before") == 1 })
 	stopClean(t, p)
 
-	// While stopped: out of the publication and back, rows in between.
+	// While stopped: out of the publication and back, rows in between,
+	// and a writer open across the fix (the repair waits for it).
 	exec1(t, dsn, "ALTER PUBLICATION "+slot+" DROP TABLE outbox")
 	for i := range 3 {
 		committed(t, conn, func(tx pgx.Tx) { row(tx, fmt.Sprintf("flap-%d", i)) })
 	}
-	exec1(t, dsn, "ALTER PUBLICATION "+slot+" ADD TABLE outbox")
-	// A writer open when the repair begins holds it until the marks are locked.
 	wtx, err := pgConnect(t, dsn).Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	row(wtx, "held")
-
-	p = startProcess(t, cfgPath, addr)
-	waitRepairWaits(ctx, t, conn, p, time.Minute)
-	marks, err := pgConnect(t, dsn).Begin(ctx)
+	exec1(t, dsn, "ALTER PUBLICATION "+slot+" ADD TABLE outbox")
+	long, err := pgConnect(t, dsn).Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := marks.Exec(ctx, "LOCK TABLE outbox_cdc.history_marks IN EXCLUSIVE MODE"); err != nil {
+	if _, err := long.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
 		t.Fatal(err)
 	}
+	committed(t, conn, func(tx pgx.Tx) { row(tx, "post") }) // the stream reaches the gap
+
+	p = startProc(t, cfgPath, addr, false, "OUTBOX_CDC_HTTP_LISTEN="+addr)
+	waitRepairWaits(ctx, t, conn, p, time.Minute)
 	if err := wtx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +96,7 @@ func TestExactlyOnceGapBeforeRepairCleared(t *testing.T) {
 	if strings.Contains(p.output(), "gap repaired") {
 		t.Fatalf("the first gap was cleared before the second was found: the case is not set up\n%s", p.output())
 	}
-	if err := marks.Rollback(ctx); err != nil {
+	if err := long.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
 	exec1(t, dsn, "ALTER PUBLICATION "+slot+" ADD TABLE outbox")
@@ -97,7 +105,11 @@ func TestExactlyOnceGapBeforeRepairCleared(t *testing.T) {
 	committed(t, conn, func(tx pgx.Tx) { row(tx, "after") })
 	waitFor(t, time.Minute, "after visible", func() bool { return copiesOf(t, topic, "after") == 1 })
 	stopClean(t, p)
-	for _, name := range []string{"before", "flap-0", "flap-1", "flap-2", "held", "gap2", "after"} {
+	if !strings.Contains(p.output(), `msg="the gap records a repair handed over to Kafka"`) ||
+		!strings.Contains(p.output(), "in_kafka=true") {
+		t.Errorf("the restart did not find the first repair in the gap's record")
+	}
+	for _, name := range []string{"before", "flap-0", "flap-1", "flap-2", "held", "post", "gap2", "after"} {
 		if n := copiesOf(t, topic, name); n != 1 {
 			t.Errorf("%s: %d copies for read_committed, want 1", name, n)
 		}
