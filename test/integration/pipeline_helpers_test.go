@@ -389,3 +389,16 @@ func runBinary(t *testing.T, timeout time.Duration, env []string, args ...string
 	}
 	return code, out
 }
+
+// dropReleasedSlot drops slot once no walsender holds it: the walsender
+// outlives the connector's exit for a moment.
+func dropReleasedSlot(t *testing.T, dsn, slot string) {
+	t.Helper()
+	conn := pgConnect(t, dsn)
+	waitFor(t, time.Minute, "slot "+slot+" released by its walsender", func() bool {
+		var active bool
+		err := conn.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+		return err == nil && !active
+	})
+	exec1(t, dsn, "SELECT pg_drop_replication_slot($1)", slot)
+}

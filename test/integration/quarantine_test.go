@@ -329,16 +329,9 @@ func TestVerifyRepairParksQuarantined(t *testing.T) {
 		insert(t, tx, "outbox", "limited", "agg-1", "Sized", `{"seq": 3}`)
 	})
 	consumeN(t, []string{q.parking}, 1, time.Minute, 0)
-	// No slot: the next rows are never decoded. The walsender outlives the
-	// connector's exit for a moment; the slot is dropped once it lets go.
+	// No slot: the next rows are never decoded.
 	stopClean(t, p)
-	waitFor(t, time.Minute, "the slot released by its walsender", func() bool {
-		var active bool
-		err := conn.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = 'qverify'").
-			Scan(&active)
-		return err == nil && !active
-	})
-	exec1(t, q.dsn, "SELECT pg_drop_replication_slot('qverify')")
+	dropReleasedSlot(t, q.dsn, "qverify")
 	committed(t, conn, func(tx pgx.Tx) {
 		insert(t, tx, "outbox", "limited", "agg-1", "Sized", `{"seq": 4}`)
 		insert(t, tx, "outbox", "limited", "agg-2", "Sized", `{"seq": 201}`)

@@ -29,7 +29,7 @@ func TestRetentionLostSlot(t *testing.T) {
 	stopClean(t, p)
 
 	lost := insertRows(t, conn, "outbox", aggType, 10)
-	exec1(t, dsn, "SELECT pg_drop_replication_slot($1)", slot)
+	dropReleasedSlot(t, dsn, slot)
 	waitFor(t, time.Minute, "the undelivered rows past the retention", func() bool {
 		return queryInt(t, conn, "SELECT count(*) FROM outbox WHERE created_at < now() - make_interval(secs => $1)", retain.Seconds()) == len(lost)
 	})

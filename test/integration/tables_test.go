@@ -304,7 +304,7 @@ func TestTablesVerify(t *testing.T) {
 	consumeN(t, []string{topicFor("ver")}, 10, time.Minute, 0)
 	consumeN(t, []string{billingTopic("ver")}, 10, time.Minute, 0)
 	c.stop(t)
-	exec1(t, dsn, "SELECT pg_drop_replication_slot('tables_verify')")
+	dropReleasedSlot(t, dsn, "tables_verify")
 	for i := 11; i <= 13; i++ { // never decoded: no slot
 		if err := writeBoth(ctx, conn, "ver", "k", i, false); err != nil {
 			t.Fatal(err)

@@ -170,7 +170,7 @@ func TestVerifyRepair(t *testing.T) {
 	// next start creates a new slot at the then current WAL position, so
 	// what was written in between is never decoded.
 	c.stop(t)
-	exec1(t, dsn, "SELECT pg_drop_replication_slot('verify')")
+	dropReleasedSlot(t, dsn, "verify")
 	w.advance(t, 40, "while the slot is gone")
 	startConnector(t, cfg)
 	w.advance(t, 40, "after the new slot")
