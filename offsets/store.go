@@ -8,6 +8,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
@@ -93,16 +96,63 @@ type Gap struct {
 	LookUp bool `json:"look_up,omitempty"`
 }
 
-// RepairedRows are the rows a gap repair read from the table: written by a
-// transaction whose (64-bit) id is at least Xmin and visible in Snapshot
-// (pg_snapshot text, pg_current_snapshot() of the read). Zero: none.
+// RepairedRows are the rows a gap repair read from the table (with those
+// of the repairs before it): every row of a transaction whose (64-bit) id
+// is in [Xmin, Below), which had all ended when it read (Below is its
+// snapshot's xmin; a subtransaction's id is above its parent's, so it
+// ended too), and the rows of the ids listed in Xids (at or above Below,
+// ascending, comma-separated; left out past maxRepairedXids: those rows
+// are read again, copies, never a loss). The read's snapshot itself is not
+// kept: its running list names no subtransaction, and on a standby none.
+// Zero: none.
 type RepairedRows struct {
-	Xmin     uint64 `json:"xmin,omitempty"`
-	Snapshot string `json:"snapshot,omitempty"`
+	Xmin  uint64 `json:"xmin,omitempty"`
+	Below uint64 `json:"below,omitempty"`
+	Xids  string `json:"xids,omitempty"`
 }
 
+// MaxRepairedXids bounds RepairedRows.Xids (about 10 bytes each, saved with
+// every checkpoint while a gap is recorded).
+const MaxRepairedXids = 10000
+
 // IsZero reports no rows.
-func (r RepairedRows) IsZero() bool { return r.Snapshot == "" }
+func (r RepairedRows) IsZero() bool { return r.Below == 0 && r.Xids == "" }
+
+// JoinXids is the Xids text of ids (ascending, no repeats).
+func JoinXids(ids []int64) string {
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	f := make([]string, len(ids))
+	for i, x := range ids {
+		f[i] = strconv.FormatInt(x, 10)
+	}
+	return strings.Join(f, ",")
+}
+
+// SplitXids reads Xids text back (an unparsable entry is dropped: its rows
+// are read again).
+func SplitXids(text string) []int64 {
+	var ids []int64
+	for _, f := range strings.Split(text, ",") {
+		if x, err := strconv.ParseInt(f, 10, 64); err == nil {
+			ids = append(ids, x)
+		}
+	}
+	return ids
+}
+
+// Has reports whether a row written by transaction xid is among the rows.
+func (r RepairedRows) Has(xid uint64) bool {
+	if xid >= r.Xmin && xid < r.Below {
+		return true
+	}
+	for _, f := range strings.Split(r.Xids, ",") {
+		if f == strconv.FormatUint(xid, 10) {
+			return true
+		}
+	}
+	return false
+}
 
 // PendingRepair is a repair whose Kafka transaction ends at End: committed
 // at or past End, Kafka holds Rows, and the gap needs only the rows of

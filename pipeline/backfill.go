@@ -175,13 +175,13 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 		return errSessionDropped
 	}
 	b.clearAt = g.ClearAt
-	b.read = readRows(b.gapInfo, g.Snapshot)
+	b.read = readRows(b.gapInfo, g.Read)
 	found := p.b.repaired()
 	b.publishedAny = n > found
 	b.done, b.in = true, txn
 	p.b.holdUntil(b.clearAt)
 	p.log.Warn("published the rows written while the outbox was outside the publication",
-		"rows", n-found, "since", b.Since, "transactions", len(g.Xids), "skipped_as_delivered", skipped, "found_in_kafka", found)
+		"rows", n-found, "since", b.Since, "transactions", g.Transactions, "skipped_as_delivered", skipped, "found_in_kafka", found)
 	return nil
 }
 
@@ -204,18 +204,27 @@ func (w *processor) readBackfill(ctx, produceCtx context.Context, txn *offsets.T
 	return g, err != nil && rows.Err() != nil, err
 }
 
-// readRows is what a repair of g in snapshot read: the rows from g's
-// bound on, and those of the earlier repair it left out. One bound for
-// both takes in, too, the rows between the two bounds that the earlier
-// snapshot did not see: those were written outside any gap (a gap's rows
-// are at or above its bound, and a repair waits for the gap's writers
-// before it reads), so the stream delivers them and no repair needs to.
-func readRows(g gapInfo, snapshot string) offsets.RepairedRows {
-	x := g.Xmin
-	if !g.Repaired.IsZero() {
-		x = min(x, g.Repaired.Xmin)
+// readRows is what a repair of g read (read), with the rows of the
+// repairs before it, g.Repaired, which it left out. One range up to the
+// newer read's Below takes in, too, rows neither read: those were written
+// outside any gap (a gap's rows are at or above its bound, and a repair
+// waits for the gap's writers before it reads), so the stream delivers
+// them and no repair needs to. Listed ids below that Below fall in it.
+func readRows(g gapInfo, read offsets.RepairedRows) offsets.RepairedRows {
+	if g.Repaired.IsZero() {
+		return read
 	}
-	return offsets.RepairedRows{Xmin: x, Snapshot: snapshot}
+	r := offsets.RepairedRows{Xmin: min(read.Xmin, g.Repaired.Xmin), Below: read.Below}
+	var ids []int64
+	for _, x := range append(offsets.SplitXids(g.Repaired.Xids), offsets.SplitXids(read.Xids)...) {
+		if uint64(x) >= r.Below {
+			ids = append(ids, x)
+		}
+	}
+	if len(ids) <= offsets.MaxRepairedXids {
+		r.Xids = offsets.JoinXids(ids)
+	}
+	return r
 }
 
 // handedOver reports whether txn, just handed over, is the repair's

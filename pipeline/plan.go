@@ -170,6 +170,7 @@ func (su *starter) begin(ctx context.Context, pl *plan) error {
 		return fmt.Errorf("setup: %w", err)
 	}
 	pl.guard, pl.schemaFrom, pl.relIDs = g, g.schemaFrom(), g.relIDs()
+	p.rep.floor = g.Xmin
 	var ch *stoppedChange
 	if c := pl.trusted; c != nil {
 		g.seedFloor(c.LSN, c.Floor)

@@ -184,10 +184,8 @@ func (w *processor) keepalive(end lsn.LSN) error {
 			return err
 		}
 		p.tracker.Commit(t, end)
+		w.recordRepair(t, end)
 		p.b.end(end)
-		if w.bf.handedOver(t) {
-			p.rep.committed(end, w.bf.clearAt, w.bf.read, w.bf.publishedAny)
-		}
 		w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
 	}
 	p.b.decoded(end)
@@ -237,10 +235,8 @@ func (w *processor) commit(end lsn.LSN) error {
 	}
 	p.history.committed(w.id(), end, (w.rows || w.msgs) && !w.skip)
 	p.tracker.Commit(w.txn, end)
+	w.recordRepair(w.txn, end)
 	p.b.end(end)
-	if w.bf.handedOver(w.txn) {
-		p.rep.committed(end, w.bf.clearAt, w.bf.read, w.bf.publishedAny)
-	}
 	w.commits.Add(end, w.commitTime)
 	w.dispatched, w.decoded = max(w.dispatched, end), max(w.decoded, end)
 	p.b.decoded(end)
@@ -410,3 +406,14 @@ type deliveryError struct{ err error }
 
 func (e *deliveryError) Error() string { return "deliver event: " + e.err.Error() }
 func (e *deliveryError) Unwrap() error { return e.err }
+
+// recordRepair records the repair with the gap (repair.committed) when txn,
+// ending at end, is its transaction: before the hand-over, so that no save
+// between the two records a gap found meanwhile without it. A hand-over
+// the freeze then refuses leaves a record whose end Kafka never reaches in
+// this run: the next start reads the gap again.
+func (w *processor) recordRepair(txn *offsets.Txn, end lsn.LSN) {
+	if w.bf.handedOver(txn) {
+		w.p.rep.committed(end, w.bf.clearAt, w.bf.read, w.bf.publishedAny)
+	}
+}

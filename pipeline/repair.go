@@ -73,8 +73,9 @@ type repair struct {
 	kept      atomic.Bool             // a checkpoint records this run's repair (wasSaved)
 
 	// Set at start, before any goroutine.
-	loaded *gapInfo  // the gap this run repairs (from the checkpoint, or a change while stopped)
-	bf     *backfill // the repair the processor runs; nil: none
+	loaded *gapInfo      // the gap this run repairs (from the checkpoint, or a change while stopped)
+	bf     *backfill     // the repair the processor runs; nil: none
+	floor  func() uint64 // the lowest bound a gap found from now on could have (the guard's); nil: none
 
 	// The checkpoint writer's (one at a time: the loop, then the shutdown).
 	saved    *gapInfo // the gap in the last checkpoint saved
@@ -207,8 +208,12 @@ func lowerXmin(a, b uint64) uint64 {
 func (r *repair) open() bool { return r.gap.Load() != nil }
 
 // blocksRetention reports whether rows may be missing from Kafka that only
-// the table holds: a gap recorded, or a repair not committed yet.
-func (r *repair) blocksRetention() bool { return r.gap.Load() != nil || r.pending.Load() }
+// the table holds: a gap recorded with rows left to read, or a repair not
+// committed yet.
+func (r *repair) blocksRetention() bool {
+	g := r.gap.Load()
+	return g != nil && g.Xmin != noXmin || r.pending.Load()
+}
 
 // committed is told that the repair's transaction was handed over, ending
 // at end, with the rows it read: the gap records them as pending (resolved),
@@ -249,18 +254,46 @@ func (r *repair) bound(acked lsn.LSN) (uint64, bool) {
 	return 0, false
 }
 
-// recorded is the gap to record with a checkpoint at acked: nil once the
-// repair committed and the watermark passed every row it published.
+// recorded is the gap to record with a checkpoint at acked. Once the repair
+// committed and the watermark passed every row it published, the gap has
+// nothing left to read; it is kept for what its repairs read until no gap
+// found from now on can reach those rows (floor: the guard's bound, which
+// a gap found while running, or a change found at the next start, takes
+// for its own), then forgotten.
 func (r *repair) recorded(acked lsn.LSN) *gapInfo {
 	g := r.gap.Load()
 	if g == nil {
 		return nil
 	}
-	if c := lsn.LSN(r.clear.Load()); c != 0 && acked >= c && g.Pending.Later == 0 && r.gap.CompareAndSwap(g, nil) {
-		r.log.Info("gap repaired", "since", g.Since)
-		return nil
+	if c := lsn.LSN(r.clear.Load()); c != 0 && acked >= c && g.Pending.Later == 0 {
+		done := gapInfo{Since: g.Since, Xmin: noXmin, Repaired: g.Repaired}
+		if !g.Pending.Rows.IsZero() {
+			done.Repaired = g.Pending.Rows // with g.Repaired (readRows)
+		}
+		switch {
+		case r.floor == nil || done.Repaired.IsZero() || r.floor() >= readAbove(done.Repaired):
+			if r.gap.CompareAndSwap(g, nil) {
+				r.log.Info("gap repaired", "since", g.Since)
+				return nil
+			}
+		case *g != done:
+			if r.gap.CompareAndSwap(g, &done) {
+				r.log.Info("gap repaired; what its repairs read is kept until the guard's bound passes it", "since", g.Since,
+					"bound", readAbove(done.Repaired))
+				return &done
+			}
+		}
 	}
 	return r.gap.Load()
+}
+
+// readAbove is an id above every row among rows.
+func readAbove(rows offsets.RepairedRows) uint64 {
+	x := rows.Below
+	for _, id := range offsets.SplitXids(rows.Xids) {
+		x = max(x, uint64(id)+1)
+	}
+	return x
 }
 
 // anchor returns the gap to record. In exactly_once (freeze not nil), a gap
@@ -272,17 +305,23 @@ func (r *repair) anchor(g *gapInfo, freeze func() lsn.LSN) *gapInfo {
 	if g == nil || freeze == nil || !r.foundHere.Load() || g == r.anchored {
 		return g
 	}
-	up := *g
-	up.Since = max(g.Since, freeze())
-	raised := &up
-	if !r.gap.CompareAndSwap(g, raised) {
-		return g // replaced meanwhile: the next save anchors that one
+	to := freeze()
+	for {
+		up := *g
+		up.Since = max(g.Since, to)
+		if r.gap.CompareAndSwap(g, &up) {
+			r.anchored = &up
+			if up.Since != g.Since {
+				r.log.Info("exactly_once: recording the gap from the last position handed to Kafka", "verified", g.Since, "since", up.Since)
+			}
+			return &up
+		}
+		// Replaced meanwhile (found, committed): never record it unraised,
+		// or a committed position past its Since would read as repaired.
+		if g = r.gap.Load(); g == nil {
+			return nil
+		}
 	}
-	r.anchored = raised
-	if raised.Since != g.Since {
-		r.log.Info("exactly_once: recording the gap from the last position handed to Kafka", "verified", g.Since, "since", raised.Since)
-	}
-	return raised
 }
 
 // toSave is the gap a checkpoint at acked records, and whether it differs

@@ -44,6 +44,7 @@ type rmTrk struct {
 func (w *rmWorld) startRun() *rmRun {
 	w.runs++
 	r := &rmRun{rep: newRepair(slog.New(slog.DiscardHandler)), ver: w.ver, start: w.slot}
+	r.rep.floor = func() uint64 { return r.gxmin } // the guard's bound (plan.go)
 	var ch *stoppedChange
 	var change *gapInfo // for the log
 	if c := w.ck; c != nil {
@@ -86,10 +87,10 @@ func rmGap(g *gapInfo) string {
 	}
 	s := fmt.Sprintf("{since %d, xmin %d", g.Since, g.Xmin)
 	if !g.Repaired.IsZero() {
-		s += fmt.Sprintf(", repaired %d/%s", g.Repaired.Xmin, g.Repaired.Snapshot)
+		s += fmt.Sprintf(", repaired %s", rmRows(g.Repaired))
 	}
 	if p := g.Pending; p != (offsets.PendingRepair{}) {
-		s += fmt.Sprintf(", pending {rows %d/%s, end %d, later %d}", p.Rows.Xmin, p.Rows.Snapshot, p.End, p.Later)
+		s += fmt.Sprintf(", pending {rows %s, end %d, later %d}", rmRows(p.Rows), p.End, p.Later)
 	}
 	return s + "}"
 }
@@ -212,11 +213,12 @@ func (w *rmWorld) repairNow(r *rmRun, txn *offsets.Txn) {
 	}
 	at, snap := w.tick(), w.snapshot()
 	r.bf.published = map[uint64]struct{}{}
-	var pub, seen, inKafka []uint64
+	var pub, seen, inKafka, read []uint64
 	for _, x := range w.ws {
 		if x.final == 0 || !rmReads(g, x.xid) {
 			continue
 		}
+		read = append(read, x.xid)
 		ev := rmEvent(x.xid)
 		if _, ok := r.bf.seen[r.bf.fingerprint(&ev)]; ok {
 			seen = append(seen, x.xid)
@@ -229,7 +231,7 @@ func (w *rmWorld) repairNow(r *rmRun, txn *offsets.Txn) {
 		}
 		r.open, pub = append(r.open, x.xid), append(pub, x.xid)
 	}
-	r.bf.clearAt, r.bf.read, r.bf.publishedAny = at, readRows(g, snap), len(pub) > 0
+	r.bf.clearAt, r.bf.read, r.bf.publishedAny = at, readRows(g, w.readOf(g, read)), len(pub) > 0
 	r.bf.done, r.bf.in = true, txn
 	r.holdTo = at
 	w.logf("the repair of %s reads in snapshot %s: publishes %v, leaves out seen %v, found in Kafka %v",
@@ -345,4 +347,9 @@ func (w *rmWorld) stop(r *rmRun) {
 	}
 	w.save(r, "last")
 	w.logf("run %d stops", w.runs)
+}
+
+// rmRows prints repaired rows: [xmin, below) and the ids listed.
+func rmRows(r offsets.RepairedRows) string {
+	return fmt.Sprintf("[%d,%d)+{%s}", r.Xmin, r.Below, r.Xids)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // The repair model (exactly_once): generated histories of writers, of the
@@ -126,19 +127,21 @@ func (w *rmWorld) snapshot() string {
 	return fmt.Sprintf("%d:%d:%s", w.lowestRunning(), w.next, strings.Join(xip, ","))
 }
 
-// rmVisible is pg_visible_in_snapshot for the committed writers the model
-// has (no aborts: an xid below xmin or not in xip has committed).
-func rmVisible(snap string, xid uint64) bool {
-	f := strings.Split(snap, ":")
-	xmin, _ := strconv.ParseUint(f[0], 10, 64)
-	xmax, _ := strconv.ParseUint(f[1], 10, 64)
-	return xid < xmin || xid < xmax && !slices.Contains(strings.Split(f[2], ","), strconv.FormatUint(xid, 10))
+// readOf is what a read now of g's rows read (GapRows, Gap.Read): its
+// bound, the snapshot's xmin, and the ids at or above it of the rows read.
+func (w *rmWorld) readOf(g gapInfo, ids []uint64) offsets.RepairedRows {
+	below := w.lowestRunning()
+	var listed []int64
+	for _, x := range ids {
+		if x >= below {
+			listed = append(listed, int64(x))
+		}
+	}
+	return offsets.RepairedRows{Xmin: g.Xmin, Below: below, Xids: offsets.JoinXids(listed)}
 }
 
 // rmReads is GapRows's filter (replication/rows.go gap).
-func rmReads(g gapInfo, xid uint64) bool {
-	return xid >= g.Xmin && (g.Repaired.IsZero() || xid < g.Repaired.Xmin || !rmVisible(g.Repaired.Snapshot, xid))
-}
+func rmReads(g gapInfo, xid uint64) bool { return xid >= g.Xmin && !g.Repaired.Has(xid) }
 
 func rmEvent(xid uint64) decode.Event {
 	return decode.Event{ID: decode.Value{Bytes: strconv.AppendUint(nil, xid, 10)}}

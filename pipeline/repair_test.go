@@ -12,7 +12,7 @@ import (
 // holds, the position committed to Kafka and a change found while stopped.
 func TestRepairDecide(t *testing.T) {
 	loaded := &gapInfo{Since: 100, Xmin: 50}
-	rows := offsets.RepairedRows{Xmin: 50, Snapshot: "60:70:"}
+	rows := offsets.RepairedRows{Xmin: 50, Below: 60}
 	tests := []struct {
 		name      string
 		loaded    *gapInfo
@@ -142,7 +142,7 @@ func TestRepairLifecycle(t *testing.T) {
 	if got, _ := r2.toSave(100, func() lsn.LSN { return 999 }); got.Since != 180 {
 		t.Fatalf("the loaded gap was anchored again: %v", got)
 	}
-	read := offsets.RepairedRows{Xmin: 30, Snapshot: "40:41:"}
+	read := offsets.RepairedRows{Xmin: 30, Below: 40}
 	r2.committed(300, 250, read, true) // the repair's transaction ends at 300; its rows commit before 250
 	if r2.pending.Load() {
 		t.Fatal("still pending after the repair was handed over")
@@ -189,7 +189,7 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 	r := newRepair(slog.New(slog.DiscardHandler))
 	r.load(gapInfo{Since: 100, Xmin: 50})
 	r.decide(0, nil)
-	read := offsets.RepairedRows{Xmin: 50, Snapshot: "90:95:"}
+	read := offsets.RepairedRows{Xmin: 50, Below: 90, Xids: "92"}
 	r.committed(300, 250, read, true) // handed over; the rows commit before 250
 	r.found(gapInfo{Since: 260, Xmin: 80})
 	r.found(gapInfo{Since: 270, Xmin: 85}) // found twice (the guard, then the final check)
@@ -224,13 +224,13 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 
 	// The second restart's repair is handed over too, and a third gap
 	// merges: what both repairs read is left out once the second commits.
-	r2.committed(400, 390, readRows(*repairOf(r2), "120:130:125"), true)
+	r2.committed(400, 390, readRows(*repairOf(r2), offsets.RepairedRows{Xmin: 80, Below: 120, Xids: "125"}), true)
 	r2.found(gapInfo{Since: 410, Xmin: 110})
 	g3, _ := r2.toSave(0, func() lsn.LSN { return 450 })
 	r4 := newRepair(slog.New(slog.DiscardHandler))
 	r4.load(*g3)
 	r4.decide(450, nil)
-	want := gapInfo{Since: 450, Xmin: 110, Repaired: offsets.RepairedRows{Xmin: 50, Snapshot: "120:130:125"}}
+	want := gapInfo{Since: 450, Xmin: 110, Repaired: offsets.RepairedRows{Xmin: 50, Below: 120, Xids: "125"}}
 	if got := repairOf(r4); got == nil || *got != want {
 		t.Fatalf("third restart repairs %+v, want %+v", got, want)
 	}

@@ -54,11 +54,12 @@ func (w *rmWorld) rvRepairNow(r *rmRun, txn *offsets.Txn) {
 	}
 	at, snap := w.tick(), w.snapshot()
 	r.bf.published = map[uint64]struct{}{}
-	var pub, seen, inKafka []uint64
+	var pub, seen, inKafka, read []uint64
 	for _, x := range w.ws {
 		if x.final == 0 || !rmReads(g, rvRowXid(x)) {
 			continue
 		}
+		read = append(read, rvRowXid(x))
 		ev := rmEvent(x.xid)
 		if _, ok := r.bf.seen[r.bf.fingerprint(&ev)]; ok {
 			seen = append(seen, x.xid)
@@ -71,7 +72,7 @@ func (w *rmWorld) rvRepairNow(r *rmRun, txn *offsets.Txn) {
 		}
 		r.open, pub = append(r.open, x.xid), append(pub, x.xid)
 	}
-	r.bf.clearAt, r.bf.read, r.bf.publishedAny = at, readRows(g, snap), len(pub) > 0
+	r.bf.clearAt, r.bf.read, r.bf.publishedAny = at, readRows(g, w.readOf(g, read)), len(pub) > 0
 	r.bf.done, r.bf.in = true, txn
 	r.holdTo = at
 	w.logf("the repair of %s (wait up to x%d) reads in snapshot %s: publishes %v, leaves out seen %v, found in Kafka %v",

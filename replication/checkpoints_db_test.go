@@ -223,8 +223,8 @@ func TestTableStoreKeepsRepairedRows(t *testing.T) {
 	store := NewTableStore(db, "old_store.checkpoints", "s")
 	defer store.Close()
 	gaps := []*offsets.Gap{
-		{Since: 0x300, Xmin: 80, Repaired: offsets.RepairedRows{Xmin: 50, Snapshot: "90:95:91"},
-			Pending: offsets.PendingRepair{Rows: offsets.RepairedRows{Xmin: 40, Snapshot: "120:130:"}, End: 0x2f0, Later: 110}},
+		{Since: 0x300, Xmin: 80, Repaired: offsets.RepairedRows{Xmin: 50, Below: 90, Xids: "91,93"},
+			Pending: offsets.PendingRepair{Rows: offsets.RepairedRows{Xmin: 40, Below: 120}, End: 0x2f0, Later: 110}, LookUp: true},
 		{Since: 0x300, Xmin: 80},
 		nil,
 	}

@@ -103,8 +103,8 @@ func TestGapRowsKeepInsertionOrder(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("gap rows in order\n%v\nwant the insertion order\n%v\n(heap order %v)", got, want, byCtid)
 	}
-	if len(g.Xids) != 1 || !g.Xids[uint32(xid)] {
-		t.Fatalf("gap transactions %v, want only %d", g.Xids, xid)
+	if g.Transactions != 1 || !g.Read.Has(xid) {
+		t.Fatalf("gap transactions %d (read %+v), want only %d", g.Transactions, g.Read, xid)
 	}
 }
 
@@ -246,15 +246,21 @@ func TestGapRowsLeaveOutRepairedRows(t *testing.T) {
 		return got, g
 	}
 	got, g1 := read(first, offsets.RepairedRows{})
-	if !slices.Equal(got, []string{"read-by-first"}) || g1.Snapshot == "" {
-		t.Fatalf("first repair read %v (snapshot %q), want [read-by-first] and its snapshot", got, g1.Snapshot)
+	if !slices.Equal(got, []string{"read-by-first"}) || g1.Read.Xmin != first || g1.Read.Below <= first {
+		t.Fatalf("first repair read %v (%+v), want [read-by-first], from %d to past it", got, g1.Read, first)
 	}
 	insert("after-first")
-	got, _ = read(low, offsets.RepairedRows{Xmin: first, Snapshot: g1.Snapshot})
+	got, _ = read(low, g1.Read)
 	if want := []string{"below-first-bound", "after-first"}; !slices.Equal(got, want) {
 		t.Fatalf("second repair read %v, want %v", got, want)
 	}
-	_, _, err = src.GapRows(ctx, low, offsets.RepairedRows{Xmin: first, Snapshot: "1:2:'; DROP TABLE x; --"}, nil, nil)
+	// An id listed at or above Below is left out too.
+	listed := insert("listed")
+	got, _ = read(low, offsets.RepairedRows{Xmin: first, Below: first + 1, Xids: fmt.Sprint(listed)})
+	if want := []string{"below-first-bound", "after-first"}; !slices.Equal(got, want) {
+		t.Fatalf("third read %v, want %v (the listed id left out)", got, want)
+	}
+	_, _, err = src.GapRows(ctx, low, offsets.RepairedRows{Xmin: first, Below: 9, Xids: "1}'; DROP TABLE x; --"}, nil, nil)
 	if !fault.IsFatal(err) {
 		t.Fatalf("a damaged snapshot text: err %v, want a fatal error", err)
 	}

@@ -31,7 +31,7 @@ func TestTableStoreKeepsRepairedRowsReviewStaleColumn(t *testing.T) {
 	defer store.Close()
 	ident := offsets.Identity{SystemID: id.SystemID, Timeline: id.Timeline, Database: id.Database, Slot: "s"}
 	// The newer binary: a gap whose repair was handed over, not cleared yet.
-	stale := offsets.PendingRepair{Rows: offsets.RepairedRows{Xmin: 50, Snapshot: "60:70:"}, End: 0x2f0}
+	stale := offsets.PendingRepair{Rows: offsets.RepairedRows{Xmin: 50, Below: 60}, End: 0x2f0}
 	if err := store.Save(ctx, offsets.Checkpoint{LSN: 0x100, SnapshotDone: true, Identity: ident,
 		Gap: &offsets.Gap{Since: 0x300, Xmin: 80, Pending: stale}}); err != nil {
 		t.Fatal(err)

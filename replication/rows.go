@@ -188,13 +188,13 @@ type Gap struct {
 	// ClearAt is a WAL position past the commit of every row read: once the
 	// watermark passes it, the gap is repaired.
 	ClearAt lsn.LSN
-	// Xids are the (32-bit) ids that wrote the rows (a subtransaction's for
-	// a row inserted in a savepoint), for the log: the stream matches rows,
-	// not transactions (pipeline/backfill.go).
-	Xids map[uint32]bool
-	// Snapshot is the read's snapshot (pg_snapshot text): with the bound,
-	// the rows it read (offsets.RepairedRows).
-	Snapshot string
+	// Transactions counts the ids that wrote the rows (a subtransaction's
+	// for a row inserted in a savepoint), for the log: the stream matches
+	// rows, not transactions (pipeline/backfill.go).
+	Transactions int
+	// Read is what the read read, from its bound (offsets.RepairedRows;
+	// the rows an earlier repair read, left out, are not in it).
+	Read offsets.RepairedRows
 }
 
 // GapRows reads the rows written by transactions at or after xmin (a full
@@ -205,9 +205,9 @@ type Gap struct {
 // told which, every gapWaitLog; waitGapWriters).
 func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedRows, specs []RowSpec,
 	waiting func(xids []int64)) (*Rows, Gap, error) {
-	if !done.IsZero() && !snapshotText.MatchString(done.Snapshot) {
+	if !xidList.MatchString(done.Xids) {
 		return nil, Gap{}, &fault.FatalError{Reason: "checkpoint", Err: fmt.Errorf("backfill: the checkpoint's repaired rows "+
-			"name the snapshot %q, which is not a pg_snapshot; the checkpoint was edited or damaged", done.Snapshot)}
+			"list %q, which is not a list of transaction ids; the checkpoint was edited or damaged", done.Xids)}
 	}
 	if err := s.waitGapWriters(ctx, xmin, waiting); err != nil {
 		return nil, Gap{}, err
@@ -227,22 +227,16 @@ func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedR
 func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.RepairedRows, specs []RowSpec) (Gap, error) {
 	// The first statement fixes the snapshot; the WAL position read in it
 	// is past every commit the snapshot sees.
-	var ref uint64
+	var ref, below uint64
 	var g Gap
-	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "+walPosition+
-		", pg_current_snapshot()::text").Scan(&ref, &g.ClearAt, &g.Snapshot); err != nil {
+	if err := r.tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(s)::text::bigint, pg_snapshot_xmin(s)::text::bigint, "+walPosition+
+		" FROM pg_current_snapshot() s").Scan(&ref, &below, &g.ClearAt); err != nil {
 		return Gap{}, fmt.Errorf("backfill: %w", err)
 	}
-	filter := xidFilter(ref, xmin)
-	if !done.IsZero() {
-		// pg_visible_in_snapshot (PostgreSQL 13+): PG docs "System Information
-		// Functions", table "Transaction ID and Snapshot Information Functions".
-		filter += fmt.Sprintf(" AND NOT (%s >= %d AND pg_visible_in_snapshot((%s)::text::xid8, '%s'::pg_snapshot))",
-			xid8(ref), done.Xmin, xid8(ref), done.Snapshot)
-	}
-	g.Xids = map[uint32]bool{}
+	filter := xidFilter(ref, xmin) + leaveOut(ref, done)
+	var listed []int64
 	for _, t := range s.Tables() {
-		xids, err := r.tx.Query(ctx, "SELECT DISTINCT xmin::text::bigint FROM "+t.qualified()+" WHERE "+filter)
+		xids, err := r.tx.Query(ctx, "SELECT DISTINCT "+xid8(ref)+" FROM "+t.qualified()+" WHERE "+filter)
 		if err != nil {
 			return Gap{}, fmt.Errorf("backfill: %w", err)
 		}
@@ -250,9 +244,16 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.Repa
 		if err != nil {
 			return Gap{}, fmt.Errorf("backfill: %w", err)
 		}
+		g.Transactions += len(ids)
 		for _, x := range ids {
-			g.Xids[uint32(x)] = true
+			if uint64(x) >= below {
+				listed = append(listed, x)
+			}
 		}
+	}
+	g.Read = offsets.RepairedRows{Xmin: xmin, Below: below}
+	if len(listed) <= offsets.MaxRepairedXids {
+		g.Read.Xids = offsets.JoinXids(listed)
 	}
 	// Per aggregate, a writer's transactions get increasing ids; the stream
 	// delivers in commit order, which for one aggregate's serialized writes
@@ -271,9 +272,23 @@ func xid8(ref uint64) string {
 	return fmt.Sprintf("(%s - CASE WHEN %s > %d THEN 4294967296 ELSE 0 END)", full, full, ref)
 }
 
-// snapshotText is pg_snapshot's text form, xmin:xmax:xip,... (the only
-// text the repaired rows' filter puts in SQL).
-var snapshotText = regexp.MustCompile(`^[0-9]+:[0-9]+:([0-9]+(,[0-9]+)*)?$`)
+// xidList is offsets.RepairedRows.Xids (the only text the repaired rows'
+// filter puts in SQL).
+var xidList = regexp.MustCompile(`^([0-9]+(,[0-9]+)*)?$`)
+
+// leaveOut is the filter's part that leaves out the rows an earlier repair
+// read (offsets.RepairedRows.Has).
+func leaveOut(ref uint64, done offsets.RepairedRows) string {
+	if done.IsZero() {
+		return ""
+	}
+	x := xid8(ref)
+	f := fmt.Sprintf(" AND NOT (%s >= %d AND %s < %d", x, done.Xmin, x, done.Below)
+	if done.Xids != "" {
+		f += fmt.Sprintf(" OR %s = ANY('{%s}'::bigint[])", x, done.Xids)
+	}
+	return f + ")"
+}
 
 // xidFilter selects the rows written by transactions at or after xmin8.
 func xidFilter(ref, xmin8 uint64) string { return fmt.Sprintf("%s >= %d", xid8(ref), xmin8) }
