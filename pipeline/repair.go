@@ -335,7 +335,7 @@ func (r *repair) toSave(acked lsn.LSN, freeze func() lsn.LSN) (g *gapInfo, chang
 // stale: another connector saved past it).
 func (r *repair) wasSaved(g *gapInfo) {
 	r.saved = g
-	if g == nil || !g.Pending.Rows.IsZero() {
+	if g == nil || !g.Pending.Rows.IsZero() || g.Xmin == noXmin {
 		r.kept.Store(true)
 	}
 }

@@ -53,7 +53,10 @@ func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time
 	if len(topics) == 0 {
 		return st, nil
 	}
-	starts, err := rd.Admin().ListOffsetsAfterMilli(ctx, since.UnixMilli(), topics...)
+	// Before 1970 (an unknown start less a margin) is from the start: Kafka
+	// reads a negative timestamp as a special offset, or refuses it
+	// (UNSUPPORTED_VERSION).
+	starts, err := rd.Admin().ListOffsetsAfterMilli(ctx, max(since.UnixMilli(), 0), topics...)
 	if err != nil {
 		return st, fmt.Errorf("list offsets at %s: %w", since.Format(time.RFC3339), err)
 	}
