@@ -204,8 +204,12 @@ func lowerXmin(a, b uint64) uint64 {
 	return min(a, b)
 }
 
-// open reports whether a gap is recorded, repaired or not.
-func (r *repair) open() bool { return r.gap.Load() != nil }
+// open reports whether a gap with rows left to read is recorded (a done
+// record, kept for what its repairs read, is not: finalCheck still reads).
+func (r *repair) open() bool {
+	g := r.gap.Load()
+	return g != nil && g.Xmin != noXmin
+}
 
 // blocksRetention reports whether rows may be missing from Kafka that only
 // the table holds: a gap recorded with rows left to read, or a repair not

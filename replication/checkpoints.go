@@ -210,7 +210,7 @@ func (s *TableStore) Load(ctx context.Context) (offsets.Checkpoint, error) {
 	}
 	if gapSince != nil && gapXmin != nil {
 		c.Gap = &offsets.Gap{Since: *gapSince, Xmin: uint64(*gapXmin)}
-		if err := decodeGapRepaired(repaired, c.Gap); err != nil {
+		if err := decodeGapRepaired(repaired, c.UpdatedAt, c.Gap); err != nil {
 			return offsets.Checkpoint{}, fmt.Errorf("checkpoint store: load: %w", err)
 		}
 	}
@@ -335,7 +335,8 @@ func (s *TableStore) save(ctx context.Context, c offsets.Checkpoint, where strin
 	}
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS t (slot, lsn, snapshot_done, updated_at, system_id, timeline, database,
 			gap_since, gap_xmin, commit_time, repair_since, mark, mark_at, floor_xid, stream_state, clean_stop, gap_repaired)
-		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16
+		SELECT $1, $2, $3, now(), $4, CASE WHEN $5::int IS NULL THEN NULL ELSE %s END, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+			`+gapRepairedSQL+`
 		WHERE $2::pg_lsn <= `+walPosition+proven+`
 		ON CONFLICT (slot) DO UPDATE SET lsn = excluded.lsn, snapshot_done = excluded.snapshot_done, updated_at = now(),
 			system_id = excluded.system_id, timeline = excluded.timeline, database = excluded.database,
