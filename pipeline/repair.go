@@ -21,12 +21,16 @@ import (
 //  3. decided, once, at start (decide): the gap the checkpoint holds is
 //     repaired by this run, unless Kafka's committed position is past it
 //     (exactly_once: the repair committed with its position before the
-//     restart); a change while stopped places a gap of its own.
+//     restart); a repair it records as handed over is resolved from that
+//     position (resolved); a change while stopped places a gap of its own.
 //  4. run: where the stream reaches Since the processor reads the rows
-//     back and publishes them (backfill.go, runBackfill); in exactly_once the
-//     slot and the checkpoint are held back meanwhile (hold.go, bound).
-//  5. committed: the repair's transaction was handed over (committed); once
-//     the watermark passes its rows' commits the gap is cleared (recorded).
+//     back, but for those earlier repairs read, and publishes them
+//     (backfill.go, runBackfill); in exactly_once the slot and the
+//     checkpoint are held back meanwhile (hold.go, bound).
+//  5. committed: the repair is recorded with the gap, then its transaction
+//     handed over (committed); once the watermark passes its rows' commits
+//     the gap has nothing left to read, and once the guard's bound passes
+//     the rows its repairs read it is cleared (recorded).
 
 // gapInfo is what a restart needs to publish the rows the stream could not
 // decode: the position the guard vouched for and the snapshot xmin of the
@@ -228,6 +232,9 @@ func (r *repair) committed(end, clearAt lsn.LSN, rows offsets.RepairedRows, publ
 	r.at.Store(uint64(end))
 	for {
 		cur := r.gap.Load()
+		if cur == nil {
+			break // never: only a repair's own clear drops its gap
+		}
 		next := *cur
 		next.Pending.Rows, next.Pending.End = rows, end
 		if !published {
