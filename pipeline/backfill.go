@@ -50,9 +50,6 @@ type backfill struct {
 	// publishedAny: the repair published a row; without one, the rows it
 	// read were the stream's and need no Kafka commit of its own.
 	publishedAny bool
-	// after is the next transaction id read at the run's start, when the
-	// table was back: the repair waits for writers below it (GapRows).
-	after uint64
 	// in is the tracked transaction the repair's rows joined, until it
 	// commits: a reconnect that aborts it aborts the repair too.
 	in *offsets.Txn
@@ -194,7 +191,7 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 func (w *processor) readBackfill(ctx, produceCtx context.Context, txn *offsets.Txn, n *int, keep func(*decode.Event) bool,
 	gi gapInfo) (g replication.Gap, again bool, err error) {
 	p := w.p
-	rows, g, err := p.cfg.Source.GapRows(ctx, gi.Xmin, gi.Repaired, w.bf.after, rowSpecs(p.cfg), func(xids []int64) {
+	rows, g, err := p.cfg.Source.GapRows(ctx, gi.Xmin, gi.Repaired, rowSpecs(p.cfg), func(xids []int64) {
 		p.log.Warn("the gap repair waits for transactions that were open when it began: one may hold rows written while "+
 			"the outbox was outside the publication (see pg_stat_activity.backend_xid, pg_prepared_xacts)", "xids", xids)
 	})

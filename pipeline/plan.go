@@ -178,13 +178,6 @@ func (su *starter) begin(ctx context.Context, pl *plan) error {
 	}
 	placed, lookUp := p.rep.decide(pl.readings.committed, ch)
 	pl.changed = placed
-	if bf := p.rep.bf; bf != nil {
-		// The table is back by now (the guard refuses one outside): a
-		// writer that still writes outside it began before this.
-		if bf.after, err = p.cfg.Source.NextXid(ctx); err != nil {
-			return fmt.Errorf("setup: %w", err)
-		}
-	}
 	if e != nil {
 		if lookUp {
 			e.startReadBack(ctx, time.Time{})

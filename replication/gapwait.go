@@ -19,17 +19,13 @@ const gapWaitLog = 10 * time.Second
 // still open, has ended: it commits after the repair's snapshot would be
 // taken, and the stream never decodes those rows. Such a transaction wrote
 // before the change that brought the table back committed, so its id is
-// below the next id of that moment. That moment is not recorded: the
-// change's own id (the catalog rows it wrote, gapCatalogXid) is below it,
-// but a writer can take its id after the change did and insert before it
-// commits (ADD TABLE does not block inserts). So the bound is after (the
-// next id read after the table was back: NextXid at the run's start), or
-// the catalog's if higher. A transaction that began after that writes with
+// below the next id of that moment; the catalog rows that change wrote
+// (gapCatalogXid) give it. A transaction that began after it writes with
 // the table in the publication, and is decoded: the repair need not wait
-// for it. It waits as long as they run (an idle-in-transaction session or
-// a prepared transaction holds the repair, and with it the stream, back),
-// saying which every gapWaitLog.
-func (s Source) waitGapWriters(ctx context.Context, xmin, after uint64, waiting func(xids []int64)) error {
+// for it. It waits as long as they run (an idle-in-transaction session
+// holds the repair, and with it the stream, back), saying which every
+// gapWaitLog.
+func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xids []int64)) error {
 	conn, err := s.Writer().connect(ctx)
 	if err != nil {
 		return fmt.Errorf("backfill: connect: %w", err)
@@ -39,7 +35,6 @@ func (s Source) waitGapWriters(ctx context.Context, xmin, after uint64, waiting 
 	if err != nil {
 		return err
 	}
-	upper = max(upper, int64(after))
 	const running = "SELECT coalesce(array_agg(x::text::bigint), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x " +
 		"WHERE x::text::bigint >= $1 AND x::text::bigint <= $2"
 	logged := time.Now()
@@ -61,47 +56,6 @@ func (s Source) waitGapWriters(ctx context.Context, xmin, after uint64, waiting 
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// NextXid is an id above every transaction that began before now, on the
-// server the connector writes to (nextXid).
-func (s Source) NextXid(ctx context.Context) (uint64, error) {
-	conn, err := s.Writer().connect(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("next transaction id: connect: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var standby bool
-	var xmax int64
-	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery(), pg_snapshot_xmax(pg_current_snapshot())::text::bigint").
-		Scan(&standby, &xmax); err != nil {
-		return 0, fmt.Errorf("next transaction id: %w", err)
-	}
-	if standby {
-		return uint64(xmax), nil
-	}
-	x, err := nextXid(ctx, conn)
-	return uint64(x), err
-}
-
-// nextXid is an id assigned and rolled back: above every transaction that
-// began before, and, once it ended, below the xmax of later snapshots, so
-// that those list every transaction below it still running (a snapshot's
-// xmax is the newest ended id's successor: a running one above it is not
-// listed). A standby assigns none: its xmax stands in, which misses a
-// writer newer than the newest transaction that ended.
-func nextXid(ctx context.Context, conn *pgx.Conn) (int64, error) {
-	var next int64
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&next); err != nil {
-			return err
-		}
-		return errRollback
-	})
-	if err != nil && !errors.Is(err, errRollback) {
-		return 0, fmt.Errorf("backfill: read the next transaction id: %w", err)
-	}
-	return next, nil
 }
 
 // gapCatalogXid is the newest full transaction id among the catalog rows
@@ -139,7 +93,17 @@ func (s Source) gapCatalogXid(ctx context.Context, conn *pgx.Conn) (int64, error
 	if standby {
 		return xmax, nil
 	}
-	return nextXid(ctx, conn)
+	var next int64
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&next); err != nil {
+			return err
+		}
+		return errRollback
+	})
+	if err != nil && !errors.Is(err, errRollback) {
+		return 0, fmt.Errorf("backfill: read the next transaction id: %w", err)
+	}
+	return next, nil
 }
 
 // waitReplay waits, when the stream reads a standby and the wait ran on the

@@ -38,15 +38,8 @@ import (
 
 func reviewReadGap(ctx context.Context, t *testing.T, src Source, xmin uint64, done offsets.RepairedRows) ([]string, Gap) {
 	t.Helper()
-	return reviewReadGapAfter(ctx, t, src, xmin, done, 0)
-}
-
-// reviewReadGapAfter is reviewReadGap with the run start's next id (GapRows after).
-func reviewReadGapAfter(ctx context.Context, t *testing.T, src Source, xmin uint64, done offsets.RepairedRows,
-	after uint64) ([]string, Gap) {
-	t.Helper()
 	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
-	rows, g, err := src.GapRows(ctx, xmin, done, after, []RowSpec{{Mapping: m}}, nil)
+	rows, g, err := src.GapRows(ctx, xmin, done, []RowSpec{{Mapping: m}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -201,16 +201,15 @@ type Gap struct {
 // 64-bit transaction id), in transaction order, from every outbox table in
 // one snapshot (specs[i] for Tables()[i]): the rows of a gap the stream
 // could not decode, but for those an earlier repair read (done; zero: none).
-// Before it reads, it waits for the transactions running now that began
-// before after (NextXid read once the table was back; zero: the catalog's
-// bound alone) (waiting is told which, every gapWaitLog; waitGapWriters).
-func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedRows, after uint64, specs []RowSpec,
+// Before it reads, it waits for the transactions running now (waiting is
+// told which, every gapWaitLog; waitGapWriters).
+func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedRows, specs []RowSpec,
 	waiting func(xids []int64)) (*Rows, Gap, error) {
 	if !xidList.MatchString(done.Xids) {
 		return nil, Gap{}, &fault.FatalError{Reason: "checkpoint", Err: fmt.Errorf("backfill: the checkpoint's repaired rows "+
 			"list %q, which is not a list of transaction ids; the checkpoint was edited or damaged", done.Xids)}
 	}
-	if err := s.waitGapWriters(ctx, xmin, after, waiting); err != nil {
+	if err := s.waitGapWriters(ctx, xmin, waiting); err != nil {
 		return nil, Gap{}, err
 	}
 	r, err := s.begin(ctx, "backfill")
