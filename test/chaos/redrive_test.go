@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -360,7 +361,19 @@ func (r *run) opsParkingRetention(ctx context.Context) (_ string, err error) {
 	if err != nil {
 		r.opsFailed(fOpsParkingRetention, "%v", err)
 	}
-	if d := lostMismatch(named, deleted); d != "" {
+	// The deleted range may also hold the quarantine's first event (parked
+	// behind its dead letter, which the redrive would republish), and a
+	// parked copy of an event a redrive of an earlier episode delivered:
+	// naming them is no mismatch (two fresh-clone short runs, seeds
+	// 13259229869989021183 twice, named the first).
+	check := maps.Clone(named)
+	for id := range check {
+		if id == ep.first.ID || !slices.ContainsFunc(deleted, func(e event) bool { return e.ID == id }) &&
+			len(r.live.copiesOf(r.bigTopic, id)) > 0 {
+			delete(check, id)
+		}
+	}
+	if d := lostMismatch(check, deleted); d != "" {
 		r.opsFailed(fOpsParkingRetention, "the refusal names other events than retention deleted: %s\n%s", d, out)
 	}
 	if r.rd.lost == nil {
@@ -368,8 +381,9 @@ func (r *run) opsParkingRetention(ctx context.Context) (_ string, err error) {
 	}
 	for id, at := range named {
 		// A parked copy of an event a redrive delivered before (the
-		// quarantine is a copy's, syncBig) is no loss.
-		if len(r.live.copiesOf(r.bigTopic, id)) == 0 {
+		// quarantine is a copy's, syncBig) is no loss; nor is the first
+		// event, whose dead letter verify finds.
+		if id != ep.first.ID && len(r.live.copiesOf(r.bigTopic, id)) == 0 {
 			r.rd.lost[id] = at
 		}
 	}
