@@ -15,11 +15,7 @@ package pipeline
 
 import (
 	"fmt"
-	"maps"
 	"math/rand/v2"
-	"os"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -227,26 +223,7 @@ func rvHistory(seed uint64) (kind, problem string, w *rmWorld) {
 // TestRepairReviewModelRealWait: the model's histories with the real wait.
 // OUTBOX_CDC_MODEL_CASES sets the number of histories, as for the model.
 func TestRepairReviewModelRealWait(t *testing.T) {
-	n := 20000
-	if s := os.Getenv("OUTBOX_CDC_MODEL_CASES"); s != "" {
-		n, _ = strconv.Atoi(s)
-	}
-	shortest, lines, failed := map[string]string{}, map[string]int{}, 0
-	for seed := range uint64(n) {
-		kind, problem, w := rvHistory(seed)
-		if kind == "" {
-			continue
-		}
-		failed++
-		if l, ok := lines[kind]; !ok || len(w.log) < l {
-			lines[kind] = len(w.log)
-			shortest[kind] = fmt.Sprintf("\n== %s: seed %d: %s\n%s\n", kind, seed, problem, strings.Join(w.log, "\n"))
-		}
-	}
-	if failed > 0 {
-		t.Fatalf("%d of %d histories failed; the shortest of each kind:\n%s", failed, n,
-			strings.Join(slices.Sorted(maps.Values(shortest)), ""))
-	}
+	checkModel(t, rvHistory)
 }
 
 // rvBefore, when set, makes the guard's bound the real one
@@ -275,28 +252,11 @@ func (w *rmWorld) rvGuardRead(r *rmRun) {
 // repair's rows, and nothing records them (the record was cleared with the
 // gap): they go again.
 func TestRepairReviewModelGuardBefore(t *testing.T) {
-	n := 20000
-	if s := os.Getenv("OUTBOX_CDC_MODEL_CASES"); s != "" {
-		n, _ = strconv.Atoi(s)
-	}
 	defer func() { rvBefore = nil }()
-	shortest, lines, failed := map[string]string{}, map[string]int{}, 0
-	for seed := range uint64(n) {
+	checkModel(t, func(seed uint64) (string, string, *rmWorld) {
 		rvBefore = map[*rmRun]uint64{}
-		kind, problem, w := rvHistory(seed)
-		if kind == "" {
-			continue
-		}
-		failed++
-		if l, ok := lines[kind]; !ok || len(w.log) < l {
-			lines[kind] = len(w.log)
-			shortest[kind] = fmt.Sprintf("\n== %s: seed %d: %s\n%s\n", kind, seed, problem, strings.Join(w.log, "\n"))
-		}
-	}
-	if failed > 0 {
-		t.Fatalf("%d of %d histories failed; the shortest of each kind:\n%s", failed, n,
-			strings.Join(slices.Sorted(maps.Values(shortest)), ""))
-	}
+		return rvHistory(seed)
+	})
 }
 
 // rvSubs, when set, gives writers whose row is inserted in a subtransaction
@@ -317,26 +277,9 @@ func rvRowXid(x *rmWriter) uint64 {
 // for completed when its top-level transaction is in xip). FAILS at
 // 0105cfc: undecodable rows lost.
 func TestRepairReviewModelSavepoints(t *testing.T) {
-	n := 20000
-	if s := os.Getenv("OUTBOX_CDC_MODEL_CASES"); s != "" {
-		n, _ = strconv.Atoi(s)
-	}
 	defer func() { rvSubs = nil }()
-	shortest, lines, failed := map[string]string{}, map[string]int{}, 0
-	for seed := range uint64(n) {
+	checkModel(t, func(seed uint64) (string, string, *rmWorld) {
 		rvSubs = map[*rmWriter]uint64{}
-		kind, problem, w := rvHistory(seed)
-		if kind == "" {
-			continue
-		}
-		failed++
-		if l, ok := lines[kind]; !ok || len(w.log) < l {
-			lines[kind] = len(w.log)
-			shortest[kind] = fmt.Sprintf("\n== %s: seed %d: %s\n%s\n", kind, seed, problem, strings.Join(w.log, "\n"))
-		}
-	}
-	if failed > 0 {
-		t.Fatalf("%d of %d histories failed; the shortest of each kind:\n%s", failed, n,
-			strings.Join(slices.Sorted(maps.Values(shortest)), ""))
-	}
+		return rvHistory(seed)
+	})
 }
