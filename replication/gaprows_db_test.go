@@ -136,7 +136,11 @@ func TestGapRowsWaitsForOpenWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The table comes back into the publication while the writer is open;
-	// a writer that begins after that is decoded, and not waited for.
+	// a transaction that begins after that and holds nothing of the outbox
+	// (a long report, a migration of another table) is not waited for. (One
+	// that writes the outbox is, when open at the repair's start: it may
+	// have inserted before the change committed, with an id above the
+	// change's; TestGapRowsReview2WriterBetweenReAddAndItsCommit.)
 	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+table+" FOR TABLE "+table); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +155,7 @@ func TestGapRowsWaitsForOpenWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = ltx.Rollback(context.Background()) }()
-	if _, err := ltx.Exec(ctx, "INSERT INTO "+table+" (aggregate_type, aggregate_id, event_type) VALUES ('o', 'b', 'after')"); err != nil {
+	if _, err := ltx.Exec(ctx, "CREATE TABLE "+table+"_other (a int); INSERT INTO "+table+"_other VALUES (1)"); err != nil {
 		t.Fatal(err)
 	}
 	db, err := ParseDB(pg.DSN("postgres"), nil)

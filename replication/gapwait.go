@@ -18,13 +18,20 @@ const gapWaitLog = 10 * time.Second
 // have inserted rows while a table was outside the publication, and is
 // still open, has ended: it commits after the repair's snapshot would be
 // taken, and the stream never decodes those rows. Such a transaction wrote
-// before the change that brought the table back committed, so its id is
-// below the next id of that moment; the catalog rows that change wrote
-// (gapCatalogXid) give it. A transaction that began after it writes with
-// the table in the publication, and is decoded: the repair need not wait
-// for it. It waits as long as they run (an idle-in-transaction session
-// holds the repair, and with it the stream, back), saying which every
-// gapWaitLog.
+// before the change that brought the table back committed. Two kinds:
+//   - ids up to that change's own (the catalog rows it wrote, gapCatalogXid):
+//     each is waited for, whatever it touched;
+//   - ids above it: a writer that took its id after the change did and
+//     inserted before it committed (ADD TABLE's ShareUpdateExclusiveLock
+//     does not conflict with INSERT's RowExclusiveLock). It still holds that
+//     lock on the outbox table (locks last until the transaction ends), so
+//     those open now that hold a lock on an outbox table, or a partition of
+//     one, are waited for (outboxLockHolders). Later ones write with the
+//     table back, and are decoded; unrelated long transactions hold nothing
+//     of the outbox, and the repair does not wait for them.
+//
+// It waits as long as they run (an idle-in-transaction session holds the
+// repair, and with it the stream, back), saying which every gapWaitLog.
 func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xids []int64)) error {
 	conn, err := s.Writer().connect(ctx)
 	if err != nil {
@@ -35,12 +42,24 @@ func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xi
 	if err != nil {
 		return err
 	}
-	const running = "SELECT coalesce(array_agg(x::text::bigint), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x " +
-		"WHERE x::text::bigint >= $1 AND x::text::bigint <= $2"
+	above, err := s.outboxLockHolders(ctx, conn, max(upper+1, int64(xmin)))
+	if err != nil {
+		return err
+	}
+	// A snapshot's xip lists the running ids below its xmax, the newest
+	// ended id + 1; a running id at or above xmax is not listed, so the ids
+	// above the catalog's (an id that ended since is below xmax) are
+	// running when listed or at or above xmax (PG docs, "pg_snapshot").
+	// The comment names the wait in pg_stat_activity.
+	const running = `/* outbox-cdc: the gap repair waits */ WITH s AS (SELECT pg_current_snapshot() AS s)
+		SELECT coalesce(array_agg(x), '{}') FROM (
+			SELECT x::text::bigint AS x FROM s, pg_snapshot_xip(s.s) x WHERE x::text::bigint >= $1 AND x::text::bigint <= $2
+			UNION SELECT a FROM s, unnest($3::bigint[]) a
+				WHERE a >= pg_snapshot_xmax(s.s)::text::bigint OR a::text::xid8 IN (SELECT pg_snapshot_xip(s.s))) r`
 	logged := time.Now()
 	for {
 		var open []int64
-		if err := conn.QueryRow(ctx, running, int64(xmin), upper).Scan(&open); err != nil {
+		if err := conn.QueryRow(ctx, running, int64(xmin), upper, above).Scan(&open); err != nil {
 			return fmt.Errorf("backfill: read the running transactions: %w", err)
 		}
 		if len(open) == 0 {
@@ -56,6 +75,37 @@ func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xi
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// outboxLockHolders lists the open transactions with a full id at or above
+// from that hold a lock on an outbox table or one of its partitions (an
+// insert into a partitioned table locks the partition too). It is read
+// once (pg_partition_tree lists nothing for a table outside a partition
+// tree, so the tables are listed themselves): a transaction that takes such a lock later writes with the table
+// back in the publication. A prepared transaction keeps its locks, with
+// its virtual transaction id, and is listed too. Every transaction with an
+// id holds the ExclusiveLock on it (PG docs, "pg_locks": "Every
+// transaction holds an exclusive lock on its transaction ID").
+func (s Source) outboxLockHolders(ctx context.Context, conn *pgx.Conn, from int64) ([]int64, error) {
+	var tables []string
+	for _, t := range s.Tables() {
+		tables = append(tables, t.qualified())
+	}
+	var ids []int64
+	err := conn.QueryRow(ctx, `WITH rels AS (
+			SELECT to_regclass(t) AS relid FROM unnest($1::text[]) t
+			UNION SELECT p.relid FROM unnest($1::text[]) t, pg_partition_tree(to_regclass(t)) p),
+		r AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS ref),
+		x AS (SELECT DISTINCT l.virtualtransaction, (r.ref & ~4294967295::bigint) + l.transactionid::text::bigint
+					- CASE WHEN (r.ref & ~4294967295::bigint) + l.transactionid::text::bigint > r.ref THEN 4294967296 ELSE 0 END AS id
+				FROM pg_locks l, r WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted)
+		SELECT coalesce(array_agg(DISTINCT x.id), '{}') FROM x JOIN pg_locks l ON l.virtualtransaction = x.virtualtransaction
+			WHERE l.locktype = 'relation' AND l.granted AND l.relation IN (SELECT relid FROM rels) AND x.id >= $2`,
+		tables, from).Scan(&ids)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: read the transactions that hold a lock on the outbox: %w", err)
+	}
+	return ids, nil
 }
 
 // gapCatalogXid is the newest full transaction id among the catalog rows

@@ -47,6 +47,16 @@ func (l *longTxn) insert() {
 	l.next++
 }
 
+// takeID gives the transaction its id without writing the outbox: it holds
+// the guard's bound, and the gap repair does not wait for it (it holds no
+// lock on the outbox).
+func (l *longTxn) takeID() {
+	l.t.Helper()
+	if _, err := l.tx.Exec(l.ctx, "SELECT pg_current_xact_id()"); err != nil {
+		l.t.Fatalf("long transaction %d: %v", l.w, err)
+	}
+}
+
 func (l *longTxn) commit() {
 	l.t.Helper()
 	if err := l.tx.Commit(l.ctx); err != nil {
@@ -146,9 +156,12 @@ func gapRepairOnce(t *testing.T, slot string, committed bool, during func(t *tes
 	longs := []*longTxn{below, spans, inside}
 	var holder *longTxn
 	if committed {
-		// Open across the kill: its id keeps the gap in the checkpoint.
+		// Open across the kill: its id keeps the gap in the checkpoint. It
+		// writes its row only after the kill: an outbox writer open when the
+		// repair starts is waited for (it may have written before the re-add
+		// committed, with an id above the re-add's).
 		holder = beginLong(ctx, t, dsn, agg, 13, 1)
-		holder.insert()
+		holder.takeID()
 		longs = append(longs, holder)
 	}
 	p = startProc(t, cfgPath, addr, false)
@@ -170,6 +183,7 @@ func gapRepairOnce(t *testing.T, slot string, committed bool, during func(t *tes
 	p = startProcess(t, cfgPath, addr)
 	running = p
 	if holder != nil {
+		holder.insert()
 		holder.commit()
 	}
 	waitFor(t, 2*time.Minute, "writers' minimum", func() bool { return written.Load() >= writers*min })

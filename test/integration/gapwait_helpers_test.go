@@ -19,7 +19,7 @@ func waitRepairWaits(ctx context.Context, t *testing.T, probe *pgx.Conn, p *proc
 			t.Fatalf("connector exited before its gap repair waited: %v\n%s", p.proc.Err(), p.output())
 		}
 		var n int
-		err := probe.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%array_agg(x::text::bigint)%pg_snapshot_xip%' "+
+		err := probe.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '/* outbox-cdc: the gap repair waits */%' "+
 			"AND pid <> pg_backend_pid()").Scan(&n)
 		return err == nil && n > 0
 	})
