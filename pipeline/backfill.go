@@ -59,6 +59,11 @@ func newBackfill(g gapInfo) *backfill {
 	return &backfill{gapInfo: g, seen: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
 }
 
+// quiet reports whether no repair is pending or skips rows the stream
+// decodes: the stream's transactions then decode the same events on every
+// run, and may be committed in parts.
+func (b *backfill) quiet() bool { return b == nil || b.done && b.published == nil }
+
 // pending reports whether the repair has yet to be handed over.
 func (b *backfill) pending() bool { return b != nil && !b.done }
 

@@ -9,12 +9,20 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
+	"github.com/outbox-cdc/outbox-cdc/sink/exactlyonce"
 )
 
 // boundary is what the processor tells the sink about PostgreSQL
 // transactions, chosen once at start (newSink): exactly_once's hand-over
 // (eos), or nothing (atLeastOnce). The processor never looks at the mode.
 type boundary interface {
+	// begin: the transaction xid, committing at final, begins; plain says
+	// no gap repair depends on it, so that it may be committed in parts.
+	// resumed: some of its events were committed before (a part).
+	begin(xid uint32, final lsn.LSN, plain bool) (resumed bool)
+	// resuming: a transaction committed in part before the start is yet
+	// to be decoded again.
+	resuming() bool
 	// note: an outbox transaction (xid, committing at final) was decoded,
 	// published or skipped.
 	note(xid uint32, final lsn.LSN)
@@ -44,7 +52,9 @@ type boundary interface {
 // sees records only.
 type atLeastOnce struct{}
 
-func (atLeastOnce) note(uint32, lsn.LSN) {}
+func (atLeastOnce) begin(uint32, lsn.LSN, bool) bool { return false }
+func (atLeastOnce) resuming() bool                  { return false }
+func (atLeastOnce) note(uint32, lsn.LSN)            {}
 func (atLeastOnce) end(lsn.LSN)          {}
 func (atLeastOnce) abort()               {}
 func (atLeastOnce) decoded(lsn.LSN)      {}
@@ -61,6 +71,10 @@ func (atLeastOnce) freezer() func() lsn.LSN { return nil }
 // txnBoundary is the transactional sink's side of the processor: it is
 // told where each PostgreSQL transaction ends, or that it was cut short.
 type txnBoundary interface {
+	BeginTxn(id exactlyonce.TxnID, allowed, passOver bool)
+	Resumes(id exactlyonce.TxnID) bool
+	Resuming() bool
+	KeepWhole()
 	EndTxn(end lsn.LSN)
 	AbortTxn()
 	// HoldUntil keeps the Kafka transaction open until a PostgreSQL
@@ -136,6 +150,24 @@ func appTimestamps(cfg Config) bool {
 	return false
 }
 
+// begin lets the sink commit a transaction too large for one Kafka
+// transaction in parts, unless a gap repair or the read-back could make it
+// decode to other events on another run, or the hand-over froze. One
+// committed in part before is split on: the repair waits for its commit
+// (process.go), and its rows are the same on every run.
+func (e *eos) begin(xid uint32, final lsn.LSN, plain bool) bool {
+	h := &e.handover
+	h.mu.Lock()
+	frozen := h.frozen
+	h.mu.Unlock()
+	id := exactlyonce.TxnID{Final: final, Xid: xid}
+	readBack := e.readBack != nil && !e.readBack.done
+	e.txn.BeginTxn(id, (plain || e.txn.Resumes(id)) && !frozen && !readBack, !readBack)
+	return e.txn.Resumes(id)
+}
+
+func (e *eos) resuming() bool { return e.txn.Resuming() }
+
 func (e *eos) note(xid uint32, final lsn.LSN) { e.hold.add(xid, final) }
 
 func (e *eos) end(end lsn.LSN) {
@@ -185,6 +217,13 @@ func (e *eos) inKafka(ctx context.Context, rec *router.Record, commit time.Time)
 	return e.readBack.inKafka(ctx, rec, commit)
 }
 
-func (e *eos) repairing(on bool)       { e.readBack.repairing(on) }
+// repairing also keeps the rest of the open transaction whole: the
+// repair's rows are no part of what the stream decodes again.
+func (e *eos) repairing(on bool) {
+	e.readBack.repairing(on)
+	if on {
+		e.txn.KeepWhole()
+	}
+}
 func (e *eos) repaired() int           { return e.readBack.repaired() }
 func (e *eos) freezer() func() lsn.LSN { return e.handover.freeze }

@@ -173,8 +173,10 @@ func (w *processor) keepalive(end lsn.LSN) error {
 	if w.txn != nil {
 		return nil // only a position between transactions is one
 	}
-	if w.bf.idle(end) {
-		// The repair alone, committing the keepalive's position.
+	if w.bf.idle(end) && !p.b.resuming() {
+		// The repair alone, committing the keepalive's position (after a
+		// transaction committed in part is decoded again: it would read
+		// its rows).
 		t := p.tracker.Begin()
 		if err := w.runBackfill(w.ctx, w.produceCtx, w.bf, t); err != nil {
 			if errors.Is(err, errSessionDropped) { // no Reset aborts t: it is no open transaction
@@ -204,9 +206,13 @@ func (w *processor) begin(b *decode.Begin) error {
 		return errReplayDone
 	}
 	w.txn = p.tracker.Begin()
-	if w.bf.due(b.FinalLSN) {
+	resumed := p.b.begin(b.Xid, b.FinalLSN, w.bf.quiet())
+	if w.bf.due(b.FinalLSN) && !resumed && !p.b.resuming() {
 		// The repair's rows first, in this transaction: they were written
-		// before it committed.
+		// before it committed. A transaction committed in part before the
+		// start takes them at its commit instead (commit: ends), once its
+		// rows are decoded, so that the repair leaves its rows out; so
+		// nothing before it runs the repair either.
 		if err := w.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
 			return err
 		}
@@ -224,7 +230,7 @@ func (w *processor) begin(b *decode.Begin) error {
 
 func (w *processor) commit(end lsn.LSN) error {
 	p := w.p
-	if w.bf.ends(end) {
+	if w.bf.ends(end) && !p.b.resuming() {
 		// Its commit record straddles Since: the repair joins it.
 		if err := w.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
 			return err

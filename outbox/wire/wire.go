@@ -49,6 +49,17 @@ const (
 	HeaderCommitTime = "commit_time" // commit time, RFC 3339 UTC with microseconds
 )
 
+// Headers of the events of a PostgreSQL transaction that kafka.delivery
+// exactly_once committed in more than one Kafka transaction (one too large
+// for one: more than kafka.max_buffered_records events). Every event of such
+// a transaction carries both; a transaction committed whole carries neither.
+// A consumer that needs the transaction's atomicity keeps its events until
+// the part whose HeaderTxnPart says "i/i" (the last) arrives.
+const (
+	HeaderTxn     = "txn"      // the transaction: its xid and commit LSN, e.g. 734@0/16B3748
+	HeaderTxnPart = "txn_part" // its part, from 1: "2" for a part before the last, "3/3" for the last of three
+)
+
 // Headers a dead letter adds to the record it replaces. The dead letter keeps
 // the record's key, value, timestamp and headers; in front of them go
 // HeaderError and, when the broker refused the record, HeaderTopic. A row the

@@ -117,7 +117,9 @@ func (t *Txn) commit(ctx context.Context) error {
 	t.commitMu.Lock()
 	defer t.commitMu.Unlock()
 	t.mu.Lock()
-	b, end := t.batch, t.end
+	// A part of a transaction (split.go) may be the first thing this run
+	// hands over: its position is the one committed.
+	b, end := t.batch, max(t.end, lsn.LSN(t.committed.Load()))
 	t.batch = nil
 	t.mu.Unlock()
 	if len(b) == 0 {
@@ -178,6 +180,7 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 	for _, e := range b {
 		rec := new(kgo.Record)
 		*rec = e.rec.Record // a copy per attempt: the client writes into it
+		withPart(rec, e)
 		if !e.alone {
 			cl.Produce(ctx, rec, e.promise)
 			continue
@@ -194,7 +197,11 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 		}
 	}
 	t.noteTopics(b, t.txnSeq)
-	pos, err := t.positionRecord(end, t.txnSeq)
+	part := partOf(b)
+	if len(b) == 0 {
+		part = t.lastPart // the position again, alone (probe)
+	}
+	pos, err := t.positionRecord(end, t.txnSeq, part)
 	if err != nil {
 		return t.abort(ctx, err)
 	}

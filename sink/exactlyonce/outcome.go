@@ -40,6 +40,7 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 		t.unsure = nil
 		if committed {
 			t.committed.Store(uint64(u.end))
+			t.noteCommitted(u.entries)
 			t.delivered(u.entries)
 			if len(*b) == 0 {
 				return true, nil
@@ -58,6 +59,7 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 	switch {
 	case err == nil:
 		t.committed.Store(uint64(end))
+		t.noteCommitted(*b)
 		t.delivered(*b)
 		return true, nil
 	case errors.Is(err, errUnconfirmed):
@@ -65,6 +67,15 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 		*b = nil
 	}
 	return false, err
+}
+
+// noteCommitted keeps the Part of the position b's Kafka transaction
+// committed; one without events (the probe) committed the last one again.
+// Called with commitMu held.
+func (t *Txn) noteCommitted(b []*entry) {
+	if len(b) > 0 {
+		t.lastPart = partOf(b)
+	}
 }
 
 func (t *Txn) delivered(b []*entry) {

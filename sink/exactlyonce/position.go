@@ -52,12 +52,18 @@ type Position struct {
 	// for a hanging transaction on their partitions (hanging.go). Empty in
 	// records of versions before it: the positions partition alone.
 	Topics []string `json:"topics,omitempty"`
+	// Part: the first events of the PostgreSQL transaction after LSN are
+	// committed too (a transaction committed in parts, split.go); nil when
+	// LSN ends the last transaction committed, and in records of versions
+	// before it.
+	Part *Part `json:"part,omitempty"`
 }
 
-// positionRecord is the record that commits end with transaction txn.
-func (t *Txn) positionRecord(end lsn.LSN, txn uint64) (*kgo.Record, error) {
+// positionRecord is the record that commits end, and part, with
+// transaction txn.
+func (t *Txn) positionRecord(end lsn.LSN, txn uint64, part *Part) (*kgo.Record, error) {
 	pos := Position{LSN: end, Source: t.cfg.Source, Committed: time.Now().UTC(),
-		Timeline: t.timeline.Load(), Txn: txn, Instance: t.instance, Topics: t.topicsWritten()}
+		Timeline: t.timeline.Load(), Txn: txn, Instance: t.instance, Topics: t.topicsWritten(), Part: part}
 	t.mu.Lock()
 	handed := end <= t.end // this run handed it over, so decoded it
 	t.mu.Unlock()

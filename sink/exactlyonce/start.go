@@ -45,6 +45,10 @@ func (t *Txn) Start(ctx context.Context) (Position, error) {
 	}
 	t.committed.Store(uint64(pos.LSN))
 	t.prior = pos
+	// A transaction committed in part: the stream sends it again, and its
+	// committed events are passed over (split.go).
+	t.lastPart = pos.Part
+	t.split.resume, t.split.started = pos.Part, pos.Part != nil
 	t.txnSeq = pos.Txn
 	t.wg.Add(1)
 	go t.loop()

@@ -133,6 +133,12 @@ type Txn struct {
 	// hang is the hang check's state (hanging.go); guarded by commitMu
 	// after Start.
 	hang hangState
+	// lastPart is the Part of the last position committed (split.go);
+	// guarded by commitMu.
+	lastPart *Part
+	// split is the open PostgreSQL transaction's state (split.go), the
+	// caller's of the hand-over only.
+	split split
 
 	timeline atomic.Int32 // stamped on position records (SetTimeline)
 
@@ -148,6 +154,10 @@ type entry struct {
 	suspect bool  // refused together with others: sent alone next time
 	alone   bool  // sent alone in this attempt
 	err     error // this attempt's outcome
+	// sp marks an event of a split transaction (split.go); idx is its
+	// index in that transaction.
+	sp  *splitMark
+	idx int
 }
 
 // New creates the transactional producer. It does not contact the
@@ -211,13 +221,19 @@ func (t *Txn) batchMax(topic string) int32 {
 func (t *Txn) TransactionalID() string { return t.txnID }
 
 // Produce keeps rec (which may be reused when Produce returns) in the
-// PostgreSQL transaction being handed over. It does not block.
+// PostgreSQL transaction being handed over. It blocks only to commit a part
+// of a transaction too large to keep whole (split.go); an event committed
+// in a part before (a restart, a reconnect) is delivered at once.
 func (t *Txn) Produce(ctx context.Context, rec *router.Record, done sink.Done) error {
 	if err := ctx.Err(); err != nil {
 		done.Delivered(sink.Outcome{Err: err})
 		return err
 	}
-	e := &entry{rec: kafka.NewEvent(rec, t.cfg.Sink.DLQTopic), done: done}
+	if over, err := t.passOver(rec); over {
+		done.Delivered(sink.Outcome{Err: err})
+		return err
+	}
+	e := &entry{rec: kafka.NewEvent(rec, t.cfg.Sink.DLQTopic), done: done, idx: t.split.index - 1}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -225,6 +241,11 @@ func (t *Txn) Produce(ctx context.Context, rec *router.Record, done sink.Done) e
 		return nil
 	}
 	t.open = append(t.open, e)
+	t.split.bytes += e.rec.Size()
+	if t.due() {
+		t.cut(ctx) // unlocks
+		return nil
+	}
 	t.mu.Unlock()
 	return nil
 }
@@ -234,6 +255,7 @@ func (t *Txn) Produce(ctx context.Context, rec *router.Record, done sink.Done) e
 // backpressure) when MaxRecords events wait, else within Interval.
 func (t *Txn) EndTxn(end lsn.LSN) {
 	t.mu.Lock()
+	t.endSplit()
 	if len(t.open) == 0 && len(t.batch) == 0 {
 		// Nothing of it to publish: the tracker moves past it alone.
 		t.mu.Unlock()
@@ -318,6 +340,7 @@ func (t *Txn) AbortTxn() {
 	for _, e := range open {
 		e.done.Delivered(sink.Outcome{Err: kgo.ErrAborting})
 	}
+	t.abortSplit()
 }
 
 // SetTimeline records the timeline the stream is on: the start's, then each

@@ -1,0 +1,293 @@
+package exactlyonce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/internal/fault"
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+	"github.com/outbox-cdc/outbox-cdc/router"
+)
+
+// A PostgreSQL transaction of more events than MaxRecords is not kept whole:
+// its events are cut into parts of MaxRecords, each committed in a Kafka
+// transaction of its own with the position, so memory and every Kafka
+// transaction stay bounded whatever the PostgreSQL transaction's size. The
+// position's LSN stays at the end of the last whole transaction (what a
+// restart streams from, and what the gap's rules compare); its Part says how
+// many of the next transaction's events are committed. The stream sends that
+// transaction again, whole, after a restart or a reconnect, in the same
+// order (the WAL's), and the producer passes over the committed ones: the
+// last of them is checked against a fingerprint, so a transaction that
+// decodes to other events stops the run instead of losing or repeating any.
+// The last part is never empty (a part is cut once an event more waits), so
+// its events say "last" to consumers (wire.HeaderTxnPart).
+
+// TxnID names a PostgreSQL transaction: its xid and the LSN of its commit
+// record (BEGIN's final LSN), unique within the server's history.
+type TxnID struct {
+	Final lsn.LSN
+	Xid   uint32
+}
+
+func (id TxnID) String() string { return strconv.FormatUint(uint64(id.Xid), 10) + "@" + id.Final.String() }
+
+// Part is a position record's note that the first Events events of the
+// PostgreSQL transaction Final/Xid are committed, in Parts Kafka
+// transactions; Last is the fingerprint of the last of them.
+type Part struct {
+	Final  lsn.LSN `json:"final"`
+	Xid    uint32  `json:"xid"`
+	Events int     `json:"events"`
+	Parts  int     `json:"parts"`
+	Last   uint64  `json:"last"`
+}
+
+func (p *Part) id() TxnID { return TxnID{Final: p.Final, Xid: p.Xid} }
+
+// splitMark is shared by the events of one part: which transaction, which
+// part, whether it is the last, and for a part before the last how many
+// events of the transaction it completes and the fingerprint of its last.
+type splitMark struct {
+	id     TxnID
+	part   int
+	last   bool
+	events int
+	fp     uint64
+}
+
+// partOf is the Part a Kafka transaction whose events end with b's last
+// records: nil when it ends a PostgreSQL transaction.
+func partOf(b []*entry) *Part {
+	if len(b) == 0 {
+		return nil
+	}
+	m := b[len(b)-1].sp
+	if m == nil || m.last {
+		return nil
+	}
+	return &Part{Final: m.id.Final, Xid: m.id.Xid, Events: m.events, Parts: m.part, Last: m.fp}
+}
+
+// split is the hand-over's state of the open PostgreSQL transaction. Only
+// the caller of BeginTxn, Produce, EndTxn and AbortTxn (the processor)
+// touches it.
+type split struct {
+	id      TxnID
+	allowed bool
+	index   int // events of the transaction handed over so far, passed over ones too
+	parts   int // parts cut
+	bytes   int // of the events waiting in open
+	// skip events are committed already (resume); skipFP is the last's.
+	skip   int
+	skipFP uint64
+	// committed is how many of its events are committed, and fp the
+	// fingerprint of the last of them: what a reconnect passes over.
+	committed int
+	fp        uint64
+	// resume is what Start read, or a reconnect left: the transaction it
+	// names passes over its committed events when it begins again. Read
+	// at start, the stream must send that transaction again (it starts
+	// below it); a reconnect's can be ended by a freeze instead.
+	resume  *Part
+	started bool
+}
+
+// BeginTxn tells the producer which PostgreSQL transaction the events
+// handed over until EndTxn or AbortTxn belong to. allowed says whether it
+// may be split (the pipeline keeps a transaction whole while a gap repair,
+// or a read-back of what Kafka holds, depends on it). One split before is
+// passed over up to what is committed, unless passOver is false: a
+// read-back looks its events up in Kafka then, and holds back those found
+// (passing them over too would skip as many others).
+func (t *Txn) BeginTxn(id TxnID, allowed, passOver bool) {
+	s := &t.split
+	r, started := s.resume, s.started
+	*s = split{id: id, allowed: allowed, resume: r, started: started}
+	switch {
+	case r == nil:
+	case r.id() == id && !passOver:
+		s.resume, s.started = nil, false
+	case r.id() == id:
+		s.skip, s.skipFP, s.parts = r.Events, r.Last, r.Parts
+		s.committed, s.fp = r.Events, r.Last
+		s.started = false // decoded again, as it must be
+	case id.Final > r.Final && !started:
+		s.resume = nil
+	case id.Final > r.Final:
+		t.failSplit(fmt.Sprintf("the PostgreSQL transaction %v, of which %d events are committed to Kafka in %d parts, "+
+			"was not decoded again: the stream is past it at %v", r.id(), r.Events, r.Parts, id))
+	}
+}
+
+// KeepWhole keeps the rest of the open transaction in one Kafka
+// transaction (a gap repair's rows join it).
+func (t *Txn) KeepWhole() { t.split.allowed = false }
+
+// Resumes reports whether id is a transaction of which some events were
+// committed before (a part) and the rest not yet.
+func (t *Txn) Resumes(id TxnID) bool {
+	r := t.split.resume
+	return r != nil && r.id() == id
+}
+
+// Resuming reports whether a transaction committed in part before the
+// start is yet to be decoded again: nothing may be published before it (a
+// gap repair would read its rows).
+func (t *Txn) Resuming() bool { return t.split.resume != nil && t.split.started }
+
+// passOver reports whether rec, the next event of the open transaction, was
+// committed before; the last such is checked against its fingerprint.
+func (t *Txn) passOver(rec *router.Record) (bool, error) {
+	s := &t.split
+	i := s.index
+	s.index++
+	if i >= s.skip {
+		return false, nil
+	}
+	if i == s.skip-1 && fingerprint(rec.Topic, rec.Key, rec.Value) != s.skipFP {
+		return true, t.failSplit(fmt.Sprintf("the PostgreSQL transaction %v decodes to other events than the %d committed "+
+			"to Kafka before: event %d differs (topic %s)", s.id, s.skip, s.skip, rec.Topic))
+	}
+	return true, nil
+}
+
+// errSplit: a split transaction does not come back as it was committed.
+var errSplit = errors.New("split transaction")
+
+// failSplit stops the run: passing over the wrong events would lose some,
+// publishing them all would repeat some.
+func (t *Txn) failSplit(problem string) error {
+	err := &fault.PrerequisiteError{Problem: problem,
+		Fix: "the outbox's rows, the routing configuration or the slot changed since; compare the topic with the table " +
+			"(outbox-cdc verify), then forget the position with a tombstone for its key in " + t.cfg.Positions +
+			" and start again (docs/operations.md, Exactly-once delivery)"}
+	if t.cfg.Fail != nil {
+		t.cfg.Fail(fmt.Errorf("%w: %w", errSplit, err))
+	}
+	return err
+}
+
+// due reports whether the open transaction has a part to cut: an event
+// more than MaxRecords waits (or more than the buffered bytes), it may be
+// split, no gap repair holds the Kafka transaction, and a position exists to
+// commit with the part (the very first transaction of a source is kept
+// whole: position 0 means none, and would start a read-back).
+func (t *Txn) due() bool {
+	s := &t.split
+	if !s.allowed || t.hold != 0 || len(t.open) < 2 {
+		return false
+	}
+	if len(t.open) <= t.cfg.MaxRecords && int64(s.bytes) <= t.partBytes() {
+		return false
+	}
+	return t.end != 0 || t.committed.Load() != 0
+}
+
+// partBytes bounds a part's bytes: kafka.max_buffered_bytes, or 32 MiB.
+func (t *Txn) partBytes() int64 {
+	if n := t.cfg.Sink.MaxBufferedBytes; n > 0 {
+		return n
+	}
+	return 32 << 20
+}
+
+// cut makes every event waiting in open but the newest a part, joins it to
+// what waits and commits it, until ctx or the producer ends. Called with mu
+// held; it releases it.
+func (t *Txn) cut(ctx context.Context) {
+	s := &t.split
+	n := len(t.open) - 1
+	part, rest := t.open[:n:n], []*entry{t.open[n]}
+	s.parts++
+	last := part[n-1]
+	m := &splitMark{id: s.id, part: s.parts, events: last.idx + 1, fp: fingerprint(last.rec.Topic, last.rec.Key, last.rec.Value)}
+	for _, e := range part {
+		e.sp = m
+	}
+	t.open, s.bytes = rest, rest[0].rec.Size()
+	if len(t.batch) == 0 {
+		t.since = time.Now()
+	}
+	t.batch = append(t.batch, part...)
+	t.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.ctx, cancel)()
+	_ = t.commit(ctx) // outcomes went to the events' Done; given back, what waits carries its marks
+	if p := t.lastCommitted(); p != nil && p.id() == s.id && p.Events >= m.events {
+		s.committed, s.fp = p.Events, p.Last
+	}
+}
+
+// lastCommitted is the Part of the last position committed.
+func (t *Txn) lastCommitted() *Part {
+	t.commitMu.Lock()
+	defer t.commitMu.Unlock()
+	return t.lastPart
+}
+
+// endSplit marks the rest of a split transaction its last part, and
+// forgets the transaction: events handed over without a BeginTxn (the
+// snapshot's, a repair's alone) are never split. What to pass over is kept
+// until its transaction ends.
+func (t *Txn) endSplit() {
+	s := &t.split
+	if s.parts > 0 && len(t.open) > 0 {
+		m := &splitMark{id: s.id, part: s.parts + 1, last: true}
+		for _, e := range t.open {
+			e.sp = m
+		}
+	}
+	r, started := s.resume, s.started
+	if r != nil && r.id() == s.id {
+		r, started = nil, false // passed over, and ended
+	}
+	*s = split{resume: r, started: started}
+}
+
+// abortSplit keeps what a reconnect must pass over, the events of the open
+// transaction committed so far, and forgets the rest.
+func (t *Txn) abortSplit() {
+	s := &t.split
+	r, started := s.resume, s.started
+	if s.committed > 0 {
+		r = &Part{Final: s.id.Final, Xid: s.id.Xid, Events: s.committed, Parts: s.parts, Last: s.fp}
+	}
+	*s = split{resume: r, started: started}
+}
+
+// fingerprint identifies an event across runs: its topic, key and value as
+// the router made them (a dead letter is made later, from the same).
+func fingerprint(topic string, key, value []byte) uint64 {
+	h := fnv.New64a()
+	for _, b := range [][]byte{[]byte(topic), key, value} {
+		h.Write(strconv.AppendInt(nil, int64(len(b)), 10))
+		h.Write(b)
+	}
+	return h.Sum64()
+}
+
+// withPart adds the split transaction's headers to rec, a copy of e's record
+// for one attempt.
+func withPart(rec *kgo.Record, e *entry) {
+	m := e.sp
+	if m == nil {
+		return
+	}
+	part := strconv.Itoa(m.part)
+	if m.last {
+		part += "/" + part
+	}
+	rec.Headers = append(slices.Clip(rec.Headers),
+		kgo.RecordHeader{Key: wire.HeaderTxn, Value: []byte(m.id.String())},
+		kgo.RecordHeader{Key: wire.HeaderTxnPart, Value: []byte(part)})
+}
