@@ -53,13 +53,13 @@ type boundary interface {
 type atLeastOnce struct{}
 
 func (atLeastOnce) begin(uint32, lsn.LSN, bool) bool { return false }
-func (atLeastOnce) resuming() bool                  { return false }
-func (atLeastOnce) note(uint32, lsn.LSN)            {}
-func (atLeastOnce) end(lsn.LSN)          {}
-func (atLeastOnce) abort()               {}
-func (atLeastOnce) decoded(lsn.LSN)      {}
-func (atLeastOnce) pass(lsn.LSN)         {}
-func (atLeastOnce) holdUntil(lsn.LSN)    {}
+func (atLeastOnce) resuming() bool                   { return false }
+func (atLeastOnce) note(uint32, lsn.LSN)             {}
+func (atLeastOnce) end(lsn.LSN)                      {}
+func (atLeastOnce) abort()                           {}
+func (atLeastOnce) decoded(lsn.LSN)                  {}
+func (atLeastOnce) pass(lsn.LSN)                     {}
+func (atLeastOnce) holdUntil(lsn.LSN)                {}
 func (atLeastOnce) inKafka(context.Context, *router.Record, time.Time) (bool, error) {
 	return false, nil
 }
@@ -75,6 +75,9 @@ type txnBoundary interface {
 	Resumes(id exactlyonce.TxnID) bool
 	Resuming() bool
 	KeepWhole()
+	Allow()
+	HeldBack()
+	SetFloor(pos lsn.LSN)
 	EndTxn(end lsn.LSN)
 	AbortTxn()
 	// HoldUntil keeps the Kafka transaction open until a PostgreSQL
@@ -94,6 +97,9 @@ type eos struct {
 	handover handover
 	hold     *holdBack // set by begin
 	readBack *readBack // set at start when Kafka may hold the first transactions
+	// splittable: the open transaction may be committed in parts once no
+	// read-back decides its events (begin).
+	splittable bool
 }
 
 // handover is exactly_once's hand-over of ended PostgreSQL transactions to
@@ -119,6 +125,7 @@ func (h *handover) freeze() lsn.LSN {
 func (e *eos) started(stream, skip lsn.LSN) {
 	e.hold = newHoldBack(stream)
 	e.handover.max = skip
+	e.txn.SetFloor(skip)
 }
 
 // startReadBack has the first transactions looked up in Kafka before they
@@ -162,7 +169,8 @@ func (e *eos) begin(xid uint32, final lsn.LSN, plain bool) bool {
 	h.mu.Unlock()
 	id := exactlyonce.TxnID{Final: final, Xid: xid}
 	readBack := e.readBack != nil && !e.readBack.done
-	e.txn.BeginTxn(id, (plain || e.txn.Resumes(id)) && !frozen && !readBack, !readBack)
+	e.splittable = (plain || e.txn.Resumes(id)) && !frozen
+	e.txn.BeginTxn(id, e.splittable && !readBack, !readBack)
 	return e.txn.Resumes(id)
 }
 
@@ -213,8 +221,20 @@ func (e *eos) pass(pos lsn.LSN) {
 // outbox tables, which the stream decodes later, join the repair's rows.
 func (e *eos) holdUntil(clearAt lsn.LSN) { e.txn.HoldUntil(clearAt) }
 
+// inKafka asks the read-back; the events it holds back count as decoded
+// for the positions of parts, and once it ends inside the open transaction
+// (an event not found: everything after it is published) the rest may be
+// split.
 func (e *eos) inKafka(ctx context.Context, rec *router.Record, commit time.Time) (bool, error) {
-	return e.readBack.inKafka(ctx, rec, commit)
+	held, err := e.readBack.inKafka(ctx, rec, commit)
+	switch r := e.readBack; {
+	case err != nil || r == nil || r.repair:
+	case held:
+		e.txn.HeldBack()
+	case r.cut && e.splittable:
+		e.txn.Allow()
+	}
+	return held, err
 }
 
 // repairing also keeps the rest of the open transaction whole: the

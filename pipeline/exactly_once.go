@@ -77,9 +77,11 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 		t.Close()
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
-	if committed.LSN == 0 && pl.snapshot == nil {
+	if committed.LSN == 0 && pl.snapshot == nil && !pl.readings.created {
 		// No position for this source, but a slot that existed: what it
-		// sends first may be in Kafka already (readback.go).
+		// sends first may be in Kafka already (readback.go). A slot this
+		// run created sends only what commits after it: nothing to read
+		// back, and its first transaction may be split (split.go).
 		p.log.Info("exactly-once: no position committed to Kafka for this source; the first transactions are read back from their topics before they are published",
 			"slot_confirmed", pl.readings.slot, "checkpoint", pl.readings.ckpt)
 		e.startReadBack(ctx, time.Time{})

@@ -38,7 +38,9 @@ type TxnID struct {
 	Xid   uint32
 }
 
-func (id TxnID) String() string { return strconv.FormatUint(uint64(id.Xid), 10) + "@" + id.Final.String() }
+func (id TxnID) String() string {
+	return strconv.FormatUint(uint64(id.Xid), 10) + "@" + id.Final.String()
+}
 
 // Part is a position record's note that the first Events events of the
 // PostgreSQL transaction Final/Xid are committed, in Parts Kafka
@@ -83,9 +85,10 @@ func partOf(b []*entry) *Part {
 type split struct {
 	id      TxnID
 	allowed bool
-	index   int // events of the transaction handed over so far, passed over ones too
-	parts   int // parts cut
-	bytes   int // of the events waiting in open
+	whole   bool // KeepWhole: no more parts, whatever Allow says
+	index   int  // events of the transaction decoded so far: handed over, passed over, held back
+	parts   int  // parts cut
+	bytes   int  // of the events waiting in open
 	// skip events are committed already (resume); skipFP is the last's.
 	skip   int
 	skipFP uint64
@@ -130,7 +133,17 @@ func (t *Txn) BeginTxn(id TxnID, allowed, passOver bool) {
 
 // KeepWhole keeps the rest of the open transaction in one Kafka
 // transaction (a gap repair's rows join it).
-func (t *Txn) KeepWhole() { t.split.allowed = false }
+func (t *Txn) KeepWhole() { t.split.allowed, t.split.whole = false, true }
+
+// Allow lets the open transaction be split from here on (a read-back of
+// what Kafka holds ended inside it), unless KeepWhole said otherwise.
+func (t *Txn) Allow() { t.split.allowed = !t.split.whole }
+
+// HeldBack counts an event of the open transaction that is not handed over
+// because Kafka holds it already (the read-back): the positions of parts
+// count the transaction's decoded events, so that a restart without a
+// read-back passes over the same ones.
+func (t *Txn) HeldBack() { t.split.index++ }
 
 // Resumes reports whether id is a transaction of which some events were
 // committed before (a part) and the rest not yet.
@@ -176,11 +189,16 @@ func (t *Txn) failSplit(problem string) error {
 	return err
 }
 
+// SetFloor tells the producer where the run starts: every transaction
+// ending before pos is delivered (the slot's, or the position's). A part
+// committed before any whole transaction of the run carries at least it.
+func (t *Txn) SetFloor(pos lsn.LSN) { t.floor.Store(uint64(pos)) }
+
 // due reports whether the open transaction has a part to cut: an event
 // more than MaxRecords waits (or more than the buffered bytes), it may be
 // split, no gap repair holds the Kafka transaction, and a position exists to
-// commit with the part (the very first transaction of a source is kept
-// whole: position 0 means none, and would start a read-back).
+// commit with the part (position 0 means none, and would start a
+// read-back).
 func (t *Txn) due() bool {
 	s := &t.split
 	if !s.allowed || t.hold != 0 || len(t.open) < 2 {
@@ -189,7 +207,7 @@ func (t *Txn) due() bool {
 	if len(t.open) <= t.cfg.MaxRecords && int64(s.bytes) <= t.partBytes() {
 		return false
 	}
-	return t.end != 0 || t.committed.Load() != 0
+	return t.end != 0 || t.committed.Load() != 0 || t.floor.Load() != 0
 }
 
 // partBytes bounds a part's bytes: kafka.max_buffered_bytes, or 32 MiB.

@@ -319,7 +319,7 @@ func TestSplitKeepsWhole(t *testing.T) {
 		allowed bool
 	}{
 		{"not allowed", true, false},
-		{"first of the source", false, true},
+		{"first of the source, no floor", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := sinktest.Ctx(t)
@@ -386,5 +386,74 @@ func TestSplitReadBackPassesOverNothing(t *testing.T) {
 	got := events(readCommitted(ctx, t, c, topic, true, false))
 	if want := "[e0 e1 e2 e3 e4 e5 e6 e7 e8 e9 e5 e6 e7 e8 e9 e10]"; fmt.Sprint(got) != want {
 		t.Fatalf("read_committed sees %v, want %s (what the read-back did not hold back, published)", got, want)
+	}
+}
+
+// TestSplitFirstTransactionFromTheFloor: the first transaction of a source
+// (no position yet) is split once the run's floor is known: its parts are
+// committed with the floor as position.
+func TestSplitFirstTransactionFromTheFloor(t *testing.T) {
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
+	tx, _, _ := splitTxn(ctx, t, c, 10, nil)
+	tx.SetFloor(50)
+	done := sinktest.OutcomesFor(64)
+	tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true, true)
+	if err := handOver(ctx, t, tx, done, 0, 15); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if o := done.Wait(ctx, t); o.Err != nil {
+			t.Fatalf("part outcome %+v", o)
+		}
+	}
+	if pos := positionOf(ctx, t, c); pos.LSN != 50 || pos.Part == nil || pos.Part.Events != 10 {
+		t.Fatalf("position %+v (part %+v), want the floor 50 with 10 events", pos, pos.Part)
+	}
+}
+
+// TestSplitCountsHeldBackEvents: a read-back held back the first events of
+// the transaction (Kafka has them) and ended inside it (Allow); the parts
+// cut after count the held-back events too, so a restart without a
+// read-back, which hands every event over, passes over the same ones.
+func TestSplitCountsHeldBackEvents(t *testing.T) {
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
+	first, _, stop := splitTxn(ctx, t, c, 10, nil)
+	first.SetFloor(50)
+	done := sinktest.OutcomesFor(64)
+	id := exactlyonce.TxnID{Final: 500, Xid: 77}
+	first.BeginTxn(id, false, true)
+	for range 5 { // e0..e4: in Kafka already
+		first.HeldBack()
+	}
+	first.Allow()
+	if err := handOver(ctx, t, first, done, 5, 16); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if o := done.Wait(ctx, t); o.Err != nil {
+			t.Fatalf("part outcome %+v", o)
+		}
+	}
+	stop()
+	if pos := positionOf(ctx, t, c); pos.Part == nil || pos.Part.Events != 15 {
+		t.Fatalf("position %+v (part %+v), want 15 events of the transaction committed (5 held back, 10 in the part)", pos, pos.Part)
+	}
+	second, _, _ := splitTxn(ctx, t, c, 10, nil)
+	again := sinktest.OutcomesFor(64)
+	second.BeginTxn(id, true, true)
+	if err := handOver(ctx, t, second, again, 0, 20); err != nil {
+		t.Fatal(err)
+	}
+	second.EndTxn(600)
+	for range 20 {
+		if o := again.Wait(ctx, t); o.Err != nil {
+			t.Fatalf("outcome %+v", o)
+		}
+	}
+	got := events(readCommitted(ctx, t, c, topic, true, false))
+	if want := "[e5 e6 e7 e8 e9 e10 e11 e12 e13 e14 e15 e16 e17 e18 e19]"; fmt.Sprint(got) != want {
+		t.Fatalf("read_committed sees %v, want %s", got, want)
 	}
 }

@@ -140,7 +140,8 @@ type Txn struct {
 	// caller's of the hand-over only.
 	split split
 
-	timeline atomic.Int32 // stamped on position records (SetTimeline)
+	timeline atomic.Int32  // stamped on position records (SetTimeline)
+	floor    atomic.Uint64 // where the run starts (SetFloor)
 
 	ctx    context.Context
 	cancel context.CancelFunc
