@@ -31,6 +31,11 @@ const (
 	// DefaultTxnInterval is kafka.transaction_interval's default, and the
 	// transactional sink's when 0.
 	DefaultTxnInterval = 5 * time.Millisecond
+	// DefaultTxnTimeout is kafka.transaction_timeout's default, and the
+	// transactional sink's when 0: how long the broker lets a Kafka
+	// transaction stay open. Short, because a connector that dies with one
+	// open holds read_committed readers at it that long unless it restarts.
+	DefaultTxnTimeout = time.Minute
 	// DefaultLatencyBudget is kafka.latency_budget's default: how long a
 	// record may wait so that its produce request carries the ones behind
 	// it (sink/budget.go). Chosen from make bench's frontier of fixed lingers

@@ -17,6 +17,7 @@ import (
 // end position in one Kafka transaction.
 type ExactlyOnce struct {
 	Interval       time.Duration // kafka.transaction_interval
+	Timeout        time.Duration // kafka.transaction_timeout
 	PositionsTopic string        // kafka.positions_topic
 }
 
@@ -46,7 +47,7 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
 	key := sourceKey(srv, p.cfg.Source.Slot)
-	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval,
+	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval, TransactionTimeout: eo.Timeout,
 		Source: key, Fail: p.fail, Owner: p.conn.up.Load, Proof: p.markProof,
 		Acknowledged: max(pl.readings.slot, pl.readings.ckpt)}, p.log)
 	if err != nil {

@@ -87,7 +87,8 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 			PartitionWidth: cfg.Outbox.PartitionWidth, PartitionsAhead: cfg.Outbox.PartitionsAhead},
 	}
 	if cfg.Kafka.ExactlyOnce() {
-		pc.ExactlyOnce = &pipeline.ExactlyOnce{Interval: cfg.Kafka.TransactionInterval, PositionsTopic: cfg.Kafka.PositionsTopic}
+		pc.ExactlyOnce = &pipeline.ExactlyOnce{Interval: cfg.Kafka.TransactionInterval, Timeout: cfg.Kafka.TransactionTimeout,
+			PositionsTopic: cfg.Kafka.PositionsTopic}
 	}
 	return pc, nil
 }

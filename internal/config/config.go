@@ -169,6 +169,10 @@ type Kafka struct {
 	// TransactionInterval bounds how long committed PostgreSQL transactions
 	// wait to be committed in a Kafka transaction (exactly_once).
 	TransactionInterval time.Duration `koanf:"transaction_interval"`
+	// TransactionTimeout is the Kafka transaction timeout the connector's
+	// transactions are opened with (exactly_once); a part that takes longer
+	// is aborted by the broker and committed again in smaller parts.
+	TransactionTimeout time.Duration `koanf:"transaction_timeout"`
 	// PositionsTopic is the compacted topic the position is committed to
 	// inside each Kafka transaction (exactly_once).
 	PositionsTopic string `koanf:"positions_topic"`
@@ -276,7 +280,7 @@ func Default() Config {
 			UnknownTopicTimeout: kafkaopt.DefaultUnknownTopicTimeout, SASL: KafkaSASL{OAuth: KafkaOAuth{Extensions: map[string]string{}}},
 			Format: router.FormatPlain, CloudEvents: KafkaCloudEvents{Source: router.DefaultSource},
 			QuarantineTopic: "outbox.quarantine",
-			Delivery:        DeliveryAtLeastOnce, TransactionInterval: kafkaopt.DefaultTxnInterval, PositionsTopic: "outbox-cdc.positions",
+			Delivery:        DeliveryAtLeastOnce, TransactionInterval: kafkaopt.DefaultTxnInterval, TransactionTimeout: kafkaopt.DefaultTxnTimeout, PositionsTopic: "outbox-cdc.positions",
 		},
 		HTTP:       HTTP{Listen: "127.0.0.1:9187"},
 		Log:        Log{Level: "info", Format: "text"},

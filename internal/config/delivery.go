@@ -29,6 +29,14 @@ func (v *validator) delivery(k Kafka, d DLQ, s Snapshot) {
 	// above a minute the broker's transaction timeout would abort it.
 	v.durationRange("kafka.transaction_interval", k.TransactionInterval, time.Millisecond, time.Minute,
 		"how long PostgreSQL transactions are grouped into one Kafka transaction")
+	// Kafka's own bounds: at least a second, at most the broker's default
+	// transaction.max.timeout.ms (a broker set higher accepts more).
+	v.durationRange("kafka.transaction_timeout", k.TransactionTimeout, time.Second, 15*time.Minute,
+		"how long the broker lets one of the connector's Kafka transactions stay open")
+	if k.TransactionTimeout >= time.Second && k.TransactionInterval >= k.TransactionTimeout {
+		v.add("kafka.transaction_interval", k.TransactionInterval.String(), "not shorter than kafka.transaction_timeout",
+			"keep it well below the timeout (the default 5ms)")
+	}
 	if k.PositionsTopic == k.DLQTopic || k.PositionsTopic == k.ParkingTopic && d.Mode == DLQQuarantine {
 		v.add("kafka.positions_topic", k.PositionsTopic, "same as the dead-letter or parking topic",
 			"choose a topic of its own, such as outbox-cdc.positions")

@@ -24,6 +24,13 @@ func TestDelivery(t *testing.T) {
 		{"interval too short", func(c *Config) { eos(c); c.Kafka.TransactionInterval = 0 }, "kafka.transaction_interval", "between 1ms and 1m0s"},
 		{"interval too long", func(c *Config) { eos(c); c.Kafka.TransactionInterval = time.Hour }, "kafka.transaction_interval", "between 1ms and 1m0s"},
 		{"interval ignored at least once", func(c *Config) { c.Kafka.TransactionInterval = 0 }, "", ""},
+		{"timeout too short", func(c *Config) { eos(c); c.Kafka.TransactionTimeout = 100 * time.Millisecond }, "kafka.transaction_timeout", "between 1s and 15m0s"},
+		{"timeout too long", func(c *Config) { eos(c); c.Kafka.TransactionTimeout = time.Hour }, "kafka.transaction_timeout", "between 1s and 15m0s"},
+		{"interval past the timeout", func(c *Config) {
+			eos(c)
+			c.Kafka.TransactionInterval, c.Kafka.TransactionTimeout = 30*time.Second, 10*time.Second
+		}, "kafka.transaction_interval", "not shorter than kafka.transaction_timeout"},
+		{"timeout ignored at least once", func(c *Config) { c.Kafka.TransactionTimeout = 0 }, "", ""},
 		{"positions is the dlq", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.dlq" }, "kafka.positions_topic", "same as the dead-letter"},
 		{"positions routable", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.event.positions" }, "kafka.positions_topic", `aggregate_type "positions"`},
 		{"positions illegal", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "pos!" }, "kafka.positions_topic", "letters, digits"},

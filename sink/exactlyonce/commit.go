@@ -113,7 +113,11 @@ func (t *Txn) setFatal(err error) {
 
 // commit publishes what waits in one Kafka transaction, retrying until it
 // commits, a fatal error, or ctx ends; the outcomes go to the events' Done.
-func (t *Txn) commit(ctx context.Context) error {
+func (t *Txn) commit(ctx context.Context) error { return t.commitShrinking(ctx, nil) }
+
+// commitShrinking is commit; after a transaction timeout (timeout.go)
+// shrink, when set, makes what waits smaller.
+func (t *Txn) commitShrinking(ctx context.Context, shrink func([]*entry) []*entry) error {
 	t.commitMu.Lock()
 	defer t.commitMu.Unlock()
 	t.mu.Lock()
@@ -126,11 +130,18 @@ func (t *Txn) commit(ctx context.Context) error {
 		return nil
 	}
 	var err error
+	events := len(b)
 	for attempt := 1; t.fatal == nil; attempt++ {
 		var done bool
 		done, err = t.try(ctx, &b, end)
+		if !done && err != nil && t.timedOut(err) {
+			if done, err = t.afterTimeout(ctx, &b, end, shrink); err == nil && !done {
+				continue
+			}
+		}
 		switch {
 		case done:
+			t.growParts(events, time.Since(t.lastTry))
 			return nil
 		case ctx.Err() != nil:
 			// Not committed: given back, so that a later Flush (or Close)

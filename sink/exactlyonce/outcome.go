@@ -104,6 +104,12 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
 		return t.settleFenced(ctx, txn, err)
 	}
+	if errors.Is(err, kerr.InvalidTxnState) {
+		// The coordinator has no transaction open for the client (it
+		// ended it: a timeout), and franz-go cannot leave the one it
+		// thinks it is in; a new client's InitProducerId settles it.
+		err = t.renewClient()
+	}
 	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
@@ -144,14 +150,9 @@ func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool,
 	if pos.Instance != t.instance || pos.Txn != txn || !owner {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", fenced)
 	}
-	cl, err := t.newClient()
-	if err != nil {
+	if err := t.renewClient(); err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
-	if t.cl != t.base {
-		t.cl.Close()
-	}
-	t.cl = cl
 	t.log.Warn("kafka: the broker refused the settle of a commit it had completed (its epoch moved past the client's); "+
 		"the commit is acknowledged and a new transactional client carries on", "txn", txn, "transactional_id", t.txnID, "err", fenced)
 	return true, nil

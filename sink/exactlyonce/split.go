@@ -204,7 +204,7 @@ func (t *Txn) due() bool {
 	if !s.allowed || t.hold != 0 || len(t.open) < 2 {
 		return false
 	}
-	if len(t.open) <= t.cfg.MaxRecords && int64(s.bytes) <= t.partBytes() {
+	if len(t.open) <= t.partLimit() && int64(s.bytes) <= t.partBytes() {
 		return false
 	}
 	return t.end != 0 || t.committed.Load() != 0 || t.floor.Load() != 0
@@ -226,8 +226,7 @@ func (t *Txn) cut(ctx context.Context) {
 	n := len(t.open) - 1
 	part, rest := t.open[:n:n], []*entry{t.open[n]}
 	s.parts++
-	last := part[n-1]
-	m := &splitMark{id: s.id, part: s.parts, events: last.idx + 1, fp: fingerprint(last.rec.Topic, last.rec.Key, last.rec.Value)}
+	m := &splitMark{id: s.id, part: s.parts, events: part[n-1].idx + 1, fp: part[n-1].fp}
 	for _, e := range part {
 		e.sp = m
 	}
@@ -240,10 +239,47 @@ func (t *Txn) cut(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(t.ctx, cancel)()
-	_ = t.commit(ctx) // outcomes went to the events' Done; given back, what waits carries its marks
+	_ = t.commitShrinking(ctx, t.uncut) // outcomes went to the events' Done; given back, what waits carries its marks
 	if p := t.lastCommitted(); p != nil && p.id() == s.id && p.Events >= m.events {
 		s.committed, s.fp = p.Events, p.Last
 	}
+}
+
+// uncut gives the newer half of the part that ends b back to the open
+// transaction, after a transaction timeout: the rest of the part is
+// committed alone, and the half given back goes in the next part. Called
+// from cut's commit, on the caller's goroutine (t.split is its).
+func (t *Txn) uncut(b []*entry) []*entry {
+	n := len(b)
+	if n == 0 {
+		return b
+	}
+	m := b[n-1].sp
+	if m == nil || m.last || m.id != t.split.id {
+		return b
+	}
+	i := n
+	for i > 0 && b[i-1].sp == m {
+		i--
+	}
+	k := (n - i) / 2
+	if k == 0 {
+		return b
+	}
+	keep, back := b[:n-k], slices.Clone(b[n-k:])
+	last := keep[len(keep)-1]
+	kept := &splitMark{id: m.id, part: m.part, events: last.idx + 1, fp: last.fp}
+	for _, e := range b[i : n-k] {
+		e.sp = kept
+	}
+	t.mu.Lock()
+	for _, e := range back {
+		e.sp, e.err, e.alone, e.suspect = nil, nil, false, false
+		t.split.bytes += e.rec.Size()
+	}
+	t.open = append(back, t.open...)
+	t.mu.Unlock()
+	return keep
 }
 
 // lastCommitted is the Part of the last position committed.

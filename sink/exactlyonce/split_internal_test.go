@@ -2,6 +2,7 @@ package exactlyonce
 
 import (
 	"testing"
+	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
@@ -34,5 +35,44 @@ func TestAckedPart(t *testing.T) {
 				t.Fatalf("acked = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestPartLimit: a timeout halves the part limit (not below one event); a
+// quick commit of a full part doubles it back, up to MaxRecords; a slow or
+// small commit leaves it.
+func TestPartLimit(t *testing.T) {
+	tx := &Txn{cfg: Config{MaxRecords: 100, TransactionTimeout: 8 * time.Second}}
+	steps := []struct {
+		op     string
+		events int
+		took   time.Duration
+		want   int
+	}{
+		{"grow", 100, 0, 100}, // at MaxRecords already
+		{"shrink", 0, 0, 50},
+		{"shrink", 0, 0, 25},
+		{"grow", 10, 0, 25},               // a small commit says nothing
+		{"grow", 25, 2 * time.Second, 25}, // slow: a quarter of the timeout
+		{"grow", 25, 500 * time.Millisecond, 50},
+		{"grow", 50, 0, 100},
+		{"grow", 100, 0, 100},
+	}
+	for i := 0; i < 10; i++ {
+		tx.shrinkParts()
+	}
+	if got := tx.partLimit(); got != 1 {
+		t.Fatalf("after ten timeouts the limit is %d, want 1", got)
+	}
+	tx.partMax.Store(0)
+	for i, s := range steps {
+		if s.op == "shrink" {
+			tx.shrinkParts()
+		} else {
+			tx.growParts(s.events, s.took)
+		}
+		if got := tx.partLimit(); got != s.want {
+			t.Fatalf("step %d (%s %d events in %v): limit %d, want %d", i, s.op, s.events, s.took, got, s.want)
+		}
 	}
 }

@@ -134,6 +134,10 @@ func (t *Txn) fence(parent context.Context) error {
 			t.log.Info("kafka: transactional id initialized; any other instance with it is fenced",
 				"transactional_id", t.txnID, "producer_id", resp.ProducerID, "epoch", resp.ProducerEpoch)
 			return nil
+		case errors.Is(err, kerr.InvalidTransactionTimeout):
+			return t.prerequisite(
+				fmt.Sprintf("kafka.transaction_timeout %v is longer than the broker allows (transaction.max.timeout.ms): %v", t.cfg.TransactionTimeout, err),
+				"lower kafka.transaction_timeout, or raise transaction.max.timeout.ms on the brokers")
 		case errors.Is(err, kerr.TransactionalIDAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
 			return t.prerequisite(
 				fmt.Sprintf("not authorized to use transactional id %s: %v", t.txnID, err),

@@ -44,8 +44,8 @@ type Config struct {
 	// MaxRecords commits at once when this many events wait; 0 means
 	// Sink.BufferedRecords().
 	MaxRecords int
-	// TransactionTimeout is the broker's bound on an open transaction;
-	// 0 means one minute.
+	// TransactionTimeout is the broker's bound on an open transaction
+	// (kafka.transaction_timeout); 0 means kafkaopt.DefaultTxnTimeout.
 	TransactionTimeout time.Duration
 	// FenceCheck: after this long without a commit the position is
 	// committed again, alone, so that a fenced instance learns it (and
@@ -140,6 +140,7 @@ type Txn struct {
 	// caller's of the hand-over only.
 	split split
 
+	partMax  atomic.Int64  // events per part now (timeout.go); 0: MaxRecords
 	timeline atomic.Int32  // stamped on position records (SetTimeline)
 	floor    atomic.Uint64 // where the run starts (SetFloor)
 
@@ -156,9 +157,10 @@ type entry struct {
 	alone   bool  // sent alone in this attempt
 	err     error // this attempt's outcome
 	// sp marks an event of a split transaction (split.go); idx is its
-	// index in that transaction.
+	// index in that transaction, fp its fingerprint as the router made it.
 	sp  *splitMark
 	idx int
+	fp  uint64
 }
 
 // New creates the transactional producer. It does not contact the
@@ -171,7 +173,7 @@ func New(cfg Config, log *slog.Logger) (*Txn, error) {
 		cfg.MaxRecords = cfg.Sink.BufferedRecords()
 	}
 	if cfg.TransactionTimeout <= 0 {
-		cfg.TransactionTimeout = time.Minute
+		cfg.TransactionTimeout = kafkaopt.DefaultTxnTimeout
 	}
 	if cfg.FenceCheck <= 0 {
 		cfg.FenceCheck = 2 * time.Second
@@ -234,7 +236,8 @@ func (t *Txn) Produce(ctx context.Context, rec *router.Record, done sink.Done) e
 		done.Delivered(sink.Outcome{Err: err})
 		return err
 	}
-	e := &entry{rec: kafka.NewEvent(rec, t.cfg.Sink.DLQTopic), done: done, idx: t.split.index - 1}
+	e := &entry{rec: kafka.NewEvent(rec, t.cfg.Sink.DLQTopic), done: done, idx: t.split.index - 1,
+		fp: fingerprint(rec.Topic, rec.Key, rec.Value)}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()

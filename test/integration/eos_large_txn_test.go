@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
@@ -158,4 +159,78 @@ func partHeaders(recs []*kgo.Record, rows, max int) []string {
 		problems = append(problems, fmt.Sprintf("last part %d with %d events, want part %d of at most %d events", last, lastParts, want+1, max))
 	}
 	return problems
+}
+
+// TestExactlyOnceLargeTransactionUnderQuota: exactly_once, one transaction
+// of 12,000 rows (~300 bytes a record) under a producer quota of 100 KB/s on
+// the connector's client id (as a shared cluster sets), with
+// kafka.transaction_timeout 5s and parts of 3,000. A part (~900 KB) takes
+// about 9 s: the broker aborts it at 5 s and bumps the producer's epoch.
+// The connector must take that for the timeout, not for another instance
+// ("fenced", exit 1, again at every restart, as the issue's black-box run
+// saw), and commit the transaction in smaller parts: every row once, in
+// order, for read_committed.
+func TestExactlyOnceLargeTransactionUnderQuota(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	const slot, rows = "eosquota", 12_000
+	addr := freeAddr(t)
+	dropSlotAtEnd(t, dsn, slot)
+	clientID := fmt.Sprintf("eosquota-%d", dbCounter.Add(1))
+	base, err := os.ReadFile(eosConfig(t, dsn, slot, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := writeConfig(t, strings.Replace(string(base), "kafka:\n", "kafka:\n  max_buffered_records: 3000\n  transaction_timeout: 5s\n  client_id: "+clientID+"\n", 1))
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	adm := newAdmin(t)
+	entity := kadm.ClientQuotaEntity{{Type: "client-id", Name: &clientID}}
+	if _, err := adm.AlterClientQuotas(ctx, []kadm.AlterClientQuotaEntry{{Entity: entity,
+		Ops: []kadm.AlterClientQuotaOp{{Key: "producer_byte_rate", Value: 100_000}}}}); err != nil {
+		t.Fatalf("set the quota: %v", err)
+	}
+	defer func() {
+		_, _ = adm.AlterClientQuotas(context.Background(), []kadm.AlterClientQuotaEntry{{Entity: entity,
+			Ops: []kadm.AlterClientQuotaOp{{Key: "producer_byte_rate", Remove: true}}}})
+	}()
+	agg := fmt.Sprintf("eosquota%d", dbCounter.Add(1))
+	topic := topicFor(agg)
+	conn := pgConnect(t, dsn)
+	p := startProcess(t, cfgPath, addr)
+	if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT $1, 'q' || (i / 1000), 'E', jsonb_build_object('W', 1, 'Txn', i + 1, 'I', 0, 'N', $2::int, 'pad', repeat('x', 150))
+		FROM generate_series(0, $2::int - 1) i`, agg, rows); err != nil {
+		t.Fatal(err)
+	}
+	want := map[eosEvent]bool{}
+	for i := range rows {
+		want[eosEvent{W: 1, Txn: i + 1, I: 0, N: rows}] = true
+	}
+	waitFor(t, 4*time.Minute, "every row visible to read_committed", func() bool {
+		if p.proc.Exited() {
+			t.Fatalf("connector exited: %v\n%s", p.proc.Err(), p.output())
+		}
+		return len(readIsolated(t, true, topic)) >= rows
+	})
+	stopClean(t, p)
+	recs := readIsolated(t, true, topic)
+	if problems := onceInOrder(recs, want); len(problems) > 0 {
+		t.Fatalf("read_committed, %d records for %d events: %s\n%s", len(recs), len(want), strings.Join(problems, "; "), p.output())
+	}
+	if !strings.Contains(p.output(), "kafka transaction timed out") {
+		t.Fatalf("no Kafka transaction timed out: the quota did not slow a part past the timeout, the test tested nothing\n%s", p.output())
+	}
+	t.Logf("%d records, each once, in order; the connector said:\n%s", len(recs), grepLines(p.output(), "timed out"))
+}
+
+// grepLines are out's lines that contain s.
+func grepLines(out, s string) string {
+	var keep []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, s) {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
 }
