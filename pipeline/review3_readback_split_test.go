@@ -109,7 +109,7 @@ func TestReview3ReadBackReconnectRepublishesParts(t *testing.T) {
 	}
 	const xid, final = 77, lsn.LSN(500)
 	e.begin(xid, final, true)
-	hand(6) // e0, e1 held; e2..e5 handed over: e2..e4 a part, committed
+	hand(6)   // e0, e1 held; e2..e5 handed over: e2..e4 a part, committed
 	e.abort() // the stream reconnects in the middle of T
 	e.begin(xid, final, true)
 	hand(10)
