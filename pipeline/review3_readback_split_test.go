@@ -127,8 +127,9 @@ func TestReview3ReadBackReconnectRepublishesParts(t *testing.T) {
 	var got []string
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		fs := cl.PollFetches(ctx)
-		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+		pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+		pcancel()
 		if len(got) >= 13 {
 			break
 		}
