@@ -61,3 +61,56 @@ func TestReview3PartCommitsWholeTransactionsWithIt(t *testing.T) {
 			pos, pos.Part)
 	}
 }
+
+// TestReview3ResumingAfterReconnect (review3, ORDER and, after a kill,
+// DUPLICATE; reasoned path, the guard asserted here).
+//
+// Path: run 2 starts with a position {LSN L, Part T} and a gap repair
+// pending (the outbox left the publication and came back while stopped;
+// Since = the start). process.go keeps the repair out of every keepalive
+// and begin until T is decoded again (Resuming(): started). T begins:
+// BeginTxn passes over its committed events and sets started=false; more
+// parts commit. The replication stream reconnects in the middle of T:
+// AbortTxn keeps a resume of T, but with started=false, so Resuming() is
+// false while T is yet to be decoded again. The stream resumes at the
+// proof, and a keepalive between transactions past Since (the walsender's
+// sentPtr while it reads T's WAL again) runs the repair alone
+// (keepalive: bf.idle(end) && !resuming()): it reads T's rows that are not
+// in seen (those after the reconnect point) and publishes them, with the
+// gap's rows, before T's middle; its Kafka transaction commits a position
+// E in (L, T's commit). T then comes: the rows the repair published are
+// skipped (bf.delivered), the middle ones published after them (per key
+// out of order). A kill then leaves {E, Part T}; run 3 takes the repair as
+// committed (E > Since), resumes T and publishes the repaired rows of T
+// again (no bf to skip them): duplicates.
+//
+// Expected: after a reconnect inside a resumed transaction, Resuming()
+// stays true until it is decoded again. Observed at 898faad: false.
+func TestReview3ResumingAfterReconnect(t *testing.T) {
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
+	first, _, stop := splitTxn(ctx, t, c, 10, nil)
+	done := sinktest.OutcomesFor(64)
+	warm(ctx, t, first, done)
+	id := exactlyonce.TxnID{Final: 500, Xid: 77}
+	first.BeginTxn(id, true, true)
+	if err := handOver(ctx, t, first, done, 0, 11); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	second, _, _ := splitTxn(ctx, t, c, 10, nil)
+	if !second.Resuming() {
+		t.Fatal("premise: Resuming() at start")
+	}
+	again := sinktest.OutcomesFor(64)
+	second.BeginTxn(id, true, true)
+	if err := handOver(ctx, t, second, again, 0, 25); err != nil { // e10..e19: a part of this run
+		t.Fatal(err)
+	}
+	second.AbortTxn() // the stream reconnects in the middle of T
+	if !second.Resuming() {
+		t.Fatal("Resuming() = false after a reconnect inside 77@500, committed in part and yet to be decoded again: " +
+			"a keepalive past the gap's Since now runs the repair before it, which reads its rows")
+	}
+}
