@@ -71,7 +71,7 @@ func (atLeastOnce) freezer() func() lsn.LSN { return nil }
 // txnBoundary is the transactional sink's side of the processor: it is
 // told where each PostgreSQL transaction ends, or that it was cut short.
 type txnBoundary interface {
-	BeginTxn(id exactlyonce.TxnID, allowed, passOver bool)
+	BeginTxn(id exactlyonce.TxnID, allowed bool)
 	Resumes(id exactlyonce.TxnID) bool
 	Resuming() bool
 	KeepWhole()
@@ -170,7 +170,7 @@ func (e *eos) begin(xid uint32, final lsn.LSN, plain bool) bool {
 	id := exactlyonce.TxnID{Final: final, Xid: xid}
 	readBack := e.readBack != nil && !e.readBack.done
 	e.splittable = (plain || e.txn.Resumes(id)) && !frozen
-	e.txn.BeginTxn(id, e.splittable && !readBack, !readBack)
+	e.txn.BeginTxn(id, e.splittable && !readBack)
 	return e.txn.Resumes(id)
 }
 
@@ -224,14 +224,16 @@ func (e *eos) holdUntil(clearAt lsn.LSN) { e.txn.HoldUntil(clearAt) }
 // inKafka asks the read-back; the events it holds back count as decoded
 // for the positions of parts, and once it ends inside the open transaction
 // (an event not found: everything after it is published) the rest may be
-// split.
+// split, unless it held whole transactions back before: a part's position
+// would lie below them (nothing of theirs moved it), and a restart without a
+// read-back would publish them again.
 func (e *eos) inKafka(ctx context.Context, rec *router.Record, commit time.Time) (bool, error) {
 	held, err := e.readBack.inKafka(ctx, rec, commit)
 	switch r := e.readBack; {
 	case err != nil || r == nil || r.repair:
 	case held:
 		e.txn.HeldBack()
-	case r.cut && e.splittable:
+	case r.cut && e.splittable && r.txns == 0:
 		e.txn.Allow()
 	}
 	return held, err

@@ -121,6 +121,13 @@ func TestReview3ReadBackPartPositionBehindHeldTransactions(t *testing.T) {
 	start := max(slot, pos.LSN)
 	e2 := &eos{txn: tx2}
 	tx2.SetFloor(start)
+	if pos.LSN == 0 {
+		// No position (nothing of T was committed in parts): run 2 reads
+		// back, as exactly_once.go starts one without a position.
+		e2.readBack = newReadBack(ctx, func(ctx context.Context, topics []string, since time.Time, fn func(sink.ReadRecord) error) (sink.ReadStats, error) {
+			return sink.ReadRange(ctx, scfg, topics, since, fn)
+		}, time.Time{}, discard)
+	}
 	t.Logf("run 2 starts at %v (position %v, part %+v)", start, pos.LSN, pos.Part)
 	e2.begin(w.xid, w.final, true)
 	if w.final >= start {
@@ -156,7 +163,7 @@ func TestReview3ReadBackPartPositionBehindHeldTransactions(t *testing.T) {
 			bad = append(bad, fmt.Sprintf("%s×%d", id, counts["v-"+id]))
 		}
 	}
-	if len(bad) > 0 || pos.LSN < w.end {
+	if len(bad) > 0 || pos.Part != nil && pos.LSN < w.end {
 		t.Fatalf("read_committed sees %v; not once: %v. The part's position is %v (part %+v): below W's end %v, which run 1 "+
 			"read back and held (delivered), so run 2, without a read-back, publishes W again", got, bad, pos.LSN, pos.Part, w.end)
 	}

@@ -41,7 +41,7 @@ func (d *review3Done) Delivered(o sink.Outcome) {
 // (e2..e4) commits to Kafka. The replication stream reconnects in the
 // middle of T (Reset: eos.abort → AbortTxn keeps a resume of 5 events,
 // readBack.abort clears cut, the read-back is not done). T comes again:
-// begin sees the read-back still running, so BeginTxn(passOver=false)
+// begin sees the read-back still running, so BeginTxn (then with passOver=false)
 // drops the resume and the read-back decides T's events again, from the
 // held set loaded before the part committed: e2..e4 (committed by this run)
 // are not in it, the read-back cuts at e2 and they are published again.

@@ -85,7 +85,10 @@ func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xi
 // back in the publication. A prepared transaction keeps its locks, with
 // its virtual transaction id, and is listed too. Every transaction with an
 // id holds the ExclusiveLock on it (PG docs, "pg_locks": "Every
-// transaction holds an exclusive lock on its transaction ID").
+// transaction holds an exclusive lock on its transaction ID"). Its 32-bit
+// id is made full against xmax, the newest ended id + 1, in the window of
+// 2^31 either side: a running id can be above xmax (a wider window than a
+// row's xmin needs, xid8), and every live id is within 2^31 of it.
 func (s Source) outboxLockHolders(ctx context.Context, conn *pgx.Conn, from int64) ([]int64, error) {
 	var tables []string
 	for _, t := range s.Tables() {
@@ -96,11 +99,12 @@ func (s Source) outboxLockHolders(ctx context.Context, conn *pgx.Conn, from int6
 			SELECT to_regclass(t) AS relid FROM unnest($1::text[]) t
 			UNION SELECT p.relid FROM unnest($1::text[]) t, pg_partition_tree(to_regclass(t)) p),
 		r AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS ref),
-		x AS (SELECT DISTINCT l.virtualtransaction, (r.ref & ~4294967295::bigint) + l.transactionid::text::bigint
-					- CASE WHEN (r.ref & ~4294967295::bigint) + l.transactionid::text::bigint > r.ref THEN 4294967296 ELSE 0 END AS id
+		x AS (SELECT DISTINCT l.virtualtransaction, r.ref + (((l.transactionid::text::bigint - (r.ref & 4294967295) + 2147483648)
+					& 4294967295) - 2147483648) AS id
 				FROM pg_locks l, r WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted)
 		SELECT coalesce(array_agg(DISTINCT x.id), '{}') FROM x JOIN pg_locks l ON l.virtualtransaction = x.virtualtransaction
-			WHERE l.locktype = 'relation' AND l.granted AND l.relation IN (SELECT relid FROM rels) AND x.id >= $2`,
+			WHERE l.locktype = 'relation' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND l.relation IN (SELECT relid FROM rels) AND x.id >= $2`,
 		tables, from).Scan(&ids)
 	if err != nil {
 		return nil, fmt.Errorf("backfill: read the transactions that hold a lock on the outbox: %w", err)

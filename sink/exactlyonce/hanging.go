@@ -230,9 +230,9 @@ func (t *Txn) acked(s *positionsRead) ackState {
 	}
 	told := max(t.cfg.Acknowledged, lsn.LSN(t.committed.Load()))
 	switch {
-	case n.Part != nil && told != 0 && told <= n.Part.Final:
-		// A part of a transaction (split.go): the slot passes it only
-		// once its last part commits.
+	case n.Part != nil && n.LSN <= s.before.LSN && told != 0 && told <= n.Part.Final:
+		// Only a part of a transaction (split.go), no whole one: the
+		// slot passes it only once its last part commits.
 		return ackNo
 	case n.LSN <= s.before.LSN || told == 0:
 		return ackUnknown

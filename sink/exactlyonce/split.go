@@ -108,17 +108,14 @@ type split struct {
 // handed over until EndTxn or AbortTxn belong to. allowed says whether it
 // may be split (the pipeline keeps a transaction whole while a gap repair,
 // or a read-back of what Kafka holds, depends on it). One split before is
-// passed over up to what is committed, unless passOver is false: a
-// read-back looks its events up in Kafka then, and holds back those found
-// (passing them over too would skip as many others).
-func (t *Txn) BeginTxn(id TxnID, allowed, passOver bool) {
+// passed over up to what is committed; events a read-back holds back
+// count too (HeldBack), so the two never skip more than that together.
+func (t *Txn) BeginTxn(id TxnID, allowed bool) {
 	s := &t.split
 	r, started := s.resume, s.started
 	*s = split{id: id, allowed: allowed, resume: r, started: started}
 	switch {
 	case r == nil:
-	case r.id() == id && !passOver:
-		s.resume, s.started = nil, false
 	case r.id() == id:
 		s.skip, s.skipFP, s.parts = r.Events, r.Last, r.Parts
 		s.committed, s.fp = r.Events, r.Last
@@ -152,10 +149,10 @@ func (t *Txn) Resumes(id TxnID) bool {
 	return r != nil && r.id() == id
 }
 
-// Resuming reports whether a transaction committed in part before the
-// start is yet to be decoded again: nothing may be published before it (a
-// gap repair would read its rows).
-func (t *Txn) Resuming() bool { return t.split.resume != nil && t.split.started }
+// Resuming reports whether a transaction committed in part (before the
+// start, or before a reconnect) is yet to be decoded again: nothing may be
+// published before it (a gap repair would read its rows).
+func (t *Txn) Resuming() bool { return t.split.resume != nil }
 
 // passOver reports whether rec, the next event of the open transaction, was
 // committed before; the last such is checked against its fingerprint.
@@ -183,16 +180,28 @@ func (t *Txn) failSplit(problem string) error {
 		Fix: "the outbox's rows, the routing configuration or the slot changed since; compare the topic with the table " +
 			"(outbox-cdc verify), then forget the position with a tombstone for its key in " + t.cfg.Positions +
 			" and start again (docs/operations.md, Exactly-once delivery)"}
-	if t.cfg.Fail != nil {
-		t.cfg.Fail(fmt.Errorf("%w: %w", errSplit, err))
-	}
+	// Fatal for the producer too: nothing it holds may commit a position
+	// past the transaction.
+	t.commitMu.Lock()
+	t.setFatal(fmt.Errorf("%w: %w", errSplit, err))
+	t.commitMu.Unlock()
 	return err
 }
 
 // SetFloor tells the producer where the run starts: every transaction
-// ending before pos is delivered (the slot's, or the position's). A part
-// committed before any whole transaction of the run carries at least it.
-func (t *Txn) SetFloor(pos lsn.LSN) { t.floor.Store(uint64(pos)) }
+// committing below pos is delivered (the slot's, or the position's), and
+// not decoded again. A part committed before any whole transaction of the
+// run carries at least it; a transaction committed in part below it was
+// delivered since (an at_least_once run, a slot made again): nothing to
+// pass over. Called before the stream starts.
+func (t *Txn) SetFloor(pos lsn.LSN) {
+	t.floor.Store(uint64(pos))
+	if r := t.split.resume; r != nil && r.Final < pos {
+		t.log.Info("kafka: the transaction committed in part lies below where the run starts; nothing of it is passed over",
+			"txn", r.id(), "events_committed", r.Events, "start", pos)
+		t.split.resume, t.split.started = nil, false
+	}
+}
 
 // due reports whether the open transaction has a part to cut: an event
 // more than MaxRecords waits (or more than the buffered bytes), it may be
@@ -231,14 +240,22 @@ func (t *Txn) cut(ctx context.Context) {
 		e.sp = m
 	}
 	t.open, s.bytes = rest, rest[0].rec.Size()
+	waiting := len(t.batch) > 0
+	t.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.ctx, cancel)()
+	if waiting {
+		// Whole transactions commit apart from a part: a position with a
+		// part then moves nothing else (the hang check relies on it).
+		_ = t.commit(ctx)
+	}
+	t.mu.Lock()
 	if len(t.batch) == 0 {
 		t.since = time.Now()
 	}
 	t.batch = append(t.batch, part...)
 	t.mu.Unlock()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(t.ctx, cancel)()
 	_ = t.commitShrinking(ctx, t.uncut) // outcomes went to the events' Done; given back, what waits carries its marks
 	if p := t.lastCommitted(); p != nil && p.id() == s.id && p.Events >= m.events {
 		s.committed, s.fp = p.Events, p.Last

@@ -106,7 +106,7 @@ func parts(recs []*kgo.Record) []string {
 // warm commits a first whole transaction ending at 100: a position exists.
 func warm(ctx context.Context, t *testing.T, tx *exactlyonce.Txn, done *sinktest.Outcomes) {
 	t.Helper()
-	tx.BeginTxn(exactlyonce.TxnID{Final: 90, Xid: 9}, true, true)
+	tx.BeginTxn(exactlyonce.TxnID{Final: 90, Xid: 9}, true)
 	produceTxn(ctx, t, tx, done, 100, topic, "w")
 	if o := done.Wait(ctx, t); o.Err != nil {
 		t.Fatalf("first transaction: %+v", o)
@@ -123,7 +123,7 @@ func TestSplitCommitsParts(t *testing.T) {
 	done := sinktest.OutcomesFor(64)
 	warm(ctx, t, tx, done)
 	id := exactlyonce.TxnID{Final: 500, Xid: 77}
-	tx.BeginTxn(id, true, true)
+	tx.BeginTxn(id, true)
 	if err := handOver(ctx, t, tx, done, 0, 25); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestSplitRestartPassesOverCommittedParts(t *testing.T) {
 	done := sinktest.OutcomesFor(64)
 	warm(ctx, t, first, done)
 	id := exactlyonce.TxnID{Final: 500, Xid: 77}
-	first.BeginTxn(id, true, true)
+	first.BeginTxn(id, true)
 	if err := handOver(ctx, t, first, done, 0, 27); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestSplitRestartPassesOverCommittedParts(t *testing.T) {
 		t.Fatal("Resuming() = false with a part committed")
 	}
 	again := sinktest.OutcomesFor(64)
-	second.BeginTxn(id, true, true)
+	second.BeginTxn(id, true)
 	if !second.Resumes(id) {
 		t.Fatal("Resumes(77@500) = false")
 	}
@@ -229,12 +229,12 @@ func TestSplitReconnectPassesOver(t *testing.T) {
 	done := sinktest.OutcomesFor(128)
 	warm(ctx, t, tx, done)
 	id := exactlyonce.TxnID{Final: 500, Xid: 77}
-	tx.BeginTxn(id, true, true)
+	tx.BeginTxn(id, true)
 	if err := handOver(ctx, t, tx, done, 0, 15); err != nil {
 		t.Fatal(err)
 	}
 	tx.AbortTxn()
-	tx.BeginTxn(id, true, true)
+	tx.BeginTxn(id, true)
 	if err := handOver(ctx, t, tx, done, 0, 22); err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestSplitRefusesAnotherTransaction(t *testing.T) {
 		run  func(ctx context.Context, tx *exactlyonce.Txn, done sink.Done) error
 	}{
 		{"other events", func(ctx context.Context, tx *exactlyonce.Txn, done sink.Done) error {
-			tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true, true)
+			tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true)
 			for i := range 12 {
 				rec := &router.Record{Topic: topic, Key: []byte("k"), Value: []byte(fmt.Sprintf("other%d", i))}
 				if err := tx.Produce(ctx, rec, done); err != nil {
@@ -279,7 +279,7 @@ func TestSplitRefusesAnotherTransaction(t *testing.T) {
 			return nil
 		}},
 		{"stream past it", func(_ context.Context, tx *exactlyonce.Txn, _ sink.Done) error {
-			tx.BeginTxn(exactlyonce.TxnID{Final: 700, Xid: 78}, true, true)
+			tx.BeginTxn(exactlyonce.TxnID{Final: 700, Xid: 78}, true)
 			return nil
 		}},
 	} {
@@ -289,7 +289,7 @@ func TestSplitRefusesAnotherTransaction(t *testing.T) {
 			first, _, stop := splitTxn(ctx, t, c, 10, nil)
 			done := sinktest.OutcomesFor(64)
 			warm(ctx, t, first, done)
-			first.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true, true)
+			first.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true)
 			if err := handOver(ctx, t, first, done, 0, 11); err != nil {
 				t.Fatal(err)
 			}
@@ -329,7 +329,7 @@ func TestSplitKeepsWhole(t *testing.T) {
 			if tc.warm {
 				warm(ctx, t, tx, done)
 			}
-			tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, tc.allowed, true)
+			tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, tc.allowed)
 			if err := handOver(ctx, t, tx, done, 0, 25); err != nil {
 				t.Fatal(err)
 			}
@@ -350,17 +350,19 @@ func TestSplitKeepsWhole(t *testing.T) {
 	}
 }
 
-// TestSplitReadBackPassesOverNothing: with passOver false (a read-back
-// looks the events up in Kafka and holds back those it finds) the producer
-// publishes every event it is handed, and the transaction is not resumed.
-func TestSplitReadBackPassesOverNothing(t *testing.T) {
+// TestSplitReadBackAndPassOver: the restart runs a read-back (a position
+// whose history mark lags), which holds back the first events of the
+// transaction it finds in Kafka (HeldBack), then the producer passes over
+// the rest of what the part committed: together they skip exactly the
+// committed events, never more.
+func TestSplitReadBackAndPassOver(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
 	first, _, stop := splitTxn(ctx, t, c, 10, nil)
 	done := sinktest.OutcomesFor(64)
 	warm(ctx, t, first, done)
 	id := exactlyonce.TxnID{Final: 500, Xid: 77}
-	first.BeginTxn(id, true, true)
+	first.BeginTxn(id, true)
 	if err := handOver(ctx, t, first, done, 0, 11); err != nil {
 		t.Fatal(err)
 	}
@@ -369,23 +371,27 @@ func TestSplitReadBackPassesOverNothing(t *testing.T) {
 	}
 	stop()
 	second, _, _ := splitTxn(ctx, t, c, 10, nil)
-	second.BeginTxn(id, false, false)
-	if second.Resumes(id) || second.Resuming() {
-		t.Fatal("resumed although the read-back holds the events back")
+	second.BeginTxn(id, false)
+	if !second.Resumes(id) {
+		t.Fatal("not resumed")
 	}
+	for range 5 { // the read-back found e0..e4
+		second.HeldBack()
+	}
+	second.Allow() // and ended at e5
 	again := sinktest.OutcomesFor(64)
-	if err := handOver(ctx, t, second, again, 5, 11); err != nil { // the read-back held e0..e4 back
+	if err := handOver(ctx, t, second, again, 5, 12); err != nil {
 		t.Fatal(err)
 	}
 	second.EndTxn(600)
-	for range 6 {
+	for range 7 {
 		if o := again.Wait(ctx, t); o.Err != nil {
 			t.Fatalf("outcome %+v", o)
 		}
 	}
 	got := events(readCommitted(ctx, t, c, topic, true, false))
-	if want := "[e0 e1 e2 e3 e4 e5 e6 e7 e8 e9 e5 e6 e7 e8 e9 e10]"; fmt.Sprint(got) != want {
-		t.Fatalf("read_committed sees %v, want %s (what the read-back did not hold back, published)", got, want)
+	if want := "[e0 e1 e2 e3 e4 e5 e6 e7 e8 e9 e10 e11]"; fmt.Sprint(got) != want {
+		t.Fatalf("read_committed sees %v, want %s", got, want)
 	}
 }
 
@@ -398,7 +404,7 @@ func TestSplitFirstTransactionFromTheFloor(t *testing.T) {
 	tx, _, _ := splitTxn(ctx, t, c, 10, nil)
 	tx.SetFloor(50)
 	done := sinktest.OutcomesFor(64)
-	tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true, true)
+	tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true)
 	if err := handOver(ctx, t, tx, done, 0, 15); err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +429,7 @@ func TestSplitCountsHeldBackEvents(t *testing.T) {
 	first.SetFloor(50)
 	done := sinktest.OutcomesFor(64)
 	id := exactlyonce.TxnID{Final: 500, Xid: 77}
-	first.BeginTxn(id, false, true)
+	first.BeginTxn(id, false)
 	for range 5 { // e0..e4: in Kafka already
 		first.HeldBack()
 	}
@@ -442,7 +448,7 @@ func TestSplitCountsHeldBackEvents(t *testing.T) {
 	}
 	second, _, _ := splitTxn(ctx, t, c, 10, nil)
 	again := sinktest.OutcomesFor(64)
-	second.BeginTxn(id, true, true)
+	second.BeginTxn(id, true)
 	if err := handOver(ctx, t, second, again, 0, 20); err != nil {
 		t.Fatal(err)
 	}

@@ -115,7 +115,7 @@ func timeoutShrinks(t *testing.T, answer *kerr.Error) {
 	}
 	tx.SetFloor(50)
 	done := sinktest.OutcomesFor(64)
-	tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true, true)
+	tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true)
 	value := strings.Repeat("x", 1000)
 	for i := range 25 {
 		rec := &router.Record{Topic: topic, Key: []byte("k"), Value: []byte(fmt.Sprintf("e%d %s", i, value)), Timestamp: time.Now()}
