@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"mime"
+	"strconv"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -35,6 +36,14 @@ type Event struct {
 	Payload []byte
 	// ContentType is the CloudEvents datacontenttype; "" for a plain record.
 	ContentType string
+	// Txn names the PostgreSQL transaction of an event that exactly_once
+	// committed in parts (wire.HeaderTxn; "" for one committed whole), Part
+	// its part from 1, and Last whether that part is the transaction's
+	// last. A handler that needs the transaction's atomicity keeps a Txn's
+	// events until the Last part's arrive.
+	Txn  string
+	Part int
+	Last bool
 }
 
 // EventOf reads rec. It fails only for a structured CloudEvent it cannot
@@ -45,6 +54,7 @@ func EventOf(rec *kgo.Record) (Event, error) {
 	ev.ID, _ = Header(rec, wire.HeaderID)
 	ev.Type, _ = Header(rec, wire.HeaderEventType)
 	ev.AggregateType, _ = Header(rec, wire.HeaderAggregateType)
+	ev.Txn, ev.Part, ev.Last = txnPart(rec)
 	ct, _ := Header(rec, wire.HeaderContentType)
 	// The binding's rule: a content-type naming a CloudEvents event format
 	// means structured mode, anything else binary (or plain) mode.
@@ -108,4 +118,20 @@ func structured(rec *kgo.Record, ev Event, ct string) (Event, error) {
 		return ev, fmt.Errorf("inbox: record %s/%d/%d: CloudEvents JSON: %w", rec.Topic, rec.Partition, rec.Offset, err)
 	}
 	return ev, nil
+}
+
+// txnPart reads the txn and txn_part headers: "i" for a part before the
+// last, "i/i" for the last; a malformed part reads as none.
+func txnPart(rec *kgo.Record) (string, int, bool) {
+	txn, ok := Header(rec, wire.HeaderTxn)
+	part, _ := Header(rec, wire.HeaderTxnPart)
+	if !ok {
+		return "", 0, false
+	}
+	i, n, last := strings.Cut(part, "/")
+	p, err := strconv.Atoi(i)
+	if err != nil || p < 1 || last && n != i {
+		return txn, 0, false
+	}
+	return txn, p, last
 }

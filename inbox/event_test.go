@@ -161,3 +161,32 @@ func TestDedupeKey(t *testing.T) {
 		}
 	}
 }
+
+// TestEventOfTxnPart: the parts of a transaction exactly_once committed in
+// parts (wire.HeaderTxn, wire.HeaderTxnPart) are read; a malformed part is
+// none, and a record without them belongs to a transaction committed whole.
+func TestEventOfTxnPart(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hdr  []string
+		txn  string
+		part int
+		last bool
+	}{
+		{"whole", nil, "", 0, false},
+		{"a part", []string{"txn", "734@0/16B3748", "txn_part", "2"}, "734@0/16B3748", 2, false},
+		{"the last", []string{"txn", "734@0/16B3748", "txn_part", "3/3"}, "734@0/16B3748", 3, true},
+		{"not n/n", []string{"txn", "734@0/16B3748", "txn_part", "3/4"}, "734@0/16B3748", 0, false},
+		{"not a number", []string{"txn", "734@0/16B3748", "txn_part", "x"}, "734@0/16B3748", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev, err := EventOf(&kgo.Record{Key: []byte("k"), Headers: headers(append([]string{"id", "e-1"}, tc.hdr...)...)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev.Txn != tc.txn || ev.Part != tc.part || ev.Last != tc.last {
+				t.Fatalf("txn %q part %d last %v, want %q %d %v", ev.Txn, ev.Part, ev.Last, tc.txn, tc.part, tc.last)
+			}
+		})
+	}
+}
