@@ -91,4 +91,3 @@ func TestReview4TimeoutWholeTransactionsLivelock(t *testing.T) {
 		t.Fatalf("read_committed sees %v, want e0..e9 once each", got)
 	}
 }
-
