@@ -113,13 +113,25 @@ func (t *Txn) setFatal(err error) {
 
 // commit publishes what waits in one Kafka transaction, retrying until it
 // commits, a fatal error, or ctx ends; the outcomes go to the events' Done.
-func (t *Txn) commit(ctx context.Context) error { return t.commitShrinking(ctx, nil) }
+func (t *Txn) commit(ctx context.Context) error { return t.commitShrinking(ctx, t.shrinkBatch) }
 
 // commitShrinking is commit; after a transaction timeout (timeout.go)
-// shrink, when set, makes what waits smaller.
-func (t *Txn) commitShrinking(ctx context.Context, shrink func([]*entry) []*entry) error {
+// shrink makes what waits smaller.
+func (t *Txn) commitShrinking(ctx context.Context, shrink shrinkFunc) error {
 	t.commitMu.Lock()
 	defer t.commitMu.Unlock()
+	for {
+		// What a timeout gave back (shrinkBatch) goes in the next one.
+		t.gaveBack = false
+		if err := t.commitBatch(ctx, shrink); err != nil || !t.gaveBack {
+			return err
+		}
+	}
+}
+
+// commitBatch takes what waits and commits it (commitShrinking). Called
+// with commitMu held.
+func (t *Txn) commitBatch(ctx context.Context, shrink shrinkFunc) error {
 	t.mu.Lock()
 	// A part of a transaction (split.go) may be the first thing this run
 	// hands over: its position is the one committed.
@@ -135,7 +147,7 @@ func (t *Txn) commitShrinking(ctx context.Context, shrink func([]*entry) []*entr
 		var done bool
 		done, err = t.try(ctx, &b, end)
 		if !done && err != nil && t.timedOut(err) {
-			if done, err = t.afterTimeout(ctx, &b, end, shrink); err == nil && !done {
+			if done, err = t.afterTimeout(ctx, &b, &end, shrink); err == nil && !done {
 				continue
 			}
 		}

@@ -32,6 +32,11 @@ type unconfirmed struct {
 // the outcomes of committed events are delivered, and they leave *b. The
 // events of an unconfirmed commit that did not commit go first in *b.
 func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
+	t.attempted = false
+	if err := t.broken(); err != nil {
+		t.fatal = err // reported by failSplit already
+		return false, err
+	}
 	if u := t.unsure; u != nil {
 		committed, err := t.wasCommitted(ctx, u.txn)
 		if err != nil {
@@ -54,7 +59,7 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 			return false, err
 		}
 	}
-	t.lastTry = time.Now()
+	t.lastTry, t.attempted = time.Now(), true
 	err := t.attempt(ctx, *b, end)
 	switch {
 	case err == nil:

@@ -67,6 +67,7 @@ func eosInstance(ctx context.Context, t *testing.T, c *kfake.Cluster, name strin
 	t.Helper()
 	cfg := txnConfig(c, splitSource, time.Millisecond)
 	cfg.TransactionTimeout = time.Second
+	cfg.FenceCheck = time.Second // a takeover commits within two; a timeout waits for them
 	cfg.Owner = func() bool { return true }
 	cfg.Fail = func(err error) { failed <- err }
 	if dial != nil {

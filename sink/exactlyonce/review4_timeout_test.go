@@ -40,6 +40,7 @@ func TestReview4TimeoutWholeTransactionsLivelock(t *testing.T) {
 	c := sinktest.NewCluster(t)
 	cfg := txnConfig(c, splitSource, time.Hour) // commits when MaxRecords wait
 	cfg.MaxRecords, cfg.TransactionTimeout = 10, time.Second
+	cfg.FenceCheck = time.Second // a takeover commits within two; a timeout waits for them
 	slow := slowProduce{perKB: 150 * time.Millisecond, produced: new(atomic.Int64), late: time.Second, slept: new(atomic.Bool)}
 	cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(slow.dial))
 	failed := make(chan error, 4)

@@ -102,6 +102,7 @@ func TestReview4TimeoutDropsUnsureBeforeItIsSettled(t *testing.T) {
 	f := &lateCommitAnswer{code: kerr.InvalidTxnState.Code, delay: 1200 * time.Millisecond}
 	tx, _, _ := newTxn(ctx, t, c, "sys/db/slot", 10*time.Millisecond, func(cfg *exactlyonce.Config) {
 		cfg.TransactionTimeout = time.Second
+		cfg.FenceCheck = time.Second // a takeover commits within two; a timeout waits for them
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(f.dial))
 	})
 	done := sinktest.NewOutcomes()

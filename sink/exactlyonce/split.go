@@ -180,12 +180,21 @@ func (t *Txn) failSplit(problem string) error {
 		Fix: "the outbox's rows, the routing configuration or the slot changed since; compare the topic with the table " +
 			"(outbox-cdc verify), then forget the position with a tombstone for its key in " + t.cfg.Positions +
 			" and start again (docs/operations.md, Exactly-once delivery)"}
-	// Fatal for the producer too: nothing it holds may commit a position
-	// past the transaction.
-	t.commitMu.Lock()
-	t.setFatal(fmt.Errorf("%w: %w", errSplit, err))
-	t.commitMu.Unlock()
+	// Fatal for the producer too: no try commits anything it holds (a
+	// position past the transaction) from now on.
+	e := fmt.Errorf("%w: %w", errSplit, err)
+	if t.splitErr.CompareAndSwap(nil, &e) && t.cfg.Fail != nil {
+		t.cfg.Fail(e)
+	}
 	return err
+}
+
+// broken is failSplit's error, or nil.
+func (t *Txn) broken() error {
+	if e := t.splitErr.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // SetFloor tells the producer where the run starts: every transaction
@@ -257,7 +266,8 @@ func (t *Txn) cut(ctx context.Context) {
 	t.batch = append(t.batch, part...)
 	t.mu.Unlock()
 	_ = t.commitShrinking(ctx, t.uncut) // outcomes went to the events' Done; given back, what waits carries its marks
-	if p := t.lastCommitted(); p != nil && p.id() == s.id && p.Events >= m.events {
+	// What committed of it, whole part or half (uncut after a timeout).
+	if p := t.lastCommitted(); p != nil && p.id() == s.id && p.Events > s.committed {
 		s.committed, s.fp = p.Events, p.Last
 	}
 }
@@ -266,14 +276,14 @@ func (t *Txn) cut(ctx context.Context) {
 // transaction, after a transaction timeout: the rest of the part is
 // committed alone, and the half given back goes in the next part. Called
 // from cut's commit, on the caller's goroutine (t.split is its).
-func (t *Txn) uncut(b []*entry) []*entry {
+func (t *Txn) uncut(b []*entry, end lsn.LSN) ([]*entry, lsn.LSN) {
 	n := len(b)
 	if n == 0 {
-		return b
+		return b, end
 	}
 	m := b[n-1].sp
 	if m == nil || m.last || m.id != t.split.id {
-		return b
+		return t.shrinkBatch(b, end)
 	}
 	i := n
 	for i > 0 && b[i-1].sp == m {
@@ -281,7 +291,7 @@ func (t *Txn) uncut(b []*entry) []*entry {
 	}
 	k := (n - i) / 2
 	if k == 0 {
-		return b
+		return b, end
 	}
 	keep, back := b[:n-k], slices.Clone(b[n-k:])
 	last := keep[len(keep)-1]
@@ -296,7 +306,7 @@ func (t *Txn) uncut(b []*entry) []*entry {
 	}
 	t.open = append(back, t.open...)
 	t.mu.Unlock()
-	return keep
+	return keep, end
 }
 
 // lastCommitted is the Part of the last position committed.

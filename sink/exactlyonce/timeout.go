@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -24,10 +25,14 @@ import (
 // aborts or a false "fenced" exit. The limit grows back once commits are
 // quick again.
 
-// timedOut reports whether err ended an attempt that the coordinator
-// aborted for its age (INVALID_TXN_STATE: the coordinator has no such
-// transaction open any more).
+// timedOut reports whether err, the last try's, ended an attempt (not the
+// settle of an earlier one) that the coordinator aborted for its age
+// (INVALID_TXN_STATE: the coordinator has no such transaction open any
+// more).
 func (t *Txn) timedOut(err error) bool {
+	if !t.attempted {
+		return false
+	}
 	if !errors.Is(err, kerr.InvalidProducerEpoch) && !errors.Is(err, kerr.ProducerFenced) &&
 		!errors.Is(err, kerr.TransactionAbortable) && !errors.Is(err, kerr.InvalidTxnState) {
 		return false
@@ -38,38 +43,113 @@ func (t *Txn) timedOut(err error) bool {
 	return t.cfg.Owner == nil || t.cfg.Owner()
 }
 
-// afterTimeout goes on after an attempt the coordinator aborted: a new
-// client (its InitProducerId ends whatever is left of the transaction),
-// then the position, which tells whether the commit went through after all
-// (its number), else smaller parts and shrink (nil: none) applied to *b.
-// Called with commitMu held.
-func (t *Txn) afterTimeout(ctx context.Context, b *[]*entry, end lsn.LSN, shrink func([]*entry) []*entry) (bool, error) {
-	took := time.Since(t.lastTry)
-	if u := t.unsure; u != nil {
-		// Its commit was refused, not lost: the position says which.
-		*b, t.unsure = append(u.entries, *b...), nil
-	}
-	if err := t.renewClient(); err != nil {
-		return false, fmt.Errorf("after a transaction timeout: %w", err)
-	}
-	pos, err := t.readPosition(ctx)
+// afterTimeout goes on after an attempt the coordinator may have aborted
+// for its age. The position decides, before anything fences anyone: one
+// of another instance means it took the id over (fatal: the refusal was a
+// fence); this attempt's number means its commit went through after all.
+// A takeover commits its position within a fence check (its probe), so the
+// position is read again after two when it is still this instance's. Only
+// then a new client (its InitProducerId ends what is left of the
+// transaction), smaller parts, and shrink (nil: none) applied to *b and
+// *end. An unconfirmed commit stays until the position is read. Called
+// with commitMu held.
+func (t *Txn) afterTimeout(ctx context.Context, b *[]*entry, end *lsn.LSN, shrink shrinkFunc) (bool, error) {
+	took, seq := time.Since(t.lastTry), t.txnSeq
+	pos, err := t.takenOver(ctx, seq)
 	if err != nil {
-		return false, fmt.Errorf("after a transaction timeout: %w", err)
+		return false, err
 	}
-	if pos.Instance == t.instance && pos.Txn == t.txnSeq {
-		t.committed.Store(uint64(end))
+	mine := pos.Txn == seq && pos.Instance == t.instance
+	if u := t.unsure; u != nil {
+		// Its commit was refused or lost; the position says which.
+		t.unsure = nil
+		if mine {
+			t.committed.Store(uint64(u.end))
+			t.noteCommitted(u.entries)
+			t.delivered(u.entries)
+			return len(*b) == 0, nil
+		}
+		*b = append(u.entries, *b...)
+	} else if mine {
+		t.committed.Store(uint64(*end))
 		t.noteCommitted(*b)
 		t.delivered(*b)
 		return true, nil
 	}
+	if err := t.renewClient(); err != nil {
+		return false, fmt.Errorf("after a transaction timeout: %w", err)
+	}
 	n := t.shrinkParts()
 	if shrink != nil {
-		*b = shrink(*b)
+		*b, *end = shrink(*b, *end)
 	}
 	t.log.Warn("kafka transaction timed out: its coordinator aborted it after the transaction timeout; "+
-		"its events go again, and transactions too large are committed in smaller parts",
+		"its events go again, in smaller Kafka transactions",
 		"took", took.Round(time.Millisecond), "transaction_timeout", t.cfg.TransactionTimeout, "events", len(*b), "part_events", n)
 	return false, nil
+}
+
+// takenOver reads the position until it can tell a takeover (an error
+// carrying the fence) from this instance's own: at once, and again after
+// two fence checks.
+func (t *Txn) takenOver(ctx context.Context, seq uint64) (Position, error) {
+	var pos Position
+	for i := range 2 {
+		if i == 1 {
+			select {
+			case <-ctx.Done():
+				return Position{}, ctx.Err()
+			case <-time.After(2*t.cfg.FenceCheck + time.Second):
+			}
+		}
+		var err error
+		if pos, err = t.readPosition(ctx); err != nil {
+			return Position{}, fmt.Errorf("after a transaction timeout: %w", err)
+		}
+		if pos.Instance != "" && pos.Instance != t.instance || pos.Txn > seq {
+			return Position{}, fmt.Errorf("the last position (txn %d) was committed by another instance %q: %w",
+				pos.Txn, pos.Instance, kerr.ProducerFenced)
+		}
+		if pos.Txn == seq {
+			break
+		}
+	}
+	return pos, nil
+}
+
+// shrinkFunc makes what a Kafka transaction holds smaller after a timeout:
+// the events to commit and their position's end.
+type shrinkFunc func(b []*entry, end lsn.LSN) ([]*entry, lsn.LSN)
+
+// shrinkBatch keeps the whole PostgreSQL transactions of b up to half its
+// events (at least the first), gives the rest back to what waits, and ends
+// the position at the last kept: whole transactions batched together get
+// smaller after a timeout too. Called with commitMu held.
+func (t *Txn) shrinkBatch(b []*entry, end lsn.LSN) ([]*entry, lsn.LSN) {
+	cut := 0
+	for i, e := range b[:len(b)-1] {
+		if e.txnEnd == 0 {
+			continue
+		}
+		if cut == 0 || i+1 <= len(b)/2 {
+			cut = i + 1
+		}
+		if i+1 >= len(b)/2 {
+			break
+		}
+	}
+	if cut == 0 {
+		return b, end
+	}
+	keep, back := b[:cut:cut], b[cut:]
+	for _, e := range back {
+		e.err, e.alone = nil, false
+	}
+	t.mu.Lock()
+	t.batch = append(slices.Clone(back), t.batch...)
+	t.mu.Unlock()
+	t.gaveBack = true
+	return keep, keep[cut-1].txnEnd
 }
 
 // renewClient replaces the transactional client with a new one: its

@@ -136,6 +136,13 @@ type Txn struct {
 	// lastPart is the Part of the last position committed (split.go);
 	// guarded by commitMu.
 	lastPart *Part
+	// attempted: the last try reached its attempt (timeout.go); gaveBack:
+	// a timeout gave events back to what waits (shrinkBatch). Guarded by
+	// commitMu.
+	attempted, gaveBack bool
+	// splitErr is set once a split transaction does not come back as it
+	// was committed (split.go): no try commits anything after it.
+	splitErr atomic.Pointer[error]
 	// split is the open PostgreSQL transaction's state (split.go), the
 	// caller's of the hand-over only.
 	split split
@@ -161,6 +168,9 @@ type entry struct {
 	sp  *splitMark
 	idx int
 	fp  uint64
+	// txnEnd is the end LSN of its PostgreSQL transaction when it is the
+	// last event handed over of it (a batch may be cut there, timeout.go).
+	txnEnd lsn.LSN
 }
 
 // New creates the transactional producer. It does not contact the
@@ -267,6 +277,9 @@ func (t *Txn) EndTxn(end lsn.LSN) {
 	}
 	if len(t.batch) == 0 {
 		t.since = time.Now()
+	}
+	if n := len(t.open); n > 0 {
+		t.open[n-1].txnEnd = end
 	}
 	t.batch = append(t.batch, t.open...)
 	t.open = nil
