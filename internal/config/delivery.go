@@ -1,8 +1,10 @@
 package config
 
 import (
+	"fmt"
 	"time"
 
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
@@ -59,5 +61,27 @@ func (v *validator) delivery(k Kafka, d DLQ, s Snapshot) {
 	if d.Mode == DLQQuarantine {
 		v.add("dlq.mode", d.Mode, "quarantine is not supported with kafka.delivery exactly_once",
 			"set dlq.mode: skip, or kafka.delivery: at_least_once")
+	}
+}
+
+// txnHeaders refuses, with exactly_once, a header column named like the
+// headers of a transaction committed in parts (wire.HeaderTxn,
+// wire.HeaderTxnPart): its events would carry two, and a consumer reads the
+// first.
+func (v *validator) txnHeaders(c *Config) {
+	if !c.Kafka.ExactlyOnce() {
+		return
+	}
+	check := func(prefix string, cols []string) {
+		for i, h := range cols {
+			if h == wire.HeaderTxn || h == wire.HeaderTxnPart {
+				v.add(fmt.Sprintf("%s[%d]", prefix, i), h, "with kafka.delivery exactly_once the events of a transaction committed in parts "+
+					"carry the header "+h+"; a column with this name would give a second one", "rename the column, or remove it from the list")
+			}
+		}
+	}
+	check("outbox.header_columns", c.Outbox.HeaderColumns)
+	for i, t := range c.Outbox.Tables {
+		check(fmt.Sprintf("outbox.tables[%d].header_columns", i), t.HeaderColumns)
 	}
 }

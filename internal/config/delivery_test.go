@@ -31,6 +31,14 @@ func TestDelivery(t *testing.T) {
 			c.Kafka.TransactionInterval, c.Kafka.TransactionTimeout = 30*time.Second, 10*time.Second
 		}, "kafka.transaction_interval", "not shorter than kafka.transaction_timeout"},
 		{"timeout ignored at least once", func(c *Config) { c.Kafka.TransactionTimeout = 0 }, "", ""},
+		{"a header column named txn", func(c *Config) { eos(c); c.Outbox.HeaderColumns = []string{"tenant", "txn"} },
+			"outbox.header_columns[1]", "carry the header txn"},
+		{"txn_part in a table's header columns", func(c *Config) {
+			eos(c)
+			c.Outbox.Tables = []OutboxTable{{Table: "public.a"}, {Table: "public.b", HeaderColumns: []string{"txn_part"}}}
+			c.Outbox.Table = ""
+		}, "outbox.tables[1].header_columns[0]", "carry the header txn_part"},
+		{"txn at least once", func(c *Config) { c.Outbox.HeaderColumns = []string{"txn"} }, "", ""},
 		{"positions is the dlq", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.dlq" }, "kafka.positions_topic", "same as the dead-letter"},
 		{"positions routable", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.event.positions" }, "kafka.positions_topic", `aggregate_type "positions"`},
 		{"positions illegal", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "pos!" }, "kafka.positions_topic", "letters, digits"},
