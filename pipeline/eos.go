@@ -77,6 +77,7 @@ type txnBoundary interface {
 	KeepWhole()
 	Allow()
 	HeldBack()
+	PartFloor() lsn.LSN
 	SetFloor(pos lsn.LSN)
 	EndTxn(end lsn.LSN)
 	AbortTxn()
@@ -100,6 +101,10 @@ type eos struct {
 	// splittable: the open transaction may be committed in parts once no
 	// read-back decides its events (begin).
 	splittable bool
+	// heldEnd is the end of the last transaction the read-back held back
+	// whole (its events all in Kafka): a part's position must not lie below
+	// it (inKafka).
+	heldEnd lsn.LSN
 }
 
 // handover is exactly_once's hand-over of ended PostgreSQL transactions to
@@ -190,7 +195,13 @@ func (e *eos) end(end lsn.LSN) {
 	}
 	e.txn.EndTxn(end)
 	h.max = max(h.max, end)
-	e.readBack.commit()
+	if r := e.readBack; r != nil {
+		whole := r.txns
+		r.commit()
+		if r.txns > whole {
+			e.heldEnd = max(e.heldEnd, end)
+		}
+	}
 }
 
 func (e *eos) abort() {
@@ -224,16 +235,17 @@ func (e *eos) holdUntil(clearAt lsn.LSN) { e.txn.HoldUntil(clearAt) }
 // inKafka asks the read-back; the events it holds back count as decoded
 // for the positions of parts, and once it ends inside the open transaction
 // (an event not found: everything after it is published) the rest may be
-// split, unless it held whole transactions back before: a part's position
-// would lie below them (nothing of theirs moved it), and a restart without a
-// read-back would publish them again.
+// split, unless it held whole transactions back that end past the position
+// a part would carry (nothing of theirs moved it): a restart without a
+// read-back would publish them again. Those below it (a restart's read-back
+// of what it committed before) do not matter.
 func (e *eos) inKafka(ctx context.Context, rec *router.Record, commit time.Time) (bool, error) {
 	held, err := e.readBack.inKafka(ctx, rec, commit)
 	switch r := e.readBack; {
 	case err != nil || r == nil || r.repair:
 	case held:
 		e.txn.HeldBack()
-	case r.cut && e.splittable && r.txns == 0:
+	case r.cut && e.splittable && e.heldEnd <= e.txn.PartFloor():
 		e.txn.Allow()
 	}
 	return held, err

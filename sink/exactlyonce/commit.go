@@ -135,7 +135,7 @@ func (t *Txn) commitBatch(ctx context.Context, shrink shrinkFunc) error {
 	t.mu.Lock()
 	// A part of a transaction (split.go) may be the first thing this run
 	// hands over: its position is the one committed.
-	b, end := t.batch, max(t.end, lsn.LSN(t.committed.Load()), lsn.LSN(t.floor.Load()))
+	b, end := t.batch, t.partFloorLocked()
 	t.batch = nil
 	t.mu.Unlock()
 	if len(b) == 0 {

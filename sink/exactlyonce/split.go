@@ -128,6 +128,20 @@ func (t *Txn) BeginTxn(id TxnID, allowed bool) {
 	}
 }
 
+// PartFloor is the position a part committed now would carry.
+func (t *Txn) PartFloor() lsn.LSN {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.partFloorLocked()
+}
+
+// partFloorLocked is PartFloor, with mu held: the end of the last whole
+// transaction handed over, else the position committed, else the run's
+// start.
+func (t *Txn) partFloorLocked() lsn.LSN {
+	return max(t.end, lsn.LSN(t.committed.Load()), lsn.LSN(t.floor.Load()))
+}
+
 // KeepWhole keeps the rest of the open transaction in one Kafka
 // transaction (a gap repair's rows join it).
 func (t *Txn) KeepWhole() { t.split.allowed, t.split.whole = false, true }
