@@ -106,7 +106,7 @@ func (t *Txn) takenOver(ctx context.Context, seq uint64) (Position, error) {
 		if pos, err = t.readPosition(ctx); err != nil {
 			return Position{}, fmt.Errorf("after a transaction timeout: %w", err)
 		}
-		if pos.Instance != "" && pos.Instance != t.instance || pos.Txn > seq {
+		if t.another(pos) {
 			return Position{}, fmt.Errorf("the last position (txn %d) was committed by another instance %q: %w",
 				pos.Txn, pos.Instance, kerr.ProducerFenced)
 		}
@@ -115,6 +115,20 @@ func (t *Txn) takenOver(ctx context.Context, seq uint64) (Position, error) {
 		}
 	}
 	return pos, nil
+}
+
+// another reports whether pos was committed by another instance since
+// this one started: not this one's, and not the one it read at start (its
+// predecessor's, before a restart). Records of versions before the instance
+// name are none of them.
+func (t *Txn) another(pos Position) bool {
+	switch {
+	case pos.Instance == "" || pos.Instance == t.instance:
+		return false
+	case pos.Instance == t.prior.Instance && pos.Txn == t.prior.Txn:
+		return false
+	}
+	return true
 }
 
 // shrinkFunc makes what a Kafka transaction holds smaller after a timeout:

@@ -166,3 +166,70 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	return w.b.Write(p)
 }
+
+// TestTxnTimeoutAfterRestart: the first Kafka transaction of a restarted
+// producer times out; the last position is then its predecessor's (another
+// process, the one it read at start), which is no takeover. Before, any
+// position of another instance read as one: the restart exited "fenced",
+// and every restart after it again, under the same quota.
+func TestTxnTimeoutAfterRestart(t *testing.T) {
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t)
+	cfg := txnConfig(c, splitSource, time.Millisecond)
+	cfg.MaxRecords, cfg.TransactionTimeout = 10, time.Second
+	cfg.FenceCheck = time.Second // a takeover commits within two; a timeout waits for them
+	// The predecessor, with the same timeout (kfake keeps the first one a
+	// transactional id was initialized with).
+	first, err := exactlyonce.New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	warm(ctx, t, first, sinktest.OutcomesFor(64)) // its position
+	first.Close()
+
+	slow := slowProduce{perKB: 150 * time.Millisecond, produced: new(atomic.Int64), late: time.Second, slept: new(atomic.Bool)}
+	cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(slow.dial))
+	failed := make(chan error, 4)
+	cfg.Fail = func(err error) { failed <- err }
+	var logs strings.Builder
+	var mu sync.Mutex
+	tx, err := exactlyonce.New(cfg, slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	if _, err := tx.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := sinktest.OutcomesFor(64)
+	tx.BeginTxn(exactlyonce.TxnID{Final: 500, Xid: 77}, true)
+	value := strings.Repeat("x", 1000)
+	for i := range 15 {
+		rec := &router.Record{Topic: topic, Key: []byte("k"), Value: []byte(fmt.Sprintf("e%d %s", i, value)), Timestamp: time.Now()}
+		if err := tx.Produce(ctx, rec, again); err != nil {
+			t.Fatalf("produce %d: %v", i, err)
+		}
+	}
+	tx.EndTxn(600)
+	for i := range 15 {
+		select {
+		case err := <-failed:
+			mu.Lock()
+			t.Fatalf("fatal error after %d outcomes: %v\n%s", i, err, logs.String())
+		case o := <-again.C():
+			if o.Err != nil {
+				t.Fatalf("outcome %d: %+v", i, o)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of 15 outcomes", i)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "kafka transaction timed out") {
+		t.Fatalf("no commit timed out: the test tested nothing\n%s", logs.String()[:min(len(logs.String()), 3000)])
+	}
+}
