@@ -20,8 +20,8 @@ type boundary interface {
 	// no gap repair depends on it, so that it may be committed in parts.
 	// resumed: some of its events were committed before (a part).
 	begin(xid uint32, final lsn.LSN, plain bool) (resumed bool)
-	// resuming: a transaction committed in part before the start is yet
-	// to be decoded again.
+	// resuming: a transaction committed in part (before the start, or
+	// before a reconnect) is yet to end.
 	resuming() bool
 	// note: an outbox transaction (xid, committing at final) was decoded,
 	// published or skipped.

@@ -209,10 +209,11 @@ func (w *processor) begin(b *decode.Begin) error {
 	resumed := p.b.begin(b.Xid, b.FinalLSN, w.bf.quiet())
 	if w.bf.due(b.FinalLSN) && !resumed && !p.b.resuming() {
 		// The repair's rows first, in this transaction: they were written
-		// before it committed. A transaction committed in part before the
-		// start takes them at its commit instead (commit: ends), once its
-		// rows are decoded, so that the repair leaves its rows out; so
-		// nothing before it runs the repair either.
+		// before it committed. While a transaction committed in part is
+		// yet to end (resuming: from the start or a reconnect) the repair
+		// waits, here, at its commit and at keepalives, and runs at the
+		// first point after it: its rows are decoded (seen) by then, so the
+		// repair leaves them out, and the gap's rows follow it.
 		if err := w.runBackfill(w.ctx, w.produceCtx, w.bf, w.txn); err != nil {
 			return err
 		}
