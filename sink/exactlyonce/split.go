@@ -258,7 +258,7 @@ func (t *Txn) cut(ctx context.Context) {
 	n := len(t.open) - 1
 	part, rest := t.open[:n:n], []*entry{t.open[n]}
 	s.parts++
-	m := &splitMark{id: s.id, part: s.parts, events: part[n-1].idx + 1, fp: part[n-1].fp}
+	m := &splitMark{id: s.id, part: s.parts, events: part[n-1].idx + 1, fp: part[n-1].fingerprint()}
 	for _, e := range part {
 		e.sp = m
 	}
@@ -309,7 +309,7 @@ func (t *Txn) uncut(b []*entry, end lsn.LSN) ([]*entry, lsn.LSN) {
 	}
 	keep, back := b[:n-k], slices.Clone(b[n-k:])
 	last := keep[len(keep)-1]
-	kept := &splitMark{id: m.id, part: m.part, events: last.idx + 1, fp: last.fp}
+	kept := &splitMark{id: m.id, part: m.part, events: last.idx + 1, fp: last.fingerprint()}
 	for _, e := range b[i : n-k] {
 		e.sp = kept
 	}
@@ -370,6 +370,9 @@ func fingerprint(topic string, key, value []byte) uint64 {
 	}
 	return h.Sum64()
 }
+
+// fingerprint is e's, as the router made it.
+func (e *entry) fingerprint() uint64 { return fingerprint(e.topic, e.key, e.value) }
 
 // withPart adds the split transaction's headers to rec, a copy of e's record
 // for one attempt.

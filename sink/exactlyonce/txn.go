@@ -164,10 +164,13 @@ type entry struct {
 	alone   bool  // sent alone in this attempt
 	err     error // this attempt's outcome
 	// sp marks an event of a split transaction (split.go); idx is its
-	// index in that transaction, fp its fingerprint as the router made it.
-	sp  *splitMark
-	idx int
-	fp  uint64
+	// index in that transaction; topic, key and value are as the router
+	// made them (rec may become a dead letter), for its fingerprint, which
+	// only a part's last event needs.
+	sp         *splitMark
+	idx        int
+	topic      string
+	key, value []byte
 	// txnEnd is the end LSN of its PostgreSQL transaction when it is the
 	// last event handed over of it (a batch may be cut there, timeout.go).
 	txnEnd lsn.LSN
@@ -247,7 +250,7 @@ func (t *Txn) Produce(ctx context.Context, rec *router.Record, done sink.Done) e
 		return err
 	}
 	e := &entry{rec: kafka.NewEvent(rec, t.cfg.Sink.DLQTopic), done: done, idx: t.split.index - 1,
-		fp: fingerprint(rec.Topic, rec.Key, rec.Value)}
+		topic: rec.Topic, key: rec.Key, value: rec.Value}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
