@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,11 +35,7 @@ import (
 func TestReview4UncutThenReconnectRepublishes(t *testing.T) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
-	cfg := txnConfig(c, splitSource, time.Millisecond)
-	cfg.MaxRecords, cfg.TransactionTimeout = 10, time.Second
-	cfg.FenceCheck = time.Second // a takeover commits within two; a timeout waits for them
-	slow := slowProduce{perKB: 150 * time.Millisecond, produced: new(atomic.Int64), late: time.Second, slept: new(atomic.Bool)}
-	cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(slow.dial))
+	cfg, _ := slowConfig(c, time.Millisecond)
 	failed := make(chan error, 4)
 	cfg.Fail = func(err error) { failed <- err }
 	var logs strings.Builder

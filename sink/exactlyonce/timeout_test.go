@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -64,6 +66,18 @@ func (c *slowConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
+// slowConfig is a producer's configuration on c whose Kafka transactions
+// last 150 ms per KiB produced (slowProduce), with parts of 10, a 1 s
+// timeout, and a fence check of 1 s (a takeover commits within two; a
+// timeout waits for them).
+func slowConfig(c *kfake.Cluster, interval time.Duration) (exactlyonce.Config, slowProduce) {
+	cfg := txnConfig(c, splitSource, interval)
+	cfg.MaxRecords, cfg.TransactionTimeout, cfg.FenceCheck = 10, time.Second, time.Second
+	slow := slowProduce{perKB: 150 * time.Millisecond, produced: new(atomic.Int64), late: time.Second, slept: new(atomic.Bool)}
+	cfg.Sink.TestOpts = append(slices.Clip(cfg.Sink.TestOpts), kgo.Dialer(slow.dial))
+	return cfg, slow
+}
+
 // TestTxnTimeoutShrinksParts: a part of a large transaction takes longer
 // than the transaction timeout to produce (1 KiB events, 150 ms per KiB,
 // parts of 10, a 1 s timeout); kfake's coordinator aborts it and bumps the
@@ -86,11 +100,7 @@ func TestTxnTimeoutShrinksParts(t *testing.T) {
 func timeoutShrinks(t *testing.T, answer *kerr.Error) {
 	ctx := sinktest.Ctx(t)
 	c := sinktest.NewCluster(t)
-	cfg := txnConfig(c, splitSource, time.Millisecond)
-	cfg.MaxRecords, cfg.TransactionTimeout = 10, time.Second
-	cfg.FenceCheck = time.Second // a takeover commits within two; a timeout waits for them
-	slow := slowProduce{perKB: 150 * time.Millisecond, produced: new(atomic.Int64), late: time.Second, slept: new(atomic.Bool)}
-	cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(slow.dial))
+	cfg, slow := slowConfig(c, time.Millisecond)
 	if answer != nil {
 		c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
 			c.KeepControl()
