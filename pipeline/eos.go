@@ -143,6 +143,11 @@ func (e *eos) startReadBack(ctx context.Context, floor time.Time) {
 	e.readBack = newReadBack(ctx, func(ctx context.Context, topics []string, since time.Time, fn func(sink.ReadRecord) error) (sink.ReadStats, error) {
 		return sink.ReadRange(ctx, cfg, topics, since, fn)
 	}, floor, e.p.log)
+	for _, side := range []string{cfg.DLQTopic, cfg.ParkingTopic} {
+		if side != "" {
+			e.readBack.side = append(e.readBack.side, side)
+		}
+	}
 	if !appTimestamps(e.p.cfg) {
 		e.readBack.margin = time.Minute // clock skew between the server and the broker
 	}

@@ -47,7 +47,9 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 		return nil, fmt.Errorf("exactly_once: %w", err)
 	}
 	key := sourceKey(srv, p.cfg.Source.Slot)
-	t, err := exactlyonce.New(exactlyonce.Config{Sink: p.cfg.Sink, Positions: eo.PositionsTopic, Interval: eo.Interval, TransactionTimeout: eo.Timeout,
+	sc := p.quarantining(p.cfg.Sink)
+	sc.QuarantineSource = key
+	t, err := exactlyonce.New(exactlyonce.Config{Sink: sc, Positions: eo.PositionsTopic, Interval: eo.Interval, TransactionTimeout: eo.Timeout,
 		Source: key, Fail: p.fail, Owner: p.conn.up.Load, Proof: p.markProof,
 		Acknowledged: max(pl.readings.slot, pl.readings.ckpt)}, p.log)
 	if err != nil {
@@ -68,6 +70,12 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("exactly_once: %w", err)
+	}
+	// After Start's fence: the state records of an earlier instance's open
+	// transaction are decided then.
+	if err := t.StartQuarantines(ctx); err != nil {
+		t.Close()
+		return nil, notCompacted(err)
 	}
 	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
 		"positions_topic", eo.PositionsTopic, "committed", committed.LSN)

@@ -50,16 +50,13 @@ func (su *starter) ownTopics(ctx context.Context) error {
 }
 
 // ownTopicsConfig is the sink configuration whose own topics this run
-// uses: a replay keeps its quarantines in memory (openSink), exactly_once
-// has no parking (its positions topic is checked by its own start).
+// uses: a replay keeps its quarantines in memory (openSink); exactly_once's
+// positions topic is checked by its own start.
 func (su *starter) ownTopicsConfig() sink.Config {
 	p := su.p
 	cfg := p.cfg.Sink
 	if p.cfg.Replay != nil {
 		cfg.QuarantineTopic = ""
-	}
-	if p.cfg.ExactlyOnce != nil && p.cfg.Replay == nil {
-		cfg.ParkingTopic = ""
 	}
 	return cfg
 }

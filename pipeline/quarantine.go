@@ -22,7 +22,18 @@ func (su *starter) openSink(ctx context.Context) (*sink.Sink, error) {
 		// its quarantines stay in memory.
 		cfg.QuarantineTopic = ""
 	}
-	// The sink is the one source of the quarantined count, in memory too.
+	cfg = p.quarantining(cfg)
+	key := func(ctx context.Context) (string, error) {
+		srv, err := su.identify(ctx)
+		return sourceKey(srv, p.cfg.Source.Slot), err
+	}
+	return startSink(ctx, cfg, key, p.log)
+}
+
+// quarantining is cfg with what the quarantined set of either producer
+// reports to, and asks of, the run.
+func (p *Pipeline) quarantining(cfg sink.Config) sink.Config {
+	// The producer is the one source of the quarantined count, in memory too.
 	cfg.Redrives = func(result string, quarantined int) {
 		if result != "" {
 			p.m.Redrives.WithLabelValues(result).Inc()
@@ -32,14 +43,10 @@ func (su *starter) openSink(ctx context.Context) (*sink.Sink, error) {
 	// Requests are carried out only while this process streams from the
 	// slot: a standby waiting for it must not lift what the active one parks.
 	cfg.Owner = p.Streaming
-	// Kafka not usable at start: the restore goes on in the sink, and a
+	// Kafka not usable at start: the restore goes on in the producer, and a
 	// topic found not compacted then stops the connector.
 	cfg.Fail = func(err error) { p.fail(notCompacted(err)) }
-	key := func(ctx context.Context) (string, error) {
-		srv, err := su.identify(ctx)
-		return sourceKey(srv, p.cfg.Source.Slot), err
-	}
-	return startSink(ctx, cfg, key, p.log)
+	return cfg
 }
 
 // OpenRepairSink opens the sink that verify --repair republishes missing

@@ -59,9 +59,11 @@ type readRange func(ctx context.Context, topics []string, since time.Time, fn fu
 // An event is found by its topic, key, id header and value, so a new row
 // that reuses an old id (a sequence restored with the data) is not taken
 // for the old one unless its key and value are the same too. What the
-// read-back cannot find (a record compacted away, expired, parked by a
-// quarantine, or stamped before the read's start) ends it there; so does a
-// read past maxHeld records: a duplicate, never a loss.
+// read-back cannot find (a record compacted away, expired, a dead letter
+// made smaller, or stamped before the read's start) ends it there; so does
+// a read past maxHeld records: a duplicate, never a loss. A dead letter or
+// a parked record is found on its topic (side) under the topic it was
+// meant for.
 type readBack struct {
 	read readRange
 	log  *slog.Logger
@@ -79,9 +81,12 @@ type readBack struct {
 	maxHeld  int
 	progress time.Duration
 	seeds    [2]maphash.Seed
-	loaded   map[string]bool
-	held     fingerprints
-	buf      []byte
+	// side are the dead-letter and parking topics: an event found there,
+	// under the topic it was meant for, was published too.
+	side   []string
+	loaded map[string]bool
+	held   fingerprints
+	buf    []byte
 
 	found   int  // events of the open transaction held back
 	cut     bool // an event of the open transaction was not found
@@ -112,10 +117,17 @@ func (b *readBack) inKafka(ctx context.Context, rec *router.Record, commit time.
 	if b.since.IsZero() {
 		b.since = b.start(rec, commit)
 	}
-	if !b.loaded[rec.Topic] {
-		if err := b.load(ctx, rec.Topic); errors.Is(err, errReadBackFull) {
+	for i := 0; i <= len(b.side); i++ {
+		topic := rec.Topic
+		if i < len(b.side) {
+			topic = b.side[i]
+		}
+		if b.loaded[topic] {
+			continue
+		}
+		if err := b.load(ctx, topic); errors.Is(err, errReadBackFull) {
 			b.log.Warn("exactly-once: the read-back would hold too many records; publishing from here, what follows may be published twice",
-				"topic", rec.Topic, "since", b.since.UTC().Format(time.RFC3339), "max_records", b.maxHeld)
+				"topic", topic, "since", b.since.UTC().Format(time.RFC3339), "max_records", b.maxHeld)
 			b.cut, b.full = true, true
 			b.held, b.loaded = fingerprints{}, nil
 			return false, nil
@@ -185,7 +197,11 @@ func (b *readBack) load(ctx context.Context, topic string) error {
 		if b.held.n >= b.maxHeld {
 			return errReadBackFull
 		}
-		b.held.add(b.fingerprint(r.Topic, r.Key, r.ID, r.Value), b.maxHeld)
+		meant := r.Topic
+		if r.Orig != "" {
+			meant = r.Orig // a dead letter or a parked record: the event as routed
+		}
+		b.held.add(b.fingerprint(meant, r.Key, r.ID, r.Value), b.maxHeld)
 		return nil
 	})
 	if errors.Is(err, errReadBackFull) {

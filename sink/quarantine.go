@@ -25,11 +25,17 @@ func (s *Sink) openQuarantine(cfg Config, conn []kgo.Opt, codec kgo.CompressionC
 		s.restored = ready
 		return
 	}
-	qc := quarantine.Config{Parking: cfg.ParkingTopic, DLQ: cfg.DLQTopic, Max: cfg.MaxQuarantined,
-		Topic: cfg.QuarantineTopic, Source: cfg.QuarantineSource, Owner: cfg.Owner, Fail: cfg.Fail, Report: cfg.Redrives,
-		Conn: conn, Codec: codec, Replication: s.meta.Replication()}
-	s.q = quarantine.New(s.ctx, qc, s.cl, s.log)
+	s.q = quarantine.New(s.ctx, cfg.QuarantineConfig(conn, codec, s.meta.Replication()), s.cl, s.log)
 	s.restored = s.q.Ready()
+}
+
+// QuarantineConfig is the quarantine's configuration (dlq.mode
+// quarantine) for a producer of cfg: conn are the cluster and security
+// options, codec kafka.compression, replication the state topic's.
+func (cfg Config) QuarantineConfig(conn []kgo.Opt, codec kgo.CompressionCodec, replication int16) quarantine.Config {
+	return quarantine.Config{Parking: cfg.ParkingTopic, DLQ: cfg.DLQTopic, Max: cfg.MaxQuarantined,
+		Topic: cfg.QuarantineTopic, Source: cfg.QuarantineSource, Owner: cfg.Owner, Fail: cfg.Fail, Report: cfg.Redrives,
+		Conn: conn, Codec: codec, Replication: replication}
 }
 
 // StartQuarantines restores the quarantines saved on the state topic and

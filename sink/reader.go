@@ -21,6 +21,9 @@ type ReadRecord struct {
 	Value     []byte
 	ID        []byte // the id header's value
 	HasID     bool
+	// Orig is the topic header's value: the topic a dead letter or a
+	// parked record was meant for ("" when it has none).
+	Orig string
 }
 
 // ReadStats says what a range read covered.
@@ -75,9 +78,11 @@ func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time
 	err = rd.Read(ctx, ranges, func(r *kgo.Record) error {
 		rr := ReadRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
 		for _, h := range r.Headers {
-			if h.Key == wire.HeaderID {
+			switch {
+			case h.Key == wire.HeaderID && !rr.HasID:
 				rr.ID, rr.HasID = h.Value, true
-				break
+			case h.Key == wire.HeaderTopic && rr.Orig == "":
+				rr.Orig = string(h.Value)
 			}
 		}
 		return fn(rr)

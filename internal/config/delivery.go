@@ -39,8 +39,8 @@ func (v *validator) delivery(k Kafka, d DLQ, s Snapshot) {
 		v.add("kafka.transaction_interval", k.TransactionInterval.String(), "not shorter than kafka.transaction_timeout",
 			"keep it well below the timeout (the default 5ms)")
 	}
-	if k.PositionsTopic == k.DLQTopic || k.PositionsTopic == k.ParkingTopic && d.Mode == DLQQuarantine {
-		v.add("kafka.positions_topic", k.PositionsTopic, "same as the dead-letter or parking topic",
+	if k.PositionsTopic == k.DLQTopic || (k.PositionsTopic == k.ParkingTopic || k.PositionsTopic == k.QuarantineTopic) && d.Mode == DLQQuarantine {
+		v.add("kafka.positions_topic", k.PositionsTopic, "same as the dead-letter, parking or quarantine topic",
 			"choose a topic of its own, such as outbox-cdc.positions")
 		return
 	}
@@ -55,12 +55,6 @@ func (v *validator) delivery(k Kafka, d DLQ, s Snapshot) {
 	if s.Mode == "pending" {
 		v.add("snapshot.mode", s.Mode, "pending is not supported with kafka.delivery exactly_once",
 			"take the initial snapshot with kafka.delivery: at_least_once, then switch, or set snapshot.mode: none")
-	}
-	// The quarantined set lives in the at-least-once sink; the
-	// transactional one does not divert keys.
-	if d.Mode == DLQQuarantine {
-		v.add("dlq.mode", d.Mode, "quarantine is not supported with kafka.delivery exactly_once",
-			"set dlq.mode: skip, or kafka.delivery: at_least_once")
 	}
 }
 

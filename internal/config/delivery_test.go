@@ -42,7 +42,15 @@ func TestDelivery(t *testing.T) {
 		{"positions is the dlq", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.dlq" }, "kafka.positions_topic", "same as the dead-letter"},
 		{"positions routable", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "outbox.event.positions" }, "kafka.positions_topic", `aggregate_type "positions"`},
 		{"positions illegal", func(c *Config) { eos(c); c.Kafka.PositionsTopic = "pos!" }, "kafka.positions_topic", "letters, digits"},
-		{"quarantine refused", func(c *Config) { eos(c); c.DLQ.Mode = DLQQuarantine }, "dlq.mode", "not supported with kafka.delivery exactly_once"},
+		{"quarantine with exactly once", func(c *Config) { eos(c); c.DLQ.Mode = DLQQuarantine }, "", ""},
+		{"positions is the quarantine topic", func(c *Config) {
+			eos(c)
+			c.DLQ.Mode, c.Kafka.PositionsTopic = DLQQuarantine, c.Kafka.QuarantineTopic
+		}, "kafka.positions_topic", "quarantine topic"},
+		{"positions is the parking topic", func(c *Config) {
+			eos(c)
+			c.DLQ.Mode, c.Kafka.PositionsTopic = DLQQuarantine, c.Kafka.ParkingTopic
+		}, "kafka.positions_topic", "parking"},
 		{"snapshot refused", func(c *Config) { eos(c); c.Snapshot.Mode = "pending" }, "snapshot.mode", "not supported with kafka.delivery exactly_once"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -78,15 +86,14 @@ func TestDeliveryEnv(t *testing.T) {
 	if !cfg.Kafka.ExactlyOnce() || cfg.Kafka.TransactionInterval != 20*time.Millisecond || cfg.Kafka.PositionsTopic != "outbox-cdc.positions" {
 		t.Fatalf("kafka %q %v %q", cfg.Kafka.Delivery, cfg.Kafka.TransactionInterval, cfg.Kafka.PositionsTopic)
 	}
-	// dlq.mode unset is skip with exactly_once (quarantine otherwise);
-	// set to quarantine, it is refused with the fix.
-	if cfg.DLQ.Mode != DLQSkip {
-		t.Fatalf("dlq.mode %q with exactly_once and no dlq.mode set, want skip", cfg.DLQ.Mode)
+	// dlq.mode unset is quarantine in both modes; skip stays a choice.
+	if cfg.DLQ.Mode != DLQQuarantine {
+		t.Fatalf("dlq.mode %q with exactly_once and no dlq.mode set, want quarantine", cfg.DLQ.Mode)
 	}
-	_, err = Load("", append(requiredEnv[:len(requiredEnv):len(requiredEnv)],
-		"OUTBOX_CDC_KAFKA_DELIVERY=exactly_once", "OUTBOX_CDC_DLQ_MODE=quarantine"))
-	if err == nil || !strings.Contains(err.Error(), "dlq.mode") || !strings.Contains(err.Error(), "set dlq.mode: skip") {
-		t.Fatalf("explicit quarantine with exactly_once: %v", err)
+	cfg, err = Load("", append(requiredEnv[:len(requiredEnv):len(requiredEnv)],
+		"OUTBOX_CDC_KAFKA_DELIVERY=exactly_once", "OUTBOX_CDC_DLQ_MODE=skip"))
+	if err != nil || cfg.DLQ.Mode != DLQSkip {
+		t.Fatalf("explicit skip with exactly_once: %v, %v", cfg, err)
 	}
 	if cfg, err := Load("", requiredEnv); err != nil || cfg.DLQ.Mode != DLQQuarantine {
 		t.Fatalf("default dlq.mode: %v, %v", cfg, err)

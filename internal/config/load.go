@@ -98,11 +98,6 @@ func implied(cfg *Config, raw map[string]any) {
 			cfg.Kafka.LatencyBudget = 0 // a fixed linger replaces the default budget
 		}
 	}
-	if _, set := lookup(raw, "dlq.mode"); !set && cfg.Kafka.ExactlyOnce() {
-		// The transactional sink does not divert keys: unset, dlq.mode is
-		// skip there; set to quarantine, validation refuses it with the fix.
-		cfg.DLQ.Mode = DLQSkip
-	}
 }
 
 // The schema is derived from the Config struct tags, so the known keys, their

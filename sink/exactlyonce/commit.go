@@ -92,7 +92,7 @@ func (t *Txn) probe() {
 // fatal: no further attempt of this producer can succeed (kafka.IsFatalTxn,
 // a client that cannot begin, a hanging transaction only an operator ends).
 func fatal(err error) bool {
-	return kafka.IsFatalTxn(err) || errors.Is(err, errBegin) || errors.Is(err, errHanging)
+	return kafka.IsFatalTxn(err) || errors.Is(err, errBegin) || errors.Is(err, errHanging) || errors.Is(err, errFull)
 }
 
 // setFatal records the first fatal error and reports it. Called with
@@ -185,51 +185,42 @@ func (t *Txn) commitBatch(ctx context.Context, shrink shrinkFunc) error {
 	return err
 }
 
-// attempt is one Kafka transaction: the events of b, then the position end.
+// attempt is one Kafka transaction: the events of b, what it writes to
+// the quarantine's topics (quarantine.go), then the position end (none
+// for a write of the set before any position).
 func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
-	for _, e := range b {
-		if err := t.prepare(ctx, e); err != nil {
-			return err
-		}
+	t.lastQ = nil
+	qs, err := t.route(ctx, b)
+	if err != nil {
+		return err
 	}
+	t.lastQ = qs
 	cl := t.cl
 	if err := cl.BeginTransaction(); err != nil {
 		return fmt.Errorf("%w: %w", errBegin, err)
 	}
 	t.txnSeq++
-	for _, e := range b {
-		e.err, e.alone = nil, e.suspect
-	}
-	for _, e := range b {
-		rec := new(kgo.Record)
-		*rec = e.rec.Record // a copy per attempt: the client writes into it
-		withPart(rec, e)
-		if !e.alone {
-			cl.Produce(ctx, rec, e.promise)
-			continue
-		}
-		// Alone in its batch: a refusal is its own.
-		if err := cl.Flush(ctx); err != nil {
-			return t.abort(ctx, err)
-		}
-		if e.err = cl.ProduceSync(ctx, rec).FirstErr(); e.err != nil {
-			if err := cl.Flush(ctx); err != nil {
-				return t.abort(ctx, err)
-			}
-			return t.abort(ctx, t.refusals(b))
-		}
+	if err := t.produceEvents(ctx, cl, b); err != nil {
+		return t.abort(ctx, err)
 	}
 	t.noteTopics(b, t.txnSeq)
+	if qs.writes() {
+		if err := t.sideRecords(ctx, cl, b, qs); err != nil {
+			return t.abort(ctx, err)
+		}
+	}
 	part := partOf(b)
 	if len(b) == 0 {
 		part = t.lastPart // the position again, alone (probe)
 	}
-	pos, err := t.positionRecord(end, t.txnSeq, part)
-	if err != nil {
-		return t.abort(ctx, err)
-	}
 	var posErr error
-	cl.Produce(ctx, pos, func(_ *kgo.Record, err error) { posErr = err })
+	if end != 0 || len(b) > 0 {
+		pos, err := t.positionRecord(end, t.txnSeq, part)
+		if err != nil {
+			return t.abort(ctx, err)
+		}
+		cl.Produce(ctx, pos, func(_ *kgo.Record, err error) { posErr = err })
+	}
 	if err := cl.Flush(ctx); err != nil {
 		return t.abort(ctx, err)
 	}
@@ -239,6 +230,9 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 	if posErr != nil {
 		return t.abort(ctx, fmt.Errorf("produce position to %s: %w", t.cfg.Positions, posErr))
 	}
+	if qs.err != nil {
+		return t.abort(ctx, qs.err)
+	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		if !kafka.IsFatalTxn(err) && unconfirmedEnd(err) {
 			// Producing the events again now could publish them twice:
@@ -246,6 +240,35 @@ func (t *Txn) attempt(ctx context.Context, b []*entry, end lsn.LSN) error {
 			return fmt.Errorf("commit transaction: %w: %w", errUnconfirmed, err)
 		}
 		return t.abort(ctx, fmt.Errorf("commit transaction: %w", err))
+	}
+	return nil
+}
+
+// produceEvents produces b's events in the open transaction; one marked
+// suspect goes alone, so that a refusal is its own: the transaction is
+// then to be aborted (the refusals error).
+func (t *Txn) produceEvents(ctx context.Context, cl *kgo.Client, b []*entry) error {
+	for _, e := range b {
+		e.err, e.alone = nil, e.suspect
+	}
+	for _, e := range b {
+		rec := new(kgo.Record)
+		*rec = e.sent().Record // a copy per attempt: the client writes into it
+		e.out = rec
+		withPart(rec, e)
+		if !e.alone {
+			cl.Produce(ctx, rec, e.promise)
+			continue
+		}
+		if err := cl.Flush(ctx); err != nil {
+			return err
+		}
+		if e.err = cl.ProduceSync(ctx, rec).FirstErr(); e.err != nil {
+			if err := cl.Flush(ctx); err != nil {
+				return err
+			}
+			return t.refusals(b)
+		}
 	}
 	return nil
 }

@@ -52,7 +52,7 @@ const maxTopics = 100
 // noteTopics records the topics of the transaction numbered txn.
 func (t *Txn) noteTopics(b []*entry, txn uint64) {
 	for _, e := range b {
-		t.noteTopic(e.rec.Topic, txn)
+		t.noteTopic(e.sent().Topic, txn)
 	}
 }
 

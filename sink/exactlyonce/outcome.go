@@ -24,6 +24,7 @@ type unconfirmed struct {
 	txn     uint64
 	end     lsn.LSN
 	entries []*entry
+	q       *quarantines // what it did to the quarantined set
 }
 
 // try learns the outcome of an unconfirmed commit (wasCommitted) and ends
@@ -44,9 +45,7 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 		}
 		t.unsure = nil
 		if committed {
-			t.committed.Store(uint64(u.end))
-			t.noteCommitted(u.entries)
-			t.delivered(u.entries)
+			t.settled(u.end, u.entries, u.q)
 			if len(*b) == 0 {
 				return true, nil
 			}
@@ -63,15 +62,23 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 	err := t.attempt(ctx, *b, end)
 	switch {
 	case err == nil:
-		t.committed.Store(uint64(end))
-		t.noteCommitted(*b)
-		t.delivered(*b)
+		t.settled(end, *b, t.lastQ)
 		return true, nil
 	case errors.Is(err, errUnconfirmed):
-		t.unsure = &unconfirmed{txn: t.txnSeq, end: end, entries: *b}
+		t.unsure = &unconfirmed{txn: t.txnSeq, end: end, entries: *b, q: t.lastQ}
 		*b = nil
 	}
 	return false, err
+}
+
+// settled takes in a committed Kafka transaction: its position end, its
+// events b, what it did to the quarantined set (qs). Called with commitMu
+// held, before anything is routed again.
+func (t *Txn) settled(end lsn.LSN, b []*entry, qs *quarantines) {
+	t.committed.Store(uint64(end))
+	t.noteCommitted(b)
+	t.settle(qs)
+	t.delivered(b)
 }
 
 // noteCommitted keeps the Part of the position b's Kafka transaction
@@ -85,7 +92,7 @@ func (t *Txn) noteCommitted(b []*entry) {
 
 func (t *Txn) delivered(b []*entry) {
 	for _, e := range b {
-		e.done.Delivered(sink.Outcome{DeadLettered: e.rec.DeadLettered(), Reason: e.rec.Reason()})
+		e.done.Delivered(sink.Outcome{DeadLettered: e.rec.DeadLettered(), Reason: e.rec.Reason(), Parked: e.parked != nil})
 	}
 }
 

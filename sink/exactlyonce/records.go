@@ -20,19 +20,19 @@ import (
 func (t *Txn) refusals(b []*entry) error {
 	var refused bool
 	for _, e := range b {
-		err := e.err
+		err, ev := e.err, e.sent()
 		switch {
 		case err == nil:
 			continue
 		case kafka.IsFatalTxn(err) || kafka.Classify(err) != kafka.ClassUnpublishable:
-			return fmt.Errorf("produce to %s: %w", e.rec.Topic, err)
+			return fmt.Errorf("produce to %s: %w", ev.Topic, err)
 		}
 		refused = true
-		if tp := t.topics[e.rec.Topic]; tp != nil && (errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)) {
+		if tp := t.topics[ev.Topic]; tp != nil && (errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)) {
 			tp.stale = true
 		}
 		if kafka.UnknownTopic(err) {
-			if tp := t.topics[e.rec.Topic]; tp != nil {
+			if tp := t.topics[ev.Topic]; tp != nil {
 				tp.known = false // look it up again, and wait for it
 			}
 			continue
@@ -44,8 +44,10 @@ func (t *Txn) refusals(b []*entry) error {
 		e.suspect = false
 		switch {
 		case !e.rec.DeadLettered():
-			t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "err", err)
-			e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, kafka.RefusedReason(e.rec.Topic, err), err)
+			// A parked one too: its key is quarantined already.
+			t.log.Warn("dead-lettering record", "topic", ev.Topic, "err", err)
+			e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, kafka.RefusedReason(ev.Topic, err), err)
+			e.parked = nil
 		case e.rec.Minimal() || kafka.TopicWide(err):
 			return fmt.Errorf("dead-letter topic %s refused the record: %w", t.cfg.Sink.DLQTopic, err)
 		default:
@@ -61,22 +63,22 @@ func (t *Txn) refusals(b []*entry) error {
 // prepare checks e against its topic before the transaction begins: a
 // missing topic is created or waited for (then dead-lettered), a record
 // over the limit is dead-lettered, a dead letter over it made smaller.
-func (t *Txn) prepare(ctx context.Context, e *entry) error {
+func (t *Txn) prepare(ctx context.Context, ev *kafka.Event) error {
 	for {
-		tp, err := t.lookup(ctx, e.rec.Topic)
+		tp, err := t.lookup(ctx, ev.Topic)
 		if err != nil {
 			return err
 		}
 		if tp.missing {
 			since := time.Since(tp.missingSince)
 			switch {
-			case e.rec.DeadLettered():
-				return fmt.Errorf("dead-letter topic %s does not exist: %w", e.rec.Topic, kerr.UnknownTopicOrPartition)
+			case ev.DeadLettered():
+				return fmt.Errorf("dead-letter topic %s does not exist: %w", ev.Topic, kerr.UnknownTopicOrPartition)
 			case since >= t.unknownTimeout:
 				reason := fmt.Sprintf("topic %s did not exist for %v (kafka.unknown_topic_timeout): %v",
-					e.rec.Topic, t.unknownTimeout, kerr.UnknownTopicOrPartition)
-				t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "reason", reason)
-				e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, reason, nil)
+					ev.Topic, t.unknownTimeout, kerr.UnknownTopicOrPartition)
+				t.log.Warn("dead-lettering record", "topic", ev.Topic, "reason", reason)
+				ev.ToDeadLetter(t.cfg.Sink.DLQTopic, reason, nil)
 				continue
 			}
 			select {
@@ -87,16 +89,16 @@ func (t *Txn) prepare(ctx context.Context, e *entry) error {
 			tp.known = false
 			continue
 		}
-		if tp.limit <= 0 || e.rec.Size() <= int(tp.limit) || e.rec.Minimal() {
+		if tp.limit <= 0 || ev.Size() <= int(tp.limit) || ev.Minimal() {
 			return nil
 		}
-		why := kafka.TooLargeReason(e.rec.Size(), tp.limit, e.rec.Topic)
-		if e.rec.DeadLettered() {
-			e.rec.Shrink(why, nil)
+		why := kafka.TooLargeReason(ev.Size(), tp.limit, ev.Topic)
+		if ev.DeadLettered() {
+			ev.Shrink(why, nil)
 			return nil
 		}
-		t.log.Warn("dead-lettering record", "topic", e.rec.Topic, "reason", why)
-		e.rec.ToDeadLetter(t.cfg.Sink.DLQTopic, why, nil)
+		t.log.Warn("dead-lettering record", "topic", ev.Topic, "reason", why)
+		ev.ToDeadLetter(t.cfg.Sink.DLQTopic, why, nil)
 	}
 }
 

@@ -64,16 +64,12 @@ func (t *Txn) afterTimeout(ctx context.Context, b *[]*entry, end *lsn.LSN, shrin
 		// Its commit was refused or lost; the position says which.
 		t.unsure = nil
 		if mine {
-			t.committed.Store(uint64(u.end))
-			t.noteCommitted(u.entries)
-			t.delivered(u.entries)
+			t.settled(u.end, u.entries, u.q)
 			return len(*b) == 0, nil
 		}
 		*b = append(u.entries, *b...)
 	} else if mine {
-		t.committed.Store(uint64(*end))
-		t.noteCommitted(*b)
-		t.delivered(*b)
+		t.settled(*end, *b, t.lastQ)
 		return true, nil
 	}
 	if err := t.renewClient(); err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/router"
 	"github.com/outbox-cdc/outbox-cdc/sink"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // Config configures the exactly-once producer (kafka.delivery exactly_once).
@@ -147,6 +148,13 @@ type Txn struct {
 	// caller's of the hand-over only.
 	split split
 
+	// q is the quarantined set (dlq.mode quarantine, quarantine.go); nil
+	// in skip mode. write is the set's write a try carries (Transact), and
+	// lastQ what the last attempt did to the set; both guarded by commitMu.
+	q     *quarantine.Set
+	write *quarantine.Write
+	lastQ *quarantines
+
 	partMax  atomic.Int64  // events per part now (timeout.go); 0: MaxRecords
 	timeline atomic.Int32  // stamped on position records (SetTimeline)
 	floor    atomic.Uint64 // where the run starts (SetFloor)
@@ -174,6 +182,19 @@ type entry struct {
 	// txnEnd is the end LSN of its PostgreSQL transaction when it is the
 	// last event handed over of it (a batch may be cut there, timeout.go).
 	txnEnd lsn.LSN
+	// parked is its copy for the parking topic in this attempt, nil when
+	// its key is not quarantined (quarantine.go); out is the record this
+	// attempt sent, with its partition and offset once acknowledged.
+	parked *kafka.Event
+	out    *kgo.Record
+}
+
+// sent is the event as this attempt sends it: parked, or to its topic.
+func (e *entry) sent() *kafka.Event {
+	if e.parked != nil {
+		return e.parked
+	}
+	return e.rec
 }
 
 // New creates the transactional producer. It does not contact the
@@ -202,13 +223,16 @@ func New(cfg Config, log *slog.Logger) (*Txn, error) {
 		Partitions: cfg.Sink.TopicPartitions, Replication: cfg.Sink.TopicReplicationFactor}, log)
 	t.instance = strconv.FormatUint(rand.Uint64(), 36)
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	if err := t.openQuarantine(); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	return t, nil
 }
 
 // newClient is the transactional client: the cluster's connection options
 // and the producer settings both producers share, its transactional id,
 // and batches capped at the limits this producer reads (prepare).
-// Quarantine is refused with exactly_once (config): no parking client.
 func (t *Txn) newClient() (*kgo.Client, error) {
 	conn, err := t.cfg.Sink.ConnOpts()
 	if err != nil {
@@ -408,6 +432,9 @@ func (t *Txn) Close() {
 	t.cl.Close()
 	if t.base != t.cl {
 		t.base.Close()
+	}
+	if t.q != nil {
+		t.q.Close() // its goroutines end with t.ctx; it holds no record
 	}
 	var unsure []*entry
 	if t.unsure != nil {

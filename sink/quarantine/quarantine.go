@@ -59,6 +59,9 @@ type Config struct {
 	Conn        []kgo.Opt
 	Codec       kgo.CompressionCodec // kafka.compression
 	Replication int16                // for the state topic it creates; -1: the broker's default
+	// Tx, when set, is the transactional producer (exactly_once) the set
+	// writes through, and whose commits alone change it (txn.go).
+	Tx Transactor
 }
 
 // Record is a producer's record as the quarantine sees it.
@@ -121,6 +124,7 @@ type Set struct {
 	onQuarantines  func(result string, quarantined int)
 
 	cl          *kgo.Client // the producer's: state records are written through it
+	tx          Transactor  // exactly_once: writes go through it instead (txn.go)
 	adm         *kadm.Client
 	connOpts    []kgo.Opt
 	codec       kgo.CompressionCodec
@@ -133,6 +137,7 @@ type Set struct {
 
 	mu          sync.Mutex
 	quarantined map[string]*quarantined // by key
+	liftedAt    map[string]int64        // a transactional set's: the offset of the tombstone that lifted a key
 	state       *stateTopic             // nil: quarantines are not saved (state.go)
 	restored    chan struct{}           // closed once the saved quarantines are in quarantined
 	started     atomic.Bool             // Start was called
@@ -142,8 +147,8 @@ type Set struct {
 // is cl. It reads nothing yet: Start restores the saved set.
 func New(ctx context.Context, cfg Config, cl *kgo.Client, log *slog.Logger) *Set {
 	s := &Set{parking: cfg.Parking, dlq: cfg.DLQ, maxQuarantined: cfg.Max, log: log, fail: cfg.Fail, onQuarantines: cfg.Report,
-		cl: cl, adm: kadm.NewClient(cl), connOpts: cfg.Conn, codec: cfg.Codec, replication: cfg.Replication,
-		ctx: ctx, quarantined: make(map[string]*quarantined), restored: make(chan struct{})}
+		cl: cl, tx: cfg.Tx, adm: kadm.NewClient(cl), connOpts: cfg.Conn, codec: cfg.Codec, replication: cfg.Replication,
+		ctx: ctx, quarantined: make(map[string]*quarantined), liftedAt: map[string]int64{}, restored: make(chan struct{})}
 	if s.maxQuarantined <= 0 {
 		s.maxQuarantined = kafkaopt.DefaultMaxQuarantined
 	}
@@ -233,12 +238,7 @@ func (s *Set) Route(r Record) Routing {
 	q.Parked++
 	q.inflight.Add(1)
 	m.parked = q
-	h := make([]kgo.RecordHeader, 0, len(kr.Headers)+2)
-	h = append(h, kgo.RecordHeader{Key: Header, Value: []byte(q.FirstID)},
-		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(kr.Topic)})
-	kr.Headers = append(h, kr.Headers...)
-	kr.Topic = s.parking
-	kr.Partition = -1 // the key chooses, as in the dead-letter topic
+	Parked(kr, q.FirstID, s.parking)
 	return Park
 }
 

@@ -47,7 +47,11 @@ func (s *Set) redriveLoop() {
 				}
 				req := st.pending[k]
 				delete(st.pending, k)
-				s.redrive(req)
+				if s.transactional() {
+					s.redriveTxn(req)
+				} else {
+					s.redrive(req)
+				}
 			}
 		}
 		// A bound on the poll, to look at ownership again.
@@ -79,6 +83,9 @@ func (s *Set) follow(key string, r *kgo.Record) {
 	st := s.state
 	if r.Value == nil {
 		delete(st.pending, key)
+		if s.transactional() {
+			return // the set changes with its own commits only (txn.go)
+		}
 		s.mu.Lock()
 		q := s.quarantined[key]
 		lifted := q != nil && q.state != nil && !q.holding && r.Offset > q.stateAt
@@ -100,7 +107,11 @@ func (s *Set) follow(key string, r *kgo.Record) {
 	s.mu.Lock()
 	// A request adds no quarantine: one for a key not in the set was
 	// written for a quarantine lifted since, and is answered as such.
-	added := s.quarantined[key] == nil && !rec.Request()
+	// A transactional set lifts with its own commits: a quarantine its
+	// redrive lifted is not read back in (liftedAt); one begun by another
+	// writer (verify --repair) is.
+	lifted, ok := s.liftedAt[key]
+	added := s.quarantined[key] == nil && !rec.Request() && (!ok || r.Offset > lifted)
 	if added {
 		s.quarantined[key] = &quarantined{Quarantine: rec.Quarantine, state: &rec, stateAt: r.Offset}
 	}
@@ -132,9 +143,7 @@ func (s *Set) redrive(req *StateRecord) {
 	if q == nil || q.state == nil {
 		s.mu.Unlock()
 		if q == nil { // lifted already (a repeated request): say so again
-			if _, err := s.writeState(s.ctx, key, nil); err != nil && s.ctx.Err() == nil {
-				s.log.Error("redrive: answering a request for an aggregate that is not quarantined", "aggregate", key, "err", err)
-			}
+			s.answerLifted(key)
 		}
 		return
 	}
@@ -215,26 +224,9 @@ func (s *Set) countRedrive(result string) {
 // parked records, first occurrence of each event id, to their topics, one
 // at a time: a refused one stops the redrive before anything overtakes it.
 func (s *Set) republish(ctx context.Context, rec *StateRecord, skip bool) (int, error) {
-	seen := map[string]bool{rec.FirstID: true} // parked again after a restart: a duplicate
-	var out []*kgo.Record
-	if !skip {
-		dl, err := s.readDeadLetter(ctx, rec)
-		if err != nil {
-			return 0, err
-		}
-		out = append(out, dl)
-	}
-	parked, err := s.readParked(ctx, rec, skip)
+	out, err := s.redriveRecords(ctx, rec, skip)
 	if err != nil {
 		return 0, err
-	}
-	for _, r := range parked {
-		id := kafka.Header(r, wire.HeaderID)
-		if id != "" && seen[id] {
-			continue
-		}
-		seen[id] = true
-		out = append(out, r)
 	}
 	// A client of its own: the sink's caps each partition's batches at the
 	// limit it knew when it first produced there, which the operator may
@@ -257,6 +249,34 @@ func (s *Set) republish(ctx context.Context, rec *StateRecord, skip bool) (int, 
 	return len(out), nil
 }
 
+// redriveRecords are the records a redrive republishes: the dead letter
+// (unless skip) and the quarantine's parked records, first occurrence of
+// each event id, restored to their own topics, in order.
+func (s *Set) redriveRecords(ctx context.Context, rec *StateRecord, skip bool) ([]*kgo.Record, error) {
+	seen := map[string]bool{rec.FirstID: true} // parked again after a restart: a duplicate
+	var out []*kgo.Record
+	if !skip {
+		dl, err := s.readDeadLetter(ctx, rec)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, dl)
+	}
+	parked, err := s.readParked(ctx, rec, skip)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range parked {
+		id := kafka.Header(r, wire.HeaderID)
+		if id != "" && seen[id] {
+			continue
+		}
+		seen[id] = true
+		out = append(out, r)
+	}
+	return out, nil
+}
+
 // readDeadLetter reads the quarantine's dead letter and restores the
 // event: its own topic, its headers without error and topic.
 func (s *Set) readDeadLetter(ctx context.Context, rec *StateRecord) (*kgo.Record, error) {
@@ -268,7 +288,9 @@ func (s *Set) readDeadLetter(ctx context.Context, rec *StateRecord) (*kgo.Record
 	}
 	var dl *kgo.Record
 	if gone == nil {
-		err = s.readRange(ctx, s.dlq, from, to, func(r *kgo.Record) {
+		// Written by a transaction (exactly_once), its marker is past it.
+		held := func(r *kgo.Record) bool { return r.Offset == rec.DLQOffset }
+		err = s.readRange(ctx, s.dlq, from, to, held, func(r *kgo.Record) {
 			if r.Offset == rec.DLQOffset {
 				dl = r
 			}
@@ -330,7 +352,7 @@ func (s *Set) readParked(ctx context.Context, rec *StateRecord, skip bool) ([]*k
 		}
 	}
 	var out []*kgo.Record
-	err = s.readRange(ctx, s.parking, from, to, func(r *kgo.Record) {
+	err = s.readRange(ctx, s.parking, from, to, nil, func(r *kgo.Record) {
 		if string(r.Key) == rec.Key && kafka.Header(r, Header) == rec.FirstID {
 			out = append(out, restored(r, kafka.Header(r, wire.HeaderTopic), Header))
 		}
@@ -402,8 +424,10 @@ func restored(r *kgo.Record, topic, first string) *kgo.Record {
 
 // readRange reads topic's partitions from from[p] (0 when missing) up to
 // to[p], exclusive, calling fn in offset order for each partition
-// (topicread: records deleted before they are read are an error).
-func (s *Set) readRange(ctx context.Context, topic string, from, to map[int32]int64, fn func(*kgo.Record)) error {
+// (topicread: records deleted before they are read are an error). A
+// transaction open at the end that holds a record hold accepts is read on
+// to its marker (topicread.Await).
+func (s *Set) readRange(ctx context.Context, topic string, from, to map[int32]int64, hold func(*kgo.Record) bool, fn func(*kgo.Record)) error {
 	ranges := topicread.Ranges{}
 	for p, end := range to {
 		ranges.Add(topic, p, topicread.Span{From: from[p], Until: end})
@@ -413,7 +437,7 @@ func (s *Set) readRange(ctx context.Context, topic string, from, to map[int32]in
 		return err
 	}
 	defer rd.Close()
-	return rd.Read(ctx, ranges, func(r *kgo.Record) error {
+	return rd.ReadAwaiting(ctx, ranges, topicread.Await{Holds: hold}, func(r *kgo.Record) error {
 		fn(r)
 		return nil
 	})

@@ -151,7 +151,10 @@ func (s *Set) readStateTopic(ctx context.Context) (map[string]stateAt, error) {
 	}
 	// The whole topic, partitions added later too; the restored part is
 	// small (a record per key).
-	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))...)
+	// Committed records only: a transactional producer's aborted attempts
+	// wrote some too (txn.go).
+	cons, err := kgo.NewClient(s.consumerOpts(kgo.ConsumeTopics(st.name), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
 	if err != nil {
 		return nil, fmt.Errorf("quarantine topic consumer: %w", err)
 	}
@@ -366,6 +369,9 @@ func topicIDOf(ctx context.Context, adm *kadm.Client, topic string) (string, err
 // writeState produces rec (nil: a tombstone) for agg, waits for its
 // acknowledgement and returns its offset.
 func (s *Set) writeState(ctx context.Context, agg string, rec *StateRecord) (int64, error) {
+	if s.transactional() {
+		return s.writeStateTxn(ctx, agg, rec)
+	}
 	r, err := writeState(ctx, s.cl, s.state.name, s.state.key(agg), rec)
 	if err != nil {
 		return 0, err

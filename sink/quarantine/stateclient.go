@@ -85,8 +85,9 @@ func (c *StateClient) Redrive(ctx context.Context, agg string, skip bool) error 
 	if err != nil {
 		return fmt.Errorf("write the request to %s: %w", c.topic, err)
 	}
+	// Committed answers only: in exactly_once an aborted redrive wrote one.
 	cons, err := kgo.NewClient(c.opts(kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
-		c.topic: {req.Partition: kgo.NewOffset().At(req.Offset + 1)}}))...)
+		c.topic: {req.Partition: kgo.NewOffset().At(req.Offset + 1)}}), kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
 	}

@@ -1,0 +1,257 @@
+package quarantine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
+)
+
+// The set of a transactional producer (kafka.delivery exactly_once). Its
+// membership changes only with a commit: a quarantine is added once the
+// Kafka transaction holding its dead letter, its state record and the
+// records parked after it has committed (Saved), and lifted once the one
+// holding the redrive's records and its tombstone has (redriveTxn). The
+// producer decides, at every attempt, from the committed set and what the
+// attempt itself begins: an aborted attempt leaves nothing to undo, and a
+// crash can neither park an event twice nor lose one.
+
+// Transactor is the transactional producer, as the set writes through it.
+type Transactor interface {
+	// Transact runs build under the producer's commit lock, so that no
+	// transaction of events commits between build's reads and the commit,
+	// then produces what build returns in one Kafka transaction with the
+	// producer's position, and calls its Committed before any later
+	// transaction begins. An error of build is returned as is.
+	Transact(ctx context.Context, build func(context.Context) (*Write, error)) error
+}
+
+// Write is what a Kafka transaction of the set holds: Records to their
+// topics, in order, then State on the state topic.
+type Write struct {
+	Records []*kgo.Record
+	State   *kgo.Record
+	// Committed is called, under the producer's commit lock, with State's
+	// offset once the transaction committed.
+	Committed func(offset int64)
+}
+
+// RefusedError is a record of a Write the broker refused for itself (too
+// large, say): the transaction is aborted and nothing of it is visible.
+type RefusedError struct {
+	Record *kgo.Record
+	Err    error
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("republish event %s to %s: %v", kafka.Header(e.Record, wire.HeaderID), e.Record.Topic, e.Err)
+}
+
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// transactional reports whether the set writes through a Transactor.
+func (s *Set) transactional() bool { return s.tx != nil }
+
+// Lookup is the quarantine key is in, by the id of the event that began it,
+// as committed: the producer parks key's records under it.
+func (s *Set) Lookup(key string) (firstID string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.quarantined[key]
+	if q == nil {
+		return "", false
+	}
+	return q.FirstID, true
+}
+
+// Room refuses key's quarantine past dlq.max_quarantined, counting begun
+// quarantines an attempt began before it: dropping the rule silently would
+// break order.
+func (s *Set) Room(key string, begun int) error {
+	s.mu.Lock()
+	n := len(s.quarantined) + begun
+	s.mu.Unlock()
+	if n >= s.maxQuarantined {
+		return fmt.Errorf("cannot quarantine aggregate %q: %d aggregates are quarantined already (dlq.max_quarantined); redrive or skip some, or raise the bound", key, n)
+	}
+	return nil
+}
+
+// Began is a quarantine a transaction begins: its dead letter is dl, sent
+// in the same transaction (its partition and offset are known once it is
+// acknowledged).
+type Began struct {
+	Quarantine
+	start   map[int32]int64
+	topicID string
+}
+
+// BeginTxn makes the quarantine dl's key enters as dl, the dead letter of the
+// event meant for topic, is sent for reason. Where the parking partitions
+// end now is where its records begin: call it before the transaction that
+// parks them begins.
+func (s *Set) BeginTxn(ctx context.Context, dl *kgo.Record, topic, reason string) (*Began, error) {
+	id := kafka.Header(dl, wire.HeaderID)
+	if id == "" {
+		id = string(dl.Key)
+	}
+	rec := &StateRecord{}
+	if err := s.parkingStart(ctx, rec); err != nil {
+		return nil, err
+	}
+	return &Began{Quarantine: Quarantine{Key: string(dl.Key), FirstID: id, Reason: reason, Topic: topic, Since: time.Now()},
+		start: rec.ParkingStart, topicID: rec.ParkingTopicID}, nil
+}
+
+// Record is b's state record, once its dead letter dl was acknowledged
+// (with its partition and offset), for the transaction that began it.
+func (s *Set) Record(b *Began, dl *kgo.Record) (*StateRecord, *kgo.Record, error) {
+	rec := &StateRecord{State: StateQuarantined, Quarantine: b.Quarantine, DLQPartition: dl.Partition, DLQOffset: dl.Offset,
+		ParkingStart: b.start, ParkingTopicID: b.topicID}
+	kr, err := s.stateRecord(rec.Key, rec)
+	return rec, kr, err
+}
+
+// Saved adds rec's quarantine, whose state record committed at offset.
+// The producer calls it under its commit lock, before it plans again.
+func (s *Set) Saved(rec *StateRecord, offset int64) {
+	s.mu.Lock()
+	q := s.quarantined[rec.Key]
+	if q == nil {
+		q = &quarantined{Quarantine: rec.Quarantine}
+		s.quarantined[rec.Key] = q
+	}
+	q.state, q.stateAt = rec, offset
+	n := len(s.quarantined)
+	s.mu.Unlock()
+	s.reportQuarantines("", n)
+}
+
+// Parked makes kr a record parked for the quarantine that began with
+// event first: the quarantine and its own topic in front of its headers,
+// bound for the parking topic; the key chooses the partition, as in the
+// dead-letter topic. Unpark undoes it.
+func Parked(kr *kgo.Record, first, parking string) {
+	h := make([]kgo.RecordHeader, 0, len(kr.Headers)+2)
+	h = append(h, kgo.RecordHeader{Key: Header, Value: []byte(first)},
+		kgo.RecordHeader{Key: wire.HeaderTopic, Value: []byte(kr.Topic)})
+	kr.Headers = append(h, kr.Headers...)
+	kr.Topic = parking
+	kr.Partition = -1
+}
+
+// ParkingTopic is the topic the set parks on.
+func (s *Set) ParkingTopic() string { return s.parking }
+
+// stateRecord is the state topic's record of rec for agg (nil rec: a
+// tombstone).
+func (s *Set) stateRecord(agg string, rec *StateRecord) (*kgo.Record, error) {
+	r := &kgo.Record{Topic: s.state.name, Key: []byte(s.state.key(agg)), Partition: -1}
+	if rec != nil {
+		v, err := json.Marshal(rec)
+		if err != nil {
+			return nil, err
+		}
+		r.Value = v
+	}
+	return r, nil
+}
+
+// writeStateTxn is writeState through the Transactor: rec (nil: a
+// tombstone) alone in a Kafka transaction.
+func (s *Set) writeStateTxn(ctx context.Context, agg string, rec *StateRecord) (int64, error) {
+	var at int64
+	err := s.tx.Transact(ctx, func(context.Context) (*Write, error) {
+		kr, err := s.stateRecord(agg, rec)
+		if err != nil {
+			return nil, err
+		}
+		return &Write{State: kr, Committed: func(off int64) { at = off }}, nil
+	})
+	return at, err
+}
+
+// redriveTxn is redrive for a transactional producer: the dead letter
+// (unless skipped) and the parked records are read, republished and the
+// quarantine tombstoned in one Kafka transaction, under the producer's
+// commit lock: no record of the key is parked between the read and the
+// lift, and none is held. A refusal leaves the quarantine, with a failure
+// record; a stop in between leaves the request for the next start.
+func (s *Set) redriveTxn(req *StateRecord) {
+	key := req.Key
+	s.mu.Lock()
+	q := s.quarantined[key]
+	s.mu.Unlock()
+	if q == nil || q.state == nil {
+		s.answerLifted(key)
+		return
+	}
+	if first := q.state.FirstID; first != req.FirstID {
+		s.refuseRedrive(q, req, fmt.Sprintf("the request was for the quarantine that began with event %s, lifted since; "+
+			"the aggregate's quarantine now began with event %s: check outbox-cdc redrive --list, then ask again", req.FirstID, first))
+		return
+	}
+	skip := req.State == StateSkip
+	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", req.FirstID, "skip_dead_letter", skip)
+	var n int
+	err := s.tx.Transact(s.ctx, func(ctx context.Context) (*Write, error) {
+		s.mu.Lock()
+		rec := *q.state
+		s.mu.Unlock()
+		out, err := s.redriveRecords(ctx, &rec, skip)
+		if err != nil {
+			return nil, err
+		}
+		tomb, err := s.stateRecord(key, nil)
+		if err != nil {
+			return nil, err
+		}
+		n = len(out)
+		return &Write{Records: out, State: tomb, Committed: func(at int64) {
+			s.mu.Lock()
+			delete(s.quarantined, key)
+			s.liftedAt[key] = at
+			s.mu.Unlock()
+		}}, nil
+	})
+	var refused *RefusedError
+	switch {
+	case s.ctx.Err() != nil:
+		return // the request stays: the next start carries it out again
+	case errors.As(err, &refused) || err != nil && !errors.Is(err, errTransact):
+		s.refuseRedrive(q, req, err.Error())
+		return
+	case err != nil:
+		s.log.Error("redrive: the Kafka transaction did not commit; trying again", "aggregate", key, "err", err)
+		s.state.pending[key] = req // the loop's own map: this runs on it
+		return
+	}
+	s.log.Info("redrive: quarantine lifted", "aggregate", key, "republished", n)
+	if skip {
+		s.countRedrive(RedriveSkipped)
+	} else {
+		s.countRedrive(RedriveDone)
+	}
+}
+
+// errTransact marks the producer's own failures (ErrTransact wraps it),
+// as opposed to the redrive's: the request then stays.
+var errTransact = errors.New("kafka transaction")
+
+// TransactError is a Transact that failed for the producer's reasons (not
+// committed, fenced, closed): the redrive stays requested.
+func TransactError(err error) error { return fmt.Errorf("%w: %w", errTransact, err) }
+
+// answerLifted answers a request for a key that is not quarantined (lifted
+// already: a repeated request) with a tombstone again.
+func (s *Set) answerLifted(key string) {
+	if _, err := s.writeState(s.ctx, key, nil); err != nil && s.ctx.Err() == nil {
+		s.log.Error("redrive: answering a request for an aggregate that is not quarantined", "aggregate", key, "err", err)
+	}
+}
