@@ -77,6 +77,15 @@ func (t *Txn) StartQuarantines(ctx context.Context) error {
 // a key not quarantined yet begins a quarantine (prepare may make one).
 // Called with commitMu held, before the transaction begins.
 func (t *Txn) route(ctx context.Context, b []*entry) (*quarantines, error) {
+	if t.q != nil {
+		// Nothing is routed before the saved quarantines are restored
+		// (StartQuarantines; retried while Kafka cannot be read).
+		select {
+		case <-t.q.Ready():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	qs := &quarantines{write: t.write}
 	var begun map[string]string // key → the id its quarantine began with, in this attempt
 	for _, e := range b {

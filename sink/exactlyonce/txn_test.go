@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,7 +37,7 @@ func newTxn(ctx context.Context, t *testing.T, c *kfake.Cluster, source string, 
 	for _, f := range tune {
 		f(&cfg)
 	}
-	tx, err := exactlyonce.New(cfg, slog.New(slog.DiscardHandler))
+	tx, err := exactlyonce.New(cfg, testLog())
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -483,4 +484,11 @@ func TestTxnPositionsTopicCompactListAccepted(t *testing.T) {
 	if _, err := tx.Start(ctx); err != nil {
 		t.Fatalf("Start = %v, want the compacted positions topic accepted", err)
 	}
+}
+
+func testLog() *slog.Logger {
+	if os.Getenv("TXN_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.DiscardHandler)
 }

@@ -107,11 +107,12 @@ func (s *Set) follow(key string, r *kgo.Record) {
 	s.mu.Lock()
 	// A request adds no quarantine: one for a key not in the set was
 	// written for a quarantine lifted since, and is answered as such.
-	// A transactional set lifts with its own commits: a quarantine its
-	// redrive lifted is not read back in (liftedAt); one begun by another
-	// writer (verify --repair) is.
+	// A transactional set changes with its own commits: it reads in only
+	// a quarantine another writer began (verify --repair, not
+	// transactional), and none its redrive lifted since (liftedAt).
 	lifted, ok := s.liftedAt[key]
-	added := s.quarantined[key] == nil && !rec.Request() && (!ok || r.Offset > lifted)
+	added := s.quarantined[key] == nil && !rec.Request() && (!ok || r.Offset > lifted) &&
+		!(s.transactional() && r.Attrs.IsTransactional())
 	if added {
 		s.quarantined[key] = &quarantined{Quarantine: rec.Quarantine, state: &rec, stateAt: r.Offset}
 	}
