@@ -476,3 +476,50 @@ func TestReadBackLoadTenMillion(t *testing.T) {
 		})
 	}
 }
+
+// TestReadBackSideTopics: a dead letter and a parked record (quarantine)
+// are found on their topics under the topic they were meant for (their
+// topic header), so a transaction that dead-lettered or parked an event is
+// not published again; the same event meant for another topic is not.
+func TestReadBackSideTopics(t *testing.T) {
+	commit := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	held := map[string][]sink.ReadRecord{
+		"orders":  {{Topic: "orders", Key: []byte("k1"), ID: []byte("e1"), HasID: true, Value: []byte("v1")}},
+		"parking": {{Topic: "parking", Key: []byte("k2"), ID: []byte("e2"), HasID: true, Value: []byte("v2"), Orig: "orders"}},
+		"dlq":     {{Topic: "dlq", Key: []byte("k3"), ID: []byte("e3"), HasID: true, Value: []byte("v3"), Orig: "orders"}},
+	}
+	var read []string
+	rb := newReadBack(context.Background(), func(_ context.Context, topics []string, _ time.Time, fn func(sink.ReadRecord) error) (sink.ReadStats, error) {
+		read = append(read, topics...)
+		for _, r := range held[topics[0]] {
+			if err := fn(r); err != nil {
+				return sink.ReadStats{}, err
+			}
+		}
+		return sink.ReadStats{}, nil
+	}, time.Time{}, discard)
+	rb.side = []string{"dlq", "parking"}
+	for _, tc := range []struct {
+		topic, key, id, value string
+		want                  bool
+	}{
+		{"orders", "k1", "e1", "v1", true},
+		{"orders", "k2", "e2", "v2", true},    // parked
+		{"orders", "k3", "e3", "v3", true},    // dead-lettered
+		{"payments", "k2", "e2", "v2", false}, // parked, but meant for orders
+	} {
+		rec := &router.Record{Topic: tc.topic, Key: []byte(tc.key), Value: []byte(tc.value),
+			Headers: []router.Header{{Key: wire.HeaderID, Value: []byte(tc.id)}}}
+		got, err := rb.inKafka(context.Background(), rec, commit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != tc.want {
+			t.Fatalf("%s %s: held %v, want %v", tc.topic, tc.id, got, tc.want)
+		}
+		rb.commit()
+	}
+	if want := []string{"dlq", "parking", "orders", "payments"}; !slices.Equal(read, want) {
+		t.Fatalf("topics read %v, want %v: each once, the side topics first", read, want)
+	}
+}

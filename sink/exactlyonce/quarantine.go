@@ -257,7 +257,7 @@ func (t *Txn) Transact(ctx context.Context, build func(context.Context) (*quaran
 	}
 	t.write = w
 	defer func() { t.write = nil }()
-	err = t.tryAlone(ctx, lsn.LSN(t.committed.Load()))
+	err = t.commitWrite(ctx, len(w.Records))
 	var refused *quarantine.RefusedError
 	if errors.As(err, &refused) && (errors.Is(refused.Err, kerr.MessageTooLarge) || errors.Is(refused.Err, kerr.RecordListTooLarge)) {
 		// franz-go caps a partition's batches at the limit read when it
@@ -266,15 +266,42 @@ func (t *Txn) Transact(ctx context.Context, build func(context.Context) (*quaran
 		if err := t.renewClient(); err != nil {
 			return quarantine.TransactError(err)
 		}
-		err = t.tryAlone(ctx, lsn.LSN(t.committed.Load()))
+		err = t.commitWrite(ctx, len(w.Records))
 	}
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &refused):
+	case errors.As(err, &refused) || errors.Is(err, errWriteTooLong):
 		return err
 	}
 	return quarantine.TransactError(err)
+}
+
+// errWriteTooLong: a write's Kafka transaction outlasted the transaction
+// timeout; done again it would again.
+var errWriteTooLong = errors.New("the Kafka transaction outlasted kafka.transaction_timeout")
+
+// commitWrite commits t.write alone at the last position. A transaction
+// the coordinator aborted for its age is told from a takeover as commit's
+// are (afterTimeout), and not tried again: the write is as large the next
+// time. Called with commitMu held.
+func (t *Txn) commitWrite(ctx context.Context, records int) error {
+	var b []*entry
+	pos := lsn.LSN(t.committed.Load())
+	done, err := t.try(ctx, &b, pos)
+	if !done && err != nil && t.timedOut(err) {
+		if done, err = t.afterTimeout(ctx, &b, &pos, nil); err == nil && !done {
+			return fmt.Errorf("%w (%v) with %d records: raise it, up to the broker's transaction.max.timeout.ms, and ask again",
+				errWriteTooLong, t.cfg.TransactionTimeout, records)
+		}
+	}
+	if err != nil && fatal(err) {
+		t.setFatal(err)
+	}
+	if !done && err == nil {
+		err = errors.New("not committed")
+	}
+	return err
 }
 
 // tryAlone is one try without events at pos (the probe's): an unconfirmed

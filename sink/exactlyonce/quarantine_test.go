@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -250,4 +251,22 @@ func TestTxnRedriveInOneTransaction(t *testing.T) {
 	if s := stateOf(ctx, t, c, "p"); s != "" {
 		t.Fatalf("p's state after the redrive %q, want a tombstone", s)
 	}
+}
+
+// startTxn starts a transactional sink of cfg and restores its quarantines.
+func startTxn(ctx context.Context, t *testing.T, cfg exactlyonce.Config) (*exactlyonce.Txn, func()) {
+	t.Helper()
+	tx, err := exactlyonce.New(cfg, testLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeTx := sync.OnceFunc(tx.Close)
+	t.Cleanup(closeTx)
+	if _, err := tx.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.StartQuarantines(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return tx, closeTx
 }
