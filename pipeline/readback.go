@@ -198,7 +198,7 @@ func (b *readBack) load(ctx context.Context, topic string) error {
 			return errReadBackFull
 		}
 		meant := r.Topic
-		if r.Orig != "" {
+		if r.Orig != "" && slices.Contains(b.side, r.Topic) {
 			meant = r.Orig // a dead letter or a parked record: the event as routed
 		}
 		b.held.add(b.fingerprint(meant, r.Key, r.ID, r.Value), b.maxHeld)

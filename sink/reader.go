@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
 )
 
@@ -21,8 +22,10 @@ type ReadRecord struct {
 	Value     []byte
 	ID        []byte // the id header's value
 	HasID     bool
-	// Orig is the topic header's value: the topic a dead letter or a
-	// parked record was meant for ("" when it has none).
+	// Orig is the topic a dead letter or a parked record was meant for:
+	// the topic header its producer put second, after error or quarantine
+	// ("" for any other record: an event may have a topic header of its
+	// own, outbox.header_columns).
 	Orig string
 }
 
@@ -78,17 +81,26 @@ func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time
 	err = rd.Read(ctx, ranges, func(r *kgo.Record) error {
 		rr := ReadRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
 		for _, h := range r.Headers {
-			switch {
-			case h.Key == wire.HeaderID && !rr.HasID:
+			if h.Key == wire.HeaderID {
 				rr.ID, rr.HasID = h.Value, true
-			case h.Key == wire.HeaderTopic && rr.Orig == "":
-				rr.Orig = string(h.Value)
+				break
 			}
 		}
+		rr.Orig = meantFor(r.Headers)
 		return fn(rr)
 	})
 	if err != nil {
 		return st, err
 	}
 	return st, nil
+}
+
+// meantFor is the topic a dead letter (kafka.Event.ToDeadLetter) or a
+// parked record (quarantine.Parked) was meant for: the second of the two
+// headers they put in front of the event's own; "" for another record.
+func meantFor(h []kgo.RecordHeader) string {
+	if len(h) < 2 || h[1].Key != wire.HeaderTopic || h[0].Key != wire.HeaderError && h[0].Key != quarantine.Header {
+		return ""
+	}
+	return string(h[1].Value)
 }

@@ -240,6 +240,9 @@ func (t *Txn) settle(qs *quarantines) {
 func (t *Txn) Transact(ctx context.Context, build func(context.Context) (*quarantine.Write, error)) error {
 	t.commitMu.Lock()
 	defer t.commitMu.Unlock()
+	if err := t.ctx.Err(); err != nil {
+		return quarantine.TransactError(err) // closed
+	}
 	if t.fatal != nil {
 		return quarantine.TransactError(t.fatal)
 	}

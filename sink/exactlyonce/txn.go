@@ -433,14 +433,16 @@ func (t *Txn) Close() {
 	if t.base != t.cl {
 		t.base.Close()
 	}
-	if t.q != nil {
-		t.q.Close() // its goroutines end with t.ctx; it holds no record
-	}
 	var unsure []*entry
 	if t.unsure != nil {
 		unsure = t.unsure.entries // their commit may have happened: the next start reads it
 	}
 	t.commitMu.Unlock()
+	if t.q != nil {
+		// Not under commitMu: a redrive may be waiting for it (Transact),
+		// and ends with t.ctx once it has it.
+		t.q.Close()
+	}
 	t.mu.Lock()
 	left := append(append(unsure, t.open...), t.batch...)
 	t.open, t.batch = nil, nil

@@ -353,8 +353,11 @@ func (s *Set) readParked(ctx context.Context, rec *StateRecord, skip bool) ([]*k
 		}
 	}
 	var out []*kgo.Record
-	err = s.readRange(ctx, s.parking, from, to, nil, func(r *kgo.Record) {
-		if string(r.Key) == rec.Key && kafka.Header(r, Header) == rec.FirstID {
+	ours := func(r *kgo.Record) bool { return string(r.Key) == rec.Key && kafka.Header(r, Header) == rec.FirstID }
+	// A transaction that parked some of them may be committed without its
+	// marker written yet (Kafka answers the commit first): read on to it.
+	err = s.readRange(ctx, s.parking, from, to, ours, func(r *kgo.Record) {
+		if ours(r) {
 			out = append(out, restored(r, kafka.Header(r, wire.HeaderTopic), Header))
 		}
 	})
@@ -442,4 +445,12 @@ func (s *Set) readRange(ctx context.Context, topic string, from, to map[int32]in
 		fn(r)
 		return nil
 	})
+}
+
+// answerLifted answers a request for a key that is not quarantined (lifted
+// already: a repeated request) with a tombstone again.
+func (s *Set) answerLifted(key string) {
+	if _, err := s.writeState(s.ctx, key, nil); err != nil && s.ctx.Err() == nil {
+		s.log.Error("redrive: answering a request for an aggregate that is not quarantined", "aggregate", key, "err", err)
+	}
 }

@@ -199,9 +199,11 @@ func (s *Set) restore(latest map[string]stateAt) {
 	s.mu.Lock()
 	for _, l := range latest {
 		rec := l.rec
-		s.quarantined[rec.Key] = &quarantined{Quarantine: rec.Quarantine, state: rec, stateAt: l.offset}
+		if !l.stale {
+			s.quarantined[rec.Key] = &quarantined{Quarantine: rec.Quarantine, state: rec, stateAt: l.offset}
+		}
 		if rec.Request() {
-			st.pending[rec.Key] = rec
+			st.pending[rec.Key] = rec // a stale one is answered as lifted
 		}
 	}
 	n := len(s.quarantined)
@@ -247,6 +249,12 @@ var StateTopicConfigs = map[string]string{"cleanup.policy": "compact", "delete.r
 type stateAt struct {
 	rec    *StateRecord
 	offset int64
+	// stale: a request for a quarantine the log shows lifted (a tombstone
+	// after one of its records): written by a redrive command that listed
+	// it before the lift. It is answered as lifted, never carried out.
+	// Compaction may remove the tombstone; such a request then reads as
+	// pending (docs/operations.md, redrive).
+	stale bool
 }
 
 // readState reads topic to its current end with a reader of its own (opts)
@@ -263,6 +271,7 @@ func readState(ctx context.Context, opts []kgo.Opt, topic, source string) (map[s
 		return nil, nil, fmt.Errorf("quarantine topic %s: %w", topic, err)
 	}
 	out := map[string]stateAt{}
+	lifted := map[string]string{} // key → the first id of its last quarantine tombstoned
 	prefix := source + "/"
 	err = rd.Read(ctx, ranges, func(r *kgo.Record) error {
 		key, ok := strings.CutPrefix(string(r.Key), prefix)
@@ -270,6 +279,9 @@ func readState(ctx context.Context, opts []kgo.Opt, topic, source string) (map[s
 			return nil
 		}
 		if r.Value == nil {
+			if prev, ok := out[key]; ok {
+				lifted[key] = prev.rec.FirstID
+			}
 			delete(out, key)
 			return nil
 		}
@@ -278,7 +290,9 @@ func readState(ctx context.Context, opts []kgo.Opt, topic, source string) (map[s
 			return nil // not ours to judge: another version's record
 		}
 		q.Key = key
-		out[key] = stateAt{&q, r.Offset}
+		prev, had := out[key]
+		stale := q.Request() && (!had && lifted[key] == q.FirstID || had && prev.stale)
+		out[key] = stateAt{&q, r.Offset, stale}
 		return nil
 	})
 	if err != nil {

@@ -45,7 +45,9 @@ func (c *StateClient) List(ctx context.Context) (map[string]*StateRecord, error)
 	}
 	out := make(map[string]*StateRecord, len(latest))
 	for k, l := range latest {
-		out[k] = l.rec
+		if !l.stale {
+			out[k] = l.rec
+		}
 	}
 	return out, nil
 }

@@ -177,67 +177,108 @@ func (s *Set) writeStateTxn(ctx context.Context, agg string, rec *StateRecord) (
 	return at, err
 }
 
-// redriveTxn is redrive for a transactional producer: the dead letter
-// (unless skipped) and the parked records are read, republished and the
-// quarantine tombstoned in one Kafka transaction, under the producer's
-// commit lock: no record of the key is parked between the read and the
-// lift, and none is held. A refusal leaves the quarantine, with a failure
+// redriveTxn is redrive for a transactional producer: under the
+// producer's commit lock (Transact's build), so that no quarantine of the
+// key begins or parks between the decision and the commit, it answers a
+// request for a key not quarantined with a tombstone again, refuses one
+// for another quarantine of the key, or reads the dead letter (unless
+// skipped) and the parked records and republishes them with the tombstone
+// in one Kafka transaction. A refusal leaves the quarantine, with a failure
 // record; a stop in between leaves the request for the next start.
 func (s *Set) redriveTxn(req *StateRecord) {
-	key := req.Key
-	s.mu.Lock()
-	q := s.quarantined[key]
-	s.mu.Unlock()
-	if q == nil || q.state == nil {
-		s.answerLifted(key)
-		return
-	}
-	if first := q.state.FirstID; first != req.FirstID {
-		s.refuseRedrive(q, req, fmt.Sprintf("the request was for the quarantine that began with event %s, lifted since; "+
-			"the aggregate's quarantine now began with event %s: check outbox-cdc redrive --list, then ask again", req.FirstID, first))
-		return
-	}
-	skip := req.State == StateSkip
-	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", req.FirstID, "skip_dead_letter", skip)
-	var n int
+	key, skip := req.Key, req.State == StateSkip
+	var d redriveDecision
 	err := s.tx.Transact(s.ctx, func(ctx context.Context) (*Write, error) {
-		s.mu.Lock()
-		rec := *q.state
-		s.mu.Unlock()
-		out, err := s.redriveRecords(ctx, &rec, skip)
-		if err != nil {
-			return nil, err
-		}
-		tomb, err := s.stateRecord(key, nil)
-		if err != nil {
-			return nil, err
-		}
-		n = len(out)
-		return &Write{Records: out, State: tomb, Committed: func(at int64) {
-			s.mu.Lock()
-			delete(s.quarantined, key)
-			s.liftedAt[key] = at
-			s.mu.Unlock()
-		}}, nil
+		d = s.decideRedrive(ctx, req)
+		return d.write, d.err
 	})
 	var refused *RefusedError
 	switch {
 	case s.ctx.Err() != nil:
 		return // the request stays: the next start carries it out again
+	case err == nil && d.failure != "":
+		s.countRedrive(RedriveFailed)
 	case errors.As(err, &refused) || err != nil && !errors.Is(err, errTransact):
-		s.refuseRedrive(q, req, err.Error())
-		return
+		s.mu.Lock()
+		q := s.quarantined[key]
+		s.mu.Unlock()
+		if q != nil && q.state != nil {
+			s.refuseRedrive(q, req, err.Error())
+		}
 	case err != nil:
 		s.log.Error("redrive: the Kafka transaction did not commit; trying again", "aggregate", key, "err", err)
 		s.state.pending[key] = req // the loop's own map: this runs on it
-		return
+	case d.lifted:
+		s.log.Info("redrive: quarantine lifted", "aggregate", key, "republished", d.republished)
+		if skip {
+			s.countRedrive(RedriveSkipped)
+		} else {
+			s.countRedrive(RedriveDone)
+		}
 	}
-	s.log.Info("redrive: quarantine lifted", "aggregate", key, "republished", n)
-	if skip {
-		s.countRedrive(RedriveSkipped)
-	} else {
-		s.countRedrive(RedriveDone)
+}
+
+// redriveDecision is what a redrive writes (write) or why it cannot be
+// built (err); failure is the reason of a refusal it writes, lifted that
+// it lifts the quarantine.
+type redriveDecision struct {
+	write       *Write
+	err         error
+	failure     string
+	lifted      bool
+	republished int
+}
+
+// decideRedrive builds req's write under the producer's commit lock.
+func (s *Set) decideRedrive(ctx context.Context, req *StateRecord) redriveDecision {
+	key := req.Key
+	s.mu.Lock()
+	q := s.quarantined[key]
+	var rec StateRecord
+	if q != nil && q.state != nil {
+		rec = *q.state
 	}
+	s.mu.Unlock()
+	if q == nil || q.state == nil {
+		// Lifted already (a repeated request): say so again.
+		tomb, err := s.stateRecord(key, nil)
+		return redriveDecision{write: &Write{State: tomb}, err: err}
+	}
+	if rec.FirstID != req.FirstID {
+		why := fmt.Sprintf("the request was for the quarantine that began with event %s, lifted since; "+
+			"the aggregate's quarantine now began with event %s: check outbox-cdc redrive --list, then ask again", req.FirstID, rec.FirstID)
+		return s.failureWrite(q, rec, req, why)
+	}
+	skip := req.State == StateSkip
+	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", req.FirstID, "skip_dead_letter", skip)
+	out, err := s.redriveRecords(ctx, &rec, skip)
+	if err != nil {
+		if ctx.Err() != nil {
+			return redriveDecision{err: TransactError(ctx.Err())}
+		}
+		return s.failureWrite(q, rec, req, err.Error())
+	}
+	tomb, err := s.stateRecord(key, nil)
+	return redriveDecision{lifted: true, republished: len(out), err: err, write: &Write{Records: out, State: tomb,
+		Committed: func(at int64) {
+			s.mu.Lock()
+			delete(s.quarantined, key)
+			s.liftedAt[key] = at
+			s.mu.Unlock()
+		}}}
+}
+
+// failureWrite is the answer to req that q, whose state is rec, stays
+// quarantined for why (refuseRedrive's record).
+func (s *Set) failureWrite(q *quarantined, rec StateRecord, req *StateRecord, why string) redriveDecision {
+	s.log.Error("redrive failed; the aggregate stays quarantined", "aggregate", q.Key, "err", why)
+	rec.State, rec.Failure, rec.Requested = StateFailed, why, req.Requested
+	kr, err := s.stateRecord(q.Key, &rec)
+	return redriveDecision{failure: why, err: err, write: &Write{State: kr, Committed: func(at int64) {
+		s.mu.Lock()
+		q.state, q.stateAt = &rec, at
+		s.mu.Unlock()
+	}}}
 }
 
 // errTransact marks the producer's own failures (ErrTransact wraps it),
@@ -247,11 +288,3 @@ var errTransact = errors.New("kafka transaction")
 // TransactError is a Transact that failed for the producer's reasons (not
 // committed, fenced, closed): the redrive stays requested.
 func TransactError(err error) error { return fmt.Errorf("%w: %w", errTransact, err) }
-
-// answerLifted answers a request for a key that is not quarantined (lifted
-// already: a repeated request) with a tombstone again.
-func (s *Set) answerLifted(key string) {
-	if _, err := s.writeState(s.ctx, key, nil); err != nil && s.ctx.Err() == nil {
-		s.log.Error("redrive: answering a request for an aggregate that is not quarantined", "aggregate", key, "err", err)
-	}
-}
