@@ -103,7 +103,8 @@ var allFaults = []string{fConnKill, fConnKillAck, fStandbyTakeover, fKafkaKill, 
 	fPGRestoreWriting, fPGRestoreBackoff, fPGRestoreOlder, fPGRestoreCompacted,
 	fNetKafkaDrop, fNetKafkaStall, fNetKafkaSlow, fNetKafkaReset, fNetPGDrop, fNetPGStall, fNetPGSlow, fNetPGReset,
 	fNetKafkaForge, fNetKafkaSwallow, fNetKafkaAbort, fKafkaKillCommit, fOpsPartition, fOpsAddColumn, fOpsDropMapped, fOpsPubGap, fOpsForeignCkpt, fOpsOversize,
-	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention, fOpsPubFlapStopped}
+	fOpsPubGapMsg, fOpsRedrive, fOpsParkingRetention, fOpsPubFlapStopped,
+	fConnKillLarge, fKafkaKillLarge, fPGRestartLarge}
 
 // onlyKind narrows m to OUTBOX_CDC_CHAOS_ONLY's kinds, each n times, if set.
 func onlyKind(t *testing.T, m mode) mode {
@@ -192,6 +193,7 @@ var shortMode = mode{
 		fNetKafkaForge: 1, fNetKafkaSwallow: 1, fNetKafkaAbort: 1, fKafkaKillCommit: 1,
 		fOpsPartition: 1, fOpsAddColumn: 1, fOpsDropMapped: 1, fOpsPubGap: 1, fOpsForeignCkpt: 1, fOpsOversize: 1,
 		fOpsPubGapMsg: 1, fOpsRedrive: 1, fOpsParkingRetention: 1, fOpsPubFlapStopped: 1,
+		fConnKillLarge: 1, fKafkaKillLarge: 1, fPGRestartLarge: 1, // largetxn_test.go
 	},
 	GapMin: 300 * time.Millisecond, GapMax: 1500 * time.Millisecond, WaitProb: 0.6,
 	// Short runs with pg-restore and pg-promote-behind used 282–287 s of
@@ -213,6 +215,7 @@ var longMode = mode{
 		fNetKafkaForge: 3, fNetKafkaSwallow: 3, fNetKafkaAbort: 2, fKafkaKillCommit: 3,
 		fOpsPartition: 4, fOpsAddColumn: 3, fOpsDropMapped: 2, fOpsPubGap: 3, fOpsForeignCkpt: 2, fOpsOversize: 3,
 		fOpsPubGapMsg: 2, fOpsRedrive: 2, fOpsParkingRetention: 2, fOpsPubFlapStopped: 3,
+		fConnKillLarge: 2, fKafkaKillLarge: 2, fPGRestartLarge: 2,
 	},
 	MinChaos: 9 * time.Minute, MinFaults: 100,
 	GapMin: 500 * time.Millisecond, GapMax: 4 * time.Second, WaitProb: 0.6,
@@ -248,6 +251,8 @@ type faultRecord struct {
 	// EarlierRewinds are the restores of the fault before Rewound
 	// (pg-restore-older restores twice).
 	EarlierRewinds []time.Time
+	// Large is the transaction a large-transaction kind wrote (largetxn_test.go).
+	Large *largeTxn `json:",omitempty"`
 }
 
 // rewinds are the times the fault rewound the server, in order.
@@ -298,6 +303,7 @@ type run struct {
 	big    *writer // ops-oversize
 	mixer  *writer // ops-publication-gap-messages (messages_test.go)
 	fill   *writer // the padded rows of the restores under load (restore_writing_test.go)
+	large  *writer // the large transactions (largetxn_test.go)
 
 	// compacted: the run has the compacted topic; cmp writes its events
 	// (compacted_test.go).

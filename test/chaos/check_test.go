@@ -40,6 +40,10 @@ type copyRec struct {
 	// that the cleaner removed before the final read: a delivery
 	// (compacted_test.go).
 	Compacted bool
+	// Txn and TxnPart are the headers of a transaction exactly_once
+	// committed in parts (largetxn_test.go).
+	Txn     string `json:",omitempty"`
+	TxnPart string `json:",omitempty"`
 }
 
 // checked is what check found: the report, the failures the run had not
@@ -97,6 +101,7 @@ func (o *observation) check() checked {
 	o.checkDuplicates(rep, o.withoutRedriven(rep, copies), byID, fail)
 	eoRecs, eoCopies := o.withoutReadBackCopies(rep, recs, copies, byID)
 	o.checkExactlyOnce(rep, eoRecs, eoCopies, byID, dead, fail)
+	v.Notes = append(v.Notes, o.checkLargeTxns(rep, recs, fail)...)
 	o.checkWatermark(rep, events, copies, fail)
 	o.recoveries(rep, events)
 	rep.Verify = o.checkVerify(repairedLost(recs, o.Redrive.Lost), fail)

@@ -83,35 +83,41 @@ type eosReport struct {
 	// (detectionWindow), counted apart: docs/operations.md, "Exactly-once
 	// delivery", says why they can be split.
 	SplitBeforeDetection int `json:"split_before_gap_detection"`
-	OrderBreaks          int `json:"order_breaks"`
+	// SplitByDesign: transactions over several Kafka transactions that are
+	// the parts the connector cut (splitByDesign), not counted as split;
+	// byDesign holds each one's parts for the large-transaction check.
+	SplitByDesign int `json:"split_by_design"`
+	byDesign      map[pgTxn]int
+	wholeRest     map[pgTxn]bool
+	// RestKeptWhole: of those, the ones whose last part, committed by a
+	// process started after the part before it, holds more than
+	// kafka.max_buffered_records events (the rest kept whole after a
+	// restart's read-back).
+	RestKeptWhole int `json:"split_by_design_rest_kept_whole"`
+	OrderBreaks   int `json:"order_breaks"`
 }
 
 func (er *eosReport) String() string {
 	return fmt.Sprintf("exactly_once (read_committed): duplicates %d, PostgreSQL transactions %d in %d Kafka transactions, split %d "+
-		"(and %d committed before the guard saw a publication gap, counted apart), order breaks %d",
-		er.Duplicates, er.PGTransactions, er.KafkaTransactions, er.SplitTransactions, er.SplitBeforeDetection, er.OrderBreaks)
+		"(and %d committed before the guard saw a publication gap, counted apart; %d committed in parts by design, %d of them with the rest kept whole after a restart), order breaks %d",
+		er.Duplicates, er.PGTransactions, er.KafkaTransactions, er.SplitTransactions, er.SplitBeforeDetection, er.SplitByDesign, er.RestKeptWhole, er.OrderBreaks)
 }
 
 // checkExactlyOnce: no event twice; the events of each PostgreSQL
 // transaction in one Kafka transaction (under KIP-890, each transaction has
-// a producer epoch of its own); per key, in partition order, seq 1, 2, 3, …
-// (past the dead-lettered ones: dlq.mode is skip)
+// a producer epoch of its own), or, for one too large for a Kafka
+// transaction, in the parts its headers name, each part in one
+// (splitByDesign); per key, in partition order, seq 1, 2, 3, … (past the
+// dead-lettered ones: dlq.mode is skip)
 func (o *observation) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]copyRec, byID map[string]*event, dead deadSeqs, fail func(string, ...any)) {
 	if !o.ExactlyOnce {
 		return
 	}
-	er := &eosReport{}
+	er := &eosReport{byDesign: map[pgTxn]int{}, wholeRest: map[pgTxn]bool{}}
 	rep.ExactlyOnce = er
-	type pgTxn struct {
-		writer int
-		txn    int64
-	}
-	type kTxn struct {
-		pid   int64
-		epoch int16
-	}
 	kafka := map[kTxn]bool{}
 	of := map[pgTxn]map[kTxn]bool{}
+	copiesOf := map[pgTxn][]copyRec{}
 	committed := map[pgTxn]time.Time{}
 	inWindow := o.detectionWindow()
 	for id, cs := range copies {
@@ -132,6 +138,7 @@ func (o *observation) checkExactlyOnce(rep *Report, recs []copyRec, copies map[s
 			of[k] = map[kTxn]bool{}
 		}
 		committed[k] = e.Committed
+		copiesOf[k] = append(copiesOf[k], cs...)
 		for _, c := range cs {
 			of[k][kTxn{c.Producer, c.Epoch}] = true
 			kafka[kTxn{c.Producer, c.Epoch}] = true
@@ -139,13 +146,25 @@ func (o *observation) checkExactlyOnce(rep *Report, recs []copyRec, copies map[s
 	}
 	er.PGTransactions, er.KafkaTransactions = len(of), len(kafka)
 	for k, ks := range of {
-		if len(ks) > 1 && inWindow(committed[k]) {
+		if len(ks) < 2 {
+			continue
+		}
+		parts, wholeRest, why := splitByDesign(copiesOf[k], o.restartedBetween)
+		switch {
+		case why == "":
+			er.SplitByDesign++
+			er.byDesign[k] = parts
+			if wholeRest {
+				er.RestKeptWhole++
+				er.wholeRest[k] = true
+			}
+		case inWindow(committed[k]):
 			er.SplitBeforeDetection++
-		} else if len(ks) > 1 {
+		default:
 			er.SplitTransactions++
 			if er.SplitTransactions <= 5 {
-				fail("exactly_once: writer %d transaction %d (committed %s) spread over %d Kafka transactions (%s)",
-					k.writer, k.txn, committed[k].Format("15:04:05.000"), len(ks), o.faultAt(committed[k]))
+				fail("exactly_once: writer %d transaction %d (committed %s) spread over %d Kafka transactions, not in parts: %s (%s)",
+					k.writer, k.txn, committed[k].Format("15:04:05.000"), len(ks), why, o.faultAt(committed[k]))
 			}
 		}
 	}

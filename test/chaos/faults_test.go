@@ -58,6 +58,11 @@ var faultFuncs = map[string]faultFunc{
 	fOpsRedrive:          ops(func(r *run, ctx context.Context, _ *faultRecord) (string, error) { return r.opsRedrive(ctx) }),
 	fOpsParkingRetention: ops(func(r *run, ctx context.Context, _ *faultRecord) (string, error) { return r.opsParkingRetention(ctx) }),
 	fOpsPubFlapStopped:   ops((*run).opsFlapStopped),
+
+	// One large transaction, hit while the connector publishes it (largetxn_test.go)
+	fConnKillLarge:  largeTxnFault(largeKill),
+	fKafkaKillLarge: largeTxnFault(kafkaKill),
+	fPGRestartLarge: largeTxnFault(largePGRestart),
 }
 
 // doFault injects one fault and undoes it; it returns a description.

@@ -136,6 +136,8 @@ func toCopy(r *kgo.Record) copyRec {
 		Producer: r.ProducerID, Epoch: r.ProducerEpoch, Append: r.Timestamp}
 	c.ID, _ = header(r, "id")
 	c.Err, c.HasErr = header(r, "error")
+	c.Txn, _ = header(r, "txn")
+	c.TxnPart, _ = header(r, "txn_part")
 	c.LogAppend = r.Attrs.TimestampType() == 1
 	var v struct{ Seq int }
 	if json.Unmarshal(r.Value, &v) == nil {

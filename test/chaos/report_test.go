@@ -124,6 +124,8 @@ type Report struct {
 	Redriven               int      `json:"redriven_copies"`
 	// ExactlyOnce holds the exactly_once run's checks (eos_test.go).
 	ExactlyOnce *eosReport `json:"exactly_once,omitempty"`
+	// LargeTxns: the large-transaction kinds' transactions (largetxn_test.go).
+	LargeTxns *largeTxnReport `json:"large_transactions,omitempty"`
 	// GapReplayJumps: delivered events replayed, by a process started after
 	// a publication gap, with the gap's rows (never in the WAL) left out.
 	GapReplayJumps int `json:"gap_replay_jumps,omitempty"`
@@ -231,6 +233,9 @@ func (r *run) report(rep *Report) {
 	}
 	if er := rep.ExactlyOnce; er != nil {
 		lines = append(lines, er.String())
+	}
+	if lr := rep.LargeTxns; lr != nil {
+		lines = append(lines, lr.String())
 	}
 	if cr := rep.Compaction; cr != nil {
 		lines = append(lines, cr.String())

@@ -185,7 +185,7 @@ func (o *observation) inFault(t time.Time) bool {
 // the broker at all.
 func kafkaUnreachable(kind string) bool {
 	switch kind {
-	case fKafkaKill, fKafkaKillCommit, fKafkaStop, fNetKafkaDrop, fNetKafkaStall:
+	case fKafkaKill, fKafkaKillCommit, fKafkaStop, fNetKafkaDrop, fNetKafkaStall, fKafkaKillLarge:
 		return true
 	}
 	return false

@@ -126,6 +126,8 @@ type writer struct {
 	// rows (tables_test.go).
 	ins    func(ctx context.Context, q execer, e event) error
 	lookup string
+	// bulk: a multi-row transaction is one INSERT (largetxn_test.go).
+	bulk bool
 	// msgAggs, when set, are aggregates of table-less events: with
 	// probability msgProb a transaction also emits one message event of
 	// one of them (messages.go). They are not the row aggregates, so the
@@ -356,17 +358,15 @@ func (w *writer) try(ctx context.Context, evs []event) (outcome, lsn.LSN) {
 		if err != nil {
 			return notCommitted, 0
 		}
-		for _, e := range evs {
-			if err := w.insert(octx, tx, e); err != nil {
-				_ = tx.Rollback(context.Background())
-				if isUniqueViolation(err) {
-					return committedBefore, 0 // all or nothing: the earlier attempt committed
-				}
-				if isUndefinedColumn(err) {
-					w.stats.undefinedColumn.Add(1)
-				}
-				return notCommitted, 0
+		if err := w.insertAll(octx, tx, evs); err != nil {
+			_ = tx.Rollback(context.Background())
+			if isUniqueViolation(err) {
+				return committedBefore, 0 // all or nothing: the earlier attempt committed
 			}
+			if isUndefinedColumn(err) {
+				w.stats.undefinedColumn.Add(1)
+			}
+			return notCommitted, 0
 		}
 		if !w.holdOpen(octx) { // a transaction open across faults
 			_ = tx.Rollback(context.Background())
