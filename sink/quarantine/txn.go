@@ -218,6 +218,11 @@ func (s *Set) redriveTxn(req *StateRecord) {
 	}
 }
 
+// redriveReadTimeout bounds a transactional redrive's read, which holds
+// the producer's commit lock: the markers of committed transactions follow
+// their commit within moments.
+const redriveReadTimeout = time.Minute
+
 // redriveDecision is what a redrive writes (write) or why it cannot be
 // built (err); failure is the reason of a refusal it writes, lifted that
 // it lifts the quarantine.
@@ -251,11 +256,18 @@ func (s *Set) decideRedrive(ctx context.Context, req *StateRecord) redriveDecisi
 	}
 	skip := req.State == StateSkip
 	s.log.Info("redrive: lifting a quarantine", "aggregate", key, "first_id", req.FirstID, "skip_dead_letter", skip)
-	out, err := s.redriveRecords(ctx, &rec, skip)
-	if err != nil {
-		if ctx.Err() != nil {
-			return redriveDecision{err: TransactError(ctx.Err())}
-		}
+	// Every event transaction waits meanwhile; a marker that never comes
+	// (a hanging transaction) must not hold them for ever.
+	rctx, cancel := context.WithTimeout(ctx, redriveReadTimeout)
+	out, err := s.redriveRecords(rctx, &rec, skip)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return redriveDecision{err: TransactError(ctx.Err())}
+	case errors.Is(err, context.DeadlineExceeded):
+		return s.failureWrite(q, rec, req, fmt.Sprintf("reading the dead letter and the parked events took more than %v: "+
+			"a transaction on %s or %s has no marker yet (a hanging transaction, docs/operations.md); ask again later", redriveReadTimeout, s.dlq, s.parking))
+	case err != nil:
 		return s.failureWrite(q, rec, req, err.Error())
 	}
 	tomb, err := s.stateRecord(key, nil)
