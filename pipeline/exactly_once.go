@@ -95,6 +95,16 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 			"slot_confirmed", pl.readings.slot, "checkpoint", pl.readings.ckpt)
 		e.startReadBack(ctx, time.Time{})
 	}
+	if pl.snapshot != nil && pl.snapshotRedo {
+		// The snapshot is taken again: what the interrupted one committed
+		// is in Kafka. Its records carry that snapshot's start time, or the
+		// rows' (outbox.timestamp_column), which no reading at hand bounds:
+		// the topics are read from their start (up to the read-back's
+		// maximum; past it, duplicates).
+		p.log.Info("exactly-once: an interrupted snapshot is taken again; what its topics hold is read back before its rows are published")
+		e.startReadBack(ctx, time.Time{})
+		e.readBack.redo = true
+	}
 	return t, nil
 }
 

@@ -29,6 +29,9 @@ type plan struct {
 	// snapshot is the new slot's exported snapshot, published before the
 	// stream; nil when no snapshot is taken.
 	snapshot *replication.ExportedSnapshot
+	// snapshotRedo: an interrupted snapshot is taken again; in
+	// exactly_once its rows are first looked up in Kafka (readback.go).
+	snapshotRedo bool
 	// changed: the start found the publication changed since the trusted
 	// checkpoint (repair.decide); the gap it placed is saved
 	// before the stream starts.
@@ -314,6 +317,10 @@ func (su *starter) prepareSnapshot(ctx context.Context, pl *plan, l *loaded) err
 	missing := errors.Is(err, replication.ErrNoSlot)
 	if err != nil && !missing {
 		return fmt.Errorf("setup: %w", err)
+	}
+	if l.have && !l.ckpt.SnapshotDone {
+		// Its rows may be in Kafka in part, slot or no slot.
+		pl.snapshotRedo = true
 	}
 	if !missing && l.have && !l.ckpt.SnapshotDone {
 		// The last run died inside the initial snapshot, whose exported

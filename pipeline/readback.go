@@ -78,6 +78,9 @@ type readBack struct {
 	// timestamps are then the transactions' commit times.
 	margin   time.Duration
 	since    time.Time // set by the first event
+	// redo: a snapshot taken again; the read starts at the topics' start
+	// (the interrupted snapshot's records may be older than any reading).
+	redo bool
 	maxHeld  int
 	progress time.Duration
 	seeds    [2]maphash.Seed
@@ -159,6 +162,9 @@ func (b *readBack) holds(rec *router.Record) bool {
 // start is where the read starts: the first event's time (its record's
 // timestamp when older), no earlier than the floor, less the margin.
 func (b *readBack) start(rec *router.Record, commit time.Time) time.Time {
+	if b.redo {
+		return time.Time{} // from the topics' start
+	}
 	at := commit
 	if !rec.Timestamp.IsZero() && rec.Timestamp.Before(at) {
 		at = rec.Timestamp

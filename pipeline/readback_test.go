@@ -523,3 +523,23 @@ func TestReadBackSideTopics(t *testing.T) {
 		t.Fatalf("topics read %v, want %v: each once, the side topics first", read, want)
 	}
 }
+
+// TestReadBackRedoReadsFromTheStart: a snapshot taken again reads its
+// topics from their start, whatever the first row's time: the interrupted
+// snapshot's records carry its own start time, or the rows'.
+func TestReadBackRedoReadsFromTheStart(t *testing.T) {
+	var since []time.Time
+	rb := newReadBack(context.Background(), func(_ context.Context, _ []string, s time.Time, _ func(sink.ReadRecord) error) (sink.ReadStats, error) {
+		since = append(since, s)
+		return sink.ReadStats{}, nil
+	}, time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC), discard)
+	rb.redo = true
+	rec := &router.Record{Topic: "orders", Key: []byte("k"), Value: []byte("v"), Timestamp: time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC),
+		Headers: []router.Header{{Key: wire.HeaderID, Value: []byte("e1")}}}
+	if _, err := rb.inKafka(context.Background(), rec, time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)); err != nil {
+		t.Fatal(err)
+	}
+	if len(since) != 1 || !since[0].IsZero() {
+		t.Fatalf("read from %v, want the start (a zero time)", since)
+	}
+}

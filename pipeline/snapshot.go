@@ -26,6 +26,10 @@ func (w *processor) snapshot(ctx, produceCtx context.Context, snap *replication.
 	defer rows.Close()
 
 	txn := p.tracker.Begin()
+	// One pseudo-transaction, which exactly_once may commit in parts
+	// (split.go): a crash in between takes the snapshot again, and its
+	// read-back finds what the parts committed (eos.go startReadBack).
+	p.b.begin(0, snap.ConsistentPoint, true)
 	n, err := w.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Snapshot }, nil)
 	if err != nil {
 		return err

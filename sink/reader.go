@@ -2,11 +2,17 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 	"github.com/outbox-cdc/outbox-cdc/sink/topicread"
@@ -62,11 +68,18 @@ func ReadRange(ctx context.Context, cfg Config, topics []string, since time.Time
 	// Before 1970 (an unknown start less a margin) is from the start: Kafka
 	// reads a negative timestamp as a special offset, or refuses it
 	// (UNSUPPORTED_VERSION).
-	starts, err := rd.Admin().ListOffsetsAfterMilli(ctx, max(since.UnixMilli(), 0), topics...)
+	var starts, ends kadm.ListedOffsets
+	err = retryLost(ctx, func() (err error) {
+		starts, err = rd.Admin().ListOffsetsAfterMilli(ctx, max(since.UnixMilli(), 0), topics...)
+		return err
+	})
 	if err != nil {
 		return st, fmt.Errorf("list offsets at %s: %w", since.Format(time.RFC3339), err)
 	}
-	ends, err := rd.Admin().ListEndOffsets(ctx, topics...)
+	err = retryLost(ctx, func() (err error) {
+		ends, err = rd.Admin().ListEndOffsets(ctx, topics...)
+		return err
+	})
 	if err != nil {
 		return st, fmt.Errorf("list end offsets: %w", err)
 	}
@@ -103,4 +116,20 @@ func meantFor(h []kgo.RecordHeader) string {
 		return ""
 	}
 	return string(h[1].Value)
+}
+
+// retryLost runs list again while it fails for a lost connection or a
+// retriable broker error (a broker restart, a network fault: franz-go
+// retries fetches itself, not an admin request), up to about half a
+// minute; any other error, or ctx's end, is returned at once.
+func retryLost(ctx context.Context, list func() error) error {
+	for attempt := 0; ; attempt++ {
+		err := list()
+		var ne net.Error
+		lost := kerr.IsRetriable(err) || errors.As(err, &ne) || errors.Is(err, io.EOF)
+		if err == nil || !lost || ctx.Err() != nil || attempt >= 15 {
+			return err
+		}
+		backoff.Sleep(ctx, backoff.Nth(100*time.Millisecond, 2*time.Second, attempt))
+	}
 }

@@ -50,12 +50,6 @@ func (v *validator) delivery(k Kafka, d DLQ, s Snapshot) {
 			v.add("kafka.positions_topic", p.Value, p.Reason, "choose a positions topic no event can be published to")
 		}
 	}
-	// The snapshot is one pseudo-transaction: one Kafka transaction, held in
-	// memory and bounded by the transaction timeout, whatever the table's size.
-	if s.Mode == "pending" {
-		v.add("snapshot.mode", s.Mode, "pending is not supported with kafka.delivery exactly_once",
-			"take the initial snapshot with kafka.delivery: at_least_once, then switch, or set snapshot.mode: none")
-	}
 }
 
 // txnHeaders refuses, with exactly_once, a header column named like the

@@ -51,7 +51,7 @@ func TestDelivery(t *testing.T) {
 			eos(c)
 			c.DLQ.Mode, c.Kafka.PositionsTopic = DLQQuarantine, c.Kafka.ParkingTopic
 		}, "kafka.positions_topic", "parking"},
-		{"snapshot refused", func(c *Config) { eos(c); c.Snapshot.Mode = "pending" }, "snapshot.mode", "not supported with kafka.delivery exactly_once"},
+		{"pending snapshot with exactly once", func(c *Config) { eos(c); c.Snapshot.Mode = "pending" }, "", ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -385,8 +385,7 @@ func TestChaos(t *testing.T) {
 	defer func() { stopObs(); obsWG.Wait() }()
 	ready := make(chan error, 1)
 	// The live consumer reads the big, dead-letter and parking topics too:
-	// the events ops-oversize writes end there (on the big topic after the
-	// dead letter in dlq.mode skip, the exactly_once run).
+	// the events ops-oversize writes end there.
 	r.live.keepCopies(r.parkingTopic(), r.bigTopic, r.compactTopic()) // redrive_test.go, compacted_test.go
 	obsWG.Go(func() { r.live.run(obsCtx, append(slices.Clone(r.topics), r.bigTopic, r.dlq, r.parkingTopic()), ready) })
 	if err := <-ready; err != nil {

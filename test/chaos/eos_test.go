@@ -109,7 +109,7 @@ func (er *eosReport) String() string {
 // a producer epoch of its own), or, for one too large for a Kafka
 // transaction, in the parts its headers name, each part in one
 // (splitByDesign); per key, in partition order, seq 1, 2, 3, … (past the
-// dead-lettered ones: dlq.mode is skip)
+// dead-lettered, lost and redriven ones, as the order check steps over)
 func (o *observation) checkExactlyOnce(rep *Report, recs []copyRec, copies map[string][]copyRec, byID map[string]*event, dead deadSeqs, fail func(string, ...any)) {
 	if !o.ExactlyOnce {
 		return

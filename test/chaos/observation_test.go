@@ -162,11 +162,9 @@ func (r *run) observe(ctx context.Context) *observation {
 	if o.Records, o.DeadLetters, err = readAll(rctx, append(slices.Clone(r.topics), r.bigTopic), r.dlq); err != nil {
 		o.ReadErr = err.Error()
 	}
-	if !o.ExactlyOnce { // dlq.mode is skip there (the transactional sink does not divert keys)
-		_, o.Parked, err = readAll(rctx, nil, r.parkingTopic())
-		if err != nil && !errors.Is(err, kerr.UnknownTopicOrPartition) {
-			o.ParkedErr = err.Error()
-		}
+	_, o.Parked, err = readAll(rctx, nil, r.parkingTopic())
+	if err != nil && !errors.Is(err, kerr.UnknownTopicOrPartition) {
+		o.ParkedErr = err.Error()
 	}
 	o.SecondSlot = r.finalSecondSlot(rctx)
 	o.Verify = r.runVerify(ctx, verifySince(r.flowStart))

@@ -31,9 +31,6 @@ func (r *run) commitAfterOversize(ctx context.Context) error {
 // quarantineViolations says.
 func (o *observation) checkParking(rep *Report, recs, dlq []copyRec, byID map[string]*event,
 	copies map[string][]copyRec, fail func(string, ...any)) {
-	if o.ExactlyOnce { // dlq.mode is skip there (the transactional sink does not divert keys)
-		return
-	}
 	if o.ParkedErr != "" {
 		fail("read the parking topic: %v", o.ParkedErr)
 		return
