@@ -95,6 +95,9 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 			"slot_confirmed", pl.readings.slot, "checkpoint", pl.readings.ckpt)
 		e.startReadBack(ctx, time.Time{})
 	}
+	if pl.snapshot == nil {
+		t.NoSnapshot()
+	}
 	if pl.snapshot != nil && pl.snapshotRedo {
 		// The snapshot is taken again: what the interrupted one committed
 		// is in Kafka. Its records carry that snapshot's start time, or the

@@ -32,6 +32,11 @@ type plan struct {
 	// snapshotRedo: an interrupted snapshot is taken again; in
 	// exactly_once its rows are first looked up in Kafka (readback.go).
 	snapshotRedo bool
+	// snapshotAt is the time the snapshot's records carry (and a
+	// CloudEvent's time): the first attempt's, kept in the snapshot marker
+	// (its commit_time), so that a snapshot taken again makes the same
+	// records and the read-back finds them.
+	snapshotAt time.Time
 	// changed: the start found the publication changed since the trusted
 	// checkpoint (repair.decide); the gap it placed is saved
 	// before the stream starts.
@@ -318,9 +323,15 @@ func (su *starter) prepareSnapshot(ctx context.Context, pl *plan, l *loaded) err
 	if err != nil && !missing {
 		return fmt.Errorf("setup: %w", err)
 	}
+	// Millisecond precision: the marker's store and a record's timestamp
+	// keep it whole.
+	pl.snapshotAt = time.Now().UTC().Truncate(time.Millisecond)
 	if l.have && !l.ckpt.SnapshotDone {
 		// Its rows may be in Kafka in part, slot or no slot.
 		pl.snapshotRedo = true
+		if !l.ckpt.CommitTime.IsZero() {
+			pl.snapshotAt = l.ckpt.CommitTime.UTC()
+		}
 	}
 	if !missing && l.have && !l.ckpt.SnapshotDone {
 		// The last run died inside the initial snapshot, whose exported
@@ -347,7 +358,7 @@ func (su *starter) prepareSnapshot(ctx context.Context, pl *plan, l *loaded) err
 	if pl.checkpoints != nil {
 		// The "snapshot started" marker is durable before the slot exists,
 		// so a crash at any later point takes it again.
-		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: l.srv.WALEnd}); err != nil {
+		if err := pl.checkpoints.Replace(ctx, offsets.Checkpoint{LSN: l.srv.WALEnd, CommitTime: pl.snapshotAt}); err != nil {
 			return fmt.Errorf("save snapshot marker: %w", err)
 		}
 	}

@@ -30,7 +30,11 @@ func (w *processor) snapshot(ctx, produceCtx context.Context, snap *replication.
 	// (split.go): a crash in between takes the snapshot again, and its
 	// read-back finds what the parts committed (eos.go startReadBack).
 	p.b.begin(0, snap.ConsistentPoint, true)
-	n, err := w.publishRows(produceCtx, rows, txn, time.Now(), func(t metrics.TableEvents) prometheus.Counter { return t.Snapshot }, nil)
+	at := p.plan.snapshotAt
+	if at.IsZero() {
+		at = time.Now() // no checkpoint store: nothing is taken again
+	}
+	n, err := w.publishRows(produceCtx, rows, txn, at, func(t metrics.TableEvents) prometheus.Counter { return t.Snapshot }, nil)
 	if err != nil {
 		return err
 	}

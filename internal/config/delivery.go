@@ -2,6 +2,8 @@ package config
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/outbox/wire"
@@ -71,5 +73,30 @@ func (v *validator) txnHeaders(c *Config) {
 	check("outbox.header_columns", c.Outbox.HeaderColumns)
 	for i, t := range c.Outbox.Tables {
 		check(fmt.Sprintf("outbox.tables[%d].header_columns", i), t.HeaderColumns)
+	}
+}
+
+// snapshotIDs refuses, with exactly_once and snapshot.mode pending, plain
+// records without an id header (outbox.standard_headers without id): a
+// snapshot taken again after a crash finds what the interrupted one
+// committed by its records' ids (pipeline/readback.go), and would publish
+// every row again.
+func (v *validator) snapshotIDs(c *Config) {
+	if !c.Kafka.ExactlyOnce() || c.Snapshot.Mode != "pending" {
+		return
+	}
+	for i, tc := range c.PerTable() {
+		ob := tc.Outbox
+		if ob.StandardHeaders == nil || slices.Contains(ob.StandardHeaders, "id") || tc.Kafka.Format != router.FormatPlain {
+			continue
+		}
+		key := "outbox.standard_headers"
+		if len(c.Outbox.Tables) > 0 && c.Outbox.Tables[i].StandardHeaders != nil {
+			key = fmt.Sprintf("outbox.tables[%d].standard_headers", i)
+		}
+		v.add(key, strings.Join(ob.StandardHeaders, ","), "without id, with kafka.delivery exactly_once and snapshot.mode pending: "+
+			"a snapshot taken again after a crash finds the rows already in Kafka by their id header, and would publish them all again",
+			"keep id in the list, or set snapshot.mode: none")
+		return
 	}
 }

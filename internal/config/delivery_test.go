@@ -99,3 +99,40 @@ func TestDeliveryEnv(t *testing.T) {
 		t.Fatalf("default dlq.mode: %v, %v", cfg, err)
 	}
 }
+
+// TestSnapshotIDs: exactly_once with snapshot.mode pending refuses plain
+// records without an id header (a snapshot taken again finds what Kafka
+// holds by it); each other combination passes.
+func TestSnapshotIDs(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		edit    func(*Config)
+		refused bool
+	}{
+		{"no id, exactly_once, pending", func(c *Config) {}, true},
+		{"with id", func(c *Config) { c.Outbox.StandardHeaders = []string{"id", "event_type"} }, false},
+		{"at_least_once", func(c *Config) { c.Kafka.Delivery = DeliveryAtLeastOnce }, false},
+		{"no snapshot", func(c *Config) { c.Snapshot.Mode = "none" }, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := withRequired()
+			c.Kafka.Delivery, c.DLQ.Mode, c.Snapshot.Mode = DeliveryExactlyOnce, DLQSkip, "pending"
+			c.Outbox.StandardHeaders = []string{"event_type", "aggregate_type"}
+			tt.edit(&c)
+			var got *FieldError
+			for _, p := range c.problems() {
+				if p.Key == "outbox.standard_headers" {
+					got = &p
+				}
+			}
+			if (got != nil) != tt.refused {
+				t.Fatalf("refused %v (%v), want %v", got != nil, got, tt.refused)
+			}
+			if got != nil && !strings.Contains(got.Error(), "keep id in the list") {
+				t.Fatalf("problem %q lacks the fix", got.Error())
+			}
+		})
+	}
+}

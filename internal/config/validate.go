@@ -110,6 +110,7 @@ func (c *Config) problems() []FieldError {
 	v.dlq(c.DLQ, c.Kafka)
 	v.delivery(c.Kafka, c.DLQ, c.Snapshot)
 	v.txnHeaders(c)
+	v.snapshotIDs(c)
 	v.eventRouter(c)
 	v.tables(c)
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {

@@ -226,6 +226,19 @@ func (t *Txn) SetFloor(pos lsn.LSN) {
 	}
 }
 
+// NoSnapshot tells the producer that the run takes no snapshot: a
+// snapshot committed in part (a pseudo-transaction, Xid 0; PostgreSQL's
+// transaction ids start at 3) by a run that died is never published again
+// (snapshot.mode none after it), so nothing of it is passed over. Called
+// before the stream starts.
+func (t *Txn) NoSnapshot() {
+	if r := t.split.resume; r != nil && r.Xid == 0 {
+		t.log.Warn("kafka: an interrupted snapshot was committed in part; this run takes none, so the rest of it is not published",
+			"events_committed", r.Events, "consistent_point", r.Final)
+		t.split.resume, t.split.started = nil, false
+	}
+}
+
 // due reports whether the open transaction has a part to cut: an event
 // more than MaxRecords waits (or more than the buffered bytes), it may be
 // split, no gap repair holds the Kafka transaction, and a position exists to

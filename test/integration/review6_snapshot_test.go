@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -59,13 +60,27 @@ func TestReview6SnapshotRedoCloudEventsStructured(t *testing.T) {
 	review6KilledRedo(t, "r6snapce", true, "OUTBOX_CDC_KAFKA_FORMAT=cloudevents-structured")
 }
 
-// TestReview6SnapshotRedoWithoutIDHeader: the same with
-// outbox.standard_headers without id (allowed; only a warning about inbox
-// consumers). The read-back keeps only records with an id header
-// (readback.go load: !r.HasID), so it finds none of the interrupted
-// snapshot's records and publishes them all again.
+// TestReview6SnapshotRedoWithoutIDHeader: outbox.standard_headers without
+// id. The read-back keeps only records with an id header (readback.go load:
+// !r.HasID), so a snapshot taken again would find none of the interrupted
+// one's records and publish them all again (the review's reproduction:
+// 4000 duplicates). The combination is refused at start now, naming the key
+// and the fix; nothing is published.
 func TestReview6SnapshotRedoWithoutIDHeader(t *testing.T) {
-	review6KilledRedo(t, "r6snapnoid", false, "OUTBOX_CDC_OUTBOX_STANDARD_HEADERS=event_type,aggregate_type")
+	const slot = "r6snapnoid"
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	dropSlotAtEnd(t, dsn, slot)
+	addr := freeAddr(t)
+	base, err := os.ReadFile(eosConfig(t, dsn, slot, addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := writeConfig(t, string(base)+"snapshot:\n  mode: pending\n")
+	code, out := runBinary(t, time.Minute, []string{"OUTBOX_CDC_OUTBOX_STANDARD_HEADERS=event_type,aggregate_type"}, "run", "--config", cfgPath)
+	if code != 2 || !strings.Contains(out, "outbox.standard_headers") || !strings.Contains(out, "keep id in the list") {
+		t.Fatalf("exit %d, want 2 naming outbox.standard_headers and the fix:\n%s", code, out)
+	}
 }
 
 // review6KilledRedo: 40,000 rows, parts of 2,000, SIGKILL once 4,000 are
