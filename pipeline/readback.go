@@ -76,11 +76,11 @@ type readBack struct {
 	// margin is readBackMargin when a record's timestamp may come from the
 	// application (outbox.timestamp_column), else a minute: the records'
 	// timestamps are then the transactions' commit times.
-	margin   time.Duration
-	since    time.Time // set by the first event
+	margin time.Duration
+	since  time.Time // set by the first event
 	// redo: a snapshot taken again; the read starts at the topics' start
 	// (the interrupted snapshot's records may be older than any reading).
-	redo bool
+	redo     bool
 	maxHeld  int
 	progress time.Duration
 	seeds    [2]maphash.Seed
