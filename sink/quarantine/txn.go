@@ -58,8 +58,8 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 // transactional reports whether the set writes through a Transactor.
 func (s *Set) transactional() bool { return s.tx != nil }
 
-// Lookup is the quarantine key is in, by the id of the event that began it,
-// as committed: the producer parks key's records under it.
+// Lookup returns the id of the event whose dead letter began key's
+// quarantine, as committed: the producer parks key's records under it.
 func (s *Set) Lookup(key string) (firstID string, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -124,10 +124,12 @@ func (s *Set) Saved(rec *StateRecord, offset int64) {
 	s.mu.Lock()
 	q := s.quarantined[rec.Key]
 	if q == nil {
-		q = &quarantined{Quarantine: rec.Quarantine}
+		q = &quarantined{}
 		s.quarantined[rec.Key] = q
 	}
-	q.state, q.stateAt = rec, offset
+	// Over one another writer began meanwhile (verify --repair): this
+	// state record is the later one on the topic.
+	q.Quarantine, q.state, q.stateAt = rec.Quarantine, rec, offset
 	n := len(s.quarantined)
 	s.mu.Unlock()
 	s.reportQuarantines("", n)
