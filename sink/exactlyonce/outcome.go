@@ -141,10 +141,11 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 // epoch bump), so the broker refuses the reload as from a fenced producer
 // although no other instance exists. An instance that took the id over
 // commits its position within FenceCheck, so after two of them: if the
-// last position is still this instance's, with txn's number, and this
-// instance streams from the slot, the commit happened and the fence was
-// the answer to it; a new transactional client carries on. Otherwise the
-// fence is real.
+// last position is still this instance's and this instance streams from
+// the slot, the fence was the broker's answer to this instance's own
+// transaction: committed when the position has txn's number, aborted by
+// its coordinator (which bumps the epoch as well) when it is older; a new
+// transactional client carries on. Otherwise the fence is real.
 func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool, error) {
 	select {
 	case <-ctx.Done():
@@ -158,17 +159,48 @@ func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool,
 	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", errors.Join(fenced, err))
 	}
-	owner := t.cfg.Owner == nil || t.cfg.Owner()
-	if pos.Instance != t.instance || pos.Txn != txn || !owner {
+	if pos.Instance != t.instance || pos.Txn > txn || !t.ownerSoon(ctx) {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", fenced)
 	}
 	if err := t.renewClient(); err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
+	if pos.Txn < txn {
+		// Not committed: the coordinator ended it (a broker restart
+		// aborts a transaction in doubt), and the abort bumped the epoch
+		// too. Its events go again.
+		t.log.Warn("kafka: the broker refused the settle of a commit its coordinator aborted (its epoch moved past the client's); "+
+			"the transaction is produced again by a new transactional client", "txn", txn, "transactional_id", t.txnID, "err", fenced)
+		return false, nil
+	}
 	t.log.Warn("kafka: the broker refused the settle of a commit it had completed (its epoch moved past the client's); "+
 		"the commit is acknowledged and a new transactional client carries on", "txn", txn, "transactional_id", t.txnID, "err", fenced)
 	return true, nil
 }
+
+// ownerSoon reports whether this instance streams from the slot, waiting
+// up to ownerWait for a replication connection being made again (a fault
+// that cut Kafka often cuts PostgreSQL too): another instance takes the id
+// over only once the slot is free.
+func (t *Txn) ownerSoon(ctx context.Context) bool {
+	deadline := time.Now().Add(ownerWait)
+	for {
+		if t.cfg.Owner == nil || t.cfg.Owner() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// ownerWait bounds ownerSoon: reconnects back off to a second or so.
+const ownerWait = 15 * time.Second
 
 // endAbort retries an abort that failed without an answer.
 func (t *Txn) endAbort(ctx context.Context) error {

@@ -29,16 +29,27 @@ func TestTxnSettleFencedByOwnCommit(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		takeover bool
+		lose     bool
 	}{
-		{"the broker's answer to our own commit", false},
-		{"another instance took the id over", true},
+		{"the broker's answer to our own commit", false, false},
+		// Long seed 13137812706864228635 (2026-12-07): a broker killed
+		// under a commit; its coordinator aborted it, bumping the epoch,
+		// and the reload was refused as fenced: a false "fenced" exit.
+		{"the broker's answer after its coordinator aborted our commit", false, true},
+		{"another instance took the id over", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := sinktest.Ctx(t)
 			c := sinktest.NewCluster(t, kfake.SeedTopics(1, "one"))
-			d := &cutEndTxn{refusal: time.Second}
+			d := &cutEndTxn{refusal: time.Second, lose: tc.lose}
 			failed := make(chan error, 1)
 			fast := func(cfg *exactlyonce.Config) {
+				if tc.lose {
+					// kfake's coordinator ends the lost commit's
+					// transaction at its timeout, as a restarted broker's
+					// does at once.
+					cfg.TransactionTimeout = 2 * time.Second
+				}
 				cfg.FenceCheck = 100 * time.Millisecond
 				cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(d.dial))
 				cfg.Fail = func(err error) { failed <- err }
