@@ -7,6 +7,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestExactlyOnceSnapshotKilledMidway: snapshot.mode pending with
@@ -18,60 +20,80 @@ import (
 // holds first: read_committed then sees every row once, and the rows
 // written after the restart once, streamed.
 func TestExactlyOnceSnapshotKilledMidway(t *testing.T) {
-	const (
-		rows  = 200_000
-		later = 10
-		slot  = "eossnap"
-	)
+	const rows, later = 200_000, 10
+	k := killSnapshot(t, "eossnap", rows, 6000)
+	p := k.redo(t)
+	writeEvents(t, k.conn, k.slot, rows+1, rows+1+later)
+	waitCommitted(t, k.topic, rows+later, 2*time.Minute)
+	k.eachOnce(t, snapshotSeqs(t, k.topic, false), rows+later)
+	stopClean(t, p)
+}
+
+// killedSnapshot is an exactly_once connector on slot killed (SIGKILL) in
+// the middle of its pending snapshot: first of its rows committed.
+type killedSnapshot struct {
+	slot, topic, addr, base string
+	conn                    *pgx.Conn
+	env                     []string
+	first                   int
+}
+
+// killSnapshot writes rows into a new outbox, starts a connector in
+// snapshot.mode pending committing parts of 2,000 events (extra: more of
+// its environment) and kills it once killAfter events are published; a
+// snapshot committed whole by then fails the test, which tested nothing.
+func killSnapshot(t *testing.T, slot string, rows, killAfter int, extra ...string) *killedSnapshot {
+	t.Helper()
 	dsn := newDatabase(t)
 	createOutbox(t, dsn, "outbox", "jsonb")
 	dropSlotAtEnd(t, dsn, slot)
 	exec1(t, dsn, fmt.Sprintf(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT '%s', 'agg-' || (g %% 50), 'Created', jsonb_build_object('seq', g) FROM generate_series(1, %d) g`, slot, rows))
-	addr := freeAddr(t)
-	base, err := os.ReadFile(eosConfig(t, dsn, slot, addr))
+	k := &killedSnapshot{slot: slot, topic: topicFor(slot), addr: freeAddr(t),
+		env: append([]string{"OUTBOX_CDC_KAFKA_MAX_BUFFERED_RECORDS=2000"}, extra...)}
+	base, err := os.ReadFile(eosConfig(t, dsn, slot, k.addr))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfgPath := writeConfig(t, string(base)+"snapshot:\n  mode: pending\n")
-	env := []string{"OUTBOX_CDC_KAFKA_MAX_BUFFERED_RECORDS=2000"}
-
-	p := startProc(t, cfgPath, addr, false, env...)
-	p.waitMetric(t, 2*time.Minute, "outbox_cdc_events_published_total", 6000)
+	k.base = string(base)
+	p := startProc(t, k.config(t, "pending"), k.addr, false, k.env...)
+	p.waitMetric(t, 2*time.Minute, "outbox_cdc_events_published_total", float64(killAfter))
 	p.kill()
-	topic := topicFor(slot)
-	first := committedSeqCount(t, topic)
-	if first >= rows {
-		t.Fatalf("the snapshot was committed whole (%d events) before the kill: the test tested nothing", first)
+	if k.first = committedSeqCount(t, k.topic); k.first >= rows {
+		t.Fatalf("the snapshot was committed whole (%d events) before the kill: the test tested nothing", k.first)
 	}
-	t.Logf("killed with %d of %d snapshot events committed", first, rows)
+	t.Logf("killed with %d of %d snapshot events committed", k.first, rows)
+	k.conn = pgConnect(t, dsn)
+	return k
+}
 
-	p = startProc(t, cfgPath, addr, false, env...)
-	conn := pgConnect(t, dsn)
+// config writes the connector's configuration with snapshot.mode mode.
+func (k *killedSnapshot) config(t *testing.T, mode string) string {
+	t.Helper()
+	return writeConfig(t, k.base+"snapshot:\n  mode: "+mode+"\n")
+}
+
+// redo starts the connector again in snapshot.mode pending and waits until
+// the snapshot it takes again is done (snapshot_done).
+func (k *killedSnapshot) redo(t *testing.T) *process {
+	t.Helper()
+	p := startProc(t, k.config(t, "pending"), k.addr, false, k.env...)
 	waitFor(t, 3*time.Minute, "the snapshot taken again, done", func() bool {
 		if p.proc.Exited() {
 			t.Fatalf("connector exited: %v\n%s", p.proc.Err(), p.output())
 		}
 		var done bool
-		err := conn.QueryRow(context.Background(), "SELECT snapshot_done FROM outbox_cdc.checkpoints WHERE slot = $1", slot).Scan(&done)
+		err := k.conn.QueryRow(context.Background(), "SELECT snapshot_done FROM outbox_cdc.checkpoints WHERE slot = $1", k.slot).Scan(&done)
 		return err == nil && done
 	})
-	writeEvents(t, conn, slot, rows+1, rows+1+later)
-	waitCommitted(t, topic, rows+later, 2*time.Minute)
+	return p
+}
 
-	seen := map[int]int{}
-	for _, r := range readIsolated(t, true, topic) {
-		if r.Attrs.IsControl() {
-			continue
-		}
-		var v struct{ Seq int }
-		if err := json.Unmarshal(r.Value, &v); err != nil {
-			t.Fatalf("record at %d: %v", r.Offset, err)
-		}
-		seen[v.Seq]++
-	}
+// eachOnce fails the test unless seen holds each seq from 1 to want once.
+func (k *killedSnapshot) eachOnce(t *testing.T, seen map[int]int, want int) {
+	t.Helper()
 	var missing, twice []int
-	for seq := 1; seq <= rows+later; seq++ {
+	for seq := 1; seq <= want; seq++ {
 		switch n := seen[seq]; {
 		case n == 0:
 			missing = append(missing, seq)
@@ -79,11 +101,34 @@ func TestExactlyOnceSnapshotKilledMidway(t *testing.T) {
 			twice = append(twice, seq)
 		}
 	}
-	if len(missing) > 0 || len(twice) > 0 || len(seen) != rows+later {
-		t.Fatalf("read_committed: %d distinct seqs, want %d; %d missing (first %v), %d more than once (first %v)",
-			len(seen), rows+later, len(missing), head(missing), len(twice), head(twice))
+	if len(missing) > 0 || len(twice) > 0 || len(seen) != want {
+		t.Fatalf("read_committed: %d distinct seqs, want %d; %d missing (first %v), %d more than once (first %v); %d were committed before the kill",
+			len(seen), want, len(missing), head(missing), len(twice), head(twice), k.first)
 	}
-	stopClean(t, p)
+}
+
+// snapshotSeqs reads topic with read_committed and counts each seq;
+// structured: the value is a structured CloudEvent whose data holds it.
+func snapshotSeqs(t *testing.T, topic string, structured bool) map[int]int {
+	t.Helper()
+	seen := map[int]int{}
+	for _, r := range readIsolated(t, true, topic) {
+		if r.Attrs.IsControl() {
+			continue
+		}
+		var v struct {
+			Seq  int
+			Data struct{ Seq int }
+		}
+		if err := json.Unmarshal(r.Value, &v); err != nil {
+			t.Fatalf("record at %d: %v", r.Offset, err)
+		}
+		if structured {
+			v.Seq = v.Data.Seq
+		}
+		seen[v.Seq]++
+	}
+	return seen
 }
 
 // committedSeqCount is how many records read_committed sees on topic.
