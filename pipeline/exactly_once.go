@@ -50,7 +50,7 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 	sc := p.quarantining(p.cfg.Sink)
 	sc.QuarantineSource = key
 	t, err := exactlyonce.New(exactlyonce.Config{Sink: sc, Positions: eo.PositionsTopic, Interval: eo.Interval, TransactionTimeout: eo.Timeout,
-		Source: key, Fail: p.fail, Owner: p.conn.up.Load, Proof: p.markProof,
+		Source: key, Fail: p.fail, Proof: p.markProof,
 		Acknowledged: max(pl.readings.slot, pl.readings.ckpt)}, p.log)
 	if err != nil {
 		return nil, err

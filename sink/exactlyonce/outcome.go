@@ -120,7 +120,11 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 		// The coordinator has no transaction open for the client (it
 		// ended it: a timeout), and franz-go cannot leave the one it
 		// thinks it is in; a new client's InitProducerId settles it.
-		err = t.renewClient()
+		pos, err := t.claim(ctx)
+		if err != nil {
+			return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
+		}
+		return t.learned(txn, pos), nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
@@ -129,9 +133,15 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
+	return t.learned(txn, pos), nil
+}
+
+// learned reports, and logs, whether the position says transaction txn
+// committed.
+func (t *Txn) learned(txn uint64, pos Position) bool {
 	committed := pos.Txn >= txn
 	t.log.Warn("kafka: learned the outcome of a commit that was not confirmed", "txn", txn, "committed", committed)
-	return committed, nil
+	return committed
 }
 
 // settleFenced answers a fence met while settling the commit of
@@ -139,13 +149,12 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 // client's epoch (KIP-360), but when the commit completed on the broker,
 // completing it bumped the epoch (KIP-890: every transaction ends with an
 // epoch bump), so the broker refuses the reload as from a fenced producer
-// although no other instance exists. An instance that took the id over
-// commits its position within FenceCheck, so after two of them: if the
-// last position is still this instance's and this instance streams from
-// the slot, the fence was the broker's answer to this instance's own
-// transaction: committed when the position has txn's number, aborted by
-// its coordinator (which bumps the epoch as well) when it is older; a new
-// transactional client carries on. Otherwise the fence is real.
+// although no other instance exists; a coordinator's abort (a broker
+// restart ends a transaction in doubt) bumps it too. An instance that took
+// the id over commits its position within FenceCheck, so after two of
+// them a position of another instance, or past txn, is a real fence.
+// Otherwise claim decides: committed when the position has txn's number,
+// aborted when it is older; a new transactional client carries on.
 func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool, error) {
 	select {
 	case <-ctx.Done():
@@ -159,16 +168,13 @@ func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool,
 	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", errors.Join(fenced, err))
 	}
-	if pos.Instance != t.instance || pos.Txn > txn || !t.ownerSoon(ctx) {
+	if pos.Instance != t.instance || pos.Txn > txn {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", fenced)
 	}
-	if err := t.renewClient(); err != nil {
+	if pos, err = t.claim(ctx); err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
 	if pos.Txn < txn {
-		// Not committed: the coordinator ended it (a broker restart
-		// aborts a transaction in doubt), and the abort bumped the epoch
-		// too. Its events go again.
 		t.log.Warn("kafka: the broker refused the settle of a commit its coordinator aborted (its epoch moved past the client's); "+
 			"the transaction is produced again by a new transactional client", "txn", txn, "transactional_id", t.txnID, "err", fenced)
 		return false, nil
@@ -178,29 +184,33 @@ func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool,
 	return true, nil
 }
 
-// ownerSoon reports whether this instance streams from the slot, waiting
-// up to ownerWait for a replication connection being made again (a fault
-// that cut Kafka often cuts PostgreSQL too): another instance takes the id
-// over only once the slot is free.
-func (t *Txn) ownerSoon(ctx context.Context) bool {
-	deadline := time.Now().Add(ownerWait)
-	for {
-		if t.cfg.Owner == nil || t.cfg.Owner() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(100 * time.Millisecond):
-		}
+// claim takes the transactional id with a new client and proves that no
+// other instance committed before it did: the new client's InitProducerId
+// bumps the epoch, so whoever else holds the id cannot commit after it,
+// and the position read after it must not be another instance's. It does
+// not ask whether this instance streams from the slot: a fault that cut
+// Kafka often cuts PostgreSQL too, and the stream's reconnect waits for
+// the processor, which waits for this settle. A takeover that committed
+// nothing yet is fenced by the claim and stops; nothing of it was visible.
+// Every client is claimed before its first transaction (Start does it
+// for the first): one initialized lazily would fence without the check.
+func (t *Txn) claim(ctx context.Context) (Position, error) {
+	if err := t.renewClient(); err != nil {
+		return Position{}, err
 	}
+	if _, _, err := t.cl.ProducerID(ctx); err != nil {
+		return Position{}, fmt.Errorf("claim the transactional id: %w", err)
+	}
+	pos, err := t.readPosition(ctx)
+	if err != nil {
+		return Position{}, fmt.Errorf("claim the transactional id: %w", err)
+	}
+	if t.another(pos) {
+		return Position{}, fmt.Errorf("the last position (txn %d) was committed by another instance %q: %w",
+			pos.Txn, pos.Instance, kerr.ProducerFenced)
+	}
+	return pos, nil
 }
-
-// ownerWait bounds ownerSoon: reconnects back off to a second or so.
-const ownerWait = 15 * time.Second
 
 // endAbort retries an abort that failed without an answer.
 func (t *Txn) endAbort(ctx context.Context) error {

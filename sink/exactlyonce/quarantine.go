@@ -266,7 +266,7 @@ func (t *Txn) Transact(ctx context.Context, build func(context.Context) (*quaran
 		// franz-go caps a partition's batches at the limit read when it
 		// first produced there; the operator may have raised it since, to
 		// make this redrive possible. A new client reads it again.
-		if err := t.renewClient(); err != nil {
+		if _, err := t.claim(ctx); err != nil {
 			return quarantine.TransactError(err)
 		}
 		err = t.commitWrite(ctx, len(w.Records))

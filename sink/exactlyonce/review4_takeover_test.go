@@ -60,15 +60,13 @@ func (c *gatedConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-// eosInstance is one connector's producer on the shared source; Owner is
-// what the pipeline's p.conn.up would say.
+// eosInstance is one connector's producer on the shared source.
 func eosInstance(ctx context.Context, t *testing.T, c *kfake.Cluster, name string, logs *strings.Builder, mu *sync.Mutex,
 	dial func(context.Context, string, string) (net.Conn, error), failed chan error) *exactlyonce.Txn {
 	t.Helper()
 	cfg := txnConfig(c, splitSource, time.Millisecond)
 	cfg.TransactionTimeout = time.Second
 	cfg.FenceCheck = time.Second // a takeover commits within two; a timeout waits for them
-	cfg.Owner = func() bool { return true }
 	cfg.Fail = func(err error) { failed <- err }
 	if dial != nil {
 		cfg.Sink.TestOpts = append(cfg.Sink.TestOpts, kgo.Dialer(dial))

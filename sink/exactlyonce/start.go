@@ -35,6 +35,12 @@ func (t *Txn) Start(ctx context.Context) (Position, error) {
 	if err := t.fence(ctx); err != nil {
 		return Position{}, err
 	}
+	// The client's own producer id, before the read: initialized lazily at
+	// the first transaction it would fence an instance that claimed the id
+	// since, unchecked (claim).
+	if _, _, err := t.cl.ProducerID(ctx); err != nil {
+		return Position{}, fmt.Errorf("init transactional id %s: %w", t.txnID, err)
+	}
 	pos, err := t.readPosition(ctx)
 	if err != nil {
 		return Position{}, err

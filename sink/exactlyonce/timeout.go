@@ -17,10 +17,10 @@ import (
 // produce or EndTxn of that transaction is refused with
 // INVALID_PRODUCER_EPOCH (PRODUCER_FENCED, or TRANSACTION_ABORTABLE with
 // transaction version 2), the answers a takeover by another instance gives
-// too. An attempt that ran longer than the timeout while this instance
-// still streams from the slot (another takes the id over only once the slot
-// is free) was the coordinator's abort, not a fence: a new producer id goes
-// on, and the parts get smaller (split.go), so that a slow broker or a
+// too. An attempt that ran longer than the timeout, after which the
+// position is still this instance's when a new producer id has claimed
+// the id (claim), was the coordinator's abort, not a fence: it goes on,
+// and the parts get smaller (split.go), so that a slow broker or a
 // producer quota ends in smaller Kafka transactions, never in a loop of
 // aborts or a false "fenced" exit. The limit grows back once commits are
 // quick again.
@@ -37,10 +37,7 @@ func (t *Txn) timedOut(err error) bool {
 		!errors.Is(err, kerr.TransactionAbortable) && !errors.Is(err, kerr.InvalidTxnState) {
 		return false
 	}
-	if time.Since(t.lastTry) < t.cfg.TransactionTimeout {
-		return false
-	}
-	return t.cfg.Owner == nil || t.cfg.Owner()
+	return time.Since(t.lastTry) >= t.cfg.TransactionTimeout
 }
 
 // afterTimeout goes on after an attempt the coordinator may have aborted
@@ -72,7 +69,7 @@ func (t *Txn) afterTimeout(ctx context.Context, b *[]*entry, end *lsn.LSN, shrin
 		t.settled(*end, *b, t.lastQ)
 		return true, nil
 	}
-	if err := t.renewClient(); err != nil {
+	if _, err := t.claim(ctx); err != nil {
 		return false, fmt.Errorf("after a transaction timeout: %w", err)
 	}
 	n := t.shrinkParts()

@@ -55,10 +55,6 @@ type Config struct {
 	// Fail receives the fatal error once (fenced, not authorized), also
 	// when no event is waiting to carry it.
 	Fail func(error)
-	// Owner reports whether this instance streams from the slot now, so
-	// that no other can have taken the transactional id over (another takes
-	// it only once the slot is free); nil: assumed.
-	Owner func() bool
 	// Proof returns the history mark that proves positions up to at are in
 	// the server's history (replication/marks.go); it is recorded with each
 	// position. Nil, or a zero mark: none.
