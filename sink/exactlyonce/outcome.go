@@ -38,6 +38,11 @@ func (t *Txn) try(ctx context.Context, b *[]*entry, end lsn.LSN) (bool, error) {
 		t.fatal = err // reported by failSplit already
 		return false, err
 	}
+	if t.claimDue {
+		if _, err := t.claim(ctx); err != nil {
+			return false, err
+		}
+	}
 	if u := t.unsure; u != nil {
 		committed, err := t.wasCommitted(ctx, u.txn)
 		if err != nil {
@@ -133,6 +138,12 @@ func (t *Txn) wasCommitted(ctx context.Context, txn uint64) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("settle an unconfirmed commit: %w", err)
 	}
+	if t.another(pos) {
+		// The reload succeeded, so the id was this client's again, but
+		// another instance committed before: it took the id over.
+		return false, fmt.Errorf("settle an unconfirmed commit: the last position (txn %d) was committed by another instance %q: %w",
+			pos.Txn, pos.Instance, kerr.ProducerFenced)
+	}
 	return t.learned(txn, pos), nil
 }
 
@@ -192,13 +203,31 @@ func (t *Txn) settleFenced(ctx context.Context, txn uint64, fenced error) (bool,
 // Kafka often cuts PostgreSQL too, and the stream's reconnect waits for
 // the processor, which waits for this settle. A takeover that committed
 // nothing yet is fenced by the claim and stops; nothing of it was visible.
-// Every client is claimed before its first transaction (Start does it
-// for the first): one initialized lazily would fence without the check.
+// The new client replaces the old one only once the check passed; until
+// then (an error: claimDue) every try claims again first, since a client
+// that initialized its producer id lazily would fence unchecked (Start
+// initializes the first one eagerly too). Called with commitMu held.
 func (t *Txn) claim(ctx context.Context) (Position, error) {
-	if err := t.renewClient(); err != nil {
+	t.claimDue = true
+	cl, err := t.newClient()
+	if err != nil {
 		return Position{}, err
 	}
-	if _, _, err := t.cl.ProducerID(ctx); err != nil {
+	pos, err := t.claimWith(ctx, cl)
+	if err != nil {
+		cl.Close()
+		return Position{}, err
+	}
+	if t.cl != t.base {
+		t.cl.Close()
+	}
+	t.cl, t.aborting, t.claimDue = cl, false, false
+	return pos, nil
+}
+
+// claimWith is claim's check with the new client cl.
+func (t *Txn) claimWith(ctx context.Context, cl *kgo.Client) (Position, error) {
+	if _, _, err := cl.ProducerID(ctx); err != nil {
 		return Position{}, fmt.Errorf("claim the transactional id: %w", err)
 	}
 	pos, err := t.readPosition(ctx)

@@ -267,6 +267,9 @@ func (t *Txn) Transact(ctx context.Context, build func(context.Context) (*quaran
 		// first produced there; the operator may have raised it since, to
 		// make this redrive possible. A new client reads it again.
 		if _, err := t.claim(ctx); err != nil {
+			if fatal(err) {
+				t.setFatal(err)
+			}
 			return quarantine.TransactError(err)
 		}
 		err = t.commitWrite(ctx, len(w.Records))

@@ -159,21 +159,6 @@ func (t *Txn) shrinkBatch(b []*entry, end lsn.LSN) ([]*entry, lsn.LSN) {
 	return keep, keep[cut-1].txnEnd
 }
 
-// renewClient replaces the transactional client with a new one: its
-// InitProducerId ends whatever transaction the id has open. Called with
-// commitMu held.
-func (t *Txn) renewClient() error {
-	cl, err := t.newClient()
-	if err != nil {
-		return err
-	}
-	if t.cl != t.base {
-		t.cl.Close()
-	}
-	t.cl, t.aborting = cl, false
-	return nil
-}
-
 // partLimit is how many events of a transaction a part holds now.
 func (t *Txn) partLimit() int {
 	if n := int(t.partMax.Load()); n > 0 {

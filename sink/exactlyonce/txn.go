@@ -127,6 +127,9 @@ type Txn struct {
 	// itself in the transaction until an abort succeeds (franz-go's
 	// EndTransaction: retry with TryAbort), so no attempt begins before.
 	aborting bool
+	// claimDue: a claim began and did not finish (claim); nothing uses the
+	// client before one does. Guarded by commitMu.
+	claimDue bool
 	// hang is the hang check's state (hanging.go); guarded by commitMu
 	// after Start.
 	hang hangState
