@@ -13,9 +13,10 @@ CONFIG ?= outbox-cdc.yaml
 # (deploy/helm: keeps Helm and the Kubernetes API types out of it). `go ... ./...` stops at a
 # nested go.mod, so each target that means "all the code" loops over these.
 MODULES := . outbox inbox bench deploy/helm
-# Packages whose tests start PostgreSQL or Kafka (internal/testenv's lifecycle
-# tests do too); make unit and make integration run them, make check does not.
-SERVER_PKGS := /internal/testenv$$|/test/integration$$
+# Packages whose tests start PostgreSQL, Kafka or the schema registry
+# (internal/testenv's lifecycle tests do too); make unit and make integration
+# run them, make check does not.
+SERVER_PKGS := /internal/testenv$$|/test/integration$$|/test/contracts$$
 BENCH_OUT ?= bench/results
 # The PostgreSQL version matrix. The default version is the machine's own
 # server (PostgreSQL 15 from Debian's packages); the others are fetched from
@@ -34,7 +35,7 @@ PG_UPGRADE_VERSIONS ?= 16.15.0 17.11.0 18.6.0
 # 16 on; below that they check the refusal).
 SMOKE := ^(TestPipelineTransactionShapes|TestKill9LosesNothing|TestCheckpointSkipsAfterPostgresCrash|TestReplayRange|TestHarnessPostgres.*|TestMissingPrerequisitesExitOne|TestTablelessOutbox|TestFailover.*|TestStandby.*)$$
 
-.PHONY: all build test unit integration smoke matrix chaos vet lint check bench demo run kafka-jars pg-binaries pg-upgrade-binaries clean
+.PHONY: all build test unit integration smoke matrix chaos vet lint check bench demo run kafka-jars registry-app pg-binaries pg-upgrade-binaries clean
 
 all: build
 
@@ -43,6 +44,10 @@ build:
 
 kafka-jars:
 	./scripts/fetch-kafka.sh
+
+# Apicurio Registry (the Confluent API) for test/contracts, into .cache/apicurio/.
+registry-app:
+	./scripts/fetch-apicurio.sh >/dev/null
 
 pg-binaries:
 	./scripts/fetch-postgres.sh $(PG_VERSIONS)
@@ -60,7 +65,7 @@ lint: vet
 	@set -e; for m in $(MODULES); do \
 	  $(GO) -C $$m mod tidy -diff || { echo "module $$m is not tidy: run go -C $$m mod tidy"; exit 1; }; done
 
-unit: kafka-jars build
+unit: kafka-jars registry-app build
 	set -e; for m in $(MODULES); do \
 	  OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) -C $$m test -race -count=1 -timeout 20m $$($(GO) -C $$m list ./... | grep -v /test/integration); done
 
@@ -76,12 +81,13 @@ check: lint
 
 # The integration suite starts a private PostgreSQL and a real Apache Kafka
 # broker itself (internal/testenv); it never skips.
-integration: kafka-jars pg-upgrade-binaries build
+integration: kafka-jars registry-app pg-upgrade-binaries build
 	@mkdir -p .cache
 	set -o pipefail; OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 30m -v ./test/integration/ 2>&1 \
 	  | tee .cache/integration.log \
 	  | grep --line-buffered -E '^(=== RUN|--- |    --- |PASS|FAIL|ok|integration:|panic)|_test.go:[0-9]+: [^t]'; \
 	  status=$${PIPESTATUS[0]}; [ $$status -eq 0 ] || { scripts/failed-output.sh .cache/integration.log; tail -40 .cache/integration.log; }; exit $$status
+	$(GO) test -race -count=1 -timeout 10m ./test/contracts/
 
 # smoke runs the smoke subset of the integration suite on every other
 # version of the matrix; matrix runs the whole suite on each.
