@@ -1,0 +1,247 @@
+package contracts
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
+	"github.com/twmb/franz-go/pkg/sr"
+)
+
+// DefaultRefresh is how long a subject's resolved version is used before
+// the registry is asked for its latest again: a new version reaches the
+// connector within it, and a registry outage costs at most one failed
+// request per subject per interval.
+const DefaultRefresh = time.Minute
+
+// RegistryConfig is how to reach the registry (contracts.registry.*).
+type RegistryConfig struct {
+	// URL is the base of the Confluent API, such as
+	// http://registry:8080/apis/ccompat/v7.
+	URL string
+	// UsernameFile and PasswordFile (HTTP basic), or TokenFile (bearer),
+	// are read at every request, so a rotated secret is used at once.
+	UsernameFile, PasswordFile, TokenFile string
+	TLS                                   *tls.Config // nil: the system's roots
+	Timeout                               time.Duration
+	Refresh                               time.Duration
+}
+
+// Registry resolves subjects to compiled schemas and keeps every version it
+// resolved: by (subject, version), written once, so one pair always yields
+// one id; and per subject the version in use, which is served from memory
+// while the registry is down. Safe for concurrent use.
+type Registry struct {
+	cl         *sr.Client
+	codec      codec
+	resolution Resolution
+	schemas    func(subject string) (string, bool)
+	refresh    time.Duration
+	now        func() time.Time
+
+	mu       sync.Mutex
+	versions map[versionKey]*Schema
+	inUse    map[string]*use
+}
+
+type versionKey struct {
+	subject string
+	version int
+}
+
+// use is the version a subject resolves to and when the registry last said
+// so (or was last asked, when it did not answer).
+type use struct {
+	schema  *Schema
+	checked time.Time
+}
+
+// NewRegistry builds the client; it sends nothing.
+func NewRegistry(cfg RegistryConfig, res Resolution, schemas func(string) (string, bool)) (*Registry, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("contracts: registry URL %q: want http(s)://host[:port]/path", cfg.URL)
+	}
+	switch res {
+	case ResolutionLookup, ResolutionAuto:
+	default:
+		return nil, fmt.Errorf("contracts: resolution %q: use one of %v", res, Resolutions())
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = cfg.TLS
+	hc := &http.Client{Transport: tr, Timeout: cmpOrDuration(cfg.Timeout, defaultTimeout)}
+	cl, err := sr.NewClient(sr.URLs(cfg.URL), sr.HTTPClient(hc), sr.UserAgent("outbox-cdc"), sr.PreReq(cfg.authorize))
+	if err != nil {
+		return nil, fmt.Errorf("contracts: %w", err)
+	}
+	return &Registry{cl: cl, codec: jsonSchemaCodec{}, resolution: res, schemas: schemas,
+		refresh: cmpOrDuration(cfg.Refresh, DefaultRefresh), now: time.Now,
+		versions: map[versionKey]*Schema{}, inUse: map[string]*use{}}, nil
+}
+
+func cmpOrDuration(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+// authorize adds the credentials, read now from their files.
+func (cfg RegistryConfig) authorize(req *http.Request) error {
+	if cfg.TokenFile != "" {
+		tok, err := kafkaopt.ReadSecretFile(cfg.TokenFile)
+		if err != nil {
+			return fmt.Errorf("token file %s: %w", cfg.TokenFile, err)
+		}
+		req.Header.Set("Authorization", "Bearer "+string(tok))
+	}
+	if cfg.UsernameFile != "" || cfg.PasswordFile != "" {
+		user, err := kafkaopt.ReadSecretFile(cfg.UsernameFile)
+		if err != nil {
+			return fmt.Errorf("username file %s: %w", cfg.UsernameFile, err)
+		}
+		pw, err := kafkaopt.ReadSecretFile(cfg.PasswordFile)
+		if err != nil {
+			return fmt.Errorf("password file %s: %w", cfg.PasswordFile, err)
+		}
+		req.SetBasicAuth(string(user), string(pw))
+	}
+	return nil
+}
+
+// Client is the underlying Confluent API client, for administrative calls
+// (compatibility levels, listing) that the hot path does not make.
+func (r *Registry) Client() *sr.Client { return r.cl }
+
+// Resolve returns the schema subject's events are checked against: the
+// version in use if it was confirmed within the refresh interval, else the
+// registry's answer (lookup: the latest version; auto: the local schema's
+// version, registered if new). When the registry does not answer, a subject
+// resolved before keeps its version; one never resolved is a *RegistryError
+// with ErrUnreachable (retry) or, when the registry says the subject does
+// not exist, ErrNoSubject.
+func (r *Registry) Resolve(ctx context.Context, subject string) (*Schema, error) {
+	r.mu.Lock()
+	cur := r.inUse[subject]
+	if cur != nil && r.now().Sub(cur.checked) < r.refresh {
+		r.mu.Unlock()
+		return cur.schema, nil
+	}
+	r.mu.Unlock()
+
+	ss, err := r.fetch(ctx, subject)
+	if err != nil {
+		rerr := classify(subject, err)
+		if cur != nil && errors.Is(rerr, ErrUnreachable) {
+			// Keep serving the known version, and do not ask again before
+			// the next interval: one failed request per subject per interval.
+			r.mu.Lock()
+			cur.checked = r.now()
+			r.mu.Unlock()
+			return cur.schema, nil
+		}
+		return nil, rerr
+	}
+	s, err := r.store(subject, ss)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// fetch asks the registry for the subject's version to use.
+func (r *Registry) fetch(ctx context.Context, subject string) (sr.SubjectSchema, error) {
+	if r.resolution == ResolutionAuto && r.schemas != nil {
+		if text, ok := r.schemas(subject); ok {
+			if _, err := r.cl.RegisterSchema(ctx, subject, r.srSchema(text), -1, -1); err != nil {
+				return sr.SubjectSchema{}, err
+			}
+			// Registering answers the id only; the lookup adds the version.
+			return r.cl.LookupSchema(ctx, subject, r.srSchema(text))
+		}
+	}
+	return r.cl.SchemaByVersion(ctx, subject, -1)
+}
+
+func (r *Registry) srSchema(text string) sr.Schema { return sr.Schema{Schema: text, Type: sr.TypeJSON} }
+
+// store compiles a version seen for the first time and makes it the one in
+// use. A (subject, version) already stored keeps its schema and id whatever
+// the registry answers now: the bytes of an event never change.
+func (r *Registry) store(subject string, ss sr.SubjectSchema) (*Schema, error) {
+	key := versionKey{subject, ss.Version}
+	r.mu.Lock()
+	s := r.versions[key]
+	r.mu.Unlock()
+	if s == nil {
+		if !validID(ss.ID) || ss.Version < 1 {
+			return nil, &RegistryError{Subject: subject, Kind: ErrBadSchema,
+				Err: fmt.Errorf("the registry answered id %d version %d", ss.ID, ss.Version)}
+		}
+		// An answer without schemaType decodes as Avro (the API's default;
+		// Apicurio's lookup leaves it out), so only Protobuf is told
+		// apart here; an Avro text fails to compile as JSON Schema.
+		if ss.Type == sr.TypeProtobuf {
+			return nil, &RegistryError{Subject: subject, Kind: ErrBadSchema,
+				Err: fmt.Errorf("version %d is a %s schema, not JSON Schema (contracts.format)", ss.Version, ss.Type)}
+		}
+		c, err := r.codec.compile(ss.Schema.Schema)
+		if err != nil {
+			return nil, &RegistryError{Subject: subject, Kind: ErrBadSchema, Err: fmt.Errorf("version %d: %w", ss.Version, err)}
+		}
+		s = &Schema{Ref: SchemaRef{Subject: subject, Version: ss.Version, ID: ss.ID}, Text: ss.Schema.Schema, c: c}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if prev := r.versions[key]; prev != nil {
+		s = prev // a concurrent Resolve stored it first
+	}
+	r.versions[key] = s
+	r.inUse[subject] = &use{schema: s, checked: r.now()}
+	return s, nil
+}
+
+// Register registers text under subject (after the registry's own
+// compatibility check) and returns its version and id; an already
+// registered text returns the existing ones. Refusals are a
+// *RegistryError: ErrIncompatible (409) with the registry's reason,
+// ErrBadSchema (422).
+func (r *Registry) Register(ctx context.Context, subject, text string) (SchemaRef, error) {
+	if _, err := r.cl.RegisterSchema(ctx, subject, r.srSchema(text), -1, -1); err != nil {
+		return SchemaRef{}, classify(subject, err)
+	}
+	ss, err := r.cl.LookupSchema(ctx, subject, r.srSchema(text))
+	if err != nil {
+		return SchemaRef{}, classify(subject, err)
+	}
+	return SchemaRef{Subject: subject, Version: ss.Version, ID: ss.ID}, nil
+}
+
+// classify is the one place a registry answer becomes a decision.
+func classify(subject string, err error) *RegistryError {
+	var re *sr.ResponseError
+	if !errors.As(err, &re) { // no answer: network, timeout, canceled, a credentials file
+		return &RegistryError{Subject: subject, Kind: ErrUnreachable, Err: err}
+	}
+	kind := ErrUnreachable // 5xx, auth (a rotated secret may fix it), anything unexpected: retry
+	switch {
+	case re.StatusCode == http.StatusNotFound && (re.ErrorCode == sr.ErrSubjectNotFound.Code ||
+		re.ErrorCode == sr.ErrVersionNotFound.Code || re.ErrorCode == sr.ErrSchemaNotFound.Code):
+		kind = ErrNoSubject
+	case re.StatusCode == http.StatusNotFound:
+		// A 404 without a registry code is a wrong path, not a missing
+		// subject: never route events as unknown because of a typo.
+		err = fmt.Errorf("%w (HTTP 404 without a registry error code: does contracts.registry.url end with the Confluent API's base path, such as /apis/ccompat/v7?)", err)
+	case re.StatusCode == http.StatusConflict:
+		kind = ErrIncompatible
+	case re.StatusCode == http.StatusUnprocessableEntity:
+		kind = ErrBadSchema
+	}
+	return &RegistryError{Subject: subject, Kind: kind, Err: err}
+}
