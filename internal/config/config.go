@@ -52,6 +52,7 @@ type Config struct {
 	Snapshot   Snapshot   `koanf:"snapshot"`   // rows already in the outbox when the slot is created
 	OTel       OTel       `koanf:"otel"`       // the connector's spans (OpenTelemetry)
 	DLQ        DLQ        `koanf:"dlq"`        // what follows a dead letter (quarantine.go)
+	Contracts  Contracts  `koanf:"contracts"`  // event schemas in a registry (contracts.go)
 }
 
 // Postgres is the replication source.
@@ -287,6 +288,7 @@ func Default() Config {
 		Checkpoint: Checkpoint{Store: "table", Table: "outbox_cdc.checkpoints"},
 		Snapshot:   Snapshot{Mode: "none"},
 		DLQ:        DLQ{Mode: DLQQuarantine, MaxQuarantined: kafkaopt.DefaultMaxQuarantined},
+		Contracts:  defaultContracts(),
 	}
 }
 
@@ -335,6 +337,7 @@ func (c *Config) Warnings() []FieldError {
 			Problem: "OAUTHBEARER without TLS sends the bearer token in clear text; set kafka.tls.enabled: true"})
 	}
 	out = append(out, c.retentionWarnings()...) // retention.go
+	out = append(out, c.contractsWarnings()...) // contracts.go
 	return append(out, c.inboxIDWarnings()...)  // warn_inbox.go
 }
 

@@ -788,7 +788,7 @@ func TestSchema(t *testing.T) {
 			t.Errorf("key %s: leaf %+v, want env %s", key, l, env)
 		}
 	}
-	if len(leaves) != 94 {
+	if len(leaves) != 110 {
 		t.Errorf("%d keys; update the docs and this test when adding one", len(leaves))
 	}
 }

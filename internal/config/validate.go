@@ -113,6 +113,7 @@ func (c *Config) problems() []FieldError {
 	v.snapshotIDs(c)
 	v.eventRouter(c)
 	v.tables(c)
+	v.contracts(c.Contracts, c.DLQ) // contracts.go
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
 		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 	}
@@ -318,21 +319,27 @@ func (v *validator) routes(k Kafka) {
 	}
 }
 
-// kafkaTLS checks the kafka.tls section: keys that TLS off would ignore, and
-// what kafkaopt.CheckTLS finds, reading the files as the connection will.
-func (v *validator) kafkaTLS(t KafkaTLS) {
+// kafkaTLS checks the kafka.tls section.
+func (v *validator) kafkaTLS(t KafkaTLS) { v.tlsSection("kafka.tls", t) }
+
+// tlsSection checks a TLS section (kafka.tls, contracts.registry.tls): keys
+// that TLS off would ignore, and what kafkaopt.CheckTLS finds, reading the
+// files as the connection will; its problems name kafka.tls keys, renamed
+// here to the section's.
+func (v *validator) tlsSection(prefix string, t KafkaTLS) {
+	rename := func(s string) string { return strings.ReplaceAll(s, "kafka.tls.", prefix+".") }
 	if t.Enabled {
 		for _, p := range kafkaopt.CheckTLS(*t.Sink()) {
-			v.add(p.Key, p.Value, p.Problem, p.Fix)
+			v.add(rename(p.Key), p.Value, rename(p.Problem), rename(p.Fix))
 		}
 		return
 	}
 	rv := reflect.ValueOf(t)
 	for i := 1; i < rv.NumField(); i++ { // the keys after enabled
 		if f := rv.Field(i); !f.IsZero() {
-			key := "kafka.tls." + rv.Type().Field(i).Tag.Get("koanf")
-			v.add(key, fmt.Sprint(f), "set while kafka.tls.enabled is false, so the connection would not use it",
-				"set kafka.tls.enabled: true ("+envName("kafka.tls.enabled")+"=true), or remove "+key)
+			key := prefix + "." + rv.Type().Field(i).Tag.Get("koanf")
+			v.add(key, fmt.Sprint(f), "set while "+prefix+".enabled is false, so the connection would not use it",
+				"set "+prefix+".enabled: true ("+envName(prefix+".enabled")+"=true), or remove "+key)
 		}
 	}
 }
