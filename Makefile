@@ -67,7 +67,7 @@ lint: vet
 
 unit: kafka-jars registry-app build
 	set -e; for m in $(MODULES); do \
-	  OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) -C $$m test -race -count=1 -timeout 20m $$($(GO) -C $$m list ./... | grep -v /test/integration); done
+	  OUTBOX_CDC_BIN=$(CURDIR)/$(BIN) $(GO) -C $$m test -race -count=1 -timeout 20m $$($(GO) -C $$m list ./... | grep -Ev '/test/(integration|contracts)$$'); done
 
 # The quick loop before a commit: lint, then every package of every module
 # that needs no server (-short). Without -race it stays under a minute with a
