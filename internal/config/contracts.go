@@ -5,9 +5,11 @@ import (
 	"net/url"
 	"reflect"
 	"slices"
+	"strconv"
 
 	"github.com/outbox-cdc/outbox-cdc/contracts"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
+	"github.com/outbox-cdc/outbox-cdc/router"
 )
 
 // contracts.on_violation and contracts.unknown_type values.
@@ -82,6 +84,39 @@ func (v *validator) contracts(c Contracts, d DLQ) {
 				"set dlq.mode: quarantine, or "+k.key+": "+k.other)
 		}
 	}
+	// Under dlq.mode quarantine both producers quarantine the key of every
+	// dead letter that has one (sink.Produce, exactlyonce's route): a
+	// violation dead-lettered alone cannot be told apart there yet.
+	if c.OnViolation == ContractsDLQ && d.Mode == DLQQuarantine {
+		v.add("contracts.on_violation", c.OnViolation,
+			"dead-letters only the event, but with dlq.mode quarantine every dead letter parks its aggregate's later events",
+			"set contracts.on_violation: quarantine (park the aggregate) or fail, or dlq.mode: skip")
+	}
+}
+
+// contractsEncode: in encode mode the record value is the framed payload,
+// so it cannot also be a JSON envelope (kafka.format
+// cloudevents-structured, an outbox.fields envelope member).
+func (v *validator) contractsEncode(c *Config) {
+	if !c.Contracts.Enabled() || c.Contracts.Mode != string(contracts.ModeEncode) {
+		return
+	}
+	for _, tc := range c.PerTable() {
+		if tc.Kafka.Format == router.FormatCEStructured {
+			v.add("contracts.mode", c.Contracts.Mode, "frames the payload as the record value, but kafka.format "+
+				router.FormatCEStructured+" makes the value a JSON envelope",
+				"use kafka.format "+router.FormatCEBinary+" (the value is the data), or contracts.mode: validate")
+			return
+		}
+		for _, f := range tc.Outbox.Fields {
+			if fd, err := router.ParseField(f); err == nil && fd.Placement == router.PlaceEnvelope {
+				v.add("contracts.mode", c.Contracts.Mode, "frames the payload as the record value, but outbox.fields "+
+					strconv.Quote(f)+" makes the value a JSON envelope",
+					"place the column as a header, or use contracts.mode: validate")
+				return
+			}
+		}
+	}
 }
 
 // contractsOff reports contracts keys set while contracts are off: the
@@ -135,15 +170,12 @@ func (v *validator) registryURL(r ContractsRegistry) {
 	v.tlsSection("contracts.registry.tls", r.TLS)
 }
 
-// contractsWarnings: contracts configured in a version whose pipeline does
-// not apply them yet (said at every start, so no one believes events are
-// checked), and credentials sent in clear text.
+// contractsWarnings: registry credentials sent in clear text.
 func (c *Config) contractsWarnings() []FieldError {
 	if !c.Contracts.Enabled() {
 		return nil
 	}
-	out := []FieldError{{Key: "contracts.registry.url", Value: c.Contracts.Registry.URL,
-		Problem: "contracts are checked by outbox-cdc's configuration but not yet applied to events by this version: records are published unchecked"}}
+	var out []FieldError
 	r := c.Contracts.Registry
 	if u, err := url.Parse(r.URL); err == nil && u.Scheme == "http" && !isLoopback(u.Hostname()) && (r.UsernameFile != "" || r.TokenFile != "") {
 		out = append(out, FieldError{Key: "contracts.registry.url", Value: r.URL,

@@ -15,7 +15,7 @@ var contractsEnv = []string{
 }
 
 // TestContractsDefaults: off without a URL; with one, the documented
-// defaults, and a warning that this version does not apply them yet.
+// defaults, and no warning (they are applied to every event).
 func TestContractsDefaults(t *testing.T) {
 	t.Parallel()
 	cfg, err := Load("", contractsEnv[:2])
@@ -31,8 +31,8 @@ func TestContractsDefaults(t *testing.T) {
 		c.Resolution != "lookup" || c.OnViolation != "quarantine" || c.UnknownType != "quarantine" {
 		t.Fatalf("defaults: %+v", c)
 	}
-	if w := cfg.Warnings(); len(w) != 1 || !strings.Contains(w[0].Error(), "not yet applied") {
-		t.Fatalf("warnings: %v; want the one saying contracts are not applied yet", w)
+	if w := cfg.Warnings(); len(w) != 0 {
+		t.Fatalf("warnings: %v; want none", w)
 	}
 	if _, err := cfg.Contracts.Registry.Registry(); err != nil {
 		t.Fatalf("registry config: %v", err)
@@ -67,6 +67,13 @@ func TestContractsProblems(t *testing.T) {
 		{"quarantine without dlq quarantine", []string{"OUTBOX_CDC_DLQ_MODE=skip"},
 			[]string{`contracts.on_violation = "quarantine": parks the aggregate in order, which needs dlq.mode quarantine`,
 				"or contracts.on_violation: dlq", "contracts.unknown_type", "or contracts.unknown_type: fail"}},
+		{"dlq under dlq.mode quarantine", []string{"OUTBOX_CDC_CONTRACTS_ON_VIOLATION=dlq"},
+			[]string{`contracts.on_violation = "dlq": dead-letters only the event, but with dlq.mode quarantine`,
+				"set contracts.on_violation: quarantine (park the aggregate) or fail, or dlq.mode: skip"}},
+		{"encode with structured cloudevents", []string{"OUTBOX_CDC_CONTRACTS_MODE=encode", "OUTBOX_CDC_KAFKA_FORMAT=cloudevents-structured"},
+			[]string{`contracts.mode = "encode": frames the payload`, "cloudevents-binary"}},
+		{"encode with an envelope", []string{"OUTBOX_CDC_CONTRACTS_MODE=encode", "OUTBOX_CDC_OUTBOX_FIELDS=tenant:envelope"},
+			[]string{`contracts.mode = "encode": frames the payload`, `outbox.fields "tenant:envelope"`}},
 		{"not a URL", []string{"OUTBOX_CDC_CONTRACTS_REGISTRY_URL=registry:8081"},
 			[]string{"contracts.registry.url", "not an http(s) URL", "/apis/ccompat/v7"}},
 		{"user info", []string{"OUTBOX_CDC_CONTRACTS_REGISTRY_URL=https://u:p@sr.example.com"},
@@ -139,7 +146,18 @@ func TestContractsCleartextWarning(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	if w := cfg.Warnings(); len(w) != 2 || !strings.Contains(w[1].Error(), "clear text") {
+	if w := cfg.Warnings(); len(w) != 1 || !strings.Contains(w[0].Error(), "clear text") {
 		t.Fatalf("warnings %v; want the clear-text one", w)
+	}
+}
+
+// TestContractsDLQUnderSkip: on_violation dlq is accepted once dead letters
+// do not park (dlq.mode skip); with unknown_type it may not be quarantine.
+func TestContractsDLQUnderSkip(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load("", append(append([]string{}, contractsEnv...), "OUTBOX_CDC_DLQ_MODE=skip",
+		"OUTBOX_CDC_CONTRACTS_ON_VIOLATION=dlq", "OUTBOX_CDC_CONTRACTS_UNKNOWN_TYPE=pass", "OUTBOX_CDC_CONTRACTS_MODE=encode"))
+	if err != nil || cfg.Contracts.OnViolation != "dlq" {
+		t.Fatalf("load: %v", err)
 	}
 }

@@ -114,6 +114,7 @@ func (c *Config) problems() []FieldError {
 	v.eventRouter(c)
 	v.tables(c)
 	v.contracts(c.Contracts, c.DLQ) // contracts.go
+	v.contractsEncode(c)
 	if p := hostPortProblem(c.HTTP.Listen, true); c.HTTP.Listen != "" && p != "" {
 		v.add("http.listen", c.HTTP.Listen, p, `use host:port such as 127.0.0.1:9187, :9187 for all interfaces, or "" to disable`)
 	}
