@@ -94,6 +94,9 @@ type Config struct {
 	// HoldsTable is the lost slots' repair holds table, "schema.table"
 	// (replication.Holds); "" for none.
 	HoldsTable string
+	// Contracts, when set (contracts.registry.url), checks every event
+	// against its schema (contracts.go); nil: off.
+	Contracts *Contracts
 }
 
 // Replay publishes again what was committed in [From, To).
@@ -156,7 +159,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
 	p := &Pipeline{cfg: cfg, log: log, m: m, rep: newRepair(log), b: atLeastOnce{}, fatal: failure{first: make(chan error, 1)}, ready: make(chan struct{})}
-	p.proc = &processor{p: p, routers: r, tables: tableMetrics(cfg, m)}
+	p.proc = &processor{p: p, routers: r, tables: tableMetrics(cfg, m), contracts: newContractGate(cfg.Contracts, m, log)}
 	p.ret = &retentionLoop{p: p}
 	if cfg.HoldsTable != "" {
 		p.ret.holds = replication.NewHolds(cfg.Source.Writer(), cfg.HoldsTable, cfg.Source.Slot)

@@ -80,6 +80,8 @@ type processor struct {
 	// the oldest unacknowledged event's age (their readers).
 	commits offsets.CommitTimes
 	ignored ignoredMessages // the logical messages not published (messages.go)
+	// contracts checks each routed event (contracts.go); nil when off.
+	contracts *contractGate
 
 	// Set when the run starts (process).
 	pl              *plan
@@ -320,6 +322,13 @@ func (w *processor) publish(ctx context.Context, txn *offsets.Txn, src router.So
 	r := w.routers[ev.Table]
 	if reason := r.RouteFrom(ev, src, rec); reason != "" {
 		r.DeadLetter(ev, src.Commit, reason, rec)
+		d.reason, d.id = reason, string(ev.ID.Bytes)
+	} else if reason, err := w.contracts.check(w.contractCtx(ctx), r, ev, src.Commit, rec); err != nil || reason != "" {
+		if err != nil {
+			*d = delivery{}
+			deliveries.Put(d)
+			return err // stopped while waiting for the registry, or contracts' fail
+		}
 		d.reason, d.id = reason, string(ev.ID.Bytes)
 	}
 	rec.Topic = p.plan.topicPrefix + rec.Topic

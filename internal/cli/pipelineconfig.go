@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/outbox-cdc/outbox-cdc/contracts"
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/internal/config"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
@@ -90,7 +91,32 @@ func PipelineConfig(cfg *config.Config) (pipeline.Config, error) {
 		pc.ExactlyOnce = &pipeline.ExactlyOnce{Interval: cfg.Kafka.TransactionInterval, Timeout: cfg.Kafka.TransactionTimeout,
 			PositionsTopic: cfg.Kafka.PositionsTopic}
 	}
+	if pc.Contracts, err = pipelineContracts(cfg.Contracts); err != nil {
+		return pipeline.Config{}, err
+	}
 	return pc, nil
+}
+
+// pipelineContracts translates contracts.*; nil when off. The client sends
+// nothing until the first event, so a registry that is down does not stop
+// the start.
+func pipelineContracts(c config.Contracts) (*pipeline.Contracts, error) {
+	if !c.Enabled() {
+		return nil, nil
+	}
+	reg, err := c.Registry.Registry()
+	if err != nil {
+		return nil, err
+	}
+	ct, err := contracts.New(contracts.Config{Registry: reg, Format: contracts.Format(c.Format), Mode: contracts.Mode(c.Mode),
+		Strategy: contracts.Strategy(c.SubjectStrategy), Resolution: contracts.Resolution(c.Resolution)})
+	if err != nil {
+		return nil, err
+	}
+	action := map[string]pipeline.ContractAction{config.ContractsQuarantine: pipeline.ContractDeadLetter,
+		config.ContractsDLQ: pipeline.ContractDeadLetter, config.ContractsPass: pipeline.ContractPass, config.ContractsFail: pipeline.ContractFail}
+	return &pipeline.Contracts{Apply: ct, Encode: c.Mode == string(contracts.ModeEncode),
+		OnViolation: action[c.OnViolation], UnknownType: action[c.UnknownType]}, nil
 }
 
 // outboxTable translates one outbox table's configuration (config.PerTable)

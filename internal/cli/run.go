@@ -73,6 +73,10 @@ func serveHTTP(hc config.HTTP, m *metrics.Metrics, p *pipeline.Pipeline, log *sl
 			http.Error(w, "not streaming", http.StatusServiceUnavailable)
 			return
 		}
+		if s := p.ContractsWaiting(); s != "" {
+			http.Error(w, fmt.Sprintf("waiting for the schema registry to resolve subject %q", s), http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprintln(w, "ready")
 	})
 	if hc.PProf {

@@ -50,6 +50,10 @@ type Metrics struct {
 	TraceSpansDropped   prometheus.Counter
 	// Retention: retention.go.
 	Retention Retention
+	// ContractsWaiting is 1 while the processor waits for the schema
+	// registry to resolve an event's subject (contracts.*); written by the
+	// pipeline's contract gate only (pipeline/contracts.go).
+	ContractsWaiting prometheus.Gauge
 
 	start     time.Time
 	lastEvent atomic.Int64 // unix nanoseconds of the last acknowledged event
@@ -123,9 +127,11 @@ func New() *Metrics {
 	m.BackfilledEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "backfilled_events_total",
 		Help: "Rows read back from the outbox table after it had been outside the publication (gap repair), by outbox table."}, []string{TableLabel})
 	m.FatalErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fatal_errors_total",
-		Help: "Errors that stopped the connector, by reason (slot_missing, slot_or_publication_missing, slot_invalidated, timeline_fork, server_rewound, outbox_left_stream, schema_mismatch, delivery, other)."}, []string{"reason"})
+		Help: "Errors that stopped the connector, by reason (slot_missing, slot_or_publication_missing, slot_invalidated, timeline_fork, server_rewound, outbox_left_stream, schema_mismatch, delivery, contract, other)."}, []string{"reason"})
 	m.MessagesIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "logical_messages_ignored_total",
 		Help: "Logical decoding messages seen and not published (another prefix than outbox.message_prefix, or not transactional), by prefix."}, []string{"prefix"})
+	m.ContractsWaiting = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "contracts_waiting",
+		Help: "1 while an event waits for the schema registry to resolve its subject (registry unreachable, subject not cached): nothing after it is published or confirmed; else 0."})
 	m.start = time.Now()
 	m.addTrace(ns)
 	m.addRetention(ns)
@@ -137,7 +143,7 @@ func New() *Metrics {
 		}
 		return time.Since(last).Seconds()
 	})
-	m.Registry.MustRegister(m.Parked, m.Quarantined, m.Redrives)
+	m.Registry.MustRegister(m.Parked, m.Quarantined, m.Redrives, m.ContractsWaiting)
 	m.Registry.MustRegister(m.Published, m.DeadLettered, m.ConfirmedLSN, m.ReceivedLSN, m.LagBytes, m.InFlight,
 		m.CommitToAck, m.Connected, m.Reconnects, m.Transactions,
 		m.RetainedWAL, m.SlotWALStatus, m.SlotFailoverReady, m.CheckpointLSN, m.CheckpointErrors, m.SnapshotEvents, m.BackfilledEvents, m.FatalErrors, m.MessagesIgnored, sinceLast,

@@ -76,6 +76,17 @@ const (
 	HeaderTruncated      = "truncated"       // the key and headers were cut to fit
 )
 
+// Headers of a dead letter for an event contract (the connector's
+// contracts.*): right after HeaderError, which holds the reason (the JSON
+// pointer and what was expected, or that the event type has no subject),
+// the subject the event was checked under and, when a schema version was
+// resolved (a violation), its version as a decimal number. The rest is as
+// for any row the connector rejects before sending (HeaderAggregateID last).
+const (
+	HeaderContractSubject = "contract_subject" // the schema registry subject, e.g. orders-OrderPlaced
+	HeaderContractVersion = "contract_version" // the subject's version the payload violates, e.g. 3
+)
+
 // CloudEvents records (the connector's kafka.format cloudevents-binary and
 // cloudevents-structured) follow the CloudEvents 1.0.2 Kafka protocol
 // binding and keep the headers above. In binary mode every attribute is a

@@ -10,14 +10,16 @@ import (
 // change every record while all the code still compiled.
 func TestNames(t *testing.T) {
 	for got, want := range map[string]string{
-		HeaderID:             "id",
-		HeaderEventType:      "event_type",
-		HeaderAggregateType:  "aggregate_type",
-		HeaderError:          "error",
-		HeaderTopic:          "topic",
-		HeaderAggregateID:    "aggregate_id",
-		HeaderPayloadOmitted: "payload_omitted",
-		HeaderTruncated:      "truncated",
+		HeaderID:              "id",
+		HeaderEventType:       "event_type",
+		HeaderAggregateType:   "aggregate_type",
+		HeaderError:           "error",
+		HeaderTopic:           "topic",
+		HeaderAggregateID:     "aggregate_id",
+		HeaderPayloadOmitted:  "payload_omitted",
+		HeaderTruncated:       "truncated",
+		HeaderContractSubject: "contract_subject",
+		HeaderContractVersion: "contract_version",
 	} {
 		if got != want {
 			t.Errorf("header %q, want %q", got, want)
