@@ -18,9 +18,9 @@
 //     the caller waits on (Retryable) or routes (ErrNoSubject), and a payload
 //     that does not fit is a *Violation, never a silently passed record.
 //
-// Formats are behind the codec interface: JSON Schema is this version's;
-// Avro and Protobuf plug into the same place (a compiled schema that checks a
-// JSON payload and appends the body).
+// Formats are behind the codec interface (codecOf): JSON Schema and
+// Protobuf (protobuf.go) are this version's; Avro plugs into the same place
+// (a compiled schema that checks a JSON payload and appends the body).
 package contracts
 
 import (
@@ -47,7 +47,10 @@ func Formats() []string {
 }
 
 // Supported reports whether this version can check and encode f.
-func (f Format) Supported() bool { return f == FormatJSONSchema }
+func (f Format) Supported() bool {
+	_, _, ok := codecOf(f)
+	return ok
+}
 
 // Mode is contracts.mode: what the record value becomes.
 type Mode string
@@ -129,6 +132,7 @@ func New(cfg Config) (*Contracts, error) {
 	if err != nil {
 		return nil, err
 	}
+	reg.codec, reg.schemaType, _ = codecOf(cfg.Format)
 	return &Contracts{reg: reg, mode: cfg.Mode, strategy: cfg.Strategy}, nil
 }
 

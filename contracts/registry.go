@@ -40,6 +40,7 @@ type RegistryConfig struct {
 type Registry struct {
 	cl         *sr.Client
 	codec      codec
+	schemaType sr.SchemaType // the registered texts' schemaType, codec's format
 	resolution Resolution
 	schemas    func(subject string) (string, bool)
 	refresh    time.Duration
@@ -80,7 +81,7 @@ func NewRegistry(cfg RegistryConfig, res Resolution, schemas func(string) (strin
 	if err != nil {
 		return nil, fmt.Errorf("contracts: %w", err)
 	}
-	return &Registry{cl: cl, codec: jsonSchemaCodec{}, resolution: res, schemas: schemas,
+	return &Registry{cl: cl, codec: jsonSchemaCodec{}, schemaType: sr.TypeJSON, resolution: res, schemas: schemas,
 		refresh: cmpOrDuration(cfg.Refresh, DefaultRefresh), now: time.Now,
 		versions: map[versionKey]*Schema{}, inUse: map[string]*use{}}, nil
 }
@@ -169,7 +170,9 @@ func (r *Registry) fetch(ctx context.Context, subject string) (sr.SubjectSchema,
 	return r.cl.SchemaByVersion(ctx, subject, -1)
 }
 
-func (r *Registry) srSchema(text string) sr.Schema { return sr.Schema{Schema: text, Type: sr.TypeJSON} }
+func (r *Registry) srSchema(text string) sr.Schema {
+	return sr.Schema{Schema: text, Type: r.schemaType}
+}
 
 // store compiles a version seen for the first time and makes it the one in
 // use. A (subject, version) already stored keeps its schema and id whatever
@@ -185,11 +188,11 @@ func (r *Registry) store(subject string, ss sr.SubjectSchema) (*Schema, error) {
 				Err: fmt.Errorf("the registry answered id %d version %d", ss.ID, ss.Version)}
 		}
 		// An answer without schemaType decodes as Avro (the API's default;
-		// Apicurio's lookup leaves it out), so only Protobuf is told
-		// apart here; an Avro text fails to compile as JSON Schema.
-		if ss.Type == sr.TypeProtobuf {
+		// Apicurio's lookup leaves it out), so Avro is not told apart
+		// here; an Avro text fails to compile as another format.
+		if ss.Type != sr.TypeAvro && ss.Type != r.schemaType {
 			return nil, &RegistryError{Subject: subject, Kind: ErrBadSchema,
-				Err: fmt.Errorf("version %d is a %s schema, not JSON Schema (contracts.format)", ss.Version, ss.Type)}
+				Err: fmt.Errorf("version %d is a %s schema, not %s (contracts.format)", ss.Version, ss.Type, r.schemaType)}
 		}
 		c, err := r.codec.compile(ss.Schema.Schema)
 		if err != nil {

@@ -207,7 +207,6 @@ func TestNewRefuses(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []Config{
 		{Format: FormatAvro, Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},
-		{Format: FormatProtobuf, Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},
 		{Mode: "transcode", Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},
 		{Strategy: "TopicNameStrategy", Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},
 		{Resolution: "latest", Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},

@@ -5,12 +5,27 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/twmb/franz-go/pkg/sr"
 )
 
 // codec turns a registered schema's text into a compiled checker of its
-// format: JSON Schema now, Avro and Protobuf later.
+// format.
 type codec interface {
 	compile(text string) (compiled, error)
+}
+
+// codecOf is the one place a format picks its codec and the schemaType its
+// texts are registered under; ok is false for a format this version cannot
+// check.
+func codecOf(f Format) (c codec, typ sr.SchemaType, ok bool) {
+	switch f {
+	case FormatJSONSchema:
+		return jsonSchemaCodec{}, sr.TypeJSON, true
+	case FormatProtobuf:
+		return protobufCodec{}, sr.TypeProtobuf, true
+	}
+	return nil, 0, false
 }
 
 // compiled is one schema version of one format.

@@ -66,7 +66,7 @@ func (v *validator) contracts(c Contracts, d DLQ) {
 	v.oneOf("contracts.format", c.Format, contracts.Formats())
 	if slices.Contains(contracts.Formats(), c.Format) && !contracts.Format(c.Format).Supported() {
 		v.add("contracts.format", c.Format, "not yet supported in this version",
-			"use "+string(contracts.FormatJSONSchema)+" (Avro and Protobuf come in a later version)")
+			"use "+string(contracts.FormatJSONSchema)+" or "+string(contracts.FormatProtobuf)+" (Avro comes in a later version)")
 	}
 	v.oneOf("contracts.mode", c.Mode, contracts.Modes())
 	v.oneOf("contracts.subject_strategy", c.SubjectStrategy, contracts.Strategies())

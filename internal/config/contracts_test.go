@@ -54,8 +54,6 @@ func TestContractsProblems(t *testing.T) {
 	}{
 		{"avro", []string{"OUTBOX_CDC_CONTRACTS_FORMAT=avro"},
 			[]string{`contracts.format = "avro": not yet supported in this version`, "use json-schema"}},
-		{"protobuf", []string{"OUTBOX_CDC_CONTRACTS_FORMAT=protobuf"},
-			[]string{`contracts.format = "protobuf": not yet supported`}},
 		{"unknown format", []string{"OUTBOX_CDC_CONTRACTS_FORMAT=json"},
 			[]string{`contracts.format = "json": not supported`, "use one of json-schema, avro, protobuf"}},
 		{"mode", []string{"OUTBOX_CDC_CONTRACTS_MODE=wire"}, []string{`contracts.mode = "wire"`, "validate, encode"}},
@@ -159,5 +157,18 @@ func TestContractsDLQUnderSkip(t *testing.T) {
 		"OUTBOX_CDC_CONTRACTS_ON_VIOLATION=dlq", "OUTBOX_CDC_CONTRACTS_UNKNOWN_TYPE=pass", "OUTBOX_CDC_CONTRACTS_MODE=encode"))
 	if err != nil || cfg.Contracts.OnViolation != "dlq" {
 		t.Fatalf("load: %v", err)
+	}
+}
+
+// TestContractsProtobuf: contracts.format protobuf is accepted, in both
+// modes.
+func TestContractsProtobuf(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"validate", "encode"} {
+		cfg, err := Load("", append(append([]string{}, contractsEnv...), "OUTBOX_CDC_CONTRACTS_FORMAT=protobuf",
+			"OUTBOX_CDC_CONTRACTS_MODE="+mode))
+		if err != nil || cfg.Contracts.Format != "protobuf" || cfg.Contracts.Mode != mode {
+			t.Fatalf("protobuf, %s: %v", mode, err)
+		}
 	}
 }
