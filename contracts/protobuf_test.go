@@ -11,6 +11,8 @@ import (
 	"github.com/jhump/protoreflect/desc"
 	"github.com/jhump/protoreflect/desc/protoparse"
 	"github.com/jhump/protoreflect/dynamic"
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
 )
 
 // orderProto is the Protobuf contract of the unit tests: every protojson
@@ -319,5 +321,27 @@ message E { google.protobuf.Duration d = 1; google.protobuf.Struct s = 2; google
 	// import, is refused: the schema alone decides what fits.
 	if err := s.Validate([]byte(`{"a":{"@type":"type.googleapis.com/opentelemetry.proto.common.v1.AnyValue"}}`)); err == nil {
 		t.Fatal("an Any of a type outside the schema was accepted")
+	}
+}
+
+// TestProtobufThroughApply: format protobuf resolves PROTOBUF schemas and
+// frames header + indexes + message; a subject holding another format's
+// schema is ErrBadSchema naming both, not a violation of every event.
+func TestProtobufThroughApply(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	fake := srfake.New()
+	t.Cleanup(fake.Close)
+	fake.SeedSchema(subject, 1, 9, sr.Schema{Schema: orderProto, Type: sr.TypeProtobuf})
+	fake.SeedSchema("outbox.event.order-OrderPaid", 1, 10, sr.Schema{Schema: orderSchema, Type: sr.TypeJSON})
+	c, _ := newTestContracts(t, fake.URL(), Config{Format: FormatProtobuf, Mode: ModeEncode})
+	res, err := c.Apply(ctx, "outbox.event.order", "OrderCreated", []byte(`{"id":"o1"}`))
+	want := append(AppendHeader(nil, 9), 0, 0x0a, 2, 'o', '1') // indexes [0], field 1 "o1"
+	if err != nil || !bytes.Equal(res.Value, want) {
+		t.Fatalf("Apply = %x, %v; want %x", res.Value, err, want)
+	}
+	_, err = c.Apply(ctx, "outbox.event.order", "OrderPaid", []byte(`{"id":"o1"}`))
+	if !errors.Is(err, ErrBadSchema) || !strings.Contains(err.Error(), "is a JSON schema, not PROTOBUF") {
+		t.Fatalf("JSON Schema under format protobuf: %v; want ErrBadSchema naming both", err)
 	}
 }
