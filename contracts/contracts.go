@@ -18,9 +18,9 @@
 //     the caller waits on (Retryable) or routes (ErrNoSubject), and a payload
 //     that does not fit is a *Violation, never a silently passed record.
 //
-// Formats are behind the codec interface (codecOf): JSON Schema and
-// Protobuf (protobuf.go) are this version's; Avro plugs into the same place
-// (a compiled schema that checks a JSON payload and appends the body).
+// Formats are behind the codec interface (codecOf): JSON Schema, Avro
+// (avro.go) and Protobuf (protobuf.go), each a compiled schema that checks a
+// JSON payload and appends the body.
 package contracts
 
 import (

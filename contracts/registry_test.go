@@ -202,11 +202,10 @@ func TestCredentialFiles(t *testing.T) {
 	}
 }
 
-// TestNewRefuses: the formats of later versions, and settings New cannot use.
+// TestNewRefuses: a format this version does not know, and settings New cannot use.
 func TestNewRefuses(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []Config{
-		{Format: FormatAvro, Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},
 		{Mode: "transcode", Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},
 		{Strategy: "TopicNameStrategy", Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},
 		{Resolution: "latest", Registry: RegistryConfig{URL: "http://127.0.0.1:1"}},
@@ -216,8 +215,8 @@ func TestNewRefuses(t *testing.T) {
 			t.Errorf("New(%+v) accepted it", cfg)
 		}
 	}
-	_, err := New(Config{Format: FormatAvro, Registry: RegistryConfig{URL: "http://127.0.0.1:1"}})
+	_, err := New(Config{Format: "thrift", Registry: RegistryConfig{URL: "http://127.0.0.1:1"}})
 	if err == nil || !strings.Contains(err.Error(), "not yet supported") {
-		t.Errorf("avro: %v, want \"not yet supported\"", err)
+		t.Errorf("thrift: %v, want \"not yet supported\"", err)
 	}
 }

@@ -24,6 +24,8 @@ func codecOf(f Format) (c codec, typ sr.SchemaType, ok bool) {
 		return jsonSchemaCodec{}, sr.TypeJSON, true
 	case FormatProtobuf:
 		return protobufCodec{}, sr.TypeProtobuf, true
+	case FormatAvro:
+		return avroCodec{}, sr.TypeAvro, true
 	}
 	return nil, 0, false
 }

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/outbox-cdc/outbox-cdc/contracts"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
@@ -65,8 +66,13 @@ func (v *validator) contracts(c Contracts, d DLQ) {
 	v.registryURL(c.Registry)
 	v.oneOf("contracts.format", c.Format, contracts.Formats())
 	if slices.Contains(contracts.Formats(), c.Format) && !contracts.Format(c.Format).Supported() {
-		v.add("contracts.format", c.Format, "not yet supported in this version",
-			"use "+string(contracts.FormatJSONSchema)+" or "+string(contracts.FormatProtobuf)+" (Avro comes in a later version)")
+		var supported []string
+		for _, f := range contracts.Formats() {
+			if contracts.Format(f).Supported() {
+				supported = append(supported, f)
+			}
+		}
+		v.add("contracts.format", c.Format, "not yet supported in this version", "use one of "+strings.Join(supported, ", "))
 	}
 	v.oneOf("contracts.mode", c.Mode, contracts.Modes())
 	v.oneOf("contracts.subject_strategy", c.SubjectStrategy, contracts.Strategies())

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -39,6 +40,15 @@ func TestContractsDefaults(t *testing.T) {
 	}
 }
 
+// TestContractsAvro: contracts.format avro is accepted.
+func TestContractsAvro(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load("", append(slices.Clone(contractsEnv), "OUTBOX_CDC_CONTRACTS_FORMAT=avro"))
+	if err != nil || cfg.Contracts.Format != "avro" {
+		t.Fatalf("avro: %v", err)
+	}
+}
+
 // TestContractsProblems: every bad value names its key and says what to do.
 func TestContractsProblems(t *testing.T) {
 	t.Parallel()
@@ -52,8 +62,6 @@ func TestContractsProblems(t *testing.T) {
 		env  []string
 		want []string // substrings of the error, the key first
 	}{
-		{"avro", []string{"OUTBOX_CDC_CONTRACTS_FORMAT=avro"},
-			[]string{`contracts.format = "avro": not yet supported in this version`, "use json-schema"}},
 		{"unknown format", []string{"OUTBOX_CDC_CONTRACTS_FORMAT=json"},
 			[]string{`contracts.format = "json": not supported`, "use one of json-schema, avro, protobuf"}},
 		{"mode", []string{"OUTBOX_CDC_CONTRACTS_MODE=wire"}, []string{`contracts.mode = "wire"`, "validate, encode"}},
