@@ -23,6 +23,10 @@ import (
 // validate is an encode whose bytes are dropped. The binary format itself is
 // small (zig-zag varints, little-endian floats, length-prefixed bytes); the
 // tests decode what it writes with linkedin/goavro, another implementation.
+//
+// The conversion stops at the first value that does not fit, in a fixed
+// order (fields in schema order, array items in order, map keys sorted), so
+// a payload always gets the same Violation and More stays 0.
 
 // avroCodec compiles Avro schemas.
 type avroCodec struct{}

@@ -331,3 +331,28 @@ func TestAvroThroughRegistry(t *testing.T) {
 		t.Fatalf("auto registered %+v, %v; want schemaType AVRO", ss, err)
 	}
 }
+
+// BenchmarkAvro: the per-event cost of validate and encode, for
+// make bench's contracts rows.
+func BenchmarkAvro(b *testing.B) {
+	s := avroSchema(b, avroOrder)
+	payload := []byte(`{"id":"o1","qty":3,"note":"gift","tags":["a","b"],"price":"19.90","line":{"sku":"s-1","n":2},
+		"lines":[{"sku":"a","n":1},{"sku":"b","n":2}]}`)
+	b.Run("validate", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := s.Validate(payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encode", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 256)
+		for b.Loop() {
+			if _, err := s.Encode(buf[:0], payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
