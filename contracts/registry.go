@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
@@ -45,6 +46,7 @@ type Registry struct {
 	schemas    func(subject string) (string, bool)
 	refresh    time.Duration
 	now        func() time.Time
+	obs        atomic.Pointer[Observer] // SetObserver (observe.go)
 
 	mu       sync.Mutex
 	versions map[versionKey]*Schema
@@ -76,14 +78,16 @@ func NewRegistry(cfg RegistryConfig, res Resolution, schemas func(string) (strin
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = cfg.TLS
-	hc := &http.Client{Transport: tr, Timeout: cmpOrDuration(cfg.Timeout, defaultTimeout)}
+	r := &Registry{codec: jsonSchemaCodec{}, schemaType: sr.TypeJSON, resolution: res, schemas: schemas,
+		refresh: cmpOrDuration(cfg.Refresh, DefaultRefresh), now: time.Now,
+		versions: map[versionKey]*Schema{}, inUse: map[string]*use{}}
+	hc := &http.Client{Transport: timedTransport{base: tr, obs: &r.obs}, Timeout: cmpOrDuration(cfg.Timeout, defaultTimeout)}
 	cl, err := sr.NewClient(sr.URLs(cfg.URL), sr.HTTPClient(hc), sr.UserAgent("outbox-cdc"), sr.PreReq(cfg.authorize))
 	if err != nil {
 		return nil, fmt.Errorf("contracts: %w", err)
 	}
-	return &Registry{cl: cl, codec: jsonSchemaCodec{}, schemaType: sr.TypeJSON, resolution: res, schemas: schemas,
-		refresh: cmpOrDuration(cfg.Refresh, DefaultRefresh), now: time.Now,
-		versions: map[versionKey]*Schema{}, inUse: map[string]*use{}}, nil
+	r.cl = cl
+	return r, nil
 }
 
 func cmpOrDuration(d, def time.Duration) time.Duration {
@@ -135,10 +139,13 @@ func (r *Registry) Resolve(ctx context.Context, subject string) (*Schema, error)
 		return cur.schema, nil
 	}
 	r.mu.Unlock()
+	if cur == nil {
+		r.observer().CacheMiss()
+	}
 
 	ss, err := r.fetch(ctx, subject)
 	if err != nil {
-		rerr := classify(subject, err)
+		rerr := r.failed(classify(subject, err))
 		if cur != nil && errors.Is(rerr, ErrUnreachable) {
 			// Keep serving the known version, and do not ask again before
 			// the next interval: one failed request per subject per interval.
@@ -151,6 +158,10 @@ func (r *Registry) Resolve(ctx context.Context, subject string) (*Schema, error)
 	}
 	s, err := r.store(subject, ss)
 	if err != nil {
+		var rerr *RegistryError
+		if errors.As(err, &rerr) {
+			r.failed(rerr)
+		}
 		return nil, err
 	}
 	return s, nil
@@ -217,11 +228,11 @@ func (r *Registry) store(subject string, ss sr.SubjectSchema) (*Schema, error) {
 // ErrBadSchema (422).
 func (r *Registry) Register(ctx context.Context, subject, text string) (SchemaRef, error) {
 	if _, err := r.cl.RegisterSchema(ctx, subject, r.srSchema(text), -1, -1); err != nil {
-		return SchemaRef{}, classify(subject, err)
+		return SchemaRef{}, r.failed(classify(subject, err))
 	}
 	ss, err := r.cl.LookupSchema(ctx, subject, r.srSchema(text))
 	if err != nil {
-		return SchemaRef{}, classify(subject, err)
+		return SchemaRef{}, r.failed(classify(subject, err))
 	}
 	return SchemaRef{Subject: subject, Version: ss.Version, ID: ss.ID}, nil
 }

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,6 +52,11 @@ type Contracts struct {
 	// UnknownType is ContractDeadLetter, ContractPass or ContractFail
 	// (contracts.unknown_type quarantine, pass, fail).
 	UnknownType ContractAction
+	// RegistryURL, when set, makes a checked CloudEvent (kafka.format
+	// cloudevents-*) name its schema: dataschema is
+	// contracts.SchemaURL(RegistryURL, id), and in binary mode
+	// datacontenttype is MediaType (contracts.MediaType).
+	RegistryURL, MediaType string
 }
 
 // ContractApplier is contracts.Contracts as the pipeline uses it.
@@ -122,6 +128,9 @@ type contractGate struct {
 	cfg   Contracts
 	log   *slog.Logger
 	gauge prometheus.Gauge // outbox_cdc_contracts_waiting: written here only
+	// m counts violations and unknown types (outbox_cdc_contract_violations_total):
+	// written here only.
+	m *metrics.Contracts
 	// waiting is the subject the processor waits for; nil when none.
 	waiting     atomic.Pointer[string]
 	first, most time.Duration // the wait's backoff
@@ -132,7 +141,13 @@ func newContractGate(cfg *Contracts, m *metrics.Metrics, log *slog.Logger) *cont
 	if cfg == nil || cfg.Apply == nil {
 		return nil
 	}
-	return &contractGate{cfg: *cfg, log: log, gauge: m.ContractsWaiting, first: 200 * time.Millisecond, most: 10 * time.Second}
+	// The client's registry series (request time, errors, cache misses)
+	// are written by the client itself, through the observer.
+	if o, ok := cfg.Apply.(interface{ SetObserver(contracts.Observer) }); ok {
+		o.SetObserver(m.ContractsObserver())
+	}
+	return &contractGate{cfg: *cfg, log: log, gauge: m.ContractsWaiting, m: &m.Contracts,
+		first: 200 * time.Millisecond, most: 10 * time.Second}
 }
 
 // ContractsWaiting is the subject whose event the processor waits at for
@@ -175,11 +190,13 @@ func (g *contractGate) check(ctx context.Context, r *router.Router, ev *decode.E
 		payload = []byte{}
 	}
 	res, err := g.resolve(ctx, rec.Topic, eventType, payload)
+	g.count(eventType, err)
 	switch decideContract(err, &g.cfg) {
 	case contractPublish:
 		if g.cfg.Encode {
 			rec.Value = res.Value
 		}
+		g.schemaAttributes(r.Format(), rec, res.Schema)
 		return "", nil
 	case contractUnchecked:
 		return "", nil
@@ -192,6 +209,47 @@ func (g *contractGate) check(ctx context.Context, r *router.Router, ev *decode.E
 		return "", contractFailure(err, ev)
 	}
 	return "", err
+}
+
+// count counts a violation or an unknown type, whatever happens to it.
+func (g *contractGate) count(eventType string, err error) {
+	var v *contracts.Violation
+	switch {
+	case err == nil:
+	case errors.As(err, &v):
+		g.m.Violation(eventType, metrics.ViolationReason)
+	case errors.Is(err, contracts.ErrNoSubject):
+		g.m.Violation(eventType, metrics.UnknownTypeReason)
+	}
+}
+
+// schemaAttributes makes a CloudEvent checked against ref say so
+// (CloudEvents 1.0.2 "dataschema", "datacontenttype"). In binary mode the
+// ce_dataschema header is added and content-type becomes the contract's
+// media type (in validate mode a JSON type the router set, such as a
+// configured application/vnd.x+json, stays). In structured mode (validate
+// only: config refuses encode there) dataschema goes first in the JSON
+// envelope, whose data and datacontenttype the router set from the payload.
+func (g *contractGate) schemaAttributes(format string, rec *router.Record, ref contracts.SchemaRef) {
+	if g.cfg.RegistryURL == "" || rec.Value == nil || format == router.FormatPlain {
+		return
+	}
+	url := contracts.SchemaURL(g.cfg.RegistryURL, ref.ID)
+	if format == router.FormatCEStructured {
+		if len(rec.Value) > 0 && rec.Value[0] == '{' {
+			q, _ := json.Marshal(url) // a string always marshals
+			v := make([]byte, 0, len(rec.Value)+len(q)+16)
+			v = append(append(v, `{"dataschema":`...), q...)
+			rec.Value = append(append(v, ','), rec.Value[1:]...)
+		}
+		return
+	}
+	rec.Headers = append(rec.Headers, router.Header{Key: wire.CEHeaderPrefix + "dataschema", Value: []byte(url)})
+	for i, h := range rec.Headers {
+		if h.Key == wire.HeaderContentType && (g.cfg.Encode || !wire.JSONContentType(string(h.Value))) {
+			rec.Headers[i].Value = []byte(g.cfg.MediaType)
+		}
+	}
 }
 
 // resolve calls Apply until the registry answers for the event's subject,

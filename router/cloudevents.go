@@ -229,3 +229,15 @@ func jsonString(s string) []byte {
 	b, _ := json.Marshal(s) // a string always marshals
 	return b
 }
+
+// Format is the router's kafka.format: FormatPlain, FormatCEBinary or
+// FormatCEStructured.
+func (r *Router) Format() string {
+	switch {
+	case r.ce == nil:
+		return FormatPlain
+	case r.ce.structured:
+		return FormatCEStructured
+	}
+	return FormatCEBinary
+}

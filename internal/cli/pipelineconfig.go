@@ -116,7 +116,8 @@ func pipelineContracts(c config.Contracts) (*pipeline.Contracts, error) {
 	action := map[string]pipeline.ContractAction{config.ContractsQuarantine: pipeline.ContractDeadLetter,
 		config.ContractsDLQ: pipeline.ContractDeadLetter, config.ContractsPass: pipeline.ContractPass, config.ContractsFail: pipeline.ContractFail}
 	return &pipeline.Contracts{Apply: ct, Encode: c.Mode == string(contracts.ModeEncode),
-		OnViolation: action[c.OnViolation], UnknownType: action[c.UnknownType]}, nil
+		OnViolation: action[c.OnViolation], UnknownType: action[c.UnknownType],
+		RegistryURL: c.Registry.URL, MediaType: contracts.MediaType(contracts.Format(c.Format), contracts.Mode(c.Mode))}, nil
 }
 
 // outboxTable translates one outbox table's configuration (config.PerTable)

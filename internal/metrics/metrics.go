@@ -54,6 +54,9 @@ type Metrics struct {
 	// registry to resolve an event's subject (contracts.*); written by the
 	// pipeline's contract gate only (pipeline/contracts.go).
 	ContractsWaiting prometheus.Gauge
+	// Contracts: the contract violations and the registry client
+	// (contracts.go).
+	Contracts Contracts
 
 	start     time.Time
 	lastEvent atomic.Int64 // unix nanoseconds of the last acknowledged event
@@ -135,6 +138,7 @@ func New() *Metrics {
 	m.start = time.Now()
 	m.addTrace(ns)
 	m.addRetention(ns)
+	m.addContracts(ns)
 	sinceLast := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "seconds_since_last_event",
 		Help: "Seconds since the last event was acknowledged (since start when none yet)."}, func() float64 {
 		last := m.start
