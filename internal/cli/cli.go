@@ -35,6 +35,12 @@ commands:
                            list the quarantined aggregates (dlq.mode quarantine), or have the
                            running connector republish an aggregate's dead letter (not with
                            --skip) and parked events to their topics, in order, and lift it
+  contracts check --config FILE [--sample N] [--json]
+                           for each event type in the outbox table(s): whether its subject is
+                           in the schema registry, and its last N rows validated (contracts.*)
+  contracts register --config FILE --schemas DIR [--dry-run] [--json]
+                           register DIR's <subject>.json|.avsc|.proto files after the
+                           registry's compatibility check
   from-debezium FILE.properties
                            print the outbox-cdc YAML for a Debezium outbox connector config
   version                  print the version
@@ -93,25 +99,35 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, environ [
 		fmt.Fprint(stdout, usage)
 		return ExitOK
 	}
-	newCmd, ok := commands[args[0]]
+	name := args[0]
+	newCmd, ok := commands[name]
+	if name == "contracts" && len(args) > 1 {
+		name = "contracts " + args[1]
+		newCmd, ok = contractsCommands[args[1]]
+		args = args[1:]
+	}
 	if !ok {
-		fmt.Fprintf(stderr, "outbox-cdc: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "outbox-cdc: unknown command %q\n\n%s", name, usage)
 		return ExitUsage
 	}
-	cmd := newCmd()
-	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	return runCommand(ctx, name, newCmd(), args[1:], stdout, stderr, environ)
+}
+
+// runCommand parses a command's flags, loads the configuration and runs it.
+func runCommand(ctx context.Context, name string, cmd command, args []string, stdout, stderr io.Writer, environ []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", lookupEnv(environ, config.EnvConfigPath), "config file (YAML)")
 	cmd.register(fs)
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return ExitUsage
 	}
 	if p := cmd.problem(); p != "" {
-		fmt.Fprintf(stderr, "outbox-cdc %s: %s\n", args[0], p)
+		fmt.Fprintf(stderr, "outbox-cdc %s: %s\n", name, p)
 		return ExitUsage
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "outbox-cdc %s: unexpected argument %q\n", args[0], fs.Arg(0))
+		fmt.Fprintf(stderr, "outbox-cdc %s: unexpected argument %q\n", name, fs.Arg(0))
 		return ExitUsage
 	}
 	e, ok := load(*path, environ, stdout, stderr)

@@ -104,12 +104,7 @@ func pipelineContracts(c config.Contracts) (*pipeline.Contracts, error) {
 	if !c.Enabled() {
 		return nil, nil
 	}
-	reg, err := c.Registry.Registry()
-	if err != nil {
-		return nil, err
-	}
-	ct, err := contracts.New(contracts.Config{Registry: reg, Format: contracts.Format(c.Format), Mode: contracts.Mode(c.Mode),
-		Strategy: contracts.Strategy(c.SubjectStrategy), Resolution: contracts.Resolution(c.Resolution)})
+	ct, err := newContracts(c, "")
 	if err != nil {
 		return nil, err
 	}
