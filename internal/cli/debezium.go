@@ -91,7 +91,11 @@ func fromDebezium(p map[string]string) (yaml string, notes []string, err error) 
 		return "", nil, err
 	}
 	t.kafka()
-	t.unsupported()
+	t.unsupportedRouter()
+	if !t.contracts() {
+		t.valueConverter()
+	}
+	t.unsupportedSource()
 	return t.b.String(), t.notes, nil
 }
 
@@ -209,18 +213,10 @@ func (t *dbzTranslation) kafka() {
 	}
 }
 
-// unsupported notes what has no equivalent.
-func (t *dbzTranslation) unsupported() {
-	p, prefix := t.p, t.prefix
-	for _, k := range []string{"table.expand.json.payload", "table.field.event.schema.version", "table.json.payload.null.behavior",
-		"table.json.payload.empty.array.behavior", "tracing.span.context.field", "tracing.operation.name", "tracing.with.context.field.only"} {
-		if v, ok := p[prefix+k]; ok && !(k == "table.expand.json.payload" && strings.EqualFold(v, "false")) {
-			t.notes = append(t.notes, fmt.Sprintf("%s%s=%s has no equivalent (docs/operations.md)", prefix, k, v))
-		}
-	}
-	if strings.EqualFold(t.opt("table.field.additional.missing", "error"), "ignore") {
-		t.notes = append(t.notes, prefix+"table.field.additional.missing=ignore: outbox-cdc stops on a missing column instead")
-	}
+// valueConverter notes what a converter other than a schema registry's
+// does that outbox-cdc does not.
+func (t *dbzTranslation) valueConverter() {
+	p := t.p
 	switch vc := p["value.converter"]; vc {
 	case "", "org.apache.kafka.connect.storage.StringConverter", "io.debezium.converters.BinaryDataConverter":
 	case "org.apache.kafka.connect.json.JsonConverter":
@@ -233,6 +229,25 @@ func (t *dbzTranslation) unsupported() {
 	default:
 		t.notes = append(t.notes, "value.converter="+vc+" has no equivalent: values are the payload bytes or the JSON envelope")
 	}
+}
+
+// unsupportedRouter notes the EventRouter options without an equivalent.
+func (t *dbzTranslation) unsupportedRouter() {
+	p, prefix := t.p, t.prefix
+	for _, k := range []string{"table.expand.json.payload", "table.field.event.schema.version", "table.json.payload.null.behavior",
+		"table.json.payload.empty.array.behavior", "tracing.span.context.field", "tracing.operation.name", "tracing.with.context.field.only"} {
+		if v, ok := p[prefix+k]; ok && !(k == "table.expand.json.payload" && strings.EqualFold(v, "false")) {
+			t.notes = append(t.notes, fmt.Sprintf("%s%s=%s has no equivalent (docs/operations.md)", prefix, k, v))
+		}
+	}
+	if strings.EqualFold(t.opt("table.field.additional.missing", "error"), "ignore") {
+		t.notes = append(t.notes, prefix+"table.field.additional.missing=ignore: outbox-cdc stops on a missing column instead")
+	}
+}
+
+// unsupportedSource notes the connector options without an equivalent.
+func (t *dbzTranslation) unsupportedSource() {
+	p := t.p
 	if !strings.EqualFold(p["extended.headers.enabled"], "false") {
 		// On by default in Debezium: every record carries them there.
 		t.notes = append(t.notes, "extended.headers.enabled: Debezium's __debezium.context.* headers are not sent (docs/operations.md)")
