@@ -478,7 +478,9 @@ func TestConnectorDashboardMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"outbox_cdc_events_published_total", "outbox_cdc_commit_to_ack_seconds_bucket",
-		"outbox_cdc_replication_lag_bytes", "outbox_cdc_slot_retained_wal_bytes", "outbox_cdc_events_dead_lettered_total"} {
+		"outbox_cdc_replication_lag_bytes", "outbox_cdc_slot_retained_wal_bytes", "outbox_cdc_events_dead_lettered_total",
+		"outbox_cdc_contracts_waiting", "outbox_cdc_contract_violations_total", "outbox_cdc_registry_request_seconds_bucket",
+		"outbox_cdc_registry_errors_total", "outbox_cdc_contract_cache_misses_total"} {
 		if !used[want] {
 			t.Errorf("the dashboard has no panel using %s", want)
 		}
