@@ -33,7 +33,7 @@ func TestGapRepairAtLeastOnceReplaysAfterConfirmed(t *testing.T) {
 	addr := freeAddr(t)
 	p := startProc(t, cfgPath, addr, true, "OUTBOX_CDC_HTTP_LISTEN="+addr) // before: creating the slot waits for it
 	long := beginLong(ctx, t, dsn, slot, 9, 0)
-	long.takeID() // below every row's id: the gap's bound stays below them
+	long.takeID()                // below every row's id: the gap's bound stays below them
 	ends := map[string]lsn.LSN{} // each row's commit is before this position
 	write := func(name string) {
 		committed(t, conn, func(tx pgx.Tx) { row(tx, name) })
