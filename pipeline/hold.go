@@ -40,9 +40,13 @@ type heldTxn struct {
 	final lsn.LSN
 }
 
-// maxHeld bounds the list: past it the two oldest entries merge into one
-// that holds at the older commit until the bound passes the higher id,
-// later than needed, never earlier.
+// maxHeld bounds the list: past it the newest entry takes the next
+// transaction in, holding at its own commit until the bound passes the
+// higher id: later, never earlier. Merging at the back keeps the front
+// exact, so the hold still follows the bound under a load that keeps the
+// list full; merging the two oldest made the front entry take ever newer
+// ids while it kept the oldest commit, and the slot never moved while the
+// load lasted (review8).
 const maxHeld = 4096
 
 func newHoldBack(from lsn.LSN) *holdBack { return &holdBack{frontier: from} }
@@ -51,10 +55,9 @@ func newHoldBack(from lsn.LSN) *holdBack { return &holdBack{frontier: from} }
 func (h *holdBack) add(xid uint32, final lsn.LSN) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.txns) == maxHeld {
-		a, b := h.txns[0], h.txns[1]
-		h.txns[1] = heldTxn{xid: laterXid(a.xid, b.xid), final: a.final}
-		h.txns = h.txns[1:]
+	if n := len(h.txns); n == maxHeld {
+		h.txns[n-1].xid = laterXid(h.txns[n-1].xid, xid)
+		return
 	}
 	h.txns = append(h.txns, heldTxn{xid, final})
 }

@@ -48,9 +48,9 @@ func TestHoldBack(t *testing.T) {
 	}
 }
 
-// TestHoldBackBounded: past maxHeld entries the oldest merge, holding at
-// the older commit until the bound passes the higher id: later, never
-// earlier.
+// TestHoldBackBounded: past maxHeld entries the newest takes the next
+// ones in, holding at its own commit until the bound passes the highest
+// id it took: later, never earlier; the front stays exact.
 func TestHoldBackBounded(t *testing.T) {
 	h := newHoldBack(0)
 	for i := range maxHeld + 10 {
@@ -60,12 +60,17 @@ func TestHoldBackBounded(t *testing.T) {
 	if got := h.at(1000); got != 10 || len(h.txns) != maxHeld {
 		t.Fatalf("at(1000) = %v with %d entries, want 10 with %d", got, len(h.txns), maxHeld)
 	}
-	// Entry 0 was merged up to id 1010: it holds until the bound passes it.
-	if got := h.at(1010); got != 10 {
-		t.Fatalf("at(1010) = %v, want 10 (merged entry)", got)
+	if got := h.at(1001); got != 11 {
+		t.Fatalf("at(1001) = %v, want 11 (the front is exact)", got)
 	}
-	if got := h.at(1011); got != 21 {
-		t.Fatalf("at(1011) = %v, want 21", got)
+	// The last entry took ids up to 1000+maxHeld+9: it holds at its own
+	// commit until the bound passes them.
+	last := uint64(1000 + maxHeld - 1)
+	if got := h.at(last + 10); got != lsn.LSN(10+maxHeld-1) {
+		t.Fatalf("at(%d) = %v, want %v (merged entry)", last+10, got, lsn.LSN(10+maxHeld-1))
+	}
+	if got := h.at(last + 11); got != 1<<20 {
+		t.Fatalf("at(%d) = %v, want the frontier", last+11, got)
 	}
 }
 

@@ -144,13 +144,14 @@ func testContractsQuarantine(t *testing.T, url, delivery string, register func(*
 	waitFor(t, 10*time.Second, "the connector logged the violation", func() bool { return c.logged("event dead-lettered", "/qty") })
 }
 
-// checkContractHeaders: error first, with the reason, then the subject and
-// the version ("" for none).
+// checkContractHeaders: error first, with the reason, then the topic the
+// event was meant for, the subject and the version ("" for none).
 func checkContractHeaders(t *testing.T, r *kgo.Record, subject, version, reason string) {
 	t.Helper()
-	if len(r.Headers) < 2 || r.Headers[0].Key != wire.HeaderError || !strings.Contains(string(r.Headers[0].Value), reason) ||
-		r.Headers[1].Key != wire.HeaderContractSubject || string(r.Headers[1].Value) != subject {
-		t.Fatalf("dead letter headers %v; want error with %q, then contract_subject %s", r.Headers, reason, subject)
+	if len(r.Headers) < 3 || r.Headers[0].Key != wire.HeaderError || !strings.Contains(string(r.Headers[0].Value), reason) ||
+		r.Headers[1].Key != wire.HeaderTopic || !strings.HasPrefix(subject, string(r.Headers[1].Value)+"-") ||
+		r.Headers[2].Key != wire.HeaderContractSubject || string(r.Headers[2].Value) != subject {
+		t.Fatalf("dead letter headers %v; want error with %q, then topic, then contract_subject %s", r.Headers, reason, subject)
 	}
 	if v, ok := header(r, wire.HeaderContractVersion); v != version || ok != (version != "") {
 		t.Fatalf("contract_version %q (present %v), want %q", v, ok, version)
