@@ -32,6 +32,11 @@
 // (A Go string is therefore sent as a JSON string, quotes included; pass JSON
 // text you already have as json.RawMessage.)
 //
+// With Config.Contracts set, Write and Emit check the payload against the
+// event type's contract before writing it: a payload that does not fit is a
+// *ContractViolation and nothing is written (package outbox/contracts checks
+// against a schema registry, as the connector's contracts.* do).
+//
 // A Writer is safe for concurrent use. The package-level Write and Emit use a
 // Writer with the contract's defaults (table public.outbox, columns id,
 // aggregate_type, aggregate_id, event_type, payload; prefix "outbox").
@@ -161,6 +166,10 @@ type Config struct {
 	// column in Headers, is left as it is. Uses the OpenTelemetry API only:
 	// the application's SDK decides what a span is.
 	TraceColumn string
+	// Contracts, when set, checks every payload before it is written (see
+	// Checker); a payload it refuses is never inserted or emitted. nil: no
+	// check (the connector's contracts.* still apply).
+	Contracts Checker
 }
 
 // NewV7 returns a new UUID v7 string, the default event id.
@@ -193,6 +202,7 @@ type Writer struct {
 	columns Columns
 	// traceColumn receives the caller's trace context (Config.TraceColumn).
 	traceColumn string
+	contracts   Checker // Config.Contracts
 }
 
 var defaultWriter = func() *Writer {
@@ -242,6 +252,7 @@ func New(cfg Config) (*Writer, error) {
 		columns: c,
 
 		traceColumn: cfg.TraceColumn,
+		contracts:   cfg.Contracts,
 	}
 	for i, n := range names {
 		if w.colSet[n] {
@@ -296,6 +307,9 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, e Event) error {
 	}
 	payload, err := payloadBytes(e.Payload)
 	if err != nil {
+		return err
+	}
+	if err := w.checkContract(&e, payload); err != nil {
 		return err
 	}
 	args := []any{id, e.AggregateType, e.AggregateID, e.EventType, payload}
@@ -359,8 +373,8 @@ func (w *Writer) Emit(ctx context.Context, tx pgx.Tx, e Event) error {
 }
 
 // EncodeMessage returns the content Emit would write for e (generating the id
-// when e has none). It is exported for tests and for writers that call
-// pg_logical_emit_message themselves.
+// when e has none), after Config.Contracts' check. It is exported for tests
+// and for writers that call pg_logical_emit_message themselves.
 func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 	var err error
 	if e.Headers, err = withVersion(e); err != nil {
@@ -371,6 +385,7 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 		return nil, err
 	}
 	m := Message{ID: &id, AggregateType: &e.AggregateType, AggregateID: &e.AggregateID, EventType: &e.EventType}
+	var checked []byte // the payload as the connector will read it, for Config.Contracts
 	switch p := e.Payload.(type) {
 	case nil:
 	case json.RawMessage:
@@ -381,12 +396,13 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 			if err := notNull(p); err != nil {
 				return nil, err
 			}
-			m.Payload = p
+			m.Payload, checked = p, p
 		}
 	case []byte:
 		if p != nil {
 			s := base64.StdEncoding.EncodeToString(p)
 			m.PayloadBase64 = &s
+			checked = p
 		}
 	default:
 		b, err := json.Marshal(p)
@@ -396,7 +412,10 @@ func (w *Writer) EncodeMessage(e Event) ([]byte, error) {
 		if err := notNull(b); err != nil {
 			return nil, err
 		}
-		m.Payload = b
+		m.Payload, checked = b, b
+	}
+	if err := w.checkContract(&e, checked); err != nil {
+		return nil, err
 	}
 	for name, v := range e.Headers {
 		if name == "" || wire.Reserved(name) {
