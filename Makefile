@@ -121,7 +121,7 @@ bench:
 	$(GO) -C bench build -trimpath -o $(CURDIR)/bin/outbox-bench ./cmd/outbox-bench
 	bin/outbox-bench -connector $(BIN) -micro $(BENCH_OUT)/microbench.txt -out $(BENCH_OUT) $(BENCH_FLAGS)
 
-demo: kafka-jars
+demo: kafka-jars registry-app
 	$(GO) run ./internal/demo
 
 run: build

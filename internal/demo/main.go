@@ -1,7 +1,10 @@
 // Command demo shows the whole path on one machine: it starts a private
-// PostgreSQL and an Apache Kafka broker (internal/testenv), creates the outbox
-// table, runs the connector, inserts events, prints them as consumed from
-// Kafka, measures a short burst and a steady stream, then runs the example
+// PostgreSQL, an Apache Kafka broker and a schema registry (Apicurio, the
+// Confluent API) from internal/testenv, creates the outbox table, registers
+// one event contract, runs the connector with contracts on, inserts events,
+// prints them as consumed from Kafka, shows a contract violation refused by
+// the writer library and dead-lettered by the connector (its aggregate's
+// next event parked), measures a short burst and a steady stream, then runs the example
 // order and inventory services (examples/) through the outbox and the inbox,
 // with a duplicate injected. Run it with `make demo`.
 package main
@@ -42,11 +45,14 @@ func main() {
 // demo is the running demo: the servers, the shop database and the
 // connector's metrics.
 type demo struct {
-	pg    *testenv.Postgres
-	kafka *testenv.Kafka
-	dsn   string
-	conn  *pgx.Conn
-	m     *metrics.Metrics
+	pg       *testenv.Postgres
+	kafka    *testenv.Kafka
+	registry *testenv.Registry
+	dsn      string
+	conn     *pgx.Conn
+	m        *metrics.Metrics
+	// contractVersion is the registered version of the demo's contract.
+	contractVersion int
 }
 
 func run(ctx context.Context) error {
@@ -61,7 +67,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, step := range []func(context.Context) error{d.fiveEvents, d.burst, d.steady} {
+	for _, step := range []func(context.Context) error{d.fiveEvents, d.contractsStep, d.burst, d.steady} {
 		if err := step(ctx); err != nil {
 			return err
 		}
@@ -84,25 +90,42 @@ func (d *demo) close() {
 	if d.kafka != nil {
 		d.kafka.Close()
 	}
+	if d.registry != nil {
+		d.registry.Close()
+	}
 	if d.pg != nil {
 		d.pg.Close()
 	}
 }
 
-// setup starts the servers, creates the outbox and the topics.
+// setup starts the servers, creates the outbox and the topics, and
+// registers the demo's contract.
 func (d *demo) setup(ctx context.Context) error {
 	var err error
-	say("starting PostgreSQL (wal_level=logical) and Apache Kafka (KRaft) ...")
+	say("starting PostgreSQL (wal_level=logical), Apache Kafka (KRaft) and Apicurio Registry ...")
+	// The registry (a JVM) starts meanwhile.
+	regDone := make(chan error, 1)
+	go func() {
+		var err error
+		d.registry, err = testenv.StartRegistry(ctx)
+		regDone <- err
+	}()
 	if d.pg, err = testenv.StartPostgres(ctx, testenv.PostgresOptions{}); err != nil {
+		<-regDone
 		return err
 	}
 	if d.kafka, err = testenv.StartKafka(ctx, testenv.KafkaOptions{}); err != nil {
+		<-regDone
+		return err
+	}
+	if err := <-regDone; err != nil {
 		return err
 	}
 	if d.dsn, err = d.pg.CreateDatabase(ctx, "shop"); err != nil {
 		return err
 	}
-	say("PostgreSQL %s at %s, Kafka %s at %s", d.pg.Version(), strings.Split(strings.Split(d.dsn, "@")[1], "/")[0], d.kafka.Version(), d.kafka.Brokers()[0])
+	say("PostgreSQL %s at %s, Kafka %s at %s, Apicurio Registry %s at %s", d.pg.Version(), strings.Split(strings.Split(d.dsn, "@")[1], "/")[0],
+		d.kafka.Version(), d.kafka.Brokers()[0], d.registry.Version(), d.registry.URL())
 
 	sql, err := os.ReadFile("sql/outbox.sql")
 	if err != nil {
@@ -122,13 +145,37 @@ func (d *demo) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = kadm.NewClient(adm).CreateTopics(ctx, 3, 1, nil,
-		"outbox.event.order", "outbox.event.customer", "outbox.event.burst", "outbox.event.steady", "outbox.dlq")
+	err = createTopics(ctx, kadm.NewClient(adm))
 	adm.Close()
 	if err != nil {
 		return fmt.Errorf("create topics: %w", err)
 	}
+	ss, err := registerContract(ctx, d.registry.URL())
+	if err != nil {
+		return fmt.Errorf("register %s: %w", paymentSubject, err)
+	}
+	d.contractVersion = ss.Version
 	return nil
+}
+
+// createTopics creates the event topics, and the dead-letter topic as the
+// connector creates its own (kafka.dlq_topic): nothing deletes a dead
+// letter before its redrive, so retention.ms and retention.bytes are -1.
+func createTopics(ctx context.Context, adm *kadm.Client) error {
+	resps, err := adm.CreateTopics(ctx, 3, 1, nil,
+		"outbox.event.order", "outbox.event.customer", "outbox.event.payment", "outbox.event.burst", "outbox.event.steady")
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		return err
+	}
+	kept := "-1"
+	resps, err = adm.CreateTopics(ctx, 3, 1, map[string]*string{"retention.ms": &kept, "retention.bytes": &kept}, "outbox.dlq")
+	if err == nil {
+		err = resps.Error()
+	}
+	return err
 }
 
 // startConnector runs the connector until ctx ends; done gets Run's result.
@@ -136,6 +183,14 @@ func (d *demo) startConnector(ctx context.Context) (done chan error, err error) 
 	cfg := config.Default()
 	cfg.Postgres.DSN = config.DSN(d.dsn)
 	cfg.Kafka.Brokers = d.kafka.Brokers()
+	// Event contracts: every event is checked against the schema of its
+	// subject; a violation is dead-lettered and its aggregate parked
+	// (on_violation quarantine); types without a contract are published
+	// (unknown_type pass: only PaymentCaptured has one here).
+	cfg.Contracts.Registry.URL = d.registry.URL()
+	cfg.Contracts.Mode = "validate"
+	cfg.Contracts.OnViolation = config.ContractsQuarantine
+	cfg.Contracts.UnknownType = config.ContractsPass
 	pc, err := cli.PipelineConfig(&cfg)
 	if err != nil {
 		return nil, err
@@ -152,7 +207,8 @@ func (d *demo) startConnector(ctx context.Context) (done chan error, err error) 
 	case err := <-done:
 		return nil, err
 	}
-	say("connector running: slot %s, publication %s, topic template %s", cfg.Postgres.Slot, cfg.Postgres.Publication, cfg.Kafka.Topic)
+	say("connector running: slot %s, publication %s, topic template %s; contracts: %s mode, on_violation %s, unknown_type %s",
+		cfg.Postgres.Slot, cfg.Postgres.Publication, cfg.Kafka.Topic, cfg.Contracts.Mode, cfg.Contracts.OnViolation, cfg.Contracts.UnknownType)
 
 	return done, nil
 }
