@@ -16,7 +16,8 @@ import (
 // depends on its events: the valid ones and pay-3 fit the contract, pay-1's
 // second PaymentCaptured is the one violation, PaymentRefunded has no
 // subject (published under unknown_type pass, parked here behind pay-1's
-// dead letter).
+// dead letter); the Tick events of the burst and the steady stream fit
+// theirs.
 func TestDemoEventsAgainstContract(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -43,5 +44,18 @@ func TestDemoEventsAgainstContract(t *testing.T) {
 	}
 	if len(violations) != 1 || violations[0] != "pay-1 /amount_cents" {
 		t.Fatalf("violations %q, want pay-1's at /amount_cents only", violations)
+	}
+
+	// The burst's and the steady stream's payloads (as jsonb prints them)
+	// fit their Tick contracts: none of them is dead-lettered.
+	for subject, schema := range tickSchemas {
+		if _, _, err := fake.RegisterSchema(subject, sr.Schema{Schema: schema, Type: sr.TypeJSON}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for topic, payload := range map[string]string{"outbox.event.burst": `{"i": 2499}`, "outbox.event.steady": `{}`} {
+		if _, err := c.Apply(ctx, topic, "Tick", []byte(payload)); err != nil {
+			t.Fatalf("%s Tick %s: %v", topic, payload, err)
+		}
 	}
 }

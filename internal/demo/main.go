@@ -150,12 +150,8 @@ func (d *demo) setup(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create topics: %w", err)
 	}
-	ss, err := registerContract(ctx, d.registry.URL())
-	if err != nil {
-		return fmt.Errorf("register %s: %w", paymentSubject, err)
-	}
-	d.contractVersion = ss.Version
-	return nil
+	d.contractVersion, err = registerContracts(ctx, d.registry.URL())
+	return err
 }
 
 // createTopics creates the event topics, and the dead-letter topic as the
@@ -186,7 +182,7 @@ func (d *demo) startConnector(ctx context.Context) (done chan error, err error) 
 	// Event contracts: every event is checked against the schema of its
 	// subject; a violation is dead-lettered and its aggregate parked
 	// (on_violation quarantine); types without a contract are published
-	// (unknown_type pass: only PaymentCaptured has one here).
+	// (unknown_type pass: PaymentCaptured and the Tick events have one).
 	cfg.Contracts.Registry.URL = d.registry.URL()
 	cfg.Contracts.Mode = "validate"
 	cfg.Contracts.OnViolation = config.ContractsQuarantine
