@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-cdc/outbox-cdc/contracts"
-	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
 	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
@@ -92,11 +91,7 @@ var formatRows = map[int]struct{ key, payload string }{
 func TestContractsFormats(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	reg, err := testenv.StartRegistry(ctx)
-	if err != nil {
-		t.Fatalf("start registry: %v", err)
-	}
-	t.Cleanup(func() { _ = reg.Close() })
+	reg := startTestRegistry(ctx, t) // contracts_kill_test.go
 	for _, fc := range formatCases {
 		t.Run(fc.format, func(t *testing.T) { testContractsFormat(ctx, t, reg.URL(), fc) })
 	}

@@ -231,15 +231,7 @@ func TestContractsKill(t *testing.T) {
 	if err != nil {
 		t.Fatalf("goavro: schema %d: %v", ref.ID, err)
 	}
-	committedRecs := readIsolated(t, true, topic, parking)
-	var onTopicRecs, parkedRecs []*kgo.Record
-	for _, r := range committedRecs {
-		if r.Topic == topic {
-			onTopicRecs = append(onTopicRecs, r)
-		} else {
-			parkedRecs = append(parkedRecs, r)
-		}
-	}
+	onTopicRecs, parkedRecs := readIsolated(t, true, topic), readIsolated(t, true, parking)
 	values := map[string][]byte{}
 	onTopic, err := avroFrames(codec, ref.ID, onTopicRecs, values)
 	if err != nil {
