@@ -145,11 +145,24 @@ func (c *Contracts) Registry() *Registry { return c.reg }
 // (the caller's contracts.unknown_type decides), ErrUnreachable (Retryable:
 // wait with backoff and call again, never skip), ErrBadSchema.
 func (c *Contracts) Apply(ctx context.Context, topic, eventType string, payload []byte) (Result, error) {
+	return c.apply(ctx, topic, eventType, payload, c.reg.Resolve)
+}
+
+// ApplyLatest is Apply against the subject's version the registry names
+// now (Registry.Latest), for a redrive after a schema fix: the cached one
+// may be the version the payload violated. A registry that does not answer
+// is an ErrUnreachable error, not the cached version.
+func (c *Contracts) ApplyLatest(ctx context.Context, topic, eventType string, payload []byte) (Result, error) {
+	return c.apply(ctx, topic, eventType, payload, c.reg.Latest)
+}
+
+func (c *Contracts) apply(ctx context.Context, topic, eventType string, payload []byte,
+	resolve func(context.Context, string) (*Schema, error)) (Result, error) {
 	subject, err := c.strategy.Subject(topic, eventType)
 	if err != nil {
 		return Result{}, &RegistryError{Subject: subject, Kind: ErrNoSubject, Err: err}
 	}
-	s, err := c.reg.Resolve(ctx, subject)
+	s, err := resolve(ctx, subject)
 	if err != nil {
 		return Result{}, err
 	}

@@ -167,6 +167,19 @@ func (r *Registry) Resolve(ctx context.Context, subject string) (*Schema, error)
 	return s, nil
 }
 
+// Latest asks the registry now for the subject's version to use (lookup:
+// its latest; auto: the local schema's) and makes it the one in use, as
+// Resolve does once its refresh interval is over. Unlike Resolve it never
+// answers from the cache: a registry that does not answer is a
+// *RegistryError with ErrUnreachable even for a subject resolved before.
+func (r *Registry) Latest(ctx context.Context, subject string) (*Schema, error) {
+	ss, err := r.fetch(ctx, subject)
+	if err != nil {
+		return nil, r.failed(classify(subject, err))
+	}
+	return r.store(subject, ss)
+}
+
 // fetch asks the registry for the subject's version to use.
 func (r *Registry) fetch(ctx context.Context, subject string) (sr.SubjectSchema, error) {
 	if r.resolution == ResolutionAuto && r.schemas != nil {
