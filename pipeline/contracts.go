@@ -201,9 +201,9 @@ func (g *contractGate) check(ctx context.Context, r *router.Router, ev *decode.E
 	case contractUnchecked:
 		return "", nil
 	case contractDeadLetter:
-		reason := err.Error()
+		reason, topic := err.Error(), rec.Topic
 		r.DeadLetter(ev, commit, reason, rec)
-		rec.Headers = slices.Insert(rec.Headers, 1, contractHeaders(err)...) // after error
+		rec.Headers = slices.Insert(rec.Headers, 1, contractHeaders(err, topic)...) // after error
 		return reason, nil
 	case contractFail:
 		return "", contractFailure(err, ev)
@@ -302,17 +302,24 @@ func (g *contractGate) endWait(since time.Time) {
 		"waited", time.Since(since).Round(time.Millisecond))
 }
 
-// contractHeaders name the subject and the version of a dead letter's
-// contract (wire.HeaderContractSubject, wire.HeaderContractVersion).
-func contractHeaders(err error) []router.Header {
+// contractHeaders are the headers a contract dead letter carries after
+// error: the topic the event was meant for (wire.HeaderTopic, as a record
+// the broker refused has it: a redrive republishes it there), the subject
+// and the version of its contract (wire.HeaderContractSubject,
+// wire.HeaderContractVersion). An event without a subject (no event type)
+// gets none: no schema can ever be registered for it, and a redrive refuses
+// it as the router's dead letters.
+func contractHeaders(err error, topic string) []router.Header {
 	var v *contracts.Violation
 	var re *contracts.RegistryError
 	switch {
 	case errors.As(err, &v):
-		return []router.Header{{Key: wire.HeaderContractSubject, Value: []byte(v.Schema.Subject)},
+		return []router.Header{{Key: wire.HeaderTopic, Value: []byte(topic)},
+			{Key: wire.HeaderContractSubject, Value: []byte(v.Schema.Subject)},
 			{Key: wire.HeaderContractVersion, Value: []byte(strconv.Itoa(v.Schema.Version))}}
 	case errors.As(err, &re) && re.Subject != "":
-		return []router.Header{{Key: wire.HeaderContractSubject, Value: []byte(re.Subject)}}
+		return []router.Header{{Key: wire.HeaderTopic, Value: []byte(topic)},
+			{Key: wire.HeaderContractSubject, Value: []byte(re.Subject)}}
 	}
 	return nil
 }

@@ -129,12 +129,12 @@ func TestContractCheck(t *testing.T) {
 	if err != nil || rec.Topic != "dlq" || !strings.Contains(reason, "/qty") || !strings.Contains(reason, "version 3") {
 		t.Fatalf("violation: %q %v, topic %s; want a dead letter naming /qty and version 3", reason, err, rec.Topic)
 	}
-	want := []string{"error", "contract_subject", "contract_version", "id", "event_type", "aggregate_type", "aggregate_id"}
+	want := []string{"error", "topic", "contract_subject", "contract_version", "id", "event_type", "aggregate_type", "aggregate_id"}
 	if got := headerKeys(rec); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("dead letter headers %v, want %v", got, want)
 	}
-	if string(rec.Headers[1].Value) != testRef.Subject || string(rec.Headers[2].Value) != "3" {
-		t.Fatalf("contract headers %q %q", rec.Headers[1].Value, rec.Headers[2].Value)
+	if string(rec.Headers[1].Value) != "t.orders" || string(rec.Headers[2].Value) != testRef.Subject || string(rec.Headers[3].Value) != "3" {
+		t.Fatalf("contract headers %q %q %q", rec.Headers[1].Value, rec.Headers[2].Value, rec.Headers[3].Value)
 	}
 
 	g, _ = testGate(t, Contracts{Apply: answer(nil, testNoSubject), UnknownType: ContractPass})

@@ -46,6 +46,10 @@ func (p *Pipeline) quarantining(cfg sink.Config) sink.Config {
 	// Kafka not usable at start: the restore goes on in the producer, and a
 	// topic found not compacted then stops the connector.
 	cfg.Fail = func(err error) { p.fail(notCompacted(err)) }
+	// A redrive re-checks event contracts against their latest versions.
+	if rv := revalidator(p.cfg.Contracts, p.cfg.Routes.Format); rv != nil {
+		cfg.Contracts = rv
+	}
 	return cfg
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/internal/backoff"
 	"github.com/outbox-cdc/outbox-cdc/kafkaopt"
 	"github.com/outbox-cdc/outbox-cdc/sink/internal/kafka"
+	"github.com/outbox-cdc/outbox-cdc/sink/quarantine"
 )
 
 // Config is the producer configuration (the kafka section of the config file).
@@ -57,6 +58,9 @@ type Config struct {
 	// requests now: only the one streaming from the slot writes the keys'
 	// events (an active-standby pair shares the state topic's keys).
 	Owner func() bool
+	// Contracts, when set, checks what a redrive republishes against the
+	// event contracts' latest versions (quarantine.Revalidator).
+	Contracts quarantine.Revalidator
 	// Fail, when set, is told of an error that stops the sink from working
 	// after New: the quarantine topic found not compacted once Kafka answered.
 	Fail func(error)

@@ -35,7 +35,7 @@ func (s *Sink) openQuarantine(cfg Config, conn []kgo.Opt, codec kgo.CompressionC
 func (cfg Config) QuarantineConfig(conn []kgo.Opt, codec kgo.CompressionCodec, replication int16) quarantine.Config {
 	return quarantine.Config{Parking: cfg.ParkingTopic, DLQ: cfg.DLQTopic, Max: cfg.MaxQuarantined,
 		Topic: cfg.QuarantineTopic, Source: cfg.QuarantineSource, Owner: cfg.Owner, Fail: cfg.Fail, Report: cfg.Redrives,
-		Conn: conn, Codec: codec, Replication: replication}
+		Conn: conn, Codec: codec, Replication: replication, Contracts: cfg.Contracts}
 }
 
 // StartQuarantines restores the quarantines saved on the state topic and

@@ -77,11 +77,14 @@ const (
 )
 
 // Headers of a dead letter for an event contract (the connector's
-// contracts.*): right after HeaderError, which holds the reason (the JSON
-// pointer and what was expected, or that the event type has no subject),
-// the subject the event was checked under and, when a schema version was
-// resolved (a violation), its version as a decimal number. The rest is as
-// for any row the connector rejects before sending (HeaderAggregateID last).
+// contracts.*): after HeaderError, which holds the reason (the JSON pointer
+// and what was expected, or that the event type has no subject), and
+// HeaderTopic (the topic the event was meant for, where a redrive
+// republishes it), the subject the event was checked under and, when a
+// schema version was resolved (a violation), its version as a decimal
+// number. An event without a subject (no event type) has none of the three.
+// The rest is as for any row the connector rejects before sending
+// (HeaderAggregateID last).
 const (
 	HeaderContractSubject = "contract_subject" // the schema registry subject, e.g. orders-OrderPlaced
 	HeaderContractVersion = "contract_version" // the subject's version the payload violates, e.g. 3

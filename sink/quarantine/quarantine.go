@@ -62,6 +62,9 @@ type Config struct {
 	// Tx, when set, is the transactional producer (exactly_once) the set
 	// writes through, and whose commits alone change it (txn.go).
 	Tx Transactor
+	// Contracts, when set, checks what a redrive republishes against the
+	// event contracts' latest versions (revalidate.go).
+	Contracts Revalidator
 }
 
 // Record is a producer's record as the quarantine sees it.
@@ -125,6 +128,7 @@ type Set struct {
 
 	cl          *kgo.Client // the producer's: state records are written through it
 	tx          Transactor  // exactly_once: writes go through it instead (txn.go)
+	contracts   Revalidator // nil: contracts off (revalidate.go)
 	adm         *kadm.Client
 	connOpts    []kgo.Opt
 	codec       kgo.CompressionCodec
@@ -147,7 +151,7 @@ type Set struct {
 // is cl. It reads nothing yet: Start restores the saved set.
 func New(ctx context.Context, cfg Config, cl *kgo.Client, log *slog.Logger) *Set {
 	s := &Set{parking: cfg.Parking, dlq: cfg.DLQ, maxQuarantined: cfg.Max, log: log, fail: cfg.Fail, onQuarantines: cfg.Report,
-		cl: cl, tx: cfg.Tx, adm: kadm.NewClient(cl), connOpts: cfg.Conn, codec: cfg.Codec, replication: cfg.Replication,
+		cl: cl, tx: cfg.Tx, contracts: cfg.Contracts, adm: kadm.NewClient(cl), connOpts: cfg.Conn, codec: cfg.Codec, replication: cfg.Replication,
 		ctx: ctx, quarantined: make(map[string]*quarantined), liftedAt: map[string]int64{}, restored: make(chan struct{})}
 	if s.maxQuarantined <= 0 {
 		s.maxQuarantined = kafkaopt.DefaultMaxQuarantined

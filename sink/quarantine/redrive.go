@@ -261,6 +261,9 @@ func (s *Set) redriveRecords(ctx context.Context, rec *StateRecord, skip bool) (
 		if err != nil {
 			return nil, err
 		}
+		if err := s.revalidate(ctx, dl, contractDeadLetter(dl)); err != nil {
+			return nil, fmt.Errorf("the dead-lettered %w", err)
+		}
 		out = append(out, dl)
 	}
 	parked, err := s.readParked(ctx, rec, skip)
@@ -273,6 +276,9 @@ func (s *Set) redriveRecords(ctx context.Context, rec *StateRecord, skip bool) (
 			continue
 		}
 		seen[id] = true
+		if err := s.revalidate(ctx, r, false); err != nil {
+			return nil, fmt.Errorf("the parked %w (nothing is republished)", err)
+		}
 		out = append(out, r)
 	}
 	return out, nil

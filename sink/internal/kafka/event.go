@@ -19,7 +19,7 @@ type Event struct {
 	size   int    // BatchSize: what the broker counts against its limit
 	dead   bool   // bound for the dead-letter topic
 	reason string // why it is dead-lettered
-	orig   string // topic it was meant for ("" for the router's dead letters)
+	orig   string // topic it was meant for ("" for the router's dead letters but a contract's)
 	level  int    // dead-letter copy: 0 whole, 1 without payload, 2 minimal
 }
 
@@ -49,6 +49,9 @@ func (e *Event) Init(rec *router.Record, dlq string) {
 	e.Headers = h
 	if e.Topic == dlq {
 		e.dead, e.reason = true, Header(&e.Record, wire.HeaderError)
+		if len(h) > 1 && h[0].Key == wire.HeaderError && h[1].Key == wire.HeaderTopic {
+			e.orig = string(h[1].Value) // a contract dead letter names its topic
+		}
 	}
 	e.size = BatchSize(&e.Record)
 }
