@@ -345,20 +345,29 @@ func openRepairSink(pc pipeline.Config, log *slog.Logger) verify.OpenRepublisher
 		if err != nil {
 			return nil, err
 		}
-		return &repairSink{s: s, done: done}, nil
+		return &repairSink{s: s, done: done, contracts: pipeline.NewRepairContracts(pc, log)}, nil
 	}
 }
 
-// repairSink republishes rows through the sink.
+// repairSink republishes rows through the sink, each checked against its
+// event contract as the stream checks it (contracts.*; nil: off).
 type repairSink struct {
-	s    *sink.Sink
-	done func(verify.Outcome)
-	rec  router.Record
+	s         *sink.Sink
+	done      func(verify.Outcome)
+	rec       router.Record
+	contracts *pipeline.RepairContracts
 }
 
 func (r *repairSink) Republish(ctx context.Context, row tableRow) {
 	// The row's time column stands in for the commit time, which is gone.
-	routeRow(row.rt, row.ev, row.at, &r.rec)
+	if reason := row.rt.Route(row.ev, row.at, &r.rec); reason != "" {
+		row.rt.DeadLetter(row.ev, row.at, reason, &r.rec)
+	} else if err := r.contracts.Check(ctx, row.rt, row.ev, row.at, &r.rec); err != nil {
+		// contracts' fail, or the end while the row waits for the
+		// registry: not republished, and counted as failed.
+		r.done(verify.Outcome{Err: fmt.Errorf("event %s not republished: %w", row.ev.ID.Bytes, err)})
+		return
+	}
 	// An error here is ctx's; Delivered has counted the record.
 	_ = r.s.Produce(ctx, &r.rec, r)
 }
