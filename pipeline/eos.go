@@ -93,9 +93,10 @@ type txnBoundary interface {
 // at start (newSink, begin) and then owned by the processor, but for the
 // hand-over's freeze (the checkpoint writer) under its lock.
 type eos struct {
-	gapHold  // p: read-only, the plan, the tracker, the repair; hold: set by started
+	p        *Pipeline // read-only: the plan, the tracker, the repair
 	txn      txnBoundary
 	handover handover
+	hold     *holdBack // set by begin
 	readBack *readBack // set at start when Kafka may hold the first transactions
 	// splittable: the open transaction may be committed in parts once no
 	// read-back decides its events (begin).

@@ -80,7 +80,7 @@ func (su *starter) newSink(ctx context.Context, pl *plan) (out, error) {
 	p.log.Info("exactly-once delivery: Kafka transactions commit the position", "transactional_id", t.TransactionalID(),
 		"positions_topic", eo.PositionsTopic, "committed", committed.LSN)
 	pl.readings.committed, pl.positionKey = committed.LSN, key
-	e := &eos{gapHold: gapHold{p: p}, txn: t}
+	e := &eos{p: p, txn: t}
 	p.b = e
 	if pl.readings.committedMark, err = readMark(ctx, pl, committed.Mark, committed.MarkAt, committed.MarkTime); err != nil {
 		t.Close()

@@ -9,22 +9,18 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
-// holdBack keeps the slot's confirmed position and the checkpoint at or
-// before the commit of every outbox transaction a gap repair could read
-// back from the table, in both delivery modes. A repair reads every row
-// written by a transaction at or above the gap's xmin bound (the guard's
-// Xmin when it vouched last, which only grows), and such a transaction may
-// have committed, and been delivered, long before the gap (a long
-// transaction elsewhere holds the bound down). PostgreSQL streams nothing
-// committed before the slot's confirmed position (PG docs 48.2.3,
-// "Replication Slots"), so the restart after a gap starts at or before
-// each of them, decodes it again and the repair leaves its rows out
-// (backfill.seen). In exactly_once what lies below the position committed
-// to Kafka is skipped, never published, so only the slot and the
-// checkpoint trail; in at_least_once the decoded rows go again, as a
-// replayed tail in their order, after the confirmed position (contract,
-// guarantee 4), not from the table after newer ones (long chaos seed
-// 10167240380432169663: the repair published rows the slot had passed).
+// holdBack keeps, in exactly_once, the slot's confirmed position and the
+// checkpoint at or before the commit of every outbox transaction a gap
+// repair could read back from the table. A repair reads every row written
+// by a transaction at or above the gap's xmin bound (the guard's Xmin when
+// it vouched last, which only grows), and such a transaction may have
+// committed, and been delivered, long before the gap (a long transaction
+// elsewhere holds the bound down). PostgreSQL streams nothing committed
+// before the slot's confirmed position (PG docs 48.2.3, "Replication
+// Slots"), so the restart after a gap starts at or before each of them,
+// decodes it again (skipped: it is in Kafka) and the repair leaves its rows
+// out (backfill.seen). What lies below the position committed to Kafka is
+// skipped, never published, so only the slot and the checkpoint trail.
 type holdBack struct {
 	mu sync.Mutex
 	// txns are outbox transactions decoded, in commit order, with the
@@ -46,7 +42,7 @@ type heldTxn struct {
 // exact, so the hold still follows the bound under a load that keeps the
 // list full; merging the two oldest made the front entry take ever newer
 // ids while it kept the oldest commit, and the slot never moved while the
-// load lasted (review8).
+// load lasted (review8, found while the hold was tried in at_least_once).
 const maxHeld = 4096
 
 func newHoldBack(from lsn.LSN) *holdBack { return &holdBack{frontier: from} }
@@ -95,17 +91,10 @@ func laterXid(a, b uint32) uint32 {
 	return b
 }
 
-// gapHold is the hold of a run (holdBack), with the readings that bound
-// it; both boundaries have one.
-type gapHold struct {
-	p    *Pipeline // read-only: the plan, the tracker, the repair
-	hold *holdBack // set by the start (nil: none yet, nothing held)
-}
-
 // holdAt is the position the hold allows confirming (none: the highest).
-func (g *gapHold) holdAt() lsn.LSN {
-	p := g.p
-	if p.plan.guard == nil || g.hold == nil {
+func (e *eos) holdAt() lsn.LSN {
+	p := e.p
+	if p.plan.guard == nil {
 		return lsn.LSN(^uint64(0))
 	}
 	bound := min(p.plan.guard.Xmin(), savedStreamXmin(p.plan.checkpoints))
@@ -114,19 +103,8 @@ func (g *gapHold) holdAt() lsn.LSN {
 		// decode everything this run decoded from the gap's bound on.
 		bound = min(bound, x)
 	}
-	return g.hold.at(bound)
+	return e.hold.at(bound)
 }
-
-// heldAtLeastOnce is at_least_once's boundary of a run with a guard: the
-// sink sees records only, and the hold is kept as in exactly_once.
-type heldAtLeastOnce struct {
-	atLeastOnce
-	gapHold
-}
-
-func (h *heldAtLeastOnce) note(xid uint32, final lsn.LSN) { h.hold.add(xid, final) }
-func (h *heldAtLeastOnce) decoded(pos lsn.LSN)            { h.hold.decoded(pos) }
-func (h *heldAtLeastOnce) holdAt() lsn.LSN                { return h.gapHold.holdAt() }
 
 // savedStreamXmin is the lowest bound the checkpoint the store holds
 // recorded for a publication change while the connector is stopped

@@ -231,7 +231,9 @@ func (p *Pipeline) run(ctx context.Context) error {
 	if pl.guard != nil {
 		pos = gated{Positions: pos, g: pl.guard}
 	}
-	pos = held{Positions: pos, b: p.b} // in both modes (hold.go)
+	if _, ok := p.b.(*eos); ok {
+		pos = held{Positions: pos, b: p.b}
+	}
 	pos = proven{Positions: pos, h: p.history}
 	stream := replication.NewStream(pl.stream, pos, p.m, p.log)
 	stream.OnConnected = func(up bool) {

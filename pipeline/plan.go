@@ -191,8 +191,6 @@ func (su *starter) begin(ctx context.Context, pl *plan) error {
 			e.startReadBack(ctx, time.Time{})
 		}
 		e.started(st.stream, st.skip)
-	} else {
-		p.b = &heldAtLeastOnce{gapHold: gapHold{p: p, hold: newHoldBack(st.stream)}}
 	}
 	return nil
 }

@@ -7,9 +7,9 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 )
 
-// review8: the hold-back (hold.go) now runs in at_least_once too
-// (heldAtLeastOnce, 992aa4e). This test drives the real holdBack; the
-// guard's bound is given as numbers (the guard needs a server).
+// review8: the hold-back (hold.go) of exactly_once. This test drives the
+// real holdBack; the guard's bound is given as numbers (the guard needs a
+// server).
 
 // TestReview8HoldMergeLivelock: under a steady load whose guard bound lags
 // the newest outbox transaction by more than maxHeld transactions (20,000
