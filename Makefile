@@ -116,7 +116,7 @@ chaos: kafka-jars build
 # a trial run from overwriting the committed results.
 bench:
 	@mkdir -p $(BENCH_OUT)
-	set -o pipefail; $(GO) test -run '^$$' -bench . -benchmem ./decode/ ./offsets/ ./router/ | tee $(BENCH_OUT)/microbench.txt
+	set -o pipefail; $(GO) test -run '^$$' -bench . -benchmem ./decode/ ./offsets/ ./router/ ./contracts/ | tee $(BENCH_OUT)/microbench.txt
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/outbox-cdc
 	$(GO) -C bench build -trimpath -o $(CURDIR)/bin/outbox-bench ./cmd/outbox-bench
 	bin/outbox-bench -connector $(BIN) -micro $(BENCH_OUT)/microbench.txt -out $(BENCH_OUT) $(BENCH_FLAGS)
