@@ -51,6 +51,17 @@ type Registry struct {
 	mu       sync.Mutex
 	versions map[versionKey]*Schema
 	inUse    map[string]*use
+	// absent is when the registry last said a subject has no version: it
+	// is not asked again before the refresh interval, so an event type
+	// without a contract (contracts.unknown_type pass or quarantine) costs
+	// no request per event.
+	absent map[string]absence
+}
+
+// absence is the registry's answer that a subject has no version, and when.
+type absence struct {
+	err *RegistryError
+	at  time.Time
 }
 
 type versionKey struct {
@@ -80,7 +91,7 @@ func NewRegistry(cfg RegistryConfig, res Resolution, schemas func(string) (strin
 	tr.TLSClientConfig = cfg.TLS
 	r := &Registry{codec: jsonSchemaCodec{}, schemaType: sr.TypeJSON, resolution: res, schemas: schemas,
 		refresh: cmpOrDuration(cfg.Refresh, DefaultRefresh), now: time.Now,
-		versions: map[versionKey]*Schema{}, inUse: map[string]*use{}}
+		versions: map[versionKey]*Schema{}, inUse: map[string]*use{}, absent: map[string]absence{}}
 	hc := &http.Client{Transport: timedTransport{base: tr, obs: &r.obs}, Timeout: cmpOrDuration(cfg.Timeout, defaultTimeout)}
 	cl, err := sr.NewClient(sr.URLs(cfg.URL), sr.HTTPClient(hc), sr.UserAgent("outbox-cdc"), sr.PreReq(cfg.authorize))
 	if err != nil {
@@ -138,6 +149,10 @@ func (r *Registry) Resolve(ctx context.Context, subject string) (*Schema, error)
 		r.mu.Unlock()
 		return cur.schema, nil
 	}
+	if a, ok := r.absent[subject]; ok && r.now().Sub(a.at) < r.refresh {
+		r.mu.Unlock()
+		return nil, a.err
+	}
 	r.mu.Unlock()
 	if cur == nil {
 		r.observer().CacheMiss()
@@ -146,6 +161,11 @@ func (r *Registry) Resolve(ctx context.Context, subject string) (*Schema, error)
 	ss, err := r.fetch(ctx, subject)
 	if err != nil {
 		rerr := r.failed(classify(subject, err))
+		if cur == nil && errors.Is(rerr, ErrNoSubject) {
+			r.mu.Lock()
+			r.absent[subject] = absence{rerr, r.now()}
+			r.mu.Unlock()
+		}
 		if cur != nil && errors.Is(rerr, ErrUnreachable) {
 			// Keep serving the known version, and do not ask again before
 			// the next interval: one failed request per subject per interval.
@@ -231,6 +251,7 @@ func (r *Registry) store(subject string, ss sr.SubjectSchema) (*Schema, error) {
 	}
 	r.versions[key] = s
 	r.inUse[subject] = &use{schema: s, checked: r.now()}
+	delete(r.absent, subject)
 	return s, nil
 }
 
