@@ -19,8 +19,9 @@ func (s *Sink) deadLetter(r *record, reason string, cause error) {
 	}
 	s.log.Warn("dead-lettering record", "topic", r.Topic, "reason", reason)
 	r.ToDeadLetter(s.dlq, reason, cause)
+	seq := r.seq // its place in Produce order: the records before it are not parked behind it
 	r.err, r.alone, r.resent, r.seq = nil, false, false, 0
-	if err := s.quarantine(r, reason); err != nil {
+	if err := s.quarantine(r, reason, max(seq, 1)); err != nil {
 		r.finish(Outcome{Err: err})
 		return
 	}

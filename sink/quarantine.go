@@ -84,11 +84,37 @@ func (s *Sink) awaitRestore(ctx context.Context) error {
 
 // quarantine starts a quarantine for r's key as r is dead-lettered,
 // unless the sink only skips (no parking topic).
-func (s *Sink) quarantine(r *record, reason string) error {
+func (s *Sink) quarantine(r *record, reason string, seq uint64) error {
 	if s.q == nil {
 		return nil
 	}
-	return s.q.Begin(r, r.Orig(), reason)
+	// Under the producer's lock, so that no earlier record of the key is
+	// handed over between the quarantine's start and passEarlier.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	began, err := s.q.Begin(r, r.Orig(), reason)
+	if began {
+		s.passEarlier(string(r.Key), seq)
+	}
+	return err
+}
+
+// passEarlier lets the records of key produced before seq (the dead
+// letter's place in Produce order; 0: a dead letter not submitted yet, so
+// every record waiting) that still wait for their topic (held for its
+// metadata, or in a repair's retry list) go to their own topic: parking
+// them would put them behind the dead letter whose quarantine just began.
+// Called with s.mu held.
+func (s *Sink) passEarlier(key string, seq uint64) {
+	for _, t := range s.topics {
+		for _, q := range [][]*record{t.held, t.retry} {
+			for _, r := range q {
+				if string(r.Key) == key && !r.DeadLettered() && !r.parked && (seq == 0 || r.seq < seq) {
+					r.qm.PassEarlier()
+				}
+			}
+		}
+	}
 }
 
 // divert sends r to the parking topic when its key is quarantined, or

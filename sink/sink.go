@@ -171,7 +171,7 @@ func (s *Sink) Produce(ctx context.Context, rec *router.Record, done Done) error
 			r.finish(Outcome{Err: err})
 			return err
 		}
-		if err := s.quarantine(r, r.Reason()); err != nil {
+		if err := s.quarantine(r, r.Reason(), 0); err != nil {
 			r.finish(Outcome{Err: err})
 			return nil
 		}

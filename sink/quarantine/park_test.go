@@ -249,3 +249,35 @@ func TestParkingRefusalDeadLetters(t *testing.T) {
 		t.Errorf("parked %q, want 0002", p.Value)
 	}
 }
+
+// TestEarlierHeldRecordNotParked: a record of aggregate a waits for its
+// topic's metadata (the first record to a topic the producer has not
+// looked up) when a dead letter of a starts a quarantine; the earlier
+// record was produced before the dead letter, so it goes to its own topic
+// once the topic is there, and only a's later record is parked. Before, the
+// held record was parked behind the dead letter: a redrive would then
+// publish the dead letter's event ahead of the event that preceded it
+// (found by make demo's contracts step, 2026-12-07).
+func TestEarlierHeldRecordNotParked(t *testing.T) {
+	ctx := sinktest.Ctx(t)
+	c := sinktest.NewCluster(t, kfake.SeedTopics(3, parking))
+	s, _ := sinktest.NewSink(t, c, nil, func(cfg *sink.Config) {
+		quarantineMode(cfg)
+		cfg.UnknownTopicTimeout = time.Minute
+	})
+	const late = "late-topic"
+	res := sinktest.NewResults(3)
+	sinktest.Produce(ctx, t, s, keyedRecord(late, "a", 0, ""), res.Slot(0))
+	sinktest.Produce(ctx, t, s, routerDead("a", 1), res.Slot(1))
+	if err := c.CreateTopic(late, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	sinktest.Produce(ctx, t, s, keyedRecord(late, "a", 2, ""), res.Slot(2))
+	out := res.All(ctx, t, 3)
+	if out[0] != (sink.Outcome{}) || !out[1].DeadLettered || !out[2].Parked {
+		t.Fatalf("outcomes %+v: want delivered (produced before the dead letter), dead-lettered, parked", out)
+	}
+	if got := sinktest.Consume(ctx, t, c, late, 1); string(got[0].Value) != "0000" {
+		t.Fatalf("%s holds %q, want the record produced before the dead letter", late, got[0].Value)
+	}
+}

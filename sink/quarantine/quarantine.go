@@ -88,6 +88,15 @@ type Mark struct {
 // it started is saved (Save).
 func (m *Mark) Saving() bool { return m.starts != nil }
 
+// PassEarlier lets the record go to its own topic whatever its key's
+// quarantine: it was produced before the dead letter that began it (it
+// waited for its topic's metadata, or in a repair's retry list).
+func (m *Mark) PassEarlier() {
+	if m.pass == passNormal {
+		m.pass = passRelease
+	}
+}
+
 // Done tells the quarantine that the record's outcome is in.
 func (m *Mark) Done() {
 	if m.parked != nil {
@@ -174,21 +183,21 @@ func (s *Set) Started() bool { return s.state == nil || s.started.Load() }
 
 // Begin starts a quarantine for r's key as r is dead-lettered (topic is
 // the one r was meant for), unless r has no key or the key is quarantined
-// already. Past dlq.max_quarantined it fails: dropping the rule silently
-// would break order.
-func (s *Set) Begin(r Record, topic, reason string) error {
+// already; it reports whether it began one. Past dlq.max_quarantined it
+// fails: dropping the rule silently would break order.
+func (s *Set) Begin(r Record, topic, reason string) (bool, error) {
 	kr := r.Kafka()
 	if len(kr.Key) == 0 {
-		return nil
+		return false, nil
 	}
 	key := string(kr.Key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.quarantined[key]; ok {
-		return nil
+		return false, nil
 	}
 	if len(s.quarantined) >= s.maxQuarantined {
-		return fmt.Errorf("cannot quarantine aggregate %q: %d aggregates are quarantined already (dlq.max_quarantined); redrive or skip some, or raise the bound", key, len(s.quarantined))
+		return false, fmt.Errorf("cannot quarantine aggregate %q: %d aggregates are quarantined already (dlq.max_quarantined); redrive or skip some, or raise the bound", key, len(s.quarantined))
 	}
 	id := kafka.Header(kr, wire.HeaderID)
 	if id == "" {
@@ -206,7 +215,7 @@ func (s *Set) Begin(r Record, topic, reason string) error {
 		s.log.Warn("many aggregates are quarantined; at dlq.max_quarantined the connector stops rather than let events overtake",
 			"quarantined", n, "max", s.maxQuarantined)
 	}
-	return nil
+	return true, nil
 }
 
 // Routing is what Route did with a record: the one choice between a

@@ -62,10 +62,10 @@ func TestRouteParksAfterBegin(t *testing.T) {
 		t.Fatal("a set without a state topic is ready at once")
 	}
 	dead := event("k", "dlq", "ev-1")
-	if err := s.Begin(dead, "orders", "too large"); err != nil || dead.m.Saving() {
+	if _, err := s.Begin(dead, "orders", "too large"); err != nil || dead.m.Saving() {
 		t.Fatalf("Begin = %v, saving %v; want nil, not saving (nothing to save)", err, dead.m.Saving())
 	}
-	if err := s.Begin(event("k", "dlq", "ev-9"), "orders", "again"); err != nil {
+	if _, err := s.Begin(event("k", "dlq", "ev-9"), "orders", "again"); err != nil {
 		t.Fatalf("Begin of a key quarantined already = %v", err)
 	}
 	for _, tc := range []struct {
@@ -116,13 +116,13 @@ func TestRouteParksAfterBegin(t *testing.T) {
 // events overtake its dead letter.
 func TestBeginBoundAndFirstID(t *testing.T) {
 	s, _ := newSet(t, Config{Max: 1})
-	if err := s.Begin(event("a", "dlq", ""), "", "router"); err != nil {
+	if _, err := s.Begin(event("a", "dlq", ""), "", "router"); err != nil {
 		t.Fatal(err)
 	}
 	if q := s.Quarantined(); len(q) != 1 || q[0].FirstID != "a" || q[0].Topic != "" {
 		t.Fatalf("Quarantined = %+v, want a named by its key", q)
 	}
-	err := s.Begin(event("b", "dlq", "ev-2"), "orders", "refused")
+	_, err := s.Begin(event("b", "dlq", "ev-2"), "orders", "refused")
 	if err == nil || !strings.Contains(err.Error(), "dlq.max_quarantined") {
 		t.Fatalf("Begin past the bound = %v, want the dlq.max_quarantined error", err)
 	}
@@ -146,7 +146,7 @@ func TestHeldUntilSavedThenClosed(t *testing.T) {
 	default:
 	}
 	dead := event("k", "dlq", "ev-1")
-	if err := s.Begin(dead, "orders", "too large"); err != nil || !dead.m.Saving() {
+	if _, err := s.Begin(dead, "orders", "too large"); err != nil || !dead.m.Saving() {
 		t.Fatalf("Begin = %v, saving %v; want nil, saving", err, dead.m.Saving())
 	}
 	held := event("k", "orders", "ev-2")
@@ -169,7 +169,7 @@ func TestHeldUntilSavedThenClosed(t *testing.T) {
 // back in their order, parked first for passPark, and lifts it when asked.
 func TestReleaseHeldInOrder(t *testing.T) {
 	s, _ := newSet(t, Config{Topic: "state", Source: "sys/db/slot"})
-	if err := s.Begin(event("k", "dlq", "ev-1"), "orders", "too large"); err != nil {
+	if _, err := s.Begin(event("k", "dlq", "ev-1"), "orders", "too large"); err != nil {
 		t.Fatal(err)
 	}
 	a, b := event("k", "orders", "ev-2"), event("k", "orders", "ev-3")
