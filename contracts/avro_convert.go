@@ -33,7 +33,7 @@ func (a *avroCompiled) encode(dst, payload []byte) ([]byte, *Violation) {
 	if v != nil {
 		return dst, v
 	}
-	c := converter{}
+	c := converter{budget: stepBudget(len(payload))}
 	out, err := c.value(dst, a.root, doc)
 	if err != nil {
 		return dst, c.violation
@@ -65,10 +65,20 @@ func parsePayload(payload []byte) (any, *Violation) {
 	return doc, nil
 }
 
-// maxSteps bounds the values one payload may visit: unions are matched by
+// The values one payload may visit are bounded: unions are matched by
 // trying each branch, and a schema of nested unions of records could make
-// that exponential in the payload's depth.
-const maxSteps = 1 << 20
+// that exponential in the payload's depth. The bound grows with the
+// payload, so that a large payload that fits (a union's wrong branches
+// visit its arrays before failing) is never refused for its size alone:
+// at least maxSteps, and stepsPerByte for each byte (review9: a 540 KB
+// payload of a four-branch union needed about 1.1 million).
+const (
+	maxSteps     = 1 << 20
+	stepsPerByte = 16
+)
+
+// stepBudget is the bound for a payload of n bytes.
+func stepBudget(n int) int { return max(maxSteps, stepsPerByte*n) }
 
 // errMismatch stops a conversion; the converter's violation says why.
 var errMismatch = errors.New("mismatch")
@@ -82,6 +92,7 @@ type converter struct {
 	field     string
 	trial     int
 	steps     int
+	budget    int // stepBudget of the payload
 	violation *Violation
 }
 
@@ -130,9 +141,9 @@ func (c *converter) keyword() string {
 }
 
 func (c *converter) value(dst []byte, n *avroNode, v any) ([]byte, error) {
-	if c.steps++; c.steps > maxSteps {
+	if c.steps++; c.steps > c.budget {
 		c.trial = 0 // a budget exhausted is final, even inside a trial
-		return dst, c.fail("a payload too complex to match", "at most "+strconv.Itoa(maxSteps)+" values visited")
+		return dst, c.fail("a payload too complex to match", "at most "+strconv.Itoa(c.budget)+" values visited")
 	}
 	switch n.kind {
 	case avroRecord:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -291,12 +292,22 @@ func TestAvroSchemas(t *testing.T) {
 	}
 }
 
-// TestAvroStepBudget: a payload that would make union matching explode is
-// refused with a reason, not left to run.
+// TestAvroStepBudget: a payload whose union matching would cost far more
+// than its size (forty record branches that differ only in a tag after a
+// long array, the fitting one last) is refused with a reason, not left to
+// run; the bound grows with the payload (stepBudget), so the same shape
+// with four branches passes (TestReview9AvroStepBudgetDeadLettersFittingEvent).
 func TestAvroStepBudget(t *testing.T) {
 	t.Parallel()
-	s := avroOf(t, `{"type":"array","items":"int"}`)
-	payload := []byte(`{"v":[` + strings.Repeat("1,", maxSteps) + `1]}`)
+	var branches []string
+	for i := range 40 {
+		name := "B" + strconv.Itoa(i)
+		branches = append(branches, `{"type":"record","name":"`+name+`","fields":[`+
+			`{"name":"vals","type":{"type":"array","items":"long"}},`+
+			`{"name":"tag","type":{"type":"enum","name":"Tag`+name+`","symbols":["t`+strconv.Itoa(i)+`"]}}]}`)
+	}
+	s := avroOf(t, `{"type":"array","items":[`+strings.Join(branches, ",")+`]}`)
+	payload := []byte(`{"v":[{"vals":[` + strings.Repeat("1,", 100_000) + `1],"tag":"t39"}]}`)
 	var v *Violation
 	if err := s.Validate(payload); !errors.As(err, &v) || !strings.Contains(v.Reason, "too complex") {
 		t.Fatalf("%v; want the step budget's violation", err)

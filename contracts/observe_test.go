@@ -67,6 +67,7 @@ func TestObserver(t *testing.T) {
 	clock.advance(2 * DefaultRefresh) // the known subject is asked again: a refresh, not a miss
 	fake.Close()
 	_, _ = c.Apply(ctx, "outbox.event.order", "OrderCreated", good)
+	c.Registry().waitRefreshes()
 	_, _ = c.Apply(ctx, "outbox.event.order", "OrderShipped", good)
 	n, kinds, misses := rec.snapshot()
 	if want := []string{KindNoSubject, KindUnreachable, KindUnreachable}; !slices.Equal(kinds, want) {

@@ -82,10 +82,12 @@ func TestKnownSubjectSurvivesOutage(t *testing.T) {
 	}
 }
 
-// TestVersionKeepsItsID: after the refresh interval the latest version is
-// used; a (subject, version) seen before keeps the id it had, whatever the
-// registry answers later.
-func TestVersionKeepsItsID(t *testing.T) {
+// TestVersionFollowsRegistry: after the refresh interval the latest version
+// is used, once the background refresh (refreshInUse) has answered; the
+// events meanwhile keep the version in use. A registry that answers a
+// version with another id (its storage refilled, restored from another
+// backup) is followed too: consumers decode by the frame's id (review9).
+func TestVersionFollowsRegistry(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	fake := srfake.New()
@@ -109,18 +111,25 @@ func TestVersionKeepsItsID(t *testing.T) {
 		t.Fatalf("within the refresh interval: %v, want version 1 still", got)
 	}
 	clock.advance(DefaultRefresh)
-	if got := resolve(); got.Version != 2 || got.ID != 8 {
-		t.Fatalf("after the refresh interval: %v, want version 2 id 8", got)
+	if got := resolve(); got.Version != 1 {
+		t.Fatalf("as the refresh starts: %v, want version 1 still (the refresh runs in the background)", got)
 	}
-	// A registry that now answers version 2 with another id (restored from
-	// another backup, say) does not change what version 2 encodes as.
+	reg.waitRefreshes()
+	if got := resolve(); got.Version != 2 || got.ID != 8 {
+		t.Fatalf("after the refresh: %v, want version 2 id 8", got)
+	}
 	fake.Reset()
 	fake.SeedSchema(subject, 2, 99, sr.Schema{Schema: `{"type":"object"}`, Type: sr.TypeJSON})
 	clock.advance(DefaultRefresh)
-	if got := resolve(); got.Version != 2 || got.ID != 8 {
-		t.Fatalf("same version, new id from the registry: %v, want id 8 kept", got)
+	resolve()
+	reg.waitRefreshes()
+	if got := resolve(); got.Version != 2 || got.ID != 99 {
+		t.Fatalf("same version, new id from the registry: %v, want id 99", got)
 	}
 }
+
+// waitRefreshes waits for the background refreshes started so far.
+func (r *Registry) waitRefreshes() { r.refreshes.Wait() }
 
 // TestAutoRegisters: resolution auto registers the local schema on first
 // use and uses its version; a subject without a local schema is looked up.
