@@ -27,7 +27,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/outbox-cdc/outbox-cdc/outbox"
@@ -128,9 +127,9 @@ type versionKey struct {
 type entry struct {
 	subject         string
 	version, id     int
-	schema          *jsonschema.Schema // nil: err says why
-	err             error              // ErrNotLoaded or ErrBadSchema, wrapped
-	alwaysRefusable bool               // err is ErrBadSchema: UnknownType does not apply
+	schema          *JSONSchema // nil: err says why
+	err             error       // ErrNotLoaded or ErrBadSchema, wrapped
+	alwaysRefusable bool        // err is ErrBadSchema: UnknownType does not apply
 }
 
 // state is the result of the last successful subject listing.
@@ -201,7 +200,7 @@ func (c *Checker) Check(aggregateType, eventType string, payload []byte) error {
 	case e.schema == nil:
 		return c.unknownType(e.err)
 	}
-	if v := check(e.schema, payload); v != nil {
+	if v := e.schema.Check(payload); v != nil {
 		v.Subject, v.Version, v.SchemaID, v.EventType = e.subject, e.version, e.id, eventType
 		return v
 	}

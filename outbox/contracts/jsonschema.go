@@ -15,12 +15,11 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/outbox"
 )
 
-// This file judges a payload as the connector's contracts/jsonschema.go
-// does (same draft, same loaders, same reduction of the library's error
-// tree to one pointer and one reason), so that the writer refuses what the
-// connector would dead-letter, with the same words. The connector's module
-// is not imported: the application library must not pull in its
-// dependencies. test/contracts (writer_test.go) checks that both agree.
+// This file is the one JSON Schema judge of the project: the writer's
+// checker uses it, and so does the connector (contracts/jsonschema.go calls
+// CompileJSONSchema), so that the writer refuses what the connector would
+// dead-letter, with the same words. test/contracts (writer_test.go) checks
+// that both agree.
 
 // printer renders the library's failure kinds ("got string, want integer").
 var printer = message.NewPrinter(language.English)
@@ -32,11 +31,15 @@ var pointerEscaper = strings.NewReplacer("~", "~0", "/", "~1")
 // network location is ever read.
 const schemaURL = "mem:///contract.json"
 
-// compile compiles a registered JSON Schema. Without $schema it is read as
-// draft-07, the draft Confluent's serializers (and the connector) default
-// to. Every loader is refused: a $ref to a file or URL would make a
+// JSONSchema is one compiled JSON Schema.
+type JSONSchema struct{ s *jsonschema.Schema }
+
+// CompileJSONSchema compiles a registered JSON Schema. Without $schema it is
+// read as draft-07, the draft Confluent's serializers default to, so the
+// check and the registry's compatibility check agree on what a schema
+// means. Every loader is refused: a $ref to a file or URL would make a
 // registry entry read this host's files or call out.
-func compile(text string) (*jsonschema.Schema, error) {
+func CompileJSONSchema(text string) (*JSONSchema, error) {
 	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
 	if err != nil {
 		return nil, fmt.Errorf("schema is not JSON: %w", err)
@@ -47,12 +50,17 @@ func compile(text string) (*jsonschema.Schema, error) {
 	if err := c.AddResource(schemaURL, doc); err != nil {
 		return nil, err
 	}
-	return c.Compile(schemaURL)
+	js, err := c.Compile(schemaURL)
+	if err != nil {
+		return nil, err
+	}
+	return &JSONSchema{js}, nil
 }
 
-// check returns nil when payload fits s, else the violation with its first
-// failure (Subject, Version, SchemaID and EventType left to the caller).
-func check(s *jsonschema.Schema, payload []byte) *outbox.ContractViolation {
+// Check returns nil when payload fits the schema, else the violation with
+// its first failure (Subject, Version, SchemaID and EventType left to the
+// caller).
+func (j *JSONSchema) Check(payload []byte) *outbox.ContractViolation {
 	if len(bytes.TrimSpace(payload)) == 0 {
 		return &outbox.ContractViolation{Reason: "empty payload, want a JSON value"}
 	}
@@ -60,7 +68,7 @@ func check(s *jsonschema.Schema, payload []byte) *outbox.ContractViolation {
 	if err != nil {
 		return &outbox.ContractViolation{Reason: "not JSON: " + err.Error()}
 	}
-	err = s.Validate(inst)
+	err = j.s.Validate(inst)
 	if err == nil {
 		return nil
 	}

@@ -117,7 +117,7 @@ func (c *Checker) load(ctx context.Context, subject string, prev *entry) (*entry
 	// out): an Avro text then fails to compile as JSON Schema.
 	if ss.Type != sr.TypeJSON && ss.Type != sr.TypeAvro {
 		e.err = fmt.Errorf("%w: subject %q version %d is a %s schema; this checker checks JSON Schema only", ErrBadSchema, subject, ss.Version, ss.Type)
-	} else if e.schema, err = compile(ss.Schema.Schema); err != nil {
+	} else if e.schema, err = CompileJSONSchema(ss.Schema.Schema); err != nil {
 		e.err = fmt.Errorf("%w: subject %q version %d does not compile as JSON Schema: %w", ErrBadSchema, subject, ss.Version, err)
 	}
 	e.alwaysRefusable = e.err != nil
