@@ -77,6 +77,10 @@ type TableStream struct {
 	// the stream: each was written by a transaction at or above it (the
 	// guard's bound, replication.Guard.Xmin, when the state was saved).
 	Xmin uint64 `json:"xmin"`
+	// Verified is where every transaction below Xmin had ended (the
+	// guard's Verified read with it, replication.Ended); zero: unknown (a
+	// checkpoint of an older version, or saved before the guard vouched).
+	Verified lsn.LSN `json:"verified,omitempty"`
 }
 
 // Gap is where the rows the stream could not decode begin: no position

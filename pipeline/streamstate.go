@@ -21,30 +21,50 @@ func (g *guards) streamState() []offsets.TableStream {
 		m := one.Start()
 		out[i] = offsets.TableStream{Table: g.srcs[i].Schema + "." + g.srcs[i].Table, RelID: m.RelID,
 			PubOID: m.PubOID, PubXmin: m.PubXmin, PubRelID: m.PubRelID, Xmin: one.Xmin()}
+		if e, ok := one.Vouched(); ok {
+			out[i].Xmin, out[i].Verified = e.Below, e.By
+		}
 	}
 	return out
 }
 
+// savedChange is what changedSince found.
+type savedChange struct {
+	why  string
+	xmin uint64 // the lowest bound of the changed tables' rows the stream may lack
+	// ended: every transaction below xmin had ended by this position (the
+	// lowest of the changed tables' Verified); 0: unknown.
+	ended lsn.LSN
+}
+
 // changedSince compares the state saved with a checkpoint with the one the
-// guards found at start, and says what changed ("": nothing, or nothing
-// recorded: a checkpoint of an older version, a table new to the config)
-// and the lowest bound of the changed tables' rows the stream may lack.
-func (g *guards) changedSince(saved []offsets.TableStream) (why string, xmin uint64) {
-	now := g.streamState()
+// guards found at start, and says what changed (why "": nothing, or
+// nothing recorded: a checkpoint of an older version, a table new to the
+// config).
+func (g *guards) changedSince(saved []offsets.TableStream) savedChange {
+	return changedTables(saved, g.streamState())
+}
+
+func changedTables(saved, now []offsets.TableStream) (c savedChange) {
 	for _, s := range saved {
 		for _, n := range now {
 			if n.Table != s.Table {
 				continue
 			}
 			if w := streamChange(s, n); w != "" {
-				if why == "" {
-					why, xmin = n.Table+": "+w, s.Xmin
+				if c.why == "" {
+					c = savedChange{why: n.Table + ": " + w, xmin: s.Xmin, ended: s.Verified}
 				}
-				xmin = min(xmin, s.Xmin)
+				c.xmin = min(c.xmin, s.Xmin)
+				if s.Verified == 0 || c.ended == 0 {
+					c.ended = 0
+				} else {
+					c.ended = min(c.ended, s.Verified)
+				}
 			}
 		}
 	}
-	return why, xmin
+	return c
 }
 
 // streamChange says how a table's state changed between two readings.
@@ -88,8 +108,8 @@ func (g *guards) seedFloor(at lsn.LSN, xmin uint64) {
 // checkpoint was held back for (hold.go): the stream then decodes again
 // every delivered row the repair reads, and leaves it out. Nil: no change.
 func changeWhileStopped(pl *plan, c *offsets.Checkpoint, exactlyOnce bool) *stoppedChange {
-	why, xmin := pl.guard.changedSince(c.Stream)
-	if why == "" {
+	ch := pl.guard.changedSince(c.Stream)
+	if ch.why == "" {
 		return nil
 	}
 	// Since is where the repair goes: at the run's start, not the older
@@ -99,25 +119,38 @@ func changeWhileStopped(pl *plan, c *offsets.Checkpoint, exactlyOnce bool) *stop
 	// before the repair does (backfill.due), so a committed position past
 	// Since at a later start says the repair committed (repair.decide).
 	since := max(c.LSN, pl.start, pl.readings.committed)
-	return &stoppedChange{why: why, since: since, xmin: stoppedBound(xmin, pl.guard.floor(since), exactlyOnce)}
+	return &stoppedChange{why: ch.why, since: stoppedSince(since, ch.ended),
+		xmin: stoppedBound(ch.xmin, pl.guard.floor(since), exactlyOnce, ch.ended != 0)}
 }
+
+// stoppedSince moves the repair of a change found at start to where every
+// transaction below its bound had ended (ended; 0: unknown), when that is
+// past since. The checkpoint can trail that position (acknowledgements or a
+// Kafka transaction waiting behind an event), and a transaction below the
+// bound committed in between is decoded after a repair at since, behind the
+// later rows of its aggregate the repair published: a copy out of order in
+// at_least_once, a first delivery out of order in exactly_once (chaos seed
+// 8825403953442955520). The change came after the guard vouched for that
+// position (it stops the connector on a change while it runs), so every
+// row the repair is for commits past it.
+func stoppedSince(since, ended lsn.LSN) lsn.LSN { return max(since, ended) }
 
 // stoppedBound is the bound of the repair of a change found at start, from
 // the bound saved with the checkpoint and the floor of the repair's
 // position (every transaction committing after it has an id at or above
 // it; 0: unknown). The saved bound covers every row the change kept from
-// the stream, but the checkpoint can trail it: a transaction delivered
-// before the stop, committed past the checkpoint with an id below the
-// bound (its acknowledgement waited behind another event), is decoded
-// again after the repair published the later rows of its aggregate, a
-// copy out of the original order. So at_least_once reads from the floor:
-// the repair then holds every transaction past its position and the
-// stream skips them (rows below it committed earlier go again, as copies).
-// exactly_once keeps the saved bound: the start is held back for that one
-// alone (hold.go), and a row below it committed before the start would be
-// published twice.
-func stoppedBound(saved, floor uint64, exactlyOnce bool) uint64 {
-	if exactlyOnce || floor == 0 {
+// the stream. When the checkpoint says where every transaction below it
+// had ended (ended), the repair goes there (stoppedSince) and the saved
+// bound is all it needs. A checkpoint without it can trail that position:
+// a transaction delivered before the stop, committed past the checkpoint
+// with an id below the bound, would be decoded again after the repair
+// published the later rows of its aggregate, a copy out of the original
+// order; so at_least_once then reads from the floor (rows below it
+// committed earlier go again, as copies). exactly_once keeps the saved
+// bound: the start is held back for that one alone (hold.go), and a row
+// below it committed before the start would be published twice.
+func stoppedBound(saved, floor uint64, exactlyOnce, ended bool) uint64 {
+	if exactlyOnce || ended || floor == 0 {
 		return saved
 	}
 	return min(saved, floor)

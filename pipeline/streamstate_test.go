@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
@@ -36,23 +37,77 @@ func TestStreamChange(t *testing.T) {
 }
 
 // TestStoppedBound: the repair of a change found at start reads every
-// transaction committing past its position in at_least_once (the floor),
-// and only the saved bound in exactly_once, where the start is held for it.
+// transaction committing past its position in at_least_once (the floor)
+// when the checkpoint does not say where every transaction below the saved
+// bound had ended, and only the saved bound otherwise, and in exactly_once,
+// where the start is held for it.
 func TestStoppedBound(t *testing.T) {
 	cases := []struct {
 		name               string
 		saved, floor, want uint64
-		exactlyOnce        bool
+		exactlyOnce, ended bool
 	}{
-		{"the checkpoint trails the bound", 500, 450, 450, false},
-		{"the floor above the bound", 500, 520, 500, false},
-		{"no floor known (an older checkpoint)", 500, 0, 500, false},
-		{"exactly_once keeps the saved bound", 500, 450, 500, true},
-		{"exactly_once, no floor", 500, 0, 500, true},
+		{"the checkpoint trails the bound", 500, 450, 450, false, false},
+		{"the floor above the bound", 500, 520, 500, false, false},
+		{"no floor known (an older checkpoint)", 500, 0, 500, false, false},
+		{"the repair goes where the bound's transactions had ended", 500, 450, 500, false, true},
+		{"exactly_once keeps the saved bound", 500, 450, 500, true, false},
+		{"exactly_once, no floor", 500, 0, 500, true, false},
+		{"exactly_once, ended known", 500, 450, 500, true, true},
 	}
 	for _, c := range cases {
-		if got := stoppedBound(c.saved, c.floor, c.exactlyOnce); got != c.want {
+		if got := stoppedBound(c.saved, c.floor, c.exactlyOnce, c.ended); got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// TestChangedTables: the bound is the lowest of the changed tables', and
+// where they had all ended the lowest of their positions, unknown when one
+// of them does not say (a checkpoint of an older version).
+func TestChangedTables(t *testing.T) {
+	st := func(table string, relID uint32, xmin uint64, verified lsn.LSN) offsets.TableStream {
+		return offsets.TableStream{Table: table, RelID: relID, PubOID: 1, Xmin: xmin, Verified: verified}
+	}
+	cases := []struct {
+		name       string
+		saved, now []offsets.TableStream
+		want       savedChange
+	}{
+		{"nothing changed", []offsets.TableStream{st("a", 1, 500, 0x100)}, []offsets.TableStream{st("a", 1, 600, 0x200)}, savedChange{}},
+		{"one changed", []offsets.TableStream{st("a", 1, 500, 0x100)}, []offsets.TableStream{st("a", 2, 600, 0x200)},
+			savedChange{why: "a: " + streamChange(st("a", 1, 0, 0), st("a", 2, 0, 0)), xmin: 500, ended: 0x100}},
+		{"two changed: the lowest of each",
+			[]offsets.TableStream{st("a", 1, 500, 0x300), st("b", 3, 450, 0x200)},
+			[]offsets.TableStream{st("a", 2, 0, 0), st("b", 4, 0, 0)},
+			savedChange{why: "a: " + streamChange(st("a", 1, 0, 0), st("a", 2, 0, 0)), xmin: 450, ended: 0x200}},
+		{"one changed table without a position: unknown",
+			[]offsets.TableStream{st("a", 1, 500, 0x300), st("b", 3, 450, 0)},
+			[]offsets.TableStream{st("a", 2, 0, 0), st("b", 4, 0, 0)},
+			savedChange{why: "a: " + streamChange(st("a", 1, 0, 0), st("a", 2, 0, 0)), xmin: 450, ended: 0}},
+		{"an unchanged table without a position does not count",
+			[]offsets.TableStream{st("a", 1, 500, 0x300), st("b", 3, 450, 0)},
+			[]offsets.TableStream{st("a", 2, 0, 0), st("b", 3, 0, 0)},
+			savedChange{why: "a: " + streamChange(st("a", 1, 0, 0), st("a", 2, 0, 0)), xmin: 500, ended: 0x300}},
+	}
+	for _, c := range cases {
+		if got := changedTables(c.saved, c.now); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestStoppedSince: the repair goes where every transaction below its
+// bound had ended, never before the start.
+func TestStoppedSince(t *testing.T) {
+	cases := []struct{ since, ended, want lsn.LSN }{
+		{0x100, 0x300, 0x300}, // the checkpoint trailed the guard
+		{0x300, 0x100, 0x300}, // the start is past it
+		{0x100, 0, 0x100},     // unknown
+	}
+	for _, c := range cases {
+		if got := stoppedSince(c.since, c.ended); got != c.want {
+			t.Errorf("stoppedSince(%v, %v) = %v, want %v", c.since, c.ended, got, c.want)
 		}
 	}
 }

@@ -42,6 +42,7 @@ type Guard struct {
 
 	verified atomic.Uint64 // position up to which membership held
 	xmin     atomic.Uint64 // gap bound of the reading behind verified
+	ended    atomic.Pointer[Ended]
 
 	floorMu sync.Mutex
 	floors  []floorPair // good readings' (After, Xmin), oldest first
@@ -212,9 +213,31 @@ func (g *Guard) vouch(r reading) {
 
 func (g *Guard) advance(r reading) {
 	if r.Before > g.Verified() {
-		g.xmin.Store(min(r.Xmin, r.before))
+		xmin := min(r.Xmin, r.before)
+		g.xmin.Store(xmin)
 		g.verified.Store(uint64(r.Before))
+		g.ended.Store(&Ended{Below: xmin, By: r.Before})
 	}
+}
+
+// Ended says that every transaction with an id below Below had ended at or
+// before the WAL position By: one below the reading's xmin ended before its
+// snapshot, and one below the xmin of the reading before it ended before
+// that one's After, at or before this one's Before (readings follow each
+// other on one connection).
+type Ended struct {
+	Below uint64
+	By    lsn.LSN
+}
+
+// Vouched is the Xmin and Verified of the last reading that vouched, read
+// together; false before one did (the start's bound is the first
+// reading's xmin, which ended nothing by the start position).
+func (g *Guard) Vouched() (Ended, bool) {
+	if e := g.ended.Load(); e != nil {
+		return *e, true
+	}
+	return Ended{}, false
 }
 
 // Xmin bounds the rows the stream may have missed since Verified: every one

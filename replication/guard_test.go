@@ -62,6 +62,29 @@ func TestGuardGapXmin(t *testing.T) {
 	}
 }
 
+// TestGuardVouched: the pair a checkpoint saves (TableStream.Xmin and
+// Verified) comes from one vouching reading; none before the first (the
+// start's bound is the first reading's xmin, which ended nothing by the
+// start position).
+func TestGuardVouched(t *testing.T) {
+	g := &Guard{}
+	g.verified.Store(50)
+	g.xmin.Store(30)
+	if e, ok := g.Vouched(); ok {
+		t.Fatalf("vouched %+v before any reading vouched", e)
+	}
+	t0 := time.Unix(1_000_000, 0)
+	g.vouch(reading{Snapshot: Snapshot{Before: 100, Xmin: 20, Running: []uint64{20}}, at: t0, before: 12})
+	if e, ok := g.Vouched(); ok {
+		t.Fatalf("vouched %+v while a transaction running at the reading may still commit", e)
+	}
+	g.vouch(reading{Snapshot: Snapshot{Before: 200, Xmin: 25}, at: t0.Add(100 * time.Millisecond), before: 20})
+	e, ok := g.Vouched()
+	if !ok || e != (Ended{Below: 20, By: 200}) || e.Below != g.Xmin() || e.By != g.Verified() {
+		t.Fatalf("vouched %+v %v, want {20 0/C8} with xmin %d verified %v", e, ok, g.Xmin(), g.Verified())
+	}
+}
+
 func TestGuardPendingBounded(t *testing.T) {
 	g := &Guard{}
 	t0 := time.Unix(1_000_000, 0)
