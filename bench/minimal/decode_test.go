@@ -43,16 +43,16 @@ func TestDecoderRecord(t *testing.T) {
 		headers string // key=value,...
 		err     string
 	}{{
-		name:    "every column",
-		rel:     outboxRelation(7, all...),
-		ins:     &pglogrepl.InsertMessage{RelationID: 7, Tuple: tuple("u1", "order", "agg-1", "Placed", `{"a": 1}`, "2025")},
-		topic:   "outbox.event.order", key: "agg-1", value: `{"a": 1}`,
+		name:  "every column",
+		rel:   outboxRelation(7, all...),
+		ins:   &pglogrepl.InsertMessage{RelationID: 7, Tuple: tuple("u1", "order", "agg-1", "Placed", `{"a": 1}`, "2025")},
+		topic: "outbox.event.order", key: "agg-1", value: `{"a": 1}`,
 		headers: "id=u1,event_type=Placed,aggregate_type=order",
 	}, {
-		name:    "NULL payload and event type: no value, no header",
-		rel:     outboxRelation(7, all...),
-		ins:     &pglogrepl.InsertMessage{RelationID: 7, Tuple: tuple("u1", "order", "agg-1", "\x00", "\x00", "2025")},
-		topic:   "outbox.event.order", key: "agg-1", headers: "id=u1,aggregate_type=order",
+		name:  "NULL payload and event type: no value, no header",
+		rel:   outboxRelation(7, all...),
+		ins:   &pglogrepl.InsertMessage{RelationID: 7, Tuple: tuple("u1", "order", "agg-1", "\x00", "\x00", "2025")},
+		topic: "outbox.event.order", key: "agg-1", headers: "id=u1,aggregate_type=order",
 	}, {
 		name:  "columns in another order",
 		rel:   outboxRelation(8, "payload", "aggregate_id", "aggregate_type", "id"),

@@ -34,6 +34,9 @@ func (e *env) startCarrier(ctx context.Context, sys system, aggType, topic strin
 	if sys.Debezium {
 		return e.startDebeziumCarrier(ctx, aggType)
 	}
+	if sys.Minimal {
+		return e.startMinimalCarrier(ctx, aggType)
+	}
 	slot := "cdc_" + aggType
 	cfg := connectorConfig{DSN: e.dsn, Slot: slot, Brokers: e.brokers, Fixed: sys.Fixed, Linger: sys.Linger, Budget: sys.Budget, Retention: sys.Retention, Delivery: sys.Delivery}
 	if sys.Delivery == exactlyOnce {

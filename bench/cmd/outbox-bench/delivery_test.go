@@ -39,7 +39,7 @@ func TestParseDelivery(t *testing.T) {
 		if got := paramsOf(o).Deliveries; !slices.Equal(got, tt.want) {
 			t.Errorf("-delivery %q: params %v", tt.flag, got)
 		}
-		systems := steadySystems(o, 2000, false)
+		systems := steadySystems(o, 2000, false, 1)
 		hasEOS := slices.ContainsFunc(systems, func(s system) bool { return s.Name == eosSystem && s.Delivery == exactlyOnce })
 		if want := slices.Contains(tt.want, exactlyOnce); hasEOS != want {
 			t.Errorf("-delivery %q: exactly_once steady system %v, want %v", tt.flag, hasEOS, want)

@@ -39,6 +39,14 @@ type DrainResult struct {
 	ExactlyOnceRuns []ConnectorRun `json:"exactly_once_runs,omitempty"`
 	ExactlyOnce     *ConnectorRun  `json:"exactly_once,omitempty"`
 
+	// MinimalRuns are the minimal connector (bench/minimal) on slots of its
+	// own, one right after each connector run, timed from process start to
+	// its exit once it confirmed every event; Minimal is the fastest and
+	// MinimalRatio the connector's best rate over it (issue 39).
+	MinimalRuns  []ConnectorRun `json:"minimal_runs,omitempty"`
+	Minimal      *ConnectorRun  `json:"minimal,omitempty"`
+	MinimalRatio float64        `json:"minimal_ratio,omitempty"`
+
 	// Profiled is the in-process drain of one more identical slot under the
 	// CPU profiler (its rate is a cross-check, not the headline).
 	Profiled *ProfileResult `json:"profiled,omitempty"`
@@ -67,12 +75,13 @@ type Verified struct {
 type drainSlots struct {
 	recv, cdc []string
 	eos       []string // exactly_once connector runs; nil without them
+	min       []string // minimal connector runs; nil without them
 	prof      string
 	dbz       string // "" without Debezium
 }
 
 func (d drainSlots) all() []string {
-	out := append(append(append(append([]string(nil), d.recv...), d.cdc...), d.eos...), d.prof)
+	out := append(append(append(append(append([]string(nil), d.recv...), d.cdc...), d.eos...), d.min...), d.prof)
 	if d.dbz != "" {
 		out = append(out, d.dbz)
 	}
@@ -160,6 +169,12 @@ func newDrainNames(opts options, txSize int, debezium bool) drainNames {
 		d.slots.cdc = append(d.slots.cdc, fmt.Sprintf("cdc%d_%s", i+1, d.aggType))
 		d.topics = append(d.topics, fmt.Sprintf("drain%d.%s", i+1, d.aggType))
 	}
+	if opts.Minimal {
+		for i := range opts.DrainRepeats {
+			d.slots.min = append(d.slots.min, fmt.Sprintf("min%d_%s", i+1, d.aggType))
+			d.topics = append(d.topics, minimalDrainPrefix(i)+d.aggType)
+		}
+	}
 	if opts.eos() {
 		for i := range opts.DrainRepeats {
 			d.slots.eos = append(d.slots.eos, fmt.Sprintf("eos%d_%s", i+1, d.aggType))
@@ -176,8 +191,11 @@ func newDrainNames(opts options, txSize int, debezium bool) drainNames {
 	return d
 }
 
-// drainRound is run i of each reader: pg_recvlogical, the connector and,
-// with exactly_once, the transactional connector.
+// minimalDrainPrefix is run i's topic prefix of the minimal connector.
+func minimalDrainPrefix(i int) string { return fmt.Sprintf("minimal%d.", i+1) }
+
+// drainRound is run i of each reader: pg_recvlogical, the connector, the
+// minimal connector and, with exactly_once, the transactional connector.
 func drainRound(ctx context.Context, e *env, opts options, d drainNames, i int, endpos string, res *DrainResult, log *slog.Logger) error {
 	n := opts.Events
 	e.waitQuiet(ctx, "pg_recvlogical drain")
@@ -202,6 +220,9 @@ func drainRound(ctx context.Context, e *env, opts options, d drainNames, i int, 
 		return err
 	}
 	res.summarize()
+	if err := drainMinimalRound(ctx, e, opts, d, i, res, log); err != nil {
+		return err
+	}
 	if !opts.eos() {
 		return nil
 	}
@@ -223,6 +244,27 @@ func drainRound(ctx context.Context, e *env, opts options, d drainNames, i int, 
 	return nil
 }
 
+// drainMinimalRound is run i of the minimal connector, when it runs.
+func drainMinimalRound(ctx context.Context, e *env, opts options, d drainNames, i int, res *DrainResult, log *slog.Logger) error {
+	if i >= len(d.slots.min) {
+		return nil
+	}
+	e.waitQuiet(ctx, "minimal connector drain")
+	mr, err := drainMinimal(ctx, e, opts, d.slots.min[i], minimalDrainPrefix(i), opts.Events)
+	if err != nil {
+		return fmt.Errorf("minimal connector: %w", err)
+	}
+	log.Info("minimal connector drained", "run", i+1, "seconds", round(mr.Seconds, 2), "events_per_sec", int(mr.EventsPerSec),
+		"peak_rss_mb", mr.PeakRSSBytes>>20)
+	err = verifyTopic(ctx, e, minimalDrainPrefix(i)+d.aggType, opts.Events, &mr.Verified, false, log)
+	res.MinimalRuns = append(res.MinimalRuns, mr)
+	res.summarize()
+	if err != nil {
+		return fmt.Errorf("minimal connector: %w", err)
+	}
+	return nil
+}
+
 // summarize picks each reader's fastest run and the peak RSS.
 func (d *DrainResult) summarize() {
 	for _, r := range d.RecvLogicalRuns {
@@ -238,6 +280,15 @@ func (d *DrainResult) summarize() {
 	}
 	if d.RecvLogical.EventsPerSec > 0 {
 		d.Ratio = d.Connector.EventsPerSec / d.RecvLogical.EventsPerSec
+	}
+	d.Minimal, d.MinimalRatio = nil, 0 // the slice may have moved
+	for i, r := range d.MinimalRuns {
+		if d.Minimal == nil || r.Seconds < d.Minimal.Seconds {
+			d.Minimal = &d.MinimalRuns[i]
+		}
+	}
+	if d.Minimal != nil && d.Minimal.EventsPerSec > 0 {
+		d.MinimalRatio = d.Connector.EventsPerSec / d.Minimal.EventsPerSec
 	}
 	d.ExactlyOnce = nil // the slice may have moved
 	for i, r := range d.ExactlyOnceRuns {

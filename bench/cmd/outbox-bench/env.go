@@ -51,8 +51,9 @@ type env struct {
 
 	workDir      string
 	connectorBin string
-	pgPID        int // postmaster
-	kafkaPID     int // broker JVM; 0 when external
+	minimalBin   string // "" when the minimal connector does not run
+	pgPID        int    // postmaster
+	kafkaPID     int    // broker JVM; 0 when external
 	partitions   int
 	background   float64       // busy cores before the servers started
 	quietBudget  time.Duration // left to spend waiting for a quiet machine
@@ -74,6 +75,11 @@ func startEnv(ctx context.Context, opts options, log *slog.Logger) (_ *env, err 
 	}
 	if e.connectorBin, err = connectorBinary(ctx, opts, e.workDir, log); err != nil {
 		return nil, err
+	}
+	if opts.Minimal || opts.has("capacity") {
+		if e.minimalBin, err = minimalBinary(ctx, opts, e.workDir, log); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Debezium {
 		if e.debeziumLibs, err = debeziumLibs(ctx); err != nil {

@@ -34,13 +34,17 @@ const (
 // runRecvFloor streams a fresh slot with pg_recvlogical during a paced load
 // and accounts the walsender's and pg_recvlogical's CPU until the walsender
 // has sent the last event.
-func runRecvFloor(ctx context.Context, e *env, opts options, rate int, log *slog.Logger) (*SteadyResult, error) {
+func runRecvFloor(ctx context.Context, e *env, opts options, rate, rows int, log *slog.Logger) (*SteadyResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.Duration+opts.SettleWait+time.Minute)
 	defer cancel()
 	aggType := fmt.Sprintf("steady_recv_%d", rate)
-	slot := "recv_" + aggType
 	res := &SteadyResult{System: floorRecv, OfferedRate: rate}
-	log = log.With("scenario", "steady", "system", floorRecv, "rate", rate)
+	if rows > 1 {
+		aggType += fmt.Sprintf("_tx%d", rows)
+		res.TxRows = rows
+	}
+	slot := "recv_" + aggType
+	log = log.With("scenario", "steady", "system", res.label(), "rate", rate)
 	defer func() {
 		e.dropSlots(ctx, slot)
 		if err := e.exec(context.WithoutCancel(ctx), "TRUNCATE "+outboxTable); err != nil {
@@ -69,9 +73,9 @@ func runRecvFloor(ctx context.Context, e *env, opts options, rate int, log *slog
 		return nil, err
 	}
 	probe := cpuProbe{pgPID: e.pgPID, kafkaPID: e.kafkaPID, clientPID: cmd.Process.Pid, pathPID: walsender}
-	spec := loadSpec{dsn: e.dsn, table: outboxTable, aggType: aggType, rate: rate, writers: opts.Writers, duration: opts.Duration}
+	spec := loadSpec{dsn: e.dsn, table: outboxTable, aggType: aggType, rate: rate, writers: opts.Writers, duration: opts.Duration, txRows: rows}
 	commitNs := make([]int64, spec.maxEvents())
-	e.waitQuiet(ctx, floorRecv+" at "+thousands(rate)+"/s")
+	e.waitQuiet(ctx, res.label()+" at "+thousands(rate)+"/s")
 	a := probe.snap()
 	committed, window, err := runLoad(ctx, spec, commitNs, nil)
 	res.wrote(committed, window)

@@ -53,7 +53,7 @@ func (p frontierPoint) costUs() float64 { return p.ConnectorUs + p.BrokerUs }
 func frontierPoints(r *Results, rate int) []frontierPoint {
 	var out []frontierPoint
 	for _, s := range r.Steady {
-		if s.OfferedRate != rate || s.Committed == 0 || s.CommitToConsume.N == 0 ||
+		if s.OfferedRate != rate || !s.oneRow() || s.Committed == 0 || s.CommitToConsume.N == 0 ||
 			(s.System != defaultSystem && !strings.HasPrefix(s.System, lingerPrefix) && !strings.HasPrefix(s.System, budgetPrefix)) {
 			continue
 		}

@@ -11,13 +11,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// loadSpec is one paced write load: one-row transactions at rate events/s
-// for duration, from writers connections.
+// loadSpec is one paced write load: transactions of txRows rows (0: one)
+// at rate events/s for duration, from writers connections.
 type loadSpec struct {
 	dsn, table, aggType string
 	rate, writers       int
 	duration            time.Duration
+	txRows              int
 }
+
+// rows is the number of rows per transaction.
+func (s loadSpec) rows() int { return max(1, s.txRows) }
 
 // maxEvents is how many events the load can offer (it never runs ahead of
 // its schedule).
@@ -51,13 +55,14 @@ func connectWriters(ctx context.Context, s loadSpec) ([]*pgx.Conn, error) {
 	return conns, nil
 }
 
-// runLoad offers event i at start + i/rate, taking the next event from a
-// shared counter, so concurrent writers share one schedule; a writer that
-// falls behind inserts at once until it catches up. It stops at start +
-// duration whatever was achieved. commitNs[i] is set to the time event i's
-// COMMIT returned (0 for events not offered), and writeNs[i], if writeNs is
-// not nil, to how long its INSERT and COMMIT took. It returns how many
-// committed and the measured window.
+// runLoad offers event i at start + i/rate, taking the next transaction
+// (s.rows() events, offered at its first event's time) from a shared
+// counter, so concurrent writers share one schedule; a writer that falls
+// behind inserts at once until it catches up. It stops at start + duration
+// whatever was achieved. commitNs[i] is set to the time event i's COMMIT
+// returned (0 for events not offered), and writeNs[i], if writeNs is not
+// nil, to how long its transaction took. It returns how many committed and
+// the measured window.
 func runLoad(ctx context.Context, s loadSpec, commitNs, writeNs []int64) (int, time.Duration, error) {
 	conns, err := connectWriters(ctx, s)
 	defer func() {
@@ -87,10 +92,11 @@ func runLoad(ctx context.Context, s loadSpec, commitNs, writeNs []int64) (int, t
 			defer timer.Stop()
 			<-timer.C
 			for {
-				i := int(next.Add(1) - 1)
+				i := int(next.Add(1)-1) * s.rows()
 				if i >= maxN {
 					return
 				}
+				j := min(i+s.rows(), maxN) // events [i, j)
 				at := start.Add(time.Duration(float64(i) * nsPerEvent))
 				if d := time.Until(at); d > 0 {
 					timer.Reset(d)
@@ -104,21 +110,23 @@ func runLoad(ctx context.Context, s loadSpec, commitNs, writeNs []int64) (int, t
 					return
 				}
 				began := time.Now()
-				if _, err := c.Exec(ctx, "insert", insertArgs(s.aggType, i)...); err != nil {
+				if err := insertTx(ctx, c, s.aggType, i, j); err != nil {
 					if ctx.Err() == nil {
 						cancel()
 						mu.Lock()
-						errs = append(errs, fmt.Errorf("writer: insert event %d: %w", i, err))
+						errs = append(errs, fmt.Errorf("writer: insert events %d..%d: %w", i, j-1, err))
 						mu.Unlock()
 					}
 					return
 				}
 				done := time.Now()
-				commitNs[i] = done.UnixNano()
-				if writeNs != nil {
-					writeNs[i] = int64(done.Sub(began))
+				for k := i; k < j; k++ {
+					commitNs[k] = done.UnixNano()
+					if writeNs != nil {
+						writeNs[k] = int64(done.Sub(began))
+					}
 				}
-				committed.Add(1)
+				committed.Add(int64(j - i))
 			}
 		})
 	}
@@ -131,4 +139,20 @@ func runLoad(ctx context.Context, s loadSpec, commitNs, writeNs []int64) (int, t
 		return int(committed.Load()), window, err
 	}
 	return int(committed.Load()), min(window, s.duration), nil
+}
+
+// insertTx commits events [i, j) in one transaction: one autocommit insert
+// for a single event, else a pipelined batch, which PostgreSQL runs as one
+// implicit transaction (one Sync), in one round trip as an application
+// would with pgx.
+func insertTx(ctx context.Context, c *pgx.Conn, aggType string, i, j int) error {
+	if j-i == 1 {
+		_, err := c.Exec(ctx, "insert", insertArgs(aggType, i)...)
+		return err
+	}
+	var b pgx.Batch
+	for k := i; k < j; k++ {
+		b.Queue("insert", insertArgs(aggType, k)...)
+	}
+	return c.SendBatch(ctx, &b).Close()
 }

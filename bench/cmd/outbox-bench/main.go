@@ -1,21 +1,27 @@
 // Command outbox-bench measures outbox-cdc against the physical limit
-// (pg_recvlogical draining the same WAL) and against a polling relay
-// (bench/relay), on servers it starts itself (internal/testenv). It writes
-// report.md, results.json, latency.png and CPU profiles into -out
-// (bench/results). Run it with `make bench`; flags override the defaults
-// (outbox-bench -h). docs/performance.md describes the method.
+// (pg_recvlogical draining the same WAL), against the minimal connector
+// (bench/minimal: the floor issue 39's targets are ratios to) and against a
+// polling relay (bench/relay), on servers it starts itself
+// (internal/testenv). It writes report.md, results.json, latency.png and CPU
+// profiles into -out (bench/results). Run it with `make bench`; flags
+// override the defaults (outbox-bench -h). docs/performance.md describes the
+// method. It builds the minimal connector itself (-minimal-bin to skip).
 //
 // Scenarios, in order:
 //   - drain: N events preloaded, as one-row and as 1,000-row transactions,
-//     behind slots created before the preload; pg_recvlogical and the
-//     connector process (in each -delivery mode) drain their own slots in
-//     turn, twice each, and an
-//     in-process connector drains one more under the CPU profiler.
-//   - steady: paced one-row writers at each offered rate, carried by the
-//     connector (default and with a linger) and by the polling relay (each
-//     poll interval) in turn, and by the connector in exactly_once mode
-//     (-delivery): commit-to-consume per event, commit-to-ack from
-//     the connector's histogram, PostgreSQL CPU, connector memory.
+//     behind slots created before the preload; pg_recvlogical, the
+//     connector process (in each -delivery mode) and the minimal connector
+//     drain their own slots in turn, twice each, and an in-process
+//     connector drains one more under the CPU profiler.
+//   - steady: paced writers (one-row transactions, or -steady-tx-rows) at
+//     each offered rate, carried by the minimal connector, the connector
+//     (default and with a linger) and by the polling relay (each poll
+//     interval) in turn, and by the connector in exactly_once mode
+//     (-delivery): commit-to-consume per event, commit-to-ack from the
+//     connector's histogram, PostgreSQL CPU, connector memory.
+//   - capacity: for the default, the minimal connector and fixed lingers,
+//     the highest rate whose short probe keeps p99 within -capacity-p99
+//     (growth, then bisection), with the CPU per event there.
 //
 // The program exits 1 if any scenario failed (an event lost, a process that
 // did not stop cleanly, a deadline), after writing what it measured.
@@ -59,6 +65,13 @@ type options struct {
 	DebeziumRates  []int
 	Floors         bool
 	Deliveries     []string
+	// Minimal runs the minimal connector (bench/minimal) in the steady runs
+	// and the drain; MinimalBin is its binary ("": built into the work dir).
+	Minimal    bool
+	MinimalBin string
+	// TxRows are the steady runs' transaction shapes: rows per transaction.
+	TxRows   []int
+	Capacity capacityOptions
 
 	Connector    string
 	Micro        string
@@ -85,7 +98,7 @@ func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
 	fs.IntVar(&o.Events, "events", o.Events, "drain: events to preload per transaction size (env "+envEvents+")")
 	txSizes := fs.String("tx-sizes", "1,1000", "drain: events per preloaded transaction, comma list")
-	rates := fs.String("rates", "500,2000,10000", "steady: offered loads in events/s, comma list")
+	rates := fs.String("rates", "500,2000", "steady: offered loads in events/s, comma list (the capacity scenario finds the highest)")
 	fs.DurationVar(&o.Duration, "duration", 20*time.Second, "steady: writing time per offered load and system")
 	fs.IntVar(&o.Writers, "writers", 16, "steady: concurrent writer connections")
 	fs.IntVar(&o.Partitions, "partitions", 3, "partitions of every benchmark topic")
@@ -95,19 +108,23 @@ func parseFlags(args []string) (options, error) {
 	budgets := fs.String("cdc-budgets", "2ms,10ms", "steady: also run outbox-cdc with these kafka.latency_budget values, comma list (\"\": none)")
 	retentions := fs.String("cdc-retention", "2s", "steady: also run outbox-cdc with these outbox.retention values, deleting delivered rows during the run, comma list (\"\": none)")
 	fs.IntVar(&o.RelayBatch, "relay-batch", 100, "steady: polling relay claim batch (LIMIT)")
-	scenarios := fs.String("scenarios", "drain,steady", "scenarios to run, comma list of drain, steady")
+	scenarios := fs.String("scenarios", "drain,steady,capacity", "scenarios to run, comma list of drain, steady, capacity")
 	fs.IntVar(&o.DrainRepeats, "drain-repeats", 2, "drain: runs of each reader per transaction size (the fastest counts)")
 	fs.BoolVar(&o.Debezium, "debezium", true, "also run Debezium (Kafka Connect standalone, scripts/fetch-debezium.sh) in the drain and steady runs")
-	dbzRates := fs.String("debezium-rates", "500,2000,10000", "steady: offered loads at which Debezium runs, comma list")
+	dbzRates := fs.String("debezium-rates", "500,2000", "steady: offered loads at which Debezium runs, comma list")
 	fs.BoolVar(&o.Floors, "floors", true, "steady: also measure the floors at each rate (pg_recvlogical, a bare franz-go producer)")
 	deliveries := fs.String("delivery", atLeastOnce+","+exactlyOnce,
 		"connector delivery modes, comma list: at_least_once always runs; exactly_once adds its own drain and steady rows")
+	fs.BoolVar(&o.Minimal, "minimal", true, "also run the minimal connector (bench/cmd/minimal-connector) in the drain and the steady runs")
+	fs.StringVar(&o.MinimalBin, "minimal-bin", "", "minimal-connector binary (default: go build ./cmd/minimal-connector of the bench module into the work dir)")
+	txRows := fs.String("steady-tx-rows", "1", "steady: rows per writer transaction, comma list; each shape runs every system (e.g. 1,10)")
+	capLingers := o.Capacity.flags(fs)
 	fs.BoolVar(&o.Profile, "profile", true, "drain: also drain in process under the CPU profiler")
 	fs.StringVar(&o.Connector, "connector", "", "outbox-cdc binary (default: go build ./cmd/outbox-cdc into the work dir)")
 	fs.StringVar(&o.Micro, "micro", "", "output of go test -bench to include in the report")
 	fs.StringVar(&o.Out, "out", "bench/results", "directory for report.md, results.json, latency.png and profiles")
 	fs.StringVar(&o.Go, "go", "go", "go command (for building the connector and go tool pprof)")
-	fs.DurationVar(&o.Timeout, "timeout", 45*time.Minute, "deadline for the whole run")
+	fs.DurationVar(&o.Timeout, "timeout", 75*time.Minute, "deadline for the whole run")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", 10*time.Minute, "deadline for one drain")
 	fs.DurationVar(&o.SettleWait, "settle", time.Minute, "steady: how long to wait for the last events after writing stops")
 	fs.DurationVar(&o.QuietBudget, "quiet-budget", 4*time.Minute,
@@ -121,7 +138,7 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	l := listFlags{txSizes: *txSizes, rates: *rates, dbzRates: *dbzRates, deliveries: *deliveries,
+	l := listFlags{txSizes: *txSizes, rates: *rates, dbzRates: *dbzRates, deliveries: *deliveries, txRows: *txRows, capLingers: *capLingers,
 		intervals: *intervals, lingers: *lingers, budgets: *budgets, retentions: *retentions, scenarios: *scenarios}
 	if err := o.setLists(l); err != nil {
 		return o, err
@@ -131,7 +148,7 @@ func parseFlags(args []string) (options, error) {
 
 // listFlags are the comma-list flags as given.
 type listFlags struct {
-	txSizes, rates, dbzRates, deliveries, intervals, lingers, budgets, retentions, scenarios string
+	txSizes, rates, dbzRates, deliveries, txRows, capLingers, intervals, lingers, budgets, retentions, scenarios string
 }
 
 // setLists parses the comma-list flags into o.
@@ -147,6 +164,12 @@ func (o *options) setLists(l listFlags) error {
 		return err
 	}
 	if o.Deliveries, err = parseDeliveries(l.deliveries); err != nil {
+		return err
+	}
+	if o.TxRows, err = parseInts("steady-tx-rows", l.txRows); err != nil {
+		return err
+	}
+	if o.Capacity.Lingers, err = parseDurations("capacity-lingers", l.capLingers, 0); err != nil {
 		return err
 	}
 	for _, s := range splitList(l.intervals) {
@@ -166,8 +189,8 @@ func (o *options) setLists(l listFlags) error {
 		return err
 	}
 	for _, s := range splitList(l.scenarios) {
-		if s != "drain" && s != "steady" {
-			return fmt.Errorf("-scenarios: unknown scenario %q (want drain, steady)", s)
+		if s != "drain" && s != "steady" && s != "capacity" {
+			return fmt.Errorf("-scenarios: unknown scenario %q (want drain, steady, capacity)", s)
 		}
 		o.Scenarios = append(o.Scenarios, s)
 	}
@@ -199,7 +222,7 @@ func (o *options) validate() error {
 	if err := level.UnmarshalText([]byte(o.LogLevel)); err != nil {
 		return fmt.Errorf("-log-level: %w", err)
 	}
-	return nil
+	return o.Capacity.validate()
 }
 
 func splitList(s string) []string {
@@ -295,17 +318,10 @@ func run(ctx context.Context, opts options, log *slog.Logger) error {
 		}
 	}
 	if opts.has("steady") {
-		for _, rate := range opts.Rates {
-			for _, sys := range steadySystems(opts, rate, e.debeziumLibs != "") {
-				s, err := runSystem(ctx, e, opts, sys, rate, log)
-				if err != nil {
-					res.fail(fmt.Sprintf("steady, %s at %d events/s", sys.Name, rate), err, log)
-				}
-				if s != nil {
-					res.Steady = append(res.Steady, *s)
-				}
-			}
-		}
+		runSteadyScenario(ctx, e, opts, res, log)
+	}
+	if opts.has("capacity") {
+		res.Capacity = runCapacity(ctx, e, opts, res, log)
 	}
 
 	res.Targets = evaluateTargets(res)
@@ -319,7 +335,24 @@ func run(ctx context.Context, opts options, log *slog.Logger) error {
 	return nil
 }
 
-// parseDurations parses a comma list of positive durations.
+// runSteadyScenario runs every system at every rate, in each transaction
+// shape.
+func runSteadyScenario(ctx context.Context, e *env, opts options, res *Results, log *slog.Logger) {
+	for _, rows := range opts.TxRows {
+		for _, rate := range opts.Rates {
+			for _, sys := range steadySystems(opts, rate, e.debeziumLibs != "", rows) {
+				s, err := runSystem(ctx, e, opts, sys, rate, log)
+				if err != nil {
+					res.fail(fmt.Sprintf("steady, %s at %d events/s", sys.label(), rate), err, log)
+				}
+				if s != nil {
+					res.Steady = append(res.Steady, *s)
+				}
+			}
+		}
+	}
+}
+
 // parseDurations parses a comma list of durations of at least least.
 func parseDurations(flag, list string, least time.Duration) ([]time.Duration, error) {
 	var out []time.Duration

@@ -217,8 +217,8 @@ func renderPerEvent(w func(string, ...any), r *Results) {
 			if floor > 0 && s.System != floorRecv {
 				ratio = fmt.Sprintf("%.2f×", pe.broker/floor)
 			}
-			name := s.System
-			if slices.Contains([]string{floorRecv, floorProducer}, name) {
+			name := s.label()
+			if slices.Contains([]string{floorRecv, floorProducer}, s.System) {
 				name = "*" + name + " (floor)*"
 			}
 			w("| %s | %s | %s | %s | %s | %.1f | %s | %s | %.2f |\n", thousands(rate), name, thousands(s.Committed),

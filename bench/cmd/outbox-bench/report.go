@@ -57,6 +57,8 @@ func renderReport(r *Results, chart string, frontier map[int]string) string {
 	renderDebezium(w, r)
 	renderSteady(w, r, chart)
 	renderFrontier(w, r, frontier)
+	renderMinimal(w, r)
+	renderCapacity(w, r)
 	renderRetention(w, r)
 	renderEOSCost(w, r)
 	renderPerEvent(w, r)
@@ -128,7 +130,7 @@ func renderSteady(w func(string, ...any), r *Results, chart string) {
 		return
 	}
 	w("## Steady latency\n\n")
-	w("Paced writers commit one-row transactions at the offered rate for %s. **commit-to-consume** is per event: the "+
+	w("Paced writers commit one-row transactions (n-row ones where the system says so: -steady-tx-rows) at the offered rate for %s. **commit-to-consume** is per event: the "+
 		"benchmark consumer's receive time minus the moment the writer's COMMIT returned (same clock). **record ts** is the "+
 		"receive time minus the Kafka record timestamp (ms precision; the commit time for outbox-cdc, the row's created_at for "+
 		"the relay). **commit-to-ack** is the connector's `outbox_cdc_commit_to_ack_seconds` histogram over the run: the "+
@@ -143,7 +145,7 @@ func renderSteady(w func(string, ...any), r *Results, chart string) {
 			ack = fmt.Sprintf("%s / %s / %s", bound(h.P50UpperMs), bound(h.P99UpperMs), bound(h.P999UpperMs))
 			est = fmt.Sprintf("%.2f ms", h.P99EstimateMs)
 		}
-		w("| %s | %s | %s | %s / %s / %s / %s | %s / %s | %s | %s | %d |\n", thousands(s.OfferedRate), s.System,
+		w("| %s | %s | %s | %s / %s / %s / %s | %s / %s | %s | %s | %d |\n", thousands(s.OfferedRate), s.label(),
 			thousands(int(s.AchievedRate)), ms(c.P50Ms), ms(c.P99Ms), ms(c.P999Ms), ms(c.MaxMs), ms(t.P50Ms), ms(t.P99Ms), ack, est, s.Duplicates)
 	}
 	w("\n")
@@ -169,7 +171,7 @@ func renderCPU(w func(string, ...any), r *Results) {
 		if s.PollInterval == "" {
 			conn = fmt.Sprintf("%.2f s", c.Client)
 		}
-		w("| %s | %s | %.2f s | %.1f ms | %.2f s | %.1f ms | %.2f s | %s | %.2f s | %.2f s | %.2f |\n", thousands(s.OfferedRate), s.System,
+		w("| %s | %s | %.2f s | %.1f ms | %.2f s | %.1f ms | %.2f s | %s | %.2f s | %.2f s | %.2f |\n", thousands(s.OfferedRate), s.label(),
 			c.Postgres, perK(c.Postgres, max(1, s.Committed)), c.PostgresPath, perK(c.PostgresPath, max(1, s.Committed)),
 			c.Kafka, conn, c.Bench, c.Other, c.MachineBusyCores)
 	}
@@ -196,7 +198,7 @@ func renderWALSender(w func(string, ...any), r *Results) {
 	w("|---|---|---|---|---|---|---|---|\n")
 	for _, s := range rows {
 		x := s.WALSender
-		w("| %s | %s | %.0f / %.0f / %.0f KB | %.0f / %.0f / %.0f KB | %.1f%% | %d, %.0f ms | %s | %s |\n", thousands(s.OfferedRate), s.System,
+		w("| %s | %s | %.0f / %.0f / %.0f KB | %.0f / %.0f / %.0f KB | %.1f%% | %d, %.0f ms | %s | %s |\n", thousands(s.OfferedRate), s.label(),
 			x.NotSentP50KB, x.NotSentP99KB, x.NotSentMaxKB, x.UnconfP50KB, x.UnconfP99KB, x.UnconfMaxKB,
 			100*x.BehindShare, x.BehindSpans, x.LongestBehind, waitsText(x.Waits), dash(waitsText(x.WaitsBehind)))
 	}
@@ -219,7 +221,7 @@ func renderMemory(w func(string, ...any), r *Results) {
 	}
 	for _, s := range r.Steady {
 		if s.PeakRSSBytes > 0 {
-			w("| steady, %s at %s events/s (achieved %s/s) | %.1f MB |\n", s.System, thousands(s.OfferedRate), thousands(int(s.AchievedRate)), mb(s.PeakRSSBytes))
+			w("| steady, %s at %s events/s (achieved %s/s) | %.1f MB |\n", s.label(), thousands(s.OfferedRate), thousands(int(s.AchievedRate)), mb(s.PeakRSSBytes))
 		}
 	}
 	w("\n")

@@ -19,9 +19,11 @@ type Results struct {
 	Params      Params         `json:"params"`
 	Drains      []DrainResult  `json:"drains"`
 	Steady      []SteadyResult `json:"steady"`
-	Micro       []MicroResult  `json:"micro"`
-	Targets     []Target       `json:"targets"`
-	Failures    []string       `json:"failures"`
+	// Capacity is the capacity scenario: one search per system.
+	Capacity []CapacityResult `json:"capacity,omitempty"`
+	Micro    []MicroResult    `json:"micro"`
+	Targets  []Target         `json:"targets"`
+	Failures []string         `json:"failures"`
 	// DebeziumSkipped says why Debezium did not run ("" when it did, or
 	// when -debezium=false).
 	DebeziumSkipped string `json:"debezium_skipped,omitempty"`
@@ -61,12 +63,21 @@ type Params struct {
 	Debezium       bool     `json:"debezium"`
 	DebeziumRates  []int    `json:"debezium_rates,omitempty"`
 	Deliveries     []string `json:"deliveries,omitempty"`
+	Minimal        bool     `json:"minimal"`
+	TxRows         []int    `json:"steady_tx_rows,omitempty"`
+	// The capacity scenario's bound and probe length.
+	CapacityP99Ms    float64 `json:"capacity_p99_ms,omitempty"`
+	CapacityDuration string  `json:"capacity_duration,omitempty"`
 }
 
 func paramsOf(o options) Params {
 	p := Params{Events: o.Events, TxSizes: o.TxSizes, Rates: o.Rates, Duration: o.Duration.String(),
 		Writers: o.Writers, Partitions: o.Partitions, RelayBatch: o.RelayBatch, Scenarios: o.Scenarios, Profile: o.Profile, DrainRepeats: o.DrainRepeats,
-		Floors: o.Floors, Debezium: o.Debezium, DebeziumRates: o.DebeziumRates, Deliveries: o.Deliveries}
+		Floors: o.Floors, Debezium: o.Debezium, DebeziumRates: o.DebeziumRates, Deliveries: o.Deliveries,
+		Minimal: o.Minimal, TxRows: o.TxRows}
+	if o.has("capacity") {
+		p.CapacityP99Ms, p.CapacityDuration = float64(o.Capacity.P99)/float64(time.Millisecond), o.Capacity.Duration.String()
+	}
 	for _, d := range o.RelayIntervals {
 		p.RelayIntervals = append(p.RelayIntervals, d.String())
 	}

@@ -32,7 +32,7 @@ func renderRetention(w func(string, ...any), r *Results) {
 	w("| offered/s | system | achieved/s | write p50 / p99 / p99.9 / max (ms) | rows deleted | commit-to-consume p99 (ms) |\n|---|---|---|---|---|---|\n")
 	for _, s := range rows {
 		c := s.Write
-		w("| %s | %s | %s | %s / %s / %s / %s | %s | %s |\n", thousands(s.OfferedRate), s.System, thousands(int(s.AchievedRate)),
+		w("| %s | %s | %s | %s / %s / %s / %s | %s | %s |\n", thousands(s.OfferedRate), s.label(), thousands(int(s.AchievedRate)),
 			ms(c.P50Ms), ms(c.P99Ms), ms(c.P999Ms), ms(c.MaxMs), thousands(int(s.RowsDeleted)), ms(s.CommitToConsume.P99Ms))
 	}
 	w("\n")

@@ -26,17 +26,54 @@ type system struct {
 	Retention time.Duration
 	Debezium  bool   // Debezium on Kafka Connect
 	Floor     bool   // a floor: pg_recvlogical or the bare producer
+	Minimal   bool   // the minimal connector (bench/minimal)
 	Delivery  string // outbox-cdc's kafka.delivery; "" is at_least_once
+	// TxRows is rows per writer transaction (0 or 1: one-row transactions).
+	TxRows int
+	// Probe marks a capacity probe: its names differ from the steady runs'.
+	Probe bool
 }
 
 func (s system) isRelay() bool { return s.Interval > 0 }
 
-// steadySystems are the systems run at rate: the floors first, so that each
-// rate's rows compare with floors measured just before.
-func steadySystems(opts options, rate int, debezium bool) []system {
+// label is the name with the transaction shape, for logs and failures.
+func (s system) label() string { return shapeLabel(s.Name, s.TxRows) }
+
+func shapeLabel(name string, rows int) string {
+	if rows > 1 {
+		return fmt.Sprintf("%s (%d-row txns)", name, rows)
+	}
+	return name
+}
+
+// aggType names a run's events, and through them its topic and slot: one
+// per system, rate, shape and scenario, so no run meets another's leftovers.
+func (s system) aggType(rate int) string {
+	scenario := "steady"
+	if s.Probe {
+		scenario = "cap"
+	}
+	a := fmt.Sprintf("%s_%s_%d", scenario, strings.NewReplacer("-", "", ".", "").Replace(s.Name), rate)
+	if s.TxRows > 1 {
+		a += fmt.Sprintf("_tx%d", s.TxRows)
+	}
+	return a
+}
+
+// steadySystems are the systems run at rate in transactions of rows: the
+// floors and the minimal connector first, so that each rate's rows compare
+// with references measured just before. The bare producer has no
+// transactions: it runs in the one-row shape only.
+func steadySystems(opts options, rate int, debezium bool, rows int) []system {
 	var out []system
 	if opts.Floors {
-		out = append(out, system{Name: floorRecv, Floor: true}, system{Name: floorProducer, Floor: true})
+		out = append(out, system{Name: floorRecv, Floor: true})
+		if rows <= 1 {
+			out = append(out, system{Name: floorProducer, Floor: true})
+		}
+	}
+	if opts.Minimal {
+		out = append(out, system{Name: minimalSystem, Minimal: true})
 	}
 	out = append(out, system{Name: "outbox-cdc"})
 	for _, l := range opts.Lingers {
@@ -57,6 +94,9 @@ func steadySystems(opts options, rate int, debezium bool) []system {
 	for _, d := range opts.RelayIntervals {
 		out = append(out, system{Name: "relay-" + d.String(), Interval: d})
 	}
+	for i := range out {
+		out[i].TxRows = rows
+	}
 	return out
 }
 
@@ -64,7 +104,7 @@ func steadySystems(opts options, rate int, debezium bool) []system {
 func runSystem(ctx context.Context, e *env, opts options, sys system, rate int, log *slog.Logger) (*SteadyResult, error) {
 	switch sys.Name {
 	case floorRecv:
-		return runRecvFloor(ctx, e, opts, rate, log)
+		return runRecvFloor(ctx, e, opts, rate, sys.TxRows, log)
 	case floorProducer:
 		return runProducerFloor(ctx, e, opts, rate, log)
 	}
@@ -73,7 +113,9 @@ func runSystem(ctx context.Context, e *env, opts options, sys system, rate int, 
 
 // SteadyResult is one system at one offered load.
 type SteadyResult struct {
-	System          string  `json:"system"`
+	System string `json:"system"`
+	// TxRows is rows per writer transaction; omitted for one-row ones.
+	TxRows          int     `json:"tx_rows,omitempty"`
 	PollInterval    string  `json:"poll_interval,omitempty"`
 	Linger          string  `json:"linger,omitempty"`
 	Budget          string  `json:"latency_budget,omitempty"`
@@ -108,6 +150,12 @@ type SteadyResult struct {
 	RelayStats *relay.Stats `json:"relay_stats,omitempty"`
 }
 
+// label is the system with the transaction shape.
+func (s SteadyResult) label() string { return shapeLabel(s.System, s.TxRows) }
+
+// oneRow reports a run in the one-row shape, the one targets are set for.
+func (s SteadyResult) oneRow() bool { return s.TxRows <= 1 }
+
 // wrote records what the measured load achieved.
 func (s *SteadyResult) wrote(events int, window time.Duration) {
 	s.Committed, s.DurationSeconds = events, window.Seconds()
@@ -122,16 +170,18 @@ const warmup = 12
 func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, log *slog.Logger) (*SteadyResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.Duration+opts.SettleWait+3*time.Minute)
 	defer cancel()
-	name := strings.NewReplacer("-", "", ".", "").Replace(sys.Name)
-	aggType := fmt.Sprintf("steady_%s_%d", name, rate)
+	aggType := sys.aggType(rate)
 	table, topic := outboxTable, "outbox.event."+aggType
 	if sys.isRelay() {
 		table, topic = pollTable, "relay."+aggType
 	}
-	log = log.With("scenario", "steady", "system", sys.Name, "rate", rate)
-	spec := loadSpec{dsn: e.dsn, table: table, aggType: aggType, rate: rate, writers: opts.Writers, duration: opts.Duration}
+	log = log.With("scenario", "steady", "system", sys.label(), "rate", rate)
+	spec := loadSpec{dsn: e.dsn, table: table, aggType: aggType, rate: rate, writers: opts.Writers, duration: opts.Duration, txRows: sys.TxRows}
 	n := spec.maxEvents()
 	res := &SteadyResult{System: sys.Name, OfferedRate: rate}
+	if sys.TxRows > 1 {
+		res.TxRows = sys.TxRows
+	}
 	if sys.Fixed {
 		res.Linger = sys.Linger.String()
 	}
@@ -174,7 +224,7 @@ func runSteady(ctx context.Context, e *env, opts options, sys system, rate int, 
 		return nil, err
 	}
 	commitNs, writeNs := make([]int64, n), make([]int64, n)
-	e.waitQuiet(ctx, sys.Name+" at "+thousands(rate)+"/s")
+	e.waitQuiet(ctx, sys.label()+" at "+thousands(rate)+"/s")
 	a := probe.snap()
 	committed, window, err := runLoad(ctx, spec, commitNs, writeNs)
 	res.wrote(committed, window)

@@ -42,6 +42,7 @@ func evaluateTargets(r *Results) []Target {
 	ts = append(ts, drainTargets(r)...)
 	ts = append(ts, steadyTargets(r)...)
 	ts = append(ts, frontierTargets(r)...)
+	ts = append(ts, minimalTargets(r)...)
 	ts = append(ts, ackTarget(r), rssTarget(r), allocTarget(r))
 	ts = append(ts, debeziumTargets(r)...)
 	ts = append(ts, relayTargets(r)...)
@@ -133,7 +134,7 @@ func rssTarget(r *Results) Target {
 	// Issue 12's targets are at_least_once's; exactly_once has its own rows.
 	for _, s := range r.Steady {
 		if s.PeakRSSBytes > 0 && strings.HasPrefix(s.System, "outbox-cdc") && s.System != eosSystem {
-			where = append(where, fmt.Sprintf("%s at %s/s %.1f MB", s.System, thousands(s.OfferedRate), mb(s.PeakRSSBytes)))
+			where = append(where, fmt.Sprintf("%s at %s/s %.1f MB", s.label(), thousands(s.OfferedRate), mb(s.PeakRSSBytes)))
 			peak = max(peak, s.PeakRSSBytes)
 		}
 	}
@@ -254,9 +255,11 @@ func ratioText(x float64) string {
 	return fmt.Sprintf("%.0f", x)
 }
 
+// findSteady is system's one-row run at rate (the shape targets are set
+// for), or nil.
 func findSteady(r *Results, system string, rate int) *SteadyResult {
 	for i := range r.Steady {
-		if r.Steady[i].System == system && r.Steady[i].OfferedRate == rate {
+		if r.Steady[i].System == system && r.Steady[i].OfferedRate == rate && r.Steady[i].oneRow() {
 			return &r.Steady[i]
 		}
 	}
