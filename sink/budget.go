@@ -26,6 +26,15 @@ type budget struct {
 // little (the per-request cost is shared by that many records already).
 const gatherTarget = 16
 
+// gatherMin is how many more records must be expected within the slack
+// for a record to wait: a batch of five saves four requests in five. A
+// wait that gathers one or two saves one request in two or three, and
+// make bench measured what that buys at 500 events/s (issue 39): p50 0.39
+// ms with no wait against 4.35 ms with one, for 5% less connector CPU. A
+// sparse stream therefore goes at once; the gate still gathers what
+// arrives while a request is in flight.
+const gatherMin = 4
+
 func newBudget(limit time.Duration, now func() time.Time) *budget {
 	return &budget{limit: limit, now: now}
 }
@@ -33,13 +42,13 @@ func newBudget(limit time.Duration, now func() time.Time) *budget {
 // holdFor is how long a record that finds the client empty may wait, from
 // the mean gap between arrivals, the gap before this record and the mean
 // round trip: none when the budget leaves no slack after the round trip,
-// when no second record is expected within the slack (a lone record: the
-// mean gap, or this record's own, is as long as the slack), or before any
-// gap is known; else the slack, or the time gatherTarget records take to
-// arrive if less.
+// when fewer than gatherMin more records are expected within the slack (a
+// lone record: this record's own gap is as long as the slack), or before
+// any gap is known; else the slack, or the time gatherTarget records take
+// to arrive if less.
 func holdFor(limit, gap, last, rtt time.Duration) time.Duration {
 	slack := limit - rtt
-	if slack <= 0 || gap <= 0 || gap >= slack || last >= slack {
+	if slack <= 0 || gap <= 0 || gatherMin*gap > slack || last >= slack {
 		return 0
 	}
 	return min(slack, (gatherTarget-1)*gap)

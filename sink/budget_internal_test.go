@@ -6,8 +6,9 @@ import (
 )
 
 // TestHoldFor: a record waits only when the budget leaves slack after the
-// round trip and another record is expected within it, and never longer
-// than the slack or the time gatherTarget records take.
+// round trip and gatherMin more records are expected within it (the wait
+// then saves most requests), and never longer than the slack or the time
+// gatherTarget records take.
 func TestHoldFor(t *testing.T) {
 	ms := time.Millisecond
 	for _, tc := range []struct {
@@ -19,7 +20,10 @@ func TestHoldFor(t *testing.T) {
 		{"no gap known yet", 5 * ms, 0, 0, ms, 0},
 		{"a lone record: next one expected after the slack", 5 * ms, 10 * ms, 10 * ms, ms, 0},
 		{"a record after a pause, the mean still short", 5 * ms, ms / 2, 20 * ms, ms, 0},
-		{"next one just inside the slack", 5 * ms, 3 * ms, 3 * ms, ms, 4 * ms},
+		{"next one just inside the slack: it would save one request in two", 5 * ms, 3 * ms, 3 * ms, ms, 0},
+		{"500/s: two expected within the slack, it goes at once", 5 * ms, 2 * ms, 2 * ms, ms / 2, 0},
+		{"1,000/s: four expected within the slack", 5 * ms, ms, ms, ms / 2, 45 * ms / 10},
+		{"just under four expected", 5 * ms, 1126 * time.Microsecond, ms, ms / 2, 0},
 		{"2,000/s: the slack", 5 * ms, ms / 2, ms / 2, ms, 4 * ms},
 		{"10,000/s: gatherTarget records", 5 * ms, ms / 10, ms / 10, ms, 15 * ms / 10},
 		{"the round trip eats the budget", 5 * ms, ms / 10, ms / 10, 6 * ms, 0},
