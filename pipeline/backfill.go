@@ -25,12 +25,12 @@ import (
 type backfill struct {
 	gapInfo
 	done bool
-	// seen holds, in exactly_once, a fingerprint of each row the stream
-	// decoded before the repair ran: published by this run, or skipped as
-	// committed in Kafka. Those rows are in Kafka already and the repair
-	// leaves them out; the stream starts early enough to decode every
-	// delivered row the repair reads (hold.go). Nil in at_least_once: the
-	// repair publishes every row it reads (copiesInOrder).
+	// seen holds a fingerprint of each row the stream decoded before the
+	// repair ran: published by this run, or skipped as delivered before
+	// (below the start; in exactly_once, committed in Kafka). Those rows
+	// are in Kafka already and the repair leaves them out. In exactly_once
+	// the stream starts early enough to decode every delivered row the
+	// repair reads (hold.go); in at_least_once this only spares copies.
 	seen map[uint64]struct{}
 	// published holds a fingerprint of each row the backfill published:
 	// the stream decodes some of them too (those written while the table
@@ -55,21 +55,8 @@ type backfill struct {
 	in *offsets.Txn
 }
 
-// copiesInOrder: in at_least_once the repair leaves out none of the rows
-// it reads. Its read is, per aggregate, every row from some point on (a
-// writer's later transactions have higher ids), but it can begin below
-// rows the slot had confirmed (a long transaction holds the bound down)
-// and the stream's replay from the start may have republished newer rows
-// of the same aggregate. Leaving out those the stream decoded would send
-// the older copies alone, after the newer ones, and then jump ahead (long
-// chaos seed 10167240380432169663: 19 keys); sent again with them, the
-// repair's rows are a replayed tail: in the original order, copies only.
-func newBackfill(g gapInfo, exactlyOnce bool) *backfill {
-	b := &backfill{gapInfo: g, seed: maphash.MakeSeed()}
-	if exactlyOnce {
-		b.seen = map[uint64]struct{}{}
-	}
-	return b
+func newBackfill(g gapInfo) *backfill {
+	return &backfill{gapInfo: g, seen: map[uint64]struct{}{}, seed: maphash.MakeSeed()}
 }
 
 // quiet reports whether no repair is pending or skips rows the stream
@@ -97,7 +84,7 @@ func (b *backfill) idle(pos lsn.LSN) bool { return b.pending() && pos > b.Since 
 
 // note fingerprints a row the stream decoded before the repair.
 func (b *backfill) note(ev *decode.Event) {
-	if b.pending() && b.seen != nil && !ev.ID.Null {
+	if b.pending() && !ev.ID.Null {
 		b.seen[b.fingerprint(ev)] = struct{}{}
 	}
 }

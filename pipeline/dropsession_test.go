@@ -82,7 +82,7 @@ func repairPipeline(t *testing.T, since lsn.LSN) (*Pipeline, *eosLike, *int) {
 	e := &eosLike{c: c}
 	p := newProcessor(t, &plan{start: 0x50, stream: replication.Config{StartLSN: 0x50}}, e, e)
 	p.cfg.Source.DB = deadDB(t)
-	p.rep.bf = newBackfill(gapInfo{Since: since, Xmin: 1}, true)
+	p.rep.bf = newBackfill(gapInfo{Since: since, Xmin: 1})
 	drops := new(int)
 	p.conn.drop = func() { *drops++ }
 	return p, e, drops

@@ -78,7 +78,7 @@ func TestHoldBackBounded(t *testing.T) {
 // after Since, one whose commit ends past Since, or a keepalive strictly
 // past it; never once handed over.
 func TestBackfillDue(t *testing.T) {
-	b := newBackfill(gapInfo{Since: 100, Xmin: 7}, true)
+	b := newBackfill(gapInfo{Since: 100, Xmin: 7})
 	for _, c := range []struct {
 		name             string
 		got, want        bool

@@ -158,7 +158,7 @@ func New(cfg Config, m *metrics.Metrics, log *slog.Logger) (*Pipeline, error) {
 	}
 	// The prerequisite check refuses a server too old for messages.
 	cfg.Source.Messages = cfg.MessagePrefix != ""
-	p := &Pipeline{cfg: cfg, log: log, m: m, rep: newRepair(log, cfg.ExactlyOnce != nil), b: atLeastOnce{}, fatal: failure{first: make(chan error, 1)}, ready: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, log: log, m: m, rep: newRepair(log), b: atLeastOnce{}, fatal: failure{first: make(chan error, 1)}, ready: make(chan struct{})}
 	p.proc = &processor{p: p, routers: r, tables: tableMetrics(cfg, m), contracts: newContractGate(cfg.Contracts, m, log)}
 	p.ret = &retentionLoop{p: p}
 	if cfg.HoldsTable != "" {

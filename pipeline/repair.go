@@ -80,16 +80,13 @@ type repair struct {
 	loaded *gapInfo      // the gap this run repairs (from the checkpoint, or a change while stopped)
 	bf     *backfill     // the repair the processor runs; nil: none
 	floor  func() uint64 // the lowest bound a gap found from now on could have (the guard's); nil: none
-	eos    bool          // exactly_once: the repair leaves out what the stream decoded (newBackfill)
 
 	// The checkpoint writer's (one at a time: the loop, then the shutdown).
 	saved    *gapInfo // the gap in the last checkpoint saved
 	anchored *gapInfo // the gap anchor raised last
 }
 
-func newRepair(log *slog.Logger, exactlyOnce bool) *repair {
-	return &repair{log: log, eos: exactlyOnce}
-}
+func newRepair(log *slog.Logger) *repair { return &repair{log: log} }
 
 // load records the gap the trusted checkpoint holds (setup, plan.go); decide
 // says whether this run repairs it.
@@ -171,7 +168,7 @@ func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bo
 		}
 	}
 	if repairs {
-		r.bf = newBackfill(*r.loaded, r.eos)
+		r.bf = newBackfill(*r.loaded)
 		r.pending.Store(true)
 		lookUp = r.loaded.LookUp
 	}

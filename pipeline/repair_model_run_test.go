@@ -43,7 +43,7 @@ type rmTrk struct {
 
 func (w *rmWorld) startRun() *rmRun {
 	w.runs++
-	r := &rmRun{rep: newRepair(slog.New(slog.DiscardHandler), true), ver: w.ver, start: w.slot}
+	r := &rmRun{rep: newRepair(slog.New(slog.DiscardHandler)), ver: w.ver, start: w.slot}
 	r.rep.floor = func() uint64 { return r.gxmin } // the guard's bound (plan.go)
 	var ch *stoppedChange
 	var change *gapInfo // for the log

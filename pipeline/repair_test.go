@@ -60,7 +60,7 @@ func TestRepairDecide(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newRepair(slog.New(slog.DiscardHandler), true)
+			r := newRepair(slog.New(slog.DiscardHandler))
 			if tt.loaded != nil {
 				r.load(*tt.loaded)
 			}
@@ -100,7 +100,7 @@ func sameGap(a, b *gapInfo) bool { return (a == nil) == (b == nil) && (a == nil 
 // what each step lets the checkpoint record, retention delete and the
 // exactly_once hold confirm.
 func TestRepairLifecycle(t *testing.T) {
-	r := newRepair(slog.New(slog.DiscardHandler), true)
+	r := newRepair(slog.New(slog.DiscardHandler))
 	r.decide(0, nil)
 	if r.blocksRetention() || r.open() {
 		t.Fatal("no gap: retention blocked or a gap open")
@@ -130,7 +130,7 @@ func TestRepairLifecycle(t *testing.T) {
 	}
 
 	// The restart: the gap loaded, the repair decided and run.
-	r2 := newRepair(slog.New(slog.DiscardHandler), true)
+	r2 := newRepair(slog.New(slog.DiscardHandler))
 	r2.load(*g)
 	r2.decide(0, nil)
 	if r2.bf == nil || !r2.pending.Load() {
@@ -186,7 +186,7 @@ func TestRepairLifecycle(t *testing.T) {
 // delivered. The long exactly_once chaos run (seed 12424546033271313958)
 // sent 2,288 copies this way after two publication changes 2 s apart.
 func TestRepairGapAfterCommittedRepair(t *testing.T) {
-	r := newRepair(slog.New(slog.DiscardHandler), true)
+	r := newRepair(slog.New(slog.DiscardHandler))
 	r.load(gapInfo{Since: 100, Xmin: 50})
 	r.decide(0, nil)
 	read := offsets.RepairedRows{Xmin: 50, Below: 90, Xids: "92"}
@@ -199,7 +199,7 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 	}
 
 	// Kafka committed the first repair's transaction: only the second gap is read.
-	r2 := newRepair(slog.New(slog.DiscardHandler), true)
+	r2 := newRepair(slog.New(slog.DiscardHandler))
 	r2.load(*g)
 	r2.decide(320, nil)
 	if got := repairOf(r2); got == nil || got.Xmin != 80 || got.Repaired != read {
@@ -215,7 +215,7 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 	}
 
 	// Kafka lost it: the restart repairs both, from the first bound.
-	r3 := newRepair(slog.New(slog.DiscardHandler), true)
+	r3 := newRepair(slog.New(slog.DiscardHandler))
 	r3.load(*g)
 	r3.decide(290, nil)
 	if got := repairOf(r3); got == nil || got.Xmin != 50 || !got.Repaired.IsZero() {
@@ -227,7 +227,7 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 	r2.committed(400, 390, readRows(*repairOf(r2), offsets.RepairedRows{Xmin: 80, Below: 120, Xids: "125"}), true)
 	r2.found(gapInfo{Since: 410, Xmin: 110})
 	g3, _ := r2.toSave(0, func() lsn.LSN { return 450 })
-	r4 := newRepair(slog.New(slog.DiscardHandler), true)
+	r4 := newRepair(slog.New(slog.DiscardHandler))
 	r4.load(*g3)
 	r4.decide(450, nil)
 	want := gapInfo{Since: 450, Xmin: 110, Repaired: offsets.RepairedRows{Xmin: 50, Below: 120, Xids: "125"}}
@@ -235,7 +235,7 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 		t.Fatalf("third restart repairs %+v, want %+v", got, want)
 	}
 	// Kafka lost the second: the first is in Kafka still.
-	r5 := newRepair(slog.New(slog.DiscardHandler), true)
+	r5 := newRepair(slog.New(slog.DiscardHandler))
 	r5.load(*g3)
 	r5.decide(399, nil)
 	want = gapInfo{Since: 450, Xmin: 80, Repaired: read}

@@ -15,7 +15,7 @@ import (
 // pending, a snapshot not done.
 func TestRetentionState(t *testing.T) {
 	newP := func() *Pipeline {
-		p := &Pipeline{plan: &plan{}, tracker: offsets.NewTracker(500), rep: newRepair(slog.New(slog.DiscardHandler), false)}
+		p := &Pipeline{plan: &plan{}, tracker: offsets.NewTracker(500), rep: newRepair(slog.New(slog.DiscardHandler))}
 		p.ret = &retentionLoop{p: p}
 		p.conn.up.Store(true)
 		p.prog.snapDone.Store(true)
