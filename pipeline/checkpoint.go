@@ -175,12 +175,15 @@ func (k *checkpointer) streamed(c *offsets.Checkpoint) {
 	}
 }
 
-// boundMoved reports whether a guard's bound passed the one the
-// checkpoint the store holds recorded: the next save records it even when
-// the position did not move. In exactly_once the slot is held back for the
-// saved bound (hold.go savedStreamXmin), and the position held there moves
-// only once a save records a later bound: without this the two wait for
-// each other for good.
+// boundMoved reports whether a guard's bound, or the position it belongs
+// to (TableStream.Verified), passed the one the checkpoint the store holds
+// recorded: the next save records it even when the position did not move.
+// In exactly_once the slot is held back for the saved bound (hold.go
+// savedStreamXmin), and the position held there moves only once a save
+// records a later bound: without this the two wait for each other for
+// good. A stalled position with the bound held by a long transaction still
+// records where the guard has vouched (stoppedSince); at most one such save
+// per idleCheckpointInterval (loop).
 func (k *checkpointer) boundMoved() bool {
 	g := k.p.plan.guard
 	held, ok := k.store.Held()
@@ -189,7 +192,7 @@ func (k *checkpointer) boundMoved() bool {
 	}
 	for _, n := range g.streamState() {
 		for _, s := range held.Stream {
-			if s.Table == n.Table && n.Xmin > s.Xmin {
+			if s.Table == n.Table && (n.Xmin > s.Xmin || n.Verified > s.Verified) {
 				return true
 			}
 		}

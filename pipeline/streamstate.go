@@ -119,38 +119,47 @@ func changeWhileStopped(pl *plan, c *offsets.Checkpoint, exactlyOnce bool) *stop
 	// before the repair does (backfill.due), so a committed position past
 	// Since at a later start says the repair committed (repair.decide).
 	since := max(c.LSN, pl.start, pl.readings.committed)
-	return &stoppedChange{why: ch.why, since: stoppedSince(since, ch.ended),
-		xmin: stoppedBound(ch.xmin, pl.guard.floor(since), exactlyOnce, ch.ended != 0)}
+	xmin := stoppedBound(ch.xmin, pl.guard.floor(since), exactlyOnce)
+	if exactlyOnce {
+		since = stoppedSince(since, ch.ended)
+	}
+	return &stoppedChange{why: ch.why, since: since, xmin: xmin}
 }
 
-// stoppedSince moves the repair of a change found at start to where every
-// transaction below its bound had ended (ended; 0: unknown), when that is
-// past since. The checkpoint can trail that position (acknowledgements or a
-// Kafka transaction waiting behind an event), and a transaction below the
-// bound committed in between is decoded after a repair at since, behind the
-// later rows of its aggregate the repair published: a copy out of order in
-// at_least_once, a first delivery out of order in exactly_once (chaos seed
-// 8825403953442955520). The change came after the guard vouched for that
-// position (it stops the connector on a change while it runs), so every
-// row the repair is for commits past it.
+// stoppedSince moves the repair of a change found at start, in
+// exactly_once, to where every transaction below its bound had ended
+// (ended; 0: unknown), when that is past since. The checkpoint and the
+// position committed to Kafka can trail it (a Kafka transaction waits
+// behind an event), and a transaction below the bound committed in between,
+// never committed to Kafka, was decoded after a repair at since, behind the
+// later rows of its aggregate the repair published: a first delivery out
+// of order (chaos seed 8825403953442955520). The change came after the
+// guard vouched for that position (it stops the connector on a change while
+// it runs), so every row the repair is for commits past it; the rows at or
+// above the bound that commit before it are decoded (the hold, hold.go) and
+// left out. Not in at_least_once: there is no hold, so a delivered row at
+// or above the bound below the start would go again after the stream's
+// replay up to that position, out of order (review11); the repair stays at
+// the start, ahead of the replay, and reads from the floor (stoppedBound).
 func stoppedSince(since, ended lsn.LSN) lsn.LSN { return max(since, ended) }
 
 // stoppedBound is the bound of the repair of a change found at start, from
 // the bound saved with the checkpoint and the floor of the repair's
 // position (every transaction committing after it has an id at or above
 // it; 0: unknown). The saved bound covers every row the change kept from
-// the stream. When the checkpoint says where every transaction below it
-// had ended (ended), the repair goes there (stoppedSince) and the saved
-// bound is all it needs. A checkpoint without it can trail that position:
-// a transaction delivered before the stop, committed past the checkpoint
-// with an id below the bound, would be decoded again after the repair
-// published the later rows of its aggregate, a copy out of the original
-// order; so at_least_once then reads from the floor (rows below it
-// committed earlier go again, as copies). exactly_once keeps the saved
-// bound: the start is held back for that one alone (hold.go), and a row
-// below it committed before the start would be published twice.
-func stoppedBound(saved, floor uint64, exactlyOnce, ended bool) uint64 {
-	if exactlyOnce || ended || floor == 0 {
+// the stream, but the checkpoint can trail it: a transaction delivered
+// before the stop, committed past the checkpoint with an id below the
+// bound (its acknowledgement waited behind another event), is decoded
+// again after the repair published the later rows of its aggregate, a
+// copy out of the original order. So at_least_once reads from the floor:
+// the repair then holds every transaction past its position and the
+// stream skips them (rows below it committed earlier go again, as copies).
+// exactly_once keeps the saved bound: the start is held back for that one
+// alone (hold.go), and a row below it committed before the start would be
+// published twice; the repair goes where those below it had ended
+// (stoppedSince).
+func stoppedBound(saved, floor uint64, exactlyOnce bool) uint64 {
+	if exactlyOnce || floor == 0 {
 		return saved
 	}
 	return min(saved, floor)

@@ -37,26 +37,22 @@ func TestStreamChange(t *testing.T) {
 }
 
 // TestStoppedBound: the repair of a change found at start reads every
-// transaction committing past its position in at_least_once (the floor)
-// when the checkpoint does not say where every transaction below the saved
-// bound had ended, and only the saved bound otherwise, and in exactly_once,
-// where the start is held for it.
+// transaction committing past its position in at_least_once (the floor),
+// and only the saved bound in exactly_once, where the start is held for it.
 func TestStoppedBound(t *testing.T) {
 	cases := []struct {
 		name               string
 		saved, floor, want uint64
-		exactlyOnce, ended bool
+		exactlyOnce        bool
 	}{
-		{"the checkpoint trails the bound", 500, 450, 450, false, false},
-		{"the floor above the bound", 500, 520, 500, false, false},
-		{"no floor known (an older checkpoint)", 500, 0, 500, false, false},
-		{"the repair goes where the bound's transactions had ended", 500, 450, 500, false, true},
-		{"exactly_once keeps the saved bound", 500, 450, 500, true, false},
-		{"exactly_once, no floor", 500, 0, 500, true, false},
-		{"exactly_once, ended known", 500, 450, 500, true, true},
+		{"the checkpoint trails the bound", 500, 450, 450, false},
+		{"the floor above the bound", 500, 520, 500, false},
+		{"no floor known (an older checkpoint)", 500, 0, 500, false},
+		{"exactly_once keeps the saved bound", 500, 450, 500, true},
+		{"exactly_once, no floor", 500, 0, 500, true},
 	}
 	for _, c := range cases {
-		if got := stoppedBound(c.saved, c.floor, c.exactlyOnce, c.ended); got != c.want {
+		if got := stoppedBound(c.saved, c.floor, c.exactlyOnce); got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, got, c.want)
 		}
 	}

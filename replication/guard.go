@@ -35,6 +35,7 @@ type Guard struct {
 	start   Membership
 	pending []reading // good readings not vouched for yet, oldest first
 	last    uint64    // snapshot xmin of the last good reading
+	lastAt  lsn.LSN   // and its After
 	// first is the WAL position read before the first reading, which found
 	// every mapped column: a Relation message of a transaction committed
 	// before it describes the table as it was, not as it is.
@@ -72,6 +73,10 @@ type reading struct {
 	// its snapshot can be below its own xmin, but was running at (or began
 	// after) the one before: the gap's rows are bounded by that xmin.
 	before uint64
+	// beforeAt is the After of the reading taken just before this one (0
+	// for the first): every transaction below before had inserted its
+	// commit record by then (Ended).
+	beforeAt lsn.LSN
 }
 
 // NewGuard takes the first reading; from is the start position, vouched for
@@ -89,8 +94,8 @@ func NewGuard(ctx context.Context, src Source, from lsn.LSN) (*Guard, error) {
 	}
 	g.start, g.first = s.Membership, s.Before
 	g.addFloor(s)
-	g.pending = []reading{{s, time.Now(), s.Xmin}}
-	g.last = s.Xmin
+	g.pending = []reading{{s, time.Now(), s.Xmin, 0}}
+	g.last, g.lastAt = s.Xmin, s.After
 	g.verified.Store(uint64(from))
 	g.xmin.Store(s.Xmin)
 	return g, nil
@@ -122,8 +127,8 @@ func (g *Guard) Check(ctx context.Context) (why string, gap bool) {
 	if why := s.SchemaProblem(g.src); why != "" {
 		return why, false
 	}
-	g.vouch(reading{s, time.Now(), g.last})
-	g.last = s.Xmin
+	g.vouch(reading{s, time.Now(), g.last, g.lastAt})
+	g.last, g.lastAt = s.Xmin, s.After
 	g.addFloor(s)
 	return "", false
 }
@@ -216,23 +221,31 @@ func (g *Guard) advance(r reading) {
 		xmin := min(r.Xmin, r.before)
 		g.xmin.Store(xmin)
 		g.verified.Store(uint64(r.Before))
-		g.ended.Store(&Ended{Below: xmin, By: r.Before})
+		if r.beforeAt != 0 {
+			g.ended.Store(&Ended{Below: xmin, By: r.beforeAt})
+		}
 	}
 }
 
-// Ended says that every transaction with an id below Below had ended at or
-// before the WAL position By: one below the reading's xmin ended before its
-// snapshot, and one below the xmin of the reading before it ended before
-// that one's After, at or before this one's Before (readings follow each
-// other on one connection).
+// Ended says that every transaction with an id below Below had inserted its
+// commit record at or before the WAL position By. Below is at most the xmin
+// of the reading before the vouching one, and a transaction below it had
+// left the proc array before that reading's snapshot, after its commit
+// record was inserted; By is that reading's After, the insert position read
+// after its snapshot (on a standby, the replay position). Not the vouching
+// reading's Before: that is the WAL write position, and an asynchronous
+// commit (synchronous_commit off) leaves the proc array before its record
+// is written (review11). By is at or before Verified, which the outbox's
+// membership held through.
 type Ended struct {
 	Below uint64
 	By    lsn.LSN
 }
 
-// Vouched is the Xmin and Verified of the last reading that vouched, read
-// together; false before one did (the start's bound is the first
-// reading's xmin, which ended nothing by the start position).
+// Vouched is the bound and position of the last reading that vouched, read
+// together; false before one with a reading before it did (the first
+// reading's own xmin bounds nothing by its Before: its snapshot was taken
+// after it).
 func (g *Guard) Vouched() (Ended, bool) {
 	if e := g.ended.Load(); e != nil {
 		return *e, true

@@ -63,25 +63,38 @@ func TestGuardGapXmin(t *testing.T) {
 }
 
 // TestGuardVouched: the pair a checkpoint saves (TableStream.Xmin and
-// Verified) comes from one vouching reading; none before the first (the
-// start's bound is the first reading's xmin, which ended nothing by the
-// start position).
+// Verified) comes from one vouching reading, with the After of the reading
+// before it as the position (an asynchronous commit can leave the proc
+// array before its record is written, so not the vouching reading's
+// Before); none before the first (the start's bound is the first
+// reading's xmin, which ended nothing by the start position) and none from
+// the first reading itself, whose snapshot came after its Before (review11).
 func TestGuardVouched(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	first := Snapshot{Before: 100, Xmin: 20, After: 110, Running: []uint64{20}}
 	g := &Guard{}
+	g.pending = []reading{{first, t0, first.Xmin, 0}} // as NewGuard leaves it
+	g.last, g.lastAt = first.Xmin, first.After
 	g.verified.Store(50)
-	g.xmin.Store(30)
+	g.xmin.Store(first.Xmin)
 	if e, ok := g.Vouched(); ok {
 		t.Fatalf("vouched %+v before any reading vouched", e)
 	}
-	t0 := time.Unix(1_000_000, 0)
-	g.vouch(reading{Snapshot: Snapshot{Before: 100, Xmin: 20, Running: []uint64{20}}, at: t0, before: 12})
-	if e, ok := g.Vouched(); ok {
-		t.Fatalf("vouched %+v while a transaction running at the reading may still commit", e)
+	second := Snapshot{Before: 200, Xmin: 25, After: 210, Running: []uint64{25}}
+	g.vouch(reading{second, t0.Add(100 * time.Millisecond), g.last, g.lastAt})
+	g.last, g.lastAt = second.Xmin, second.After
+	if g.Verified() != 100 {
+		t.Fatalf("verified %v, want the first reading's 0/64", g.Verified())
 	}
-	g.vouch(reading{Snapshot: Snapshot{Before: 200, Xmin: 25}, at: t0.Add(100 * time.Millisecond), before: 20})
+	if e, ok := g.Vouched(); ok {
+		t.Fatalf("vouched %+v from the first reading, whose xmin came after its Before", e)
+	}
+	third := Snapshot{Before: 300, Xmin: 30, After: 310}
+	g.vouch(reading{third, t0.Add(200 * time.Millisecond), g.last, g.lastAt})
 	e, ok := g.Vouched()
-	if !ok || e != (Ended{Below: 20, By: 200}) || e.Below != g.Xmin() || e.By != g.Verified() {
-		t.Fatalf("vouched %+v %v, want {20 0/C8} with xmin %d verified %v", e, ok, g.Xmin(), g.Verified())
+	if !ok || e != (Ended{Below: 25, By: 210}) || e.Below != g.Xmin() || e.By > g.Verified() {
+		t.Fatalf("vouched %+v %v, want {25 0/D2}: the bound with the After of the reading before (xmin %d, verified %v)",
+			e, ok, g.Xmin(), g.Verified())
 	}
 }
 
