@@ -64,7 +64,9 @@ func (j *JSONSchema) Check(payload []byte) *outbox.ContractViolation {
 	if len(bytes.TrimSpace(payload)) == 0 {
 		return &outbox.ContractViolation{Reason: "empty payload, want a JSON value"}
 	}
-	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(payload))
+	// decodeJSON, not jsonschema.UnmarshalJSON: the same values for the
+	// same input (FuzzDecode), in well under half the time per event.
+	inst, err := decodeJSON(payload)
 	if err != nil {
 		return &outbox.ContractViolation{Reason: "not JSON: " + err.Error()}
 	}
