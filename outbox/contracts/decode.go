@@ -60,13 +60,21 @@ type decoder struct {
 
 var decoderPool = sync.Pool{New: func() any { return new(decoder) }}
 
+// maxPooled bounds the pending members a pooled decoder keeps room for: one
+// huge payload should not pin its scratch space for every later event.
+const maxPooled = 4096
+
 // release returns d to the pool without references into the payload, so
-// that a pooled decoder keeps no event's data alive.
+// that a pooled decoder keeps no event's data alive. Every level clears what
+// it pops, so only members left pending by an error remain to clear.
 func (d *decoder) release() {
-	clear(d.vals[:cap(d.vals)])
-	clear(d.keys[:cap(d.keys)])
+	clear(d.vals)
+	clear(d.keys)
 	d.vals, d.keys = d.vals[:0], d.keys[:0]
 	d.src = ""
+	if cap(d.vals) > maxPooled || cap(d.keys) > maxPooled {
+		return
+	}
 	decoderPool.Put(d)
 }
 

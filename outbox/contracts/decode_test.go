@@ -195,3 +195,24 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	})
 }
+
+// TestDecodeJSONPoolClean: after a decode, success or error, the pooled
+// scratch space holds no value, so no event's data is kept alive.
+func TestDecodeJSONPoolClean(t *testing.T) {
+	for _, in := range []string{`{"a":[1,"x",{"b":"y"}],"c":"z"}`, `{"a":[1,"x",{"b":"y"`, `[1,2,[3,"s"],4,` + "\x00"} {
+		d := new(decoder)
+		d.src = in
+		d.value(0)
+		d.release()
+		for i, v := range d.vals[:cap(d.vals)] {
+			if v != nil {
+				t.Errorf("%q: vals[%d] = %#v after release", in, i, v)
+			}
+		}
+		for i, k := range d.keys[:cap(d.keys)] {
+			if k != "" {
+				t.Errorf("%q: keys[%d] = %q after release", in, i, k)
+			}
+		}
+	}
+}
