@@ -65,7 +65,8 @@ func (j *JSONSchema) Check(payload []byte) *outbox.ContractViolation {
 		return &outbox.ContractViolation{Reason: "empty payload, want a JSON value"}
 	}
 	// decodeJSON, not jsonschema.UnmarshalJSON: the same values for the
-	// same input (FuzzDecode), in well under half the time per event.
+	// same input (FuzzDecode), for under half its CPU and 19 allocations
+	// instead of 48 per ~230-byte payload (BenchmarkDecode).
 	inst, err := decodeJSON(payload)
 	if err != nil {
 		return &outbox.ContractViolation{Reason: "not JSON: " + err.Error()}
