@@ -52,10 +52,34 @@ func (o *observation) checkParking(rep *Report, recs, dlq []copyRec, byID map[st
 		}
 		copies[c.ID] = append(copies[c.ID], c)
 	}
+	dlq, parked = lateRepairs(o.Redrive.Lost, dlq, parked)
 	for _, v := range quarantineViolations(recs, dlq, parked, o.Redrive.Lifted) {
 		rep.QuarantineViolations++
 		fail("dlq.mode quarantine: %s", v)
 	}
+}
+
+// lateRepairs leaves out of dlq and parked the copies of events lost to
+// parking retention (lost: id → where the redrive's refusal named it
+// parked) other than that parked original: a verify --repair (a runbook's)
+// republished them later, by the quarantine rules of its time, late by
+// design, as checkOrder treats them.
+func lateRepairs(lost map[string]string, dlq, parked []copyRec) (d, p []copyRec) {
+	late := func(c copyRec, parking bool) bool {
+		at, ok := lost[c.ID]
+		return ok && (!parking || at != fmt.Sprintf("partition %d offset %d", c.Partition, c.Offset))
+	}
+	for _, c := range dlq {
+		if !late(c, false) {
+			d = append(d, c)
+		}
+	}
+	for _, c := range parked {
+		if !late(c, true) {
+			p = append(p, c)
+		}
+	}
+	return d, p
 }
 
 // withDeleted adds to parked (the final read) the parked records the live
