@@ -310,17 +310,23 @@ func (e *env) walBytes(ctx context.Context, from, to string) (int64, error) {
 	return n, err
 }
 
+// prebuilt is the absolute path of a binary given by flag -name, which
+// must exist.
+func prebuilt(name, path string) (string, error) {
+	p, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("-%s: %w", name, err)
+	}
+	return p, nil
+}
+
 // connectorBinary returns opts.Connector or builds ./cmd/outbox-cdc.
 func connectorBinary(ctx context.Context, opts options, workDir string, log *slog.Logger) (string, error) {
 	if opts.Connector != "" {
-		p, err := filepath.Abs(opts.Connector)
-		if err != nil {
-			return "", err
-		}
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("-connector: %w", err)
-		}
-		return p, nil
+		return prebuilt("connector", opts.Connector)
 	}
 	out := filepath.Join(workDir, "outbox-cdc")
 	log.Info("building the connector", "out", out)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -30,14 +29,7 @@ const minimalSystem = "minimal"
 // into workDir (the Makefile builds only the connector and the benchmark).
 func minimalBinary(ctx context.Context, opts options, workDir string, log *slog.Logger) (string, error) {
 	if opts.MinimalBin != "" {
-		p, err := filepath.Abs(opts.MinimalBin)
-		if err != nil {
-			return "", err
-		}
-		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("-minimal-bin: %w", err)
-		}
-		return p, nil
+		return prebuilt("minimal-bin", opts.MinimalBin)
 	}
 	root, err := testenv.RepoRoot()
 	if err != nil {
