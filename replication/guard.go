@@ -30,12 +30,13 @@ const (
 // beyond that position is confirmed (the pipeline's gate), so a restart
 // after the fix starts before the first insert that was not decoded.
 type Guard struct {
-	src     Source
-	watch   *Watch
-	start   Membership
-	pending []reading // good readings not vouched for yet, oldest first
-	last    uint64    // snapshot xmin of the last good reading
-	lastAt  lsn.LSN   // and its After
+	src      Source
+	watch    *Watch
+	start    Membership
+	pending  []reading // good readings not vouched for yet, oldest first
+	last     uint64    // snapshot xmin of the last good reading
+	lastAt   lsn.LSN   // and its After
+	lastConn uint64    // and the watch's connection it was read on
 	// first is the WAL position read before the first reading, which found
 	// every mapped column: a Relation message of a transaction committed
 	// before it describes the table as it was, not as it is.
@@ -95,7 +96,7 @@ func NewGuard(ctx context.Context, src Source, from lsn.LSN) (*Guard, error) {
 	g.start, g.first = s.Membership, s.Before
 	g.addFloor(s)
 	g.pending = []reading{{s, time.Now(), s.Xmin, 0}}
-	g.last, g.lastAt = s.Xmin, s.After
+	g.last, g.lastAt, g.lastConn = s.Xmin, s.After, g.watch.conns
 	g.verified.Store(uint64(from))
 	g.xmin.Store(s.Xmin)
 	return g, nil
@@ -127,8 +128,8 @@ func (g *Guard) Check(ctx context.Context) (why string, gap bool) {
 	if why := s.SchemaProblem(g.src); why != "" {
 		return why, false
 	}
-	g.vouch(reading{s, time.Now(), g.last, g.lastAt})
-	g.last, g.lastAt = s.Xmin, s.After
+	g.vouch(reading{s, time.Now(), g.last, pairAfter(g.lastAt, g.lastConn, g.watch.conns)})
+	g.last, g.lastAt, g.lastConn = s.Xmin, s.After, g.watch.conns
 	g.addFloor(s)
 	return "", false
 }
@@ -227,6 +228,19 @@ func (g *Guard) advance(r reading) {
 	}
 }
 
+// pairAfter is the After the next reading pairs with the last good one's
+// xmin (reading.beforeAt), or 0 (no pair) when it is read on another
+// connection than that one: a new connection may be to another server (a
+// restore on the same timeline, a promoted standby that was behind), whose
+// ids past the fork are assigned again, so the old After bounds nothing
+// there (review12), as addFloor drops the old floors.
+func pairAfter(lastAt lsn.LSN, lastConn, conn uint64) lsn.LSN {
+	if conn != lastConn {
+		return 0
+	}
+	return lastAt
+}
+
 // Ended says that every transaction with an id below Below had inserted its
 // commit record at or before the WAL position By. Below is at most the xmin
 // of the reading before the vouching one, and a transaction below it had
@@ -235,8 +249,15 @@ func (g *Guard) advance(r reading) {
 // after its snapshot (on a standby, the replay position). Not the vouching
 // reading's Before: that is the WAL write position, and an asynchronous
 // commit (synchronous_commit off) leaves the proc array before its record
-// is written (review11). By is at or before Verified, which the outbox's
-// membership held through.
+// is written (review11). By can be past Verified (a write position read
+// later can trail an insert position read earlier, review12); what the
+// repair needs is that a change to the membership commits after By, and it
+// does: every good reading up to the vouching one found the membership in
+// place, so the change was neither visible to the vouching reading's
+// snapshot nor running at it (the reading that settled it would have seen
+// the change), so it took its id after that snapshot and wrote its commit
+// record after By (but for the synchronous-standby wait GuardMargin
+// allows).
 type Ended struct {
 	Below uint64
 	By    lsn.LSN
