@@ -31,12 +31,7 @@ func TestGapRowsKeepInsertionOrder(t *testing.T) {
 	exec(`CREATE TABLE ` + table + ` (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
 		aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())`)
 	defer func() { _, _ = conn.Exec(context.Background(), "DROP TABLE "+table) }()
-	// Full pages of 1 KB rows, then room for one of them in page 0, recorded
-	// by VACUUM.
-	exec(`INSERT INTO ` + table + ` (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'fill', 'fill', 'f', to_jsonb(repeat('x', 1000)) FROM generate_series(1, 40)`)
-	exec(`DELETE FROM ` + table + ` WHERE ctid = '(0,3)'`)
-	exec(`VACUUM ` + table)
+	roomInPageZero(ctx, t, conn, table)
 
 	// One transaction, one statement per event: a 2 KB event that does not
 	// fit page 0 starts a new page, then 60 small events fill it and go on
@@ -66,42 +61,21 @@ func TestGapRowsKeepInsertionOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The premise: the heap order is not the insertion order.
-	q, err := conn.Query(ctx, `SELECT event_type FROM `+table+` WHERE aggregate_id = 'a' ORDER BY ctid`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	byCtid, err := pgx.CollectRows(q, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if slices.Equal(byCtid, want) {
-		t.Fatalf("the heap kept the insertion order (%v): the test did not make a transaction's rows land in an earlier page", byCtid)
+	heap := byCtid(ctx, t, conn, table)
+	if slices.Equal(heap, want) {
+		t.Fatalf("the heap kept the insertion order (%v): the test did not make a transaction's rows land in an earlier page", heap)
 	}
 
-	db, err := ParseDB(pg.DSN("postgres"), nil)
+	rows, g, err := gapSource(t, pg, table).GapRows(ctx, xid, offsets.RepairedRows{}, []RowSpec{{Mapping: gapMapping}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := Source{DB: db, OutboxTable: OutboxTable{Schema: "public", Table: table}}
-	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
-	rows, g, err := src.GapRows(ctx, xid, offsets.RepairedRows{}, []RowSpec{{Mapping: m}}, nil)
+	got, err := eventTypes(rows)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var got []string
-	for rows.Next() {
-		ev, err := rows.Event()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, string(ev.EventType.Bytes))
-	}
-	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(got, want) {
-		t.Fatalf("gap rows in order\n%v\nwant the insertion order\n%v\n(heap order %v)", got, want, byCtid)
+		t.Fatalf("gap rows in order\n%v\nwant the insertion order\n%v\n(heap order %v)", got, want, heap)
 	}
 	if g.Transactions != 1 || !g.Read.Has(xid) {
 		t.Fatalf("gap transactions %d (read %+v), want only %d", g.Transactions, g.Read, xid)

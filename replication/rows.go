@@ -200,8 +200,9 @@ type Gap struct {
 // GapRows reads the rows written by transactions at or after xmin (a full
 // 64-bit transaction id), in transaction order, from every outbox table in
 // one snapshot (specs[i] for Tables()[i]): the rows of a gap the stream
-// could not decode, but for those an earlier repair read (done; zero: none).
-// Before it reads, it waits for the transactions running now (waiting is
+// could not decode, but for those an earlier repair read (done; zero: none)
+// and those the stream decodes (laterTxns). Before it reads, it waits for
+// the transactions running now that may have written the gap (waiting is
 // told which, every gapWaitLog; waitGapWriters).
 func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedRows, specs []RowSpec,
 	waiting func(xids []int64)) (*Rows, Gap, error) {
@@ -209,14 +210,15 @@ func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedR
 		return nil, Gap{}, &fault.FatalError{Reason: "checkpoint", Err: fmt.Errorf("backfill: the checkpoint's repaired rows "+
 			"list %q, which is not a list of transaction ids; the checkpoint was edited or damaged", done.Xids)}
 	}
-	if err := s.waitGapWriters(ctx, xmin, waiting); err != nil {
+	later, err := s.waitGapWriters(ctx, xmin, waiting)
+	if err != nil {
 		return nil, Gap{}, err
 	}
 	r, err := s.begin(ctx, "backfill")
 	if err != nil {
 		return nil, Gap{}, err
 	}
-	g, err := s.gap(ctx, r, xmin, done, specs)
+	g, err := s.gap(ctx, r, xmin, done, later, specs)
 	if err != nil {
 		r.Close()
 		return nil, Gap{}, err
@@ -224,7 +226,7 @@ func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedR
 	return r, g, nil
 }
 
-func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.RepairedRows, specs []RowSpec) (Gap, error) {
+func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.RepairedRows, later laterTxns, specs []RowSpec) (Gap, error) {
 	// The first statement fixes the snapshot; the WAL position read in it
 	// is past every commit the snapshot sees.
 	var ref, below uint64
@@ -233,7 +235,7 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.Repa
 		" FROM pg_current_snapshot() s").Scan(&ref, &below, &g.ClearAt); err != nil {
 		return Gap{}, fmt.Errorf("backfill: %w", err)
 	}
-	filter := xidFilter(ref, xmin) + leaveOut(ref, done)
+	filter := xidFilter(ref, xmin) + leaveOut(ref, done) + later.filter(xid8(ref))
 	var listed []int64
 	for _, t := range s.Tables() {
 		xids, err := r.tx.Query(ctx, "SELECT DISTINCT "+xid8(ref)+" FROM "+t.qualified()+" WHERE "+filter)
@@ -257,9 +259,15 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.Repa
 	}
 	// Per aggregate, a writer's transactions get increasing ids; the stream
 	// delivers in commit order, which for one aggregate's serialized writes
-	// is the same. Within a transaction, commandID, then ctid.
+	// is the same. Within a transaction, commandID, then within a statement
+	// snapshot.order_by when set (ctid is not the order a multi-row INSERT
+	// wrote; commandID), then ctid.
 	return g, s.queryEach(r, specs, func(t Source, spec RowSpec) error {
-		return t.query(ctx, r, spec, filter, []string{xid8(ref), commandID, "ctid"})
+		order := []string{xid8(ref), commandID}
+		if spec.OrderBy != "" {
+			order = append(order, spec.OrderBy)
+		}
+		return t.query(ctx, r, spec, filter, append(order, "ctid"))
 	})
 }
 
@@ -393,8 +401,10 @@ func (s Source) snapshotOrder(ctx context.Context, q rowQuerier, by string) ([]s
 // up from 0 (PG docs, "System Columns"). ctid is not that order: once
 // VACUUM has recorded free space in earlier pages, a transaction's later
 // rows can land there (TestGapRowsKeepInsertionOrder). Rows of one
-// multi-row INSERT share their cmin; ctid orders those. cid has no
-// ordering operator, hence the casts.
+// multi-row INSERT share their cmin, and ctid orders them only as well as
+// it can: the free space map can put a later row in an earlier page
+// (snapshot.order_by is the exact order). cid has no ordering operator,
+// hence the casts.
 const commandID = "(cmin::text::bigint)"
 
 // orderColumns is by (if set) and the insertion order within a transaction
