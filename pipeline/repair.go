@@ -104,6 +104,10 @@ type stoppedChange struct {
 	why   string
 	since lsn.LSN // where the repair goes: the run's start, past the checkpoint and Kafka's position
 	xmin  uint64  // the lowest bound of the changed tables' rows the stream may lack
+	// saved is the bound saved with the checkpoint (xmin before the floor
+	// of since lowered it, stoppedBound): the bound when the change joins a
+	// loaded gap's repair, which goes where the stream reaches that gap.
+	saved uint64
 }
 
 // decide is the one decision whether this run repairs a gap, taken once the
@@ -144,15 +148,20 @@ func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bo
 		gi := &gapInfo{Since: ch.since, Xmin: ch.xmin}
 		old := r.gap.Load()
 		switch {
-		case old != nil && repairs && old.Xmin <= ch.xmin:
+		case old != nil && repairs && old.Xmin <= ch.saved:
 			// The loaded gap's repair reads every row at or above its
 			// bound, at its place (which a run that found it may have
-			// anchored): it covers this change.
+			// anchored): it covers this change. Not the floor of the
+			// start: a repair there must take in what the stream replays
+			// after it (stoppedBound), one at the gap comes after that
+			// replay, and a lower bound only adds rows delivered before
+			// the start, sent again behind the replay's newer rows, out of
+			// order (TestGapRepairStoppedChangeKeepsGapBound).
 			ch = nil
 		case old != nil && repairs:
 			// Only a lower bound widens it; what an earlier repair read
 			// is in Kafka still.
-			gi = &gapInfo{Since: old.Since, Xmin: ch.xmin, Repaired: old.Repaired, LookUp: old.LookUp}
+			gi = &gapInfo{Since: old.Since, Xmin: ch.saved, Repaired: old.Repaired, LookUp: old.LookUp}
 		case old != nil:
 			// Its repair committed: it covers nothing of this change, and
 			// what it read is in Kafka.

@@ -53,7 +53,7 @@ func (w *rmWorld) startRun() *rmRun {
 			r.rep.load(*c.gap)
 		}
 		if c.ver != w.ver { // the membership changed since the saving run started
-			ch = &stoppedChange{why: "model", since: max(c.at, r.start, w.kpos), xmin: c.xmin}
+			ch = &stoppedChange{why: "model", since: max(c.at, r.start, w.kpos), xmin: c.xmin, saved: c.xmin}
 			change = &gapInfo{Since: ch.since, Xmin: ch.xmin}
 		}
 	}

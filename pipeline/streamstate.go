@@ -123,7 +123,7 @@ func changeWhileStopped(pl *plan, c *offsets.Checkpoint, exactlyOnce bool) *stop
 	if exactlyOnce {
 		since = stoppedSince(since, ch.ended)
 	}
-	return &stoppedChange{why: ch.why, since: since, xmin: xmin}
+	return &stoppedChange{why: ch.why, since: since, xmin: xmin, saved: ch.xmin}
 }
 
 // stoppedSince moves the repair of a change found at start, in

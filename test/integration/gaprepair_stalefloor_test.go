@@ -1,0 +1,97 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-cdc/outbox-cdc/lsn"
+)
+
+// TestGapRepairStoppedChangeKeepsGapBound: in at_least_once, the outbox
+// leaves the publication while the connector runs (it records the gap and
+// exits 1) and comes back while it is stopped, which the restart also
+// finds as a change while stopped. The repair goes where the stream
+// reaches the gap, after the stream's replay from its start; its bound is
+// the gap's. It was lowered to the floor of the checkpoint's position,
+// which a long transaction since ended held below rows delivered long
+// before (r*): those went again after the replayed s*, and the key then
+// jumped to the gap's rows (short chaos seed 16213174281140426822, 17
+// keys). The checkpoint here goes back to r10 with the floor it had there,
+// as acknowledgements that lag behind the gap leave it.
+func TestGapRepairStoppedChangeKeepsGapBound(t *testing.T) {
+	dsn := newDatabase(t)
+	createOutbox(t, dsn, "outbox", "jsonb")
+	const slot, early = "gapfloor", "gapfloor_early"
+	cfgPath := writeConfig(t, yamlFor(t, dsn, slot, "outbox: {table: public.outbox}"))
+	dropSlotAtEnd(t, dsn, early)
+	conn := pgConnect(t, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	row, _ := gapWriters(ctx, t, slot)
+	var order []string // every row, in commit order (one aggregate, one writer)
+	write := func(name string) {
+		committed(t, conn, func(tx pgx.Tx) { row(tx, name) })
+		order = append(order, name)
+	}
+	long := beginLong(ctx, t, dsn, slot, 9, 0)
+	var ckptEarly lsn.LSN
+	var floorEarly, longXid int64
+	code, out := runUntilExit(t, cfgPath, time.Minute, func(*process) {
+		long.takeID() // below every r*: the floor stays there while it runs
+		if err := long.tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&longXid); err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i <= 10; i++ {
+			write(fmt.Sprintf("r%d", i))
+		}
+		consumeUntilValue(t, topicFor(slot), `{"n": "r10"}`, time.Minute)
+		end := currentLSN(t, conn)
+		waitFor(t, 30*time.Second, "slot and checkpoint past r10", func() bool {
+			return slotConfirmed(t, dsn, slot) >= end && checkpointLSN(t, conn, slot) >= end
+		})
+		exec1(t, dsn, fmt.Sprintf("SELECT pg_copy_logical_replication_slot('%s', '%s')", slot, early))
+		if err := conn.QueryRow(ctx, "SELECT lsn::text, coalesce(floor_xid, 0) FROM outbox_cdc.checkpoints WHERE slot = $1",
+			slot).Scan(&ckptEarly, &floorEarly); err != nil {
+			t.Fatal(err)
+		}
+		long.commit() // the gap's readings come after it
+		for i := 1; i <= 10; i++ {
+			write(fmt.Sprintf("s%d", i))
+		}
+		consumeUntilValue(t, topicFor(slot), `{"n": "s10"}`, time.Minute)
+		end = currentLSN(t, conn)
+		waitFor(t, 30*time.Second, "checkpoint past s10", func() bool { return checkpointLSN(t, conn, slot) >= end })
+		exec1(t, dsn, "ALTER PUBLICATION "+slot+" DROP TABLE outbox")
+	})
+	if code != 1 || !strings.Contains(out, "was removed from publication") {
+		t.Fatalf("exit %d, want 1 saying the outbox left the publication:\n%s", code, out)
+	}
+	if floorEarly == 0 || floorEarly > longXid {
+		t.Fatalf("the premise: the checkpoint at r10 has floor %d, want one at or below the long transaction's id %d", floorEarly, longXid)
+	}
+	for i := 1; i <= 3; i++ { // rows the stream never decodes
+		write(fmt.Sprintf("g%d", i))
+	}
+	exec1(t, dsn, "ALTER PUBLICATION "+slot+" ADD TABLE outbox")
+	dropReleasedSlot(t, dsn, slot)
+	exec1(t, dsn, fmt.Sprintf("SELECT pg_copy_logical_replication_slot('%s', '%s')", early, slot))
+	exec1(t, dsn, fmt.Sprintf("UPDATE outbox_cdc.checkpoints SET lsn = '%v', floor_xid = %d WHERE slot = '%s'", ckptEarly, floorEarly, slot))
+
+	addr := freeAddr(t)
+	p := startProc(t, cfgPath, addr, true, "OUTBOX_CDC_HTTP_LISTEN="+addr)
+	defer func() {
+		if t.Failed() {
+			t.Logf("after the gap:\n%s", p.output())
+		}
+	}()
+	write("last")
+	got := consumeUntilValue(t, topicFor(slot), `{"n": "last"}`, time.Minute)
+	stopClean(t, p)
+
+	checkReplayedStrict(t, order, got)
+}
