@@ -169,6 +169,9 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 	}
 	p.b.repairing(true) // exactly_once after a restore's runbook (readback_repair.go)
 	defer p.b.repairing(false)
+	// Said before the rows go: a stop or a lost connection can cut the
+	// repair after some of them, which are copies in at_least_once.
+	p.log.Info("publishing the rows written while the outbox was outside the publication", "since", b.Since, "xmin", b.Xmin)
 	g, again, err := w.readBackfill(ctx, produceCtx, txn, &n, keep, b.gapInfo)
 	if err != nil {
 		if !again || !replication.Transient(err) || ctx.Err() != nil || p.conn.drop == nil {

@@ -224,9 +224,10 @@ func (o *observation) copiesOf(rep *Report, recs, dlq []copyRec, byID map[string
 	return copies
 }
 
-// backfillLine is how a connector process says it published rows of a
-// publication gap from the table.
-var backfillLine = regexp.MustCompile(`(?i)published the rows written while|backfill`)
+// backfillLine is how a connector process says it publishes (begins to:
+// a stop can cut the repair) or published rows of a publication gap from
+// the table.
+var backfillLine = regexp.MustCompile(`(?i)publish(ed|ing) the rows written while|backfill`)
 
 // noteBackfills marks the processes that published rows of a publication
 // gap from the table (their log lines) and lists what each said.

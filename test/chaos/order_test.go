@@ -66,21 +66,18 @@ func (o *observation) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fai
 	}
 	st := map[string]*state{}
 	proc := processOf(o.Incarnations, recs)
-	// A process started after a publication gap may replay across it
-	// without the gap's record (ops-foreign-checkpoint deleted the
-	// checkpoint that held it): the gap's rows were never in the WAL
-	// stream, so its replay of delivered events jumps over them.
-	var gapAt time.Time
-	for _, f := range o.Faults {
-		if gapKind(f.Kind) {
-			gapAt = f.Start
-			break
-		}
-	}
+	// The process that starts after ops-foreign-checkpoint deleted the
+	// checkpoint (its runbook's fix), and those after it, lost a gap's
+	// record with it: a stream from the slot replays delivered events over
+	// the gap's rows, which were never in the WAL stream, and a repair the
+	// process before it began (copies of delivered events, from the table)
+	// is not finished. Their records may jump to any event up to the next
+	// new one, never past it.
+	deletedBy := o.checkpointDeletion()
 	of := incarnationOf(o.Incarnations, recs)
 	replaysAcrossGap := func(c copyRec) bool {
 		in := of(c)
-		return !gapAt.IsZero() && in != nil && in.Start.After(gapAt)
+		return deletedBy > 0 && in != nil && in.N >= deletedBy
 	}
 	repaired := o.repairOrder(rep, recs, fail) // lostorder_test.go
 	bad := func(c copyRec, format string, args ...any) {
@@ -120,7 +117,7 @@ func (o *observation) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fai
 		case repaired.excuses(c, dead):
 			// A lost slot's rows, republished late and in table order.
 			rep.LostSlotRepairJumps++
-		case c.Seq <= s.max && replaysAcrossGap(c):
+		case c.Seq <= dead.next(c.Key, s.max) && replaysAcrossGap(c):
 			// A replay of delivered events over the rows of a gap (above).
 			rep.GapReplayJumps++
 		default:
@@ -138,6 +135,25 @@ func (o *observation) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fai
 		fail("%d order violations (%d of them among first copies; by process %v); first: %s", rep.OrderViolations, rep.FirstCopyOrderViolations,
 			rep.OrderViolationsByProcess, strings.Join(rep.OrderExamples, "; "))
 	}
+}
+
+// checkpointDeletion is the process started after the first
+// ops-foreign-checkpoint that deleted the checkpoint once a publication gap
+// had happened (before one, no gap's record can be lost); 0: none.
+func (o *observation) checkpointDeletion() int {
+	gap := false
+	for _, f := range o.Faults {
+		gap = gap || gapKind(f.Kind)
+		if !gap || f.Kind != fOpsForeignCkpt || !strings.Contains(f.Detail, "; deleted") {
+			continue
+		}
+		for _, in := range o.Incarnations {
+			if in.Start.After(f.Start) && in.Reason == "after-ops-exit" {
+				return in.N
+			}
+		}
+	}
+	return 0
 }
 
 // processOf tells, for the examples, which connector process appended a
