@@ -322,7 +322,7 @@ func (s *Stream) connectAndRead(ctx context.Context, at ResumeAt, out chan<- *Ba
 	defer l.releasePending()
 	// Reads wait on the socket's deadline: ReceiveMessage with a context
 	// other than Background arms pgconn's context watcher, and a deadline
-	// context costs a timer, for every message (docs/performance.md).
+	// context costs a timer, for every message (bench/results/HISTORY.md).
 	// StopReading ends a read by moving the deadline to now; so does the
 	// end of ctx: the last status update then goes at once.
 	wakeRead := func() { _ = l.nc.SetReadDeadline(time.Now()) }

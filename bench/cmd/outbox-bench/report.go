@@ -250,7 +250,7 @@ func renderProfiles(w func(string, ...any), r *Results) {
 	w("## CPU profile of the drain\n\n")
 	w("`runtime/pprof` around an in-process drain (pipeline.New/Run, same configuration as the binary) of an identical " +
 		"slot. The profile covers the connector's goroutines only; PostgreSQL and Kafka run in other processes. " +
-		"Proposed changes: `docs/performance.md`.\n\n")
+		"The changes the profiles led to: `bench/results/HISTORY.md`.\n\n")
 	for _, d := range r.Drains {
 		p := d.Profiled
 		if p == nil {
