@@ -98,7 +98,27 @@ type Gap struct {
 	// LookUp: rows of the gap may be in Kafka from a repair whose rows are
 	// not recorded; the repair looks each up before it publishes it.
 	LookUp bool `json:"look_up,omitempty"`
+	// Finished are transactions that had ended before Since: the repair
+	// leaves them out.
+	Finished FinishedTxns `json:"finished,omitzero"`
 }
+
+// FinishedTxns are the transactions that had ended at a reading whose
+// insert position (replication.Snapshot.After) is at or before a gap's
+// Since: every id below Xmax but those in Open (the reading's running
+// transactions and every id holding its own lock then, subtransactions
+// included; ascending, comma-separated). Each committed before Since, with
+// the table in the publication, so the stream decodes it again or
+// delivered it before its start; read again by the repair of the gap, its
+// rows went as copies, behind newer rows the stream had replayed. Zero:
+// unknown (nothing is left out).
+type FinishedTxns struct {
+	Xmax uint64 `json:"xmax,omitempty"`
+	Open string `json:"open,omitempty"`
+}
+
+// IsZero reports an unknown reading.
+func (f FinishedTxns) IsZero() bool { return f.Xmax == 0 }
 
 // RepairedRows are the rows a gap repair read from the table (with those
 // of the repairs before it): every row of a transaction whose (64-bit) id

@@ -199,7 +199,7 @@ func (w *processor) runBackfill(ctx, produceCtx context.Context, b *backfill, tx
 func (w *processor) readBackfill(ctx, produceCtx context.Context, txn *offsets.Txn, n *int, keep func(*decode.Event) bool,
 	gi gapInfo) (g replication.Gap, again bool, err error) {
 	p := w.p
-	rows, g, err := p.cfg.Source.GapRows(ctx, gi.Xmin, gi.Repaired, rowSpecs(p.cfg), func(xids []int64) {
+	rows, g, err := p.cfg.Source.GapRows(ctx, gi.Xmin, gi.Repaired, gi.Finished, rowSpecs(p.cfg), func(xids []int64) {
 		p.log.Warn("the gap repair waits for transactions that were open when it began: one may hold rows written while "+
 			"the outbox was outside the publication (see pg_stat_activity.backend_xid, pg_prepared_xacts)", "xids", xids)
 	})

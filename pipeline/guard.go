@@ -44,7 +44,7 @@ func (p *Pipeline) guardLoop(ctx context.Context, g *guards) {
 		}
 		switch why, gap, src := g.Check(ctx); {
 		case gap:
-			_ = p.failGap(src, why, g.Verified(), g.Xmin()) // reaches Run through fail
+			_ = p.failGap(g, src, why) // reaches Run through fail
 			return
 		case why != "":
 			p.fail(schemaError(why))
@@ -53,9 +53,12 @@ func (p *Pipeline) guardLoop(ctx context.Context, g *guards) {
 	}
 }
 
-// failGap stops the connector because the outbox left the stream.
-func (p *Pipeline) failGap(src replication.Source, why string, verified lsn.LSN, xmin uint64) error {
-	p.rep.found(gapInfo{Since: verified, Xmin: xmin})
+// failGap stops the connector because the outbox left the stream, and
+// records the gap: its position, bound and the transactions that had ended
+// before it.
+func (p *Pipeline) failGap(g *guards, src replication.Source, why string) error {
+	verified := g.Verified()
+	p.rep.found(gapInfo{Since: verified, Xmin: g.Xmin(), Finished: g.finished(verified)})
 	err := replication.LeftStreamError(src, why, verified, p.plan.checkpoints != nil)
 	p.fail(err)
 	return err
@@ -99,7 +102,7 @@ func (p *Pipeline) finalCheck(ctx context.Context) error {
 	deadline := time.Now().Add(replication.GuardMargin + 200*time.Millisecond)
 	for g.Verified() < p.tracker.Acked() && time.Now().Before(deadline) {
 		if why, gap, src := g.Check(ctx); gap {
-			return p.failGap(src, why, g.Verified(), g.Xmin())
+			return p.failGap(g, src, why)
 		}
 		time.Sleep(finalPause)
 	}

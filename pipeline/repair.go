@@ -161,7 +161,7 @@ func (r *repair) decide(committed lsn.LSN, ch *stoppedChange) (placed, lookUp bo
 		case old != nil && repairs:
 			// Only a lower bound widens it; what an earlier repair read
 			// is in Kafka still.
-			gi = &gapInfo{Since: old.Since, Xmin: ch.saved, Repaired: old.Repaired, LookUp: old.LookUp}
+			gi = &gapInfo{Since: old.Since, Xmin: ch.saved, Repaired: old.Repaired, LookUp: old.LookUp, Finished: old.Finished}
 		case old != nil:
 			// Its repair committed: it covers nothing of this change, and
 			// what it read is in Kafka.
@@ -197,7 +197,7 @@ func (r *repair) found(g gapInfo) {
 		next := g
 		if old != nil {
 			next = gapInfo{Since: min(old.Since, g.Since), Xmin: min(old.Xmin, g.Xmin), Repaired: old.Repaired,
-				Pending: old.Pending, LookUp: old.LookUp}
+				Pending: old.Pending, LookUp: old.LookUp, Finished: finishedAt(*old, g)}
 			if r.pending.Load() || !old.Pending.Rows.IsZero() {
 				next.Pending.Later = lowerXmin(old.Pending.Later, g.Xmin)
 			}
@@ -207,6 +207,24 @@ func (r *repair) found(g gapInfo) {
 		}
 	}
 	r.clear.Store(0)
+}
+
+// finishedAt is the finished transactions of two gaps merged at the lower
+// Since: the reading behind it (one behind the higher could name a
+// transaction that commits between the two, which the stream decodes only
+// after the repair). Zero when unknown.
+func finishedAt(a, b gapInfo) offsets.FinishedTxns {
+	switch {
+	case a.Since < b.Since:
+		return a.Finished
+	case b.Since < a.Since:
+		return b.Finished
+	case a.Finished.IsZero() || b.Finished.IsZero():
+		return offsets.FinishedTxns{}
+	case a.Finished.Xmax <= b.Finished.Xmax:
+		return a.Finished
+	}
+	return b.Finished
 }
 
 // lowerXmin is the lower of two bounds, zero standing for none.

@@ -248,3 +248,29 @@ func TestRepairGapAfterCommittedRepair(t *testing.T) {
 		t.Fatalf("third restart without the second repair repairs %+v, want %+v", got, want)
 	}
 }
+
+// TestFinishedAt: two gaps merged keep the finished transactions of the
+// one with the lower Since (a reading behind the higher one could name a
+// transaction committed between the two); at the same Since the older
+// reading, unknown when either is.
+func TestFinishedAt(t *testing.T) {
+	f1 := offsets.FinishedTxns{Xmax: 90, Open: "85"}
+	f2 := offsets.FinishedTxns{Xmax: 120, Open: "101,110"}
+	for _, tt := range []struct {
+		name string
+		a, b gapInfo
+		want offsets.FinishedTxns
+	}{
+		{"the lower Since's", gapInfo{Since: 100, Finished: f2}, gapInfo{Since: 200, Finished: f1}, f2},
+		{"the lower Since's, the other way", gapInfo{Since: 200, Finished: f1}, gapInfo{Since: 100, Finished: f2}, f2},
+		{"the lower Since's unknown", gapInfo{Since: 100}, gapInfo{Since: 200, Finished: f1}, offsets.FinishedTxns{}},
+		{"same Since: the older reading", gapInfo{Since: 100, Finished: f2}, gapInfo{Since: 100, Finished: f1}, f1},
+		{"same Since, one unknown", gapInfo{Since: 100, Finished: f2}, gapInfo{Since: 100}, offsets.FinishedTxns{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := finishedAt(tt.a, tt.b); got != tt.want {
+				t.Fatalf("finishedAt = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}

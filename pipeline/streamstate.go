@@ -3,6 +3,7 @@ package pipeline
 import (
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
+	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // What the stream's completeness depends on travels with every checkpoint
@@ -90,6 +91,26 @@ func (g *guards) floor(pos lsn.LSN) uint64 {
 		f = max(f, one.Floor(pos))
 	}
 	return f
+}
+
+// finished is what the newest reading behind pos of any table's guard knew
+// of the ended transactions (every guard reads the same cluster);
+// offsets.MaxRepairedXids bounds the list saved, past it: unknown.
+func (g *guards) finished(pos lsn.LSN) offsets.FinishedTxns {
+	var best replication.Finished
+	for _, one := range g.gs {
+		if f, ok := one.Finished(pos); ok && f.Xmax > best.Xmax {
+			best = f
+		}
+	}
+	if best.Xmax == 0 || len(best.Open) > offsets.MaxRepairedXids {
+		return offsets.FinishedTxns{}
+	}
+	open := make([]int64, len(best.Open))
+	for i, x := range best.Open {
+		open[i] = int64(x)
+	}
+	return offsets.FinishedTxns{Xmax: best.Xmax, Open: offsets.JoinXids(open)}
 }
 
 // seedFloor gives every guard the floor saved with the start's checkpoint.

@@ -10,7 +10,8 @@ import (
 )
 
 // gapRepaired is the gap_repaired column: what earlier repairs of the gap
-// read (offsets.Gap; since and xmin have columns of their own).
+// read and the transactions they leave out (offsets.Gap; since and xmin
+// have columns of their own).
 type gapRepaired struct {
 	// An older version's save leaves this column as it was, and may save
 	// the same gap (a merge can give back since and xmin): SavedAt is the
@@ -22,6 +23,7 @@ type gapRepaired struct {
 	Repaired offsets.RepairedRows  `json:"repaired,omitzero"`
 	Pending  offsets.PendingRepair `json:"pending,omitzero"`
 	LookUp   bool                  `json:"look_up,omitempty"`
+	Finished offsets.FinishedTxns  `json:"finished,omitzero"`
 }
 
 // gapRepairedSQL is the column's value in the save ($16: the JSON, or
@@ -31,10 +33,11 @@ const gapRepairedSQL = `CASE WHEN $16::text IS NULL THEN NULL ELSE jsonb_set($16
 // encodeGapRepaired is the column's value for g: NULL when no repair is
 // recorded.
 func encodeGapRepaired(g *offsets.Gap) (any, error) {
-	if g.Repaired.IsZero() && g.Pending == (offsets.PendingRepair{}) && !g.LookUp {
+	if g.Repaired.IsZero() && g.Pending == (offsets.PendingRepair{}) && !g.LookUp && g.Finished.IsZero() {
 		return nil, nil
 	}
-	b, err := json.Marshal(gapRepaired{Since: g.Since, Xmin: g.Xmin, Repaired: g.Repaired, Pending: g.Pending, LookUp: g.LookUp})
+	b, err := json.Marshal(gapRepaired{Since: g.Since, Xmin: g.Xmin, Repaired: g.Repaired, Pending: g.Pending, LookUp: g.LookUp,
+		Finished: g.Finished})
 	if err != nil {
 		return nil, fmt.Errorf("gap_repaired: %w", err)
 	}
@@ -55,6 +58,6 @@ func decodeGapRepaired(text string, savedAt time.Time, g *offsets.Gap) error {
 	if !r.SavedAt.Equal(savedAt) || r.Since != g.Since || r.Xmin != g.Xmin {
 		return nil // another save's, left by an older version
 	}
-	g.Repaired, g.Pending, g.LookUp = r.Repaired, r.Pending, r.LookUp
+	g.Repaired, g.Pending, g.LookUp, g.Finished = r.Repaired, r.Pending, r.LookUp, r.Finished
 	return nil
 }

@@ -204,8 +204,9 @@ func TestTableStoreRepairHold(t *testing.T) {
 }
 
 // TestTableStoreKeepsRepairedRows: the gap's record of what earlier
-// repairs read survives a save and a load (gap_repaired), and an older
-// table without the column gets it.
+// repairs read, and of the transactions finished before it, survives a
+// save and a load (gap_repaired), and an older table without the column
+// gets it.
 func TestTableStoreKeepsRepairedRows(t *testing.T) {
 	ctx, pg, conn := startServer(t)
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA old_store; CREATE TABLE old_store.checkpoints (slot text PRIMARY KEY,
@@ -226,6 +227,7 @@ func TestTableStoreKeepsRepairedRows(t *testing.T) {
 		{Since: 0x300, Xmin: 80, Repaired: offsets.RepairedRows{Xmin: 50, Below: 90, Xids: "91,93"},
 			Pending: offsets.PendingRepair{Rows: offsets.RepairedRows{Xmin: 40, Below: 120}, End: 0x2f0, Later: 110}, LookUp: true},
 		{Since: 0x300, Xmin: 80},
+		{Since: 0x300, Xmin: 80, Finished: offsets.FinishedTxns{Xmax: 95, Open: "81,84,87"}},
 		nil,
 	}
 	for _, g := range gaps {

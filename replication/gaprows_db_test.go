@@ -66,7 +66,7 @@ func TestGapRowsKeepInsertionOrder(t *testing.T) {
 		t.Fatalf("the heap kept the insertion order (%v): the test did not make a transaction's rows land in an earlier page", heap)
 	}
 
-	rows, g, err := gapSource(t, pg, table).GapRows(ctx, xid, offsets.RepairedRows{}, []RowSpec{{Mapping: gapMapping}}, nil)
+	rows, g, err := gapSource(t, pg, table).GapRows(ctx, xid, offsets.RepairedRows{}, offsets.FinishedTxns{}, []RowSpec{{Mapping: gapMapping}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestGapRowsWaitsForOpenWriters(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rows, _, err := src.GapRows(ctx, xid, offsets.RepairedRows{}, []RowSpec{{Mapping: m}}, nil)
+		rows, _, err := src.GapRows(ctx, xid, offsets.RepairedRows{}, offsets.FinishedTxns{}, []RowSpec{{Mapping: m}}, nil)
 		if err != nil {
 			done <- result{err: err}
 			return
@@ -205,7 +205,7 @@ func TestGapRowsLeaveOutRepairedRows(t *testing.T) {
 	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
 	read := func(xmin uint64, done offsets.RepairedRows) ([]string, Gap) {
 		t.Helper()
-		rows, g, err := src.GapRows(ctx, xmin, done, []RowSpec{{Mapping: m}}, nil)
+		rows, g, err := src.GapRows(ctx, xmin, done, offsets.FinishedTxns{}, []RowSpec{{Mapping: m}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +238,7 @@ func TestGapRowsLeaveOutRepairedRows(t *testing.T) {
 	if want := []string{"below-first-bound", "after-first"}; !slices.Equal(got, want) {
 		t.Fatalf("third read %v, want %v (the listed id left out)", got, want)
 	}
-	_, _, err = src.GapRows(ctx, low, offsets.RepairedRows{Xmin: first, Below: 9, Xids: "1}'; DROP TABLE x; --"}, nil, nil)
+	_, _, err = src.GapRows(ctx, low, offsets.RepairedRows{Xmin: first, Below: 9, Xids: "1}'; DROP TABLE x; --"}, offsets.FinishedTxns{}, nil, nil)
 	if !fault.IsFatal(err) {
 		t.Fatalf("a damaged snapshot text: err %v, want a fatal error", err)
 	}

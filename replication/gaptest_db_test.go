@@ -3,13 +3,11 @@ package replication
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
-	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // gapMapping maps the gap tests' outbox columns.
@@ -66,45 +64,4 @@ func byCtid(ctx context.Context, t *testing.T, conn *pgx.Conn, table string) []s
 		t.Fatal(err)
 	}
 	return got
-}
-
-// gapResult is what a repair's read returned: each row's event type.
-type gapResult struct {
-	got []string
-	err error
-}
-
-// startGapRows reads the gap's rows from xmin on in a goroutine, which may
-// wait for the gap's writers; the result comes on the channel.
-func startGapRows(ctx context.Context, src Source, xmin uint64) <-chan gapResult {
-	done := make(chan gapResult, 1)
-	go func() {
-		rows, _, err := src.GapRows(ctx, xmin, offsets.RepairedRows{}, []RowSpec{{Mapping: gapMapping}}, nil)
-		if err != nil {
-			done <- gapResult{err: err}
-			return
-		}
-		got, err := eventTypes(rows)
-		done <- gapResult{got, err}
-	}()
-	return done
-}
-
-// waitForRepairWait returns once a repair waits for the gap's writers (its
-// query is in pg_stat_activity).
-func waitForRepairWait(ctx context.Context, t *testing.T, conn *pgx.Conn) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%the gap repair waits%' "+
-			"AND pid <> pg_backend_pid()").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the repair did not wait for the gap's writer within 30 s")
-		}
-	}
 }

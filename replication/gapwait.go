@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
-	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // gapWaitLog spaces the warnings of a repair waiting for open transactions.
@@ -34,30 +32,19 @@ const gapWaitLog = 10 * time.Second
 //
 // It waits as long as they run (an idle-in-transaction session holds the
 // repair, and with it the stream, back), saying which every gapWaitLog.
-// It returns the transactions the repair leaves to the stream (laterTxns).
-func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xids []int64)) (laterTxns, error) {
+func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xids []int64)) error {
 	conn, err := s.Writer().connect(ctx)
 	if err != nil {
-		return laterTxns{}, fmt.Errorf("backfill: connect: %w", err)
+		return fmt.Errorf("backfill: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	upper, err := s.gapCatalogXid(ctx, conn)
 	if err != nil {
-		return laterTxns{}, err
+		return err
 	}
-	held, err := s.outboxLockHolders(ctx, conn, int64(xmin))
+	above, err := s.outboxLockHolders(ctx, conn, max(upper+1, int64(xmin)))
 	if err != nil {
-		return laterTxns{}, err
-	}
-	later, err := readLater(ctx, conn, held)
-	if err != nil {
-		return laterTxns{}, err
-	}
-	var above []int64
-	for _, x := range held {
-		if x > upper {
-			above = append(above, x)
-		}
+		return err
 	}
 	// A snapshot's xip lists the running ids below its xmax, the newest
 	// ended id + 1; a running id at or above xmax is not listed, so the ids
@@ -73,10 +60,10 @@ func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xi
 	for {
 		var open []int64
 		if err := conn.QueryRow(ctx, running, int64(xmin), upper, above).Scan(&open); err != nil {
-			return laterTxns{}, fmt.Errorf("backfill: read the running transactions: %w", err)
+			return fmt.Errorf("backfill: read the running transactions: %w", err)
 		}
 		if len(open) == 0 {
-			return later, s.waitReplay(ctx, conn)
+			return s.waitReplay(ctx, conn)
 		}
 		if time.Since(logged) >= gapWaitLog && waiting != nil {
 			logged = time.Now()
@@ -84,56 +71,10 @@ func (s Source) waitGapWriters(ctx context.Context, xmin uint64, waiting func(xi
 		}
 		select {
 		case <-ctx.Done():
-			return laterTxns{}, ctx.Err()
+			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// laterTxns are the transactions whose rows the stream decodes, so the
-// repair leaves them out: those running at a reading taken after the
-// change that brought the tables back committed (the repair runs with them
-// back) and after the lock holders were read, and those that began after
-// it, but for the lock holders. Not holding a lock on an outbox table when
-// the holders were read, such a transaction had inserted nothing there
-// yet (locks last until the transaction ends; a rolled-back
-// subtransaction's rows are gone with its locks): every row it writes
-// follows the change in the WAL and is decoded. Read by the repair, its
-// rows came in the repair's order, and a multi-row INSERT's ctid order is
-// not the order it inserted (short chaos seed 4544573273812459008).
-// A running subtransaction's id is not in the snapshot's list and counts
-// as ended: read by the repair if it commits in time, as before.
-type laterTxns struct {
-	// xmax is the reading's: an id at or above it had not ended then.
-	xmax int64
-	// running were running at the reading, holding no lock on the outbox.
-	running []int64
-	// held hold a lock on an outbox table, read before the reading.
-	held []int64
-}
-
-// readLater takes the reading of laterTxns, after held was read: a
-// statement's snapshot is taken when it starts.
-func readLater(ctx context.Context, conn *pgx.Conn, held []int64) (laterTxns, error) {
-	l := laterTxns{held: held}
-	var xip []int64
-	if err := conn.QueryRow(ctx, "SELECT pg_snapshot_xmax(s)::text::bigint, "+
-		"ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(s) x) FROM pg_current_snapshot() s").Scan(&l.xmax, &xip); err != nil {
-		return laterTxns{}, fmt.Errorf("backfill: read the running transactions: %w", err)
-	}
-	for _, x := range xip {
-		if !slices.Contains(held, x) {
-			l.running = append(l.running, x)
-		}
-	}
-	return l, nil
-}
-
-// filter is the part of the repair's filter that leaves the later
-// transactions out, x the SQL of a row's full transaction id.
-func (l laterTxns) filter(x string) string {
-	return fmt.Sprintf(" AND (%s = ANY('{%s}'::bigint[]) OR (%s < %d AND NOT %s = ANY('{%s}'::bigint[])))",
-		x, offsets.JoinXids(l.held), x, l.xmax, x, offsets.JoinXids(l.running))
 }
 
 // outboxLockHolders lists the open transactions with a full id at or above

@@ -58,6 +58,28 @@ type Guard struct {
 type floorPair struct {
 	at   lsn.LSN
 	xmin uint64
+	// fin is what the reading knew of the ended transactions (zero Xmax:
+	// nothing, as for a floor saved with a checkpoint).
+	fin Finished
+}
+
+// Finished names the transactions that had ended at a reading: every id
+// below Xmax but those in Open (its running ones and every id holding its
+// own lock then, subtransactions' included, Snapshot.Holders). Each had
+// inserted its commit record before the reading's After.
+type Finished struct {
+	Xmax uint64
+	Open []uint64
+}
+
+// finishedOf is s's Finished; zero on a standby (no Holders).
+func finishedOf(s Snapshot) Finished {
+	if s.Holders == nil || s.Xmax == 0 {
+		return Finished{}
+	}
+	open := slices.Concat(s.Running, s.Holders)
+	slices.Sort(open)
+	return Finished{Xmax: s.Xmax, Open: slices.Compact(open)}
 }
 
 // maxFloors bounds the floors kept: the oldest and the newest; a
@@ -154,7 +176,7 @@ func (g *Guard) addFloor(s Snapshot) {
 		// readings go on (a lower floor only bounds more).
 		g.floors = slices.Delete(g.floors, 1, 2)
 	}
-	g.floors = append(g.floors, floorPair{s.After, s.Xmin})
+	g.floors = append(g.floors, floorPair{s.After, s.Xmin, finishedOf(s)})
 }
 
 // SeedFloor gives the floor saved with the checkpoint the run starts from.
@@ -162,7 +184,7 @@ func (g *Guard) SeedFloor(at lsn.LSN, xmin uint64) {
 	g.floorMu.Lock()
 	defer g.floorMu.Unlock()
 	if xmin != 0 {
-		g.saved = floorPair{at, xmin}
+		g.saved = floorPair{at: at, xmin: xmin}
 		g.floors = append([]floorPair{g.saved}, g.floors...)
 	}
 }
@@ -182,6 +204,20 @@ func (g *Guard) Floor(pos lsn.LSN) uint64 {
 		g.saved = best
 	}
 	return best.xmin
+}
+
+// Finished is what the reading behind Floor(pos) knew of the transactions
+// that had ended (each committed before pos); false when unknown.
+func (g *Guard) Finished(pos lsn.LSN) (Finished, bool) {
+	g.floorMu.Lock()
+	defer g.floorMu.Unlock()
+	var best floorPair
+	for _, f := range g.floors {
+		if f.at <= pos {
+			best = f
+		}
+	}
+	return best.fin, best.fin.Xmax != 0
 }
 
 // Start is the membership read when the guard began.

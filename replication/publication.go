@@ -117,6 +117,15 @@ type Snapshot struct {
 	// snapshot's xip list, cluster-wide): a commit written before Before
 	// that the reading did not see is one of them.
 	Running []uint64
+	// Xmax is the snapshot's xmax (full): an id at or above it had not
+	// ended at the reading.
+	Xmax uint64
+	// Holders are the ids holding their own lock after the snapshot and
+	// before After, subtransactions' included, which Running does not list
+	// (PG docs, "pg_locks": every transaction holds an exclusive lock on its
+	// id until it ends); nil on a standby, whose pg_locks lists none of the
+	// primary's. An id below Xmax in neither had ended before After.
+	Holders []uint64
 }
 
 // Settled reports whether every transaction running at s had ended when
@@ -157,6 +166,15 @@ func (w *Watch) Close() {
 	}
 }
 
+// lockHolders lists the full ids holding their own lock (Snapshot.Holders),
+// read before the insert position that follows it in the reading's
+// columns. A 32-bit id is made full against the snapshot's xmax, within
+// 2^31 either side (a running id can be above it; outboxLockHolders).
+const lockHolders = `(CASE WHEN pg_is_in_recovery() THEN NULL ELSE ARRAY(
+		SELECT DISTINCT r.ref + (((l.transactionid::text::bigint - (r.ref & 4294967295) + 2147483648) & 4294967295) - 2147483648)
+		FROM pg_locks l, (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS ref) r
+		WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted) END)`
+
 func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel uint32) (Snapshot, error) {
 	var s Snapshot
 	// Two statements: the second one's snapshot is taken after the first
@@ -176,6 +194,7 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 	err := conn.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
 		ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) x),
 		p.oid IS NOT NULL, coalesce(p.oid, 0), coalesce(p.xmin::text::bigint, 0),
+		pg_snapshot_xmax(pg_current_snapshot())::text::bigint, `+lockHolders+`,
 		(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END),
 		coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
 		c.oid, c.relkind::text,
@@ -189,7 +208,7 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 		LEFT JOIN (pg_class c JOIN pg_namespace cn ON cn.oid = c.relnamespace)
 			ON cn.nspname = $2 AND c.relname = $3`,
 		src.Publication, src.Schema, src.Table, startRel, src.Columns).
-		Scan(&s.Xmin, &s.Running, &s.Publication, &s.PubOID, &pubXmin, &s.After, &s.PubInsert, &s.ViaRoot, &relID, &relkind, &pubRelID, &s.Member, &startName, &s.Missing)
+		Scan(&s.Xmin, &s.Running, &s.Publication, &s.PubOID, &pubXmin, &s.Xmax, &s.Holders, &s.After, &s.PubInsert, &s.ViaRoot, &relID, &relkind, &pubRelID, &s.Member, &startName, &s.Missing)
 	if err != nil {
 		return s, fmt.Errorf("read publication membership: %w", err)
 	}

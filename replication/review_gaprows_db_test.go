@@ -39,7 +39,7 @@ import (
 func reviewReadGap(ctx context.Context, t *testing.T, src Source, xmin uint64, done offsets.RepairedRows) ([]string, Gap) {
 	t.Helper()
 	m := decode.Mapping{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", EventType: "event_type", Payload: "payload"}
-	rows, g, err := src.GapRows(ctx, xmin, done, []RowSpec{{Mapping: m}}, nil)
+	rows, g, err := src.GapRows(ctx, xmin, done, offsets.FinishedTxns{}, []RowSpec{{Mapping: m}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

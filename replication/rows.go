@@ -201,24 +201,26 @@ type Gap struct {
 // 64-bit transaction id), in transaction order, from every outbox table in
 // one snapshot (specs[i] for Tables()[i]): the rows of a gap the stream
 // could not decode, but for those an earlier repair read (done; zero: none)
-// and those the stream decodes (laterTxns). Before it reads, it waits for
+// and those that had ended before the gap (finished; zero: unknown), which
+// the stream decodes or delivered before its start. Before it reads, it waits for
 // the transactions running now that may have written the gap (waiting is
 // told which, every gapWaitLog; waitGapWriters).
-func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedRows, specs []RowSpec,
+func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedRows, finished offsets.FinishedTxns, specs []RowSpec,
 	waiting func(xids []int64)) (*Rows, Gap, error) {
-	if !xidList.MatchString(done.Xids) {
-		return nil, Gap{}, &fault.FatalError{Reason: "checkpoint", Err: fmt.Errorf("backfill: the checkpoint's repaired rows "+
-			"list %q, which is not a list of transaction ids; the checkpoint was edited or damaged", done.Xids)}
+	for _, l := range []string{done.Xids, finished.Open} {
+		if !xidList.MatchString(l) {
+			return nil, Gap{}, &fault.FatalError{Reason: "checkpoint", Err: fmt.Errorf("backfill: the checkpoint's gap "+
+				"lists %q, which is not a list of transaction ids; the checkpoint was edited or damaged", l)}
+		}
 	}
-	later, err := s.waitGapWriters(ctx, xmin, waiting)
-	if err != nil {
+	if err := s.waitGapWriters(ctx, xmin, waiting); err != nil {
 		return nil, Gap{}, err
 	}
 	r, err := s.begin(ctx, "backfill")
 	if err != nil {
 		return nil, Gap{}, err
 	}
-	g, err := s.gap(ctx, r, xmin, done, later, specs)
+	g, err := s.gap(ctx, r, xmin, done, finished, specs)
 	if err != nil {
 		r.Close()
 		return nil, Gap{}, err
@@ -226,7 +228,8 @@ func (s Source) GapRows(ctx context.Context, xmin uint64, done offsets.RepairedR
 	return r, g, nil
 }
 
-func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.RepairedRows, later laterTxns, specs []RowSpec) (Gap, error) {
+func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.RepairedRows, finished offsets.FinishedTxns,
+	specs []RowSpec) (Gap, error) {
 	// The first statement fixes the snapshot; the WAL position read in it
 	// is past every commit the snapshot sees.
 	var ref, below uint64
@@ -235,7 +238,7 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.Repa
 		" FROM pg_current_snapshot() s").Scan(&ref, &below, &g.ClearAt); err != nil {
 		return Gap{}, fmt.Errorf("backfill: %w", err)
 	}
-	filter := xidFilter(ref, xmin) + leaveOut(ref, done) + later.filter(xid8(ref))
+	filter := xidFilter(ref, xmin) + leaveOut(ref, done) + leaveOutFinished(ref, finished)
 	var listed []int64
 	for _, t := range s.Tables() {
 		xids, err := r.tx.Query(ctx, "SELECT DISTINCT "+xid8(ref)+" FROM "+t.qualified()+" WHERE "+filter)
@@ -265,7 +268,17 @@ func (s Source) gap(ctx context.Context, r *Rows, xmin uint64, done offsets.Repa
 	return g, s.queryEach(r, specs, func(t Source, spec RowSpec) error {
 		order := []string{xid8(ref), commandID}
 		if spec.OrderBy != "" {
-			order = append(order, spec.OrderBy)
+			// Checked for each table on each read: the column can be
+			// dropped after the slot's creation checked it, or missing from
+			// a table added later, and a repair that fails on it would stop
+			// the connector at the gap on every start.
+			has, err := t.hasColumn(ctx, r.tx, spec.OrderBy)
+			if err != nil {
+				return fmt.Errorf("backfill: %w", err)
+			}
+			if has {
+				order = append(order, spec.OrderBy)
+			}
 		}
 		return t.query(ctx, r, spec, filter, append(order, "ctid"))
 	})
@@ -296,6 +309,19 @@ func leaveOut(ref uint64, done offsets.RepairedRows) string {
 		f += fmt.Sprintf(" OR %s = ANY('{%s}'::bigint[])", x, done.Xids)
 	}
 	return f + ")"
+}
+
+// leaveOutFinished is the filter's part that leaves out the transactions
+// that had ended before the gap (offsets.FinishedTxns; Open validated: an
+// id list, xidList). A row's id is its current version's: an UPDATE or a
+// rewrite after the reading gives it an id that had not ended then, so
+// such a row is read.
+func leaveOutFinished(ref uint64, f offsets.FinishedTxns) string {
+	if f.IsZero() {
+		return ""
+	}
+	x := xid8(ref)
+	return fmt.Sprintf(" AND NOT (%s < %d AND NOT %s = ANY('{%s}'::bigint[]))", x, f.Xmax, x, f.Open)
 }
 
 // xidFilter selects the rows written by transactions at or after xmin8.
@@ -354,6 +380,17 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// hasColumn reports whether the table has the column col.
+func (s Source) hasColumn(ctx context.Context, q rowQuerier, col string) (bool, error) {
+	var exists bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, s.qualified(), col).Scan(&exists)
+	if err != nil {
+		return false, fmt.Errorf("column %s: %w", col, err)
+	}
+	return exists, nil
+}
+
 // snapshotOrder returns the ORDER BY columns: by (snapshot.order_by), then
 // the primary key (pg_index), which makes the order total and the same on
 // every run. A table without a primary key needs snapshot.order_by.
@@ -375,11 +412,9 @@ func (s Source) snapshotOrder(ctx context.Context, q rowQuerier, by string) ([]s
 	if want == "" {
 		want = "created_at"
 	}
-	var exists bool
-	err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, table, want).Scan(&exists)
+	exists, err := s.hasColumn(ctx, q, want)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot: column %s: %w", want, err)
+		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	switch {
 	case exists:

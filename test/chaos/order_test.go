@@ -66,18 +66,36 @@ func (o *observation) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fai
 	}
 	st := map[string]*state{}
 	proc := processOf(o.Incarnations, recs)
-	// The process that starts after ops-foreign-checkpoint deleted the
-	// checkpoint (its runbook's fix), and those after it, lost a gap's
-	// record with it: a stream from the slot replays delivered events over
-	// the gap's rows, which were never in the WAL stream, and a repair the
-	// process before it began (copies of delivered events, from the table)
-	// is not finished. Their records may jump to any event up to the next
-	// new one, never past it.
-	deletedBy := o.checkpointDeletion()
+	// A process started after a publication gap may replay across it
+	// without the gap's record (ops-foreign-checkpoint deleted the
+	// checkpoint that held it): the gap's rows were never in the WAL
+	// stream, so its replay of delivered events jumps over them; and a
+	// process killed during an at_least_once repair leaves its copies cut,
+	// which the next one's replay does not take up where they stopped.
+	var gapAt time.Time
+	for _, f := range o.Faults {
+		if gapKind(f.Kind) {
+			gapAt = f.Start
+			break
+		}
+	}
 	of := incarnationOf(o.Incarnations, recs)
 	replaysAcrossGap := func(c copyRec) bool {
 		in := of(c)
-		return deletedBy > 0 && in != nil && in.N >= deletedBy
+		return !gapAt.IsZero() && in != nil && in.Start.After(gapAt)
+	}
+	// The process after ops-foreign-checkpoint deleted the checkpoint lost
+	// the gap's record with it, and with it the repair the process before
+	// had begun (copies of delivered events, from the table) and a stop
+	// cut: a key's first record there may be its next new event.
+	deletedBy := o.checkpointDeletion()
+	seenThere := map[string]bool{}
+	firstAfterDeletion := func(c copyRec) bool {
+		if in := of(c); in == nil || in.N != deletedBy || seenThere[c.Key] {
+			return false
+		}
+		seenThere[c.Key] = true
+		return true
 	}
 	repaired := o.repairOrder(rep, recs, fail) // lostorder_test.go
 	bad := func(c copyRec, format string, args ...any) {
@@ -109,6 +127,7 @@ func (o *observation) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fai
 			bad(c, "aggregate %s in %s/%d and %s/%d", c.Key, s.topic, s.partition, c.Topic, c.Partition)
 			continue
 		}
+		first := firstAfterDeletion(c)
 		switch {
 		case c.Seq == dead.next(c.Key, s.last):
 		case c.Seq <= s.last && c.Seq >= 1:
@@ -117,8 +136,9 @@ func (o *observation) checkOrder(rep *Report, recs []copyRec, dead deadSeqs, fai
 		case repaired.excuses(c, dead):
 			// A lost slot's rows, republished late and in table order.
 			rep.LostSlotRepairJumps++
-		case c.Seq <= dead.next(c.Key, s.max) && replaysAcrossGap(c):
-			// A replay of delivered events over the rows of a gap (above).
+		case c.Seq <= s.max && replaysAcrossGap(c), first && c.Seq == dead.next(c.Key, s.max):
+			// A replay of delivered events over the rows of a gap, or a
+			// cut repair's record lost (above).
 			rep.GapReplayJumps++
 		default:
 			bad(c, "aggregate %s: seq %d after %d (max seen %d) at %s/%d@%d", c.Key, c.Seq, s.last, s.max, c.Topic, c.Partition, c.Offset)
