@@ -50,7 +50,18 @@ type Guard struct {
 	floors  []floorPair // good readings' (After, Xmin), oldest first
 	saved   floorPair   // the last floor handed out: it survives a reconnect
 	conns   uint64      // the watch's connection the floors were read on
+	// gapAt is the reading that found the outbox out of the stream (with
+	// the lock holders), read on the watch's connection gapConn; zero:
+	// none yet.
+	gapAt   Snapshot
+	gapConn uint64
+	// holdersAt is when a reading last read the lock holders.
+	holdersAt time.Time
 }
+
+// holdersEvery spaces the readings that read the lock holders (pg_locks):
+// a gap's finished transactions come from the newest one behind it.
+const holdersEvery = time.Second
 
 // floorPair is a reading's WAL insert position after its snapshot and the
 // snapshot's xmin: every transaction that commits after at has an id at or
@@ -61,6 +72,9 @@ type floorPair struct {
 	// fin is what the reading knew of the ended transactions (zero Xmax:
 	// nothing, as for a floor saved with a checkpoint).
 	fin Finished
+	// unsettled are the transactions running at the reading that no later
+	// good reading has seen end yet (Guard.Finished).
+	unsettled []uint64
 }
 
 // Finished names the transactions that had ended at a reading: every id
@@ -105,8 +119,8 @@ type reading struct {
 // NewGuard takes the first reading; from is the start position, vouched for
 // by the setup that checked the table.
 func NewGuard(ctx context.Context, src Source, from lsn.LSN) (*Guard, error) {
-	g := &Guard{src: src, watch: NewWatch(src)}
-	s, err := g.watch.Read(ctx, 0)
+	g := &Guard{src: src, watch: NewWatch(src), holdersAt: time.Now()}
+	s, err := g.watch.read(ctx, 0, true)
 	if err != nil {
 		g.watch.Close()
 		return nil, err
@@ -131,19 +145,26 @@ func (g *Guard) Verified() lsn.LSN { return lsn.LSN(g.verified.Load()) }
 // (gap: inserts are no longer decoded) or why its rows can no longer be
 // mapped, or "" (also on a failed reading, which only holds the gate).
 func (g *Guard) Check(ctx context.Context) (why string, gap bool) {
-	s, err := g.watch.Read(ctx, g.start.RelID)
+	holders := time.Since(g.holdersAt) >= holdersEvery
+	s, err := g.watch.read(ctx, g.start.RelID, holders)
 	if err != nil {
 		return "", false
+	}
+	if holders {
+		g.holdersAt = time.Now()
 	}
 	if s.LeftStream(g.src, g.start) != "" {
 		// A reading taken while the catalog changed can mix two states
 		// (pg_publication_tables reads a newer snapshot than the rest): a
 		// second reading, whose snapshot follows the change, says what it was.
-		s, err = g.watch.Read(ctx, g.start.RelID)
+		s, err = g.watch.read(ctx, g.start.RelID, true)
 		if err != nil {
 			return "", false
 		}
 		if why := s.LeftStream(g.src, g.start); why != "" {
+			g.floorMu.Lock()
+			g.gapAt, g.gapConn = s, g.watch.conns
+			g.floorMu.Unlock()
 			return why, true
 		}
 	}
@@ -170,13 +191,20 @@ func (g *Guard) addFloor(s Snapshot) {
 			g.floors = append(g.floors, g.saved)
 		}
 	}
+	for i := range g.floors {
+		g.floors[i].unsettled = slices.DeleteFunc(g.floors[i].unsettled, s.ended)
+	}
 	if len(g.floors) == maxFloors {
 		// The oldest stays: it is the floor of positions as old as the
 		// checkpoint, which stalls with the acknowledgements while the
 		// readings go on (a lower floor only bounds more).
 		g.floors = slices.Delete(g.floors, 1, 2)
 	}
-	g.floors = append(g.floors, floorPair{s.After, s.Xmin, finishedOf(s)})
+	f := floorPair{at: s.After, xmin: s.Xmin, fin: finishedOf(s)}
+	if f.fin.Xmax != 0 {
+		f.unsettled = slices.Clone(s.Running)
+	}
+	g.floors = append(g.floors, f)
 }
 
 // SeedFloor gives the floor saved with the checkpoint the run starts from.
@@ -206,18 +234,43 @@ func (g *Guard) Floor(pos lsn.LSN) uint64 {
 	return best.xmin
 }
 
-// Finished is what the reading behind Floor(pos) knew of the transactions
-// that had ended (each committed before pos); false when unknown.
+// Finished is what the newest reading behind pos that read the lock
+// holders knew of the ended transactions, once a reading found the outbox
+// out of the stream (gapAt); false when unknown. Each such transaction
+// committed before pos and before the change that took the table out: a
+// change running at that reading (a commit a synchronous standby keeps
+// invisible after its record, past GuardMargin) would have been seen
+// neither ending by a later good reading nor still running at gapAt, so
+// the reading is used only when each of its running transactions was seen
+// so (review14). Not across a new connection either: it may be to another
+// server (a restore), whose ids past the fork are assigned again. Open
+// takes in gapAt's holders too: the subtransactions of a transaction still
+// running then, one of which may have taken its id at the reading, before
+// its lock.
 func (g *Guard) Finished(pos lsn.LSN) (Finished, bool) {
 	g.floorMu.Lock()
 	defer g.floorMu.Unlock()
+	gap := g.gapAt
+	if gap.Xmax == 0 || gap.Holders == nil || g.gapConn != g.conns {
+		return Finished{}, false
+	}
 	var best floorPair
 	for _, f := range g.floors {
-		if f.at <= pos {
+		if f.at <= pos && f.fin.Xmax != 0 {
 			best = f
 		}
 	}
-	return best.fin, best.fin.Xmax != 0
+	if best.fin.Xmax == 0 {
+		return Finished{}, false
+	}
+	for _, x := range best.unsettled {
+		if x < gap.Xmax && !slices.Contains(gap.Running, x) {
+			return Finished{}, false
+		}
+	}
+	open := slices.Concat(best.fin.Open, gap.Holders)
+	slices.Sort(open)
+	return Finished{Xmax: best.fin.Xmax, Open: slices.Compact(open)}, true
 }
 
 // Start is the membership read when the guard began.

@@ -11,9 +11,10 @@ import (
 	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
-// TestGuardFinishedNamesSubtransactions: a reading's Finished leaves open
-// every transaction running at it, a subtransaction's id too, which the
-// snapshot's running list does not name (a row inserted in a savepoint
+// TestGuardFinishedNamesSubtransactions: once a reading finds the outbox
+// out of the stream, the guard's Finished leaves open every transaction
+// running at the reading behind the gap, a subtransaction's id too, which
+// the snapshot's running list does not name (a row inserted in a savepoint
 // carries it), and the repair given it reads only their rows: a row of a
 // transaction that ended before the reading is the stream's. Taken for
 // ended, the open subtransaction's row written in the gap was lost.
@@ -76,6 +77,15 @@ func TestGuardFinishedNamesSubtransactions(t *testing.T) {
 		t.Fatalf("guard: %v", err)
 	}
 	defer g.Close()
+	if _, ok := g.Finished(lsn.LSN(1) << 62); ok {
+		t.Fatal("finished transactions known before a reading found the outbox out of the stream")
+	}
+	if _, err := conn.Exec(ctx, "ALTER PUBLICATION ob DROP TABLE ob"); err != nil {
+		t.Fatal(err)
+	}
+	if why, gap := g.Check(ctx); !gap {
+		t.Fatalf("the guard did not find the gap (%q)", why)
+	}
 	fin, ok := g.Finished(lsn.LSN(1) << 62)
 	if !ok || fin.Xmax <= sub || !slices.Contains(fin.Open, top) || !slices.Contains(fin.Open, sub) || slices.Contains(fin.Open, ended) {
 		t.Fatalf("finished %+v (known %v), want below an xmax past %d, open %d and its subtransaction %d, not %d",

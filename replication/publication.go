@@ -123,9 +123,15 @@ type Snapshot struct {
 	// Holders are the ids holding their own lock after the snapshot and
 	// before After, subtransactions' included, which Running does not list
 	// (PG docs, "pg_locks": every transaction holds an exclusive lock on its
-	// id until it ends); nil on a standby, whose pg_locks lists none of the
-	// primary's. An id below Xmax in neither had ended before After.
+	// id until it ends); nil when not read, and on a standby, whose pg_locks
+	// lists none of the primary's. An id below Xmax in neither had ended
+	// before After.
 	Holders []uint64
+}
+
+// ended reports whether transaction x had ended at s.
+func (s Snapshot) ended(x uint64) bool {
+	return x < s.Xmin || x < s.Xmax && !slices.Contains(s.Running, x)
 }
 
 // Settled reports whether every transaction running at s had ended when
@@ -143,6 +149,11 @@ func (s Snapshot) Settled(later Snapshot) bool {
 // Read returns the membership now. startRel is the OID the outbox had at
 // start (zero on the first reading).
 func (w *Watch) Read(ctx context.Context, startRel uint32) (Snapshot, error) {
+	return w.read(ctx, startRel, false)
+}
+
+// read is Read, with the lock holders (Snapshot.Holders) when holders.
+func (w *Watch) read(ctx context.Context, startRel uint32, holders bool) (Snapshot, error) {
 	if w.conn == nil || w.conn.IsClosed() {
 		c, err := w.src.DB.connect(ctx)
 		if err != nil {
@@ -151,7 +162,7 @@ func (w *Watch) Read(ctx context.Context, startRel uint32) (Snapshot, error) {
 		w.conn = c
 		w.conns++
 	}
-	s, err := readMembership(ctx, w.conn, w.src, startRel)
+	s, err := readMembership(ctx, w.conn, w.src, startRel, holders)
 	if err != nil {
 		w.Close()
 	}
@@ -168,14 +179,15 @@ func (w *Watch) Close() {
 
 // lockHolders lists the full ids holding their own lock (Snapshot.Holders),
 // read before the insert position that follows it in the reading's
-// columns. A 32-bit id is made full against the snapshot's xmax, within
+// columns; only when asked ($6): pg_locks takes every lock partition, and
+// the guard asks about once a second (holdersEvery). A 32-bit id is made full against the snapshot's xmax, within
 // 2^31 either side (a running id can be above it; outboxLockHolders).
-const lockHolders = `(CASE WHEN pg_is_in_recovery() THEN NULL ELSE ARRAY(
+const lockHolders = `(CASE WHEN pg_is_in_recovery() OR NOT $6 THEN NULL ELSE ARRAY(
 		SELECT DISTINCT r.ref + (((l.transactionid::text::bigint - (r.ref & 4294967295) + 2147483648) & 4294967295) - 2147483648)
 		FROM pg_locks l, (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS ref) r
 		WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted) END)`
 
-func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel uint32) (Snapshot, error) {
+func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel uint32, holders bool) (Snapshot, error) {
 	var s Snapshot
 	// Two statements: the second one's snapshot is taken after the first
 	// read the WAL position, so it sees what committed before it.
@@ -207,7 +219,7 @@ func readMembership(ctx context.Context, conn *pgx.Conn, src Source, startRel ui
 		LEFT JOIN pg_publication p ON p.pubname = $1
 		LEFT JOIN (pg_class c JOIN pg_namespace cn ON cn.oid = c.relnamespace)
 			ON cn.nspname = $2 AND c.relname = $3`,
-		src.Publication, src.Schema, src.Table, startRel, src.Columns).
+		src.Publication, src.Schema, src.Table, startRel, src.Columns, holders).
 		Scan(&s.Xmin, &s.Running, &s.Publication, &s.PubOID, &pubXmin, &s.Xmax, &s.Holders, &s.After, &s.PubInsert, &s.ViaRoot, &relID, &relkind, &pubRelID, &s.Member, &startName, &s.Missing)
 	if err != nil {
 		return s, fmt.Errorf("read publication membership: %w", err)

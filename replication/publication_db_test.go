@@ -33,7 +33,7 @@ func TestMembershipUnderDropAndCreate(t *testing.T) {
 	}
 	src := Source{DB: db, Publication: "churn_pub", OutboxTable: OutboxTable{Schema: "public", Table: "churn",
 		Columns: []string{"aggregate_type", "aggregate_id", "event_type", "payload"}}}
-	start, err := readMembership(ctx, conn, src, 0)
+	start, err := readMembership(ctx, conn, src, 0, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestMembershipUnderDropAndCreate(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	if s, err := readMembership(ctx, old, src, start.RelID); err != nil {
+	if s, err := readMembership(ctx, old, src, start.RelID, true); err != nil {
 		t.Fatalf("reading with the old snapshot: %v", err)
 	} else if why := s.LeftStream(src, start.Membership); s.RelID != start.RelID || strings.Contains(why, "renamed") {
 		t.Errorf("reading with a snapshot from before the drop: %q (relid %d, start name %q), want the start table (relid %d) under its name",
@@ -110,7 +110,7 @@ func TestMembershipUnderDropAndCreate(t *testing.T) {
 	deadline := time.Now().Add(8 * time.Second)
 	n, found := 0, 0
 	for ; time.Now().Before(deadline) && len(bad) < 5; n++ {
-		s, err := readMembership(ctx, reader, src, start.RelID)
+		s, err := readMembership(ctx, reader, src, start.RelID, true)
 		if err == nil && s.RelID != 0 && len(s.Missing) > 0 {
 			bad = append(bad, fmt.Sprintf("reading %d: table %d without columns %v", n, s.RelID, s.Missing))
 		}
