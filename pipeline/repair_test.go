@@ -6,6 +6,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/lsn"
 	"github.com/outbox-cdc/outbox-cdc/offsets"
+	"github.com/outbox-cdc/outbox-cdc/replication"
 )
 
 // TestRepairDecide: the one decision at start, from the gap the checkpoint
@@ -272,5 +273,15 @@ func TestFinishedAt(t *testing.T) {
 				t.Fatalf("finishedAt = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestGuardsFinishedSeveralTables: with several outbox tables a gap's
+// finished transactions are unknown: one table's guard vouches for its own
+// table only (TestGuardReview15OtherTableChangeSettlesFloor).
+func TestGuardsFinishedSeveralTables(t *testing.T) {
+	g := &guards{gs: make([]*replication.Guard, 2)}
+	if f := g.finished(1 << 40); !f.IsZero() {
+		t.Fatalf("finished %+v with two tables, want unknown", f)
 	}
 }

@@ -93,10 +93,16 @@ func (g *guards) floor(pos lsn.LSN) uint64 {
 	return f
 }
 
-// finished is what the newest reading behind pos of any table's guard knew
-// of the ended transactions (every guard reads the same cluster);
-// offsets.MaxRepairedXids bounds the list saved, past it: unknown.
+// finished is what the reading behind pos of the guard that found the gap
+// knew of the ended transactions; offsets.MaxRepairedXids bounds the list
+// saved, past it: unknown. Unknown with several tables: one guard's good
+// readings vouch for its own table only, and a change to another table,
+// held invisible by a synchronous standby, can look ended at them while
+// that table's reading failed (review15).
 func (g *guards) finished(pos lsn.LSN) offsets.FinishedTxns {
+	if len(g.gs) > 1 {
+		return offsets.FinishedTxns{}
+	}
 	var best replication.Finished
 	for _, one := range g.gs {
 		if f, ok := one.Finished(pos); ok && f.Xmax > best.Xmax {

@@ -145,13 +145,14 @@ func (g *Guard) Verified() lsn.LSN { return lsn.LSN(g.verified.Load()) }
 // (gap: inserts are no longer decoded) or why its rows can no longer be
 // mapped, or "" (also on a failed reading, which only holds the gate).
 func (g *Guard) Check(ctx context.Context) (why string, gap bool) {
-	holders := time.Since(g.holdersAt) >= holdersEvery
+	now := time.Now() // before the read: the readings a second apart each read the holders
+	holders := now.Sub(g.holdersAt) >= holdersEvery
 	s, err := g.watch.read(ctx, g.start.RelID, holders)
 	if err != nil {
 		return "", false
 	}
 	if holders {
-		g.holdersAt = time.Now()
+		g.holdersAt = now
 	}
 	if s.LeftStream(g.src, g.start) != "" {
 		// A reading taken while the catalog changed can mix two states
@@ -188,7 +189,9 @@ func (g *Guard) addFloor(s Snapshot) {
 	if c := g.watch.conns; c != g.conns {
 		g.conns, g.floors = c, nil
 		if g.saved.at != 0 {
-			g.floors = append(g.floors, g.saved)
+			// As a bound only: what it knew of the ended transactions is
+			// the old connection's, maybe another server's (review15).
+			g.floors = append(g.floors, floorPair{at: g.saved.at, xmin: g.saved.xmin})
 		}
 	}
 	for i := range g.floors {
@@ -202,7 +205,15 @@ func (g *Guard) addFloor(s Snapshot) {
 	}
 	f := floorPair{at: s.After, xmin: s.Xmin, fin: finishedOf(s)}
 	if f.fin.Xmax != 0 {
+		// The running list names only ids below xmax: a running
+		// transaction at or above it (the newest, a prepared one's
+		// stand-in) shows only by its lock (review15).
 		f.unsettled = slices.Clone(s.Running)
+		for _, h := range s.Holders {
+			if h >= s.Xmax {
+				f.unsettled = append(f.unsettled, h)
+			}
+		}
 	}
 	g.floors = append(g.floors, f)
 }
@@ -254,23 +265,29 @@ func (g *Guard) Finished(pos lsn.LSN) (Finished, bool) {
 	if gap.Xmax == 0 || gap.Holders == nil || g.gapConn != g.conns {
 		return Finished{}, false
 	}
-	var best floorPair
-	for _, f := range g.floors {
+	best := -1
+	for i, f := range g.floors {
 		if f.at <= pos && f.fin.Xmax != 0 {
-			best = f
+			best = i
 		}
 	}
-	if best.fin.Xmax == 0 {
+	if best < 0 {
 		return Finished{}, false
 	}
-	for _, x := range best.unsettled {
-		if x < gap.Xmax && !slices.Contains(gap.Running, x) {
+	for _, x := range g.floors[best].unsettled {
+		if x < gap.Xmax && !slices.Contains(gap.Running, x) && !slices.Contains(gap.Holders, x) {
 			return Finished{}, false
 		}
 	}
-	open := slices.Concat(best.fin.Open, gap.Holders)
+	// The holders of every later reading too: a subtransaction that took
+	// its id before the reading and its lock after it shows in one of them
+	// while its transaction runs.
+	open := slices.Clone(gap.Holders)
+	for _, f := range g.floors[best:] {
+		open = append(open, f.fin.Open...)
+	}
 	slices.Sort(open)
-	return Finished{Xmax: best.fin.Xmax, Open: slices.Compact(open)}, true
+	return Finished{Xmax: g.floors[best].fin.Xmax, Open: slices.Compact(open)}, true
 }
 
 // Start is the membership read when the guard began.
