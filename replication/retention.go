@@ -131,20 +131,14 @@ func (r *Retainer) connect(ctx context.Context) (*pgx.Conn, error) {
 // insert position, not the write position, since an asynchronous commit may
 // not be written yet), the history it belongs to (the timeline is the WAL
 // file's: pg_walfile_name uses the insert timeline), and the other logical
-// slots of the database with a position each keeps through a crash: its
-// restart_lsn, at or below what it confirmed. confirmed_flush_lsn reaches
-// disk only at the next checkpoint unless restart_lsn or the catalog xmin
-// moved with it, which saves the slot at once (PG docs,
-// pg_replication_slot_advance: "in the event of a crash, the slot may
-// return to an earlier position"), and its consumer then reads again from
-// there (TestRetentionOtherSlotAfterCrash). A slot that reserved nothing
-// yet reads as 0/0. Temporary slots are the connector's own copies
-// (replay, read-back) and a session's, which keeps nothing.
+// slots of the database with what they confirmed (a slot that confirmed
+// nothing yet reads as 0/0). Temporary slots are the connector's own
+// copies (replay, read-back) and a session's, which keeps nothing.
 const readingQuery = `SELECT pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, w.lsn,
 	('x' || substr(pg_walfile_name(w.lsn), 1, 8))::bit(32)::bigint, (pg_control_system()).system_identifier::text,
 	ARRAY(SELECT slot_name::text FROM pg_replication_slots o WHERE o.slot_type = 'logical' AND o.database = current_database()
 		AND NOT o.temporary AND o.slot_name <> $1 ORDER BY slot_name),
-	ARRAY(SELECT coalesce(restart_lsn, '0/0')::text FROM pg_replication_slots o WHERE o.slot_type = 'logical'
+	ARRAY(SELECT coalesce(confirmed_flush_lsn, '0/0')::text FROM pg_replication_slots o WHERE o.slot_type = 'logical'
 		AND o.database = current_database() AND NOT o.temporary AND o.slot_name <> $1 ORDER BY slot_name)
 FROM pg_current_snapshot() s, LATERAL (SELECT pg_current_wal_insert_lsn() AS lsn) w`
 
@@ -169,7 +163,7 @@ func (r *Retainer) Read(ctx context.Context) (retention.Reading, error) {
 		if err != nil {
 			return retention.Reading{}, fmt.Errorf("retention %s: slot %s: %w", r.table, name, err)
 		}
-		x.Slots = append(x.Slots, retention.Slot{Name: name, Kept: pos})
+		x.Slots = append(x.Slots, retention.Slot{Name: name, Confirmed: pos})
 	}
 	x.Xmin, x.Next, x.At = uint64(xmin), uint64(xmax), time.Now()
 	x.Epoch.Timeline, x.Epoch.Conn = uint32(tli), r.conns

@@ -133,7 +133,7 @@ func TestRetentionDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(z.Slots) != 1 || z.Slots[0].Name != "ret_other" || z.Slots[0].Kept == 0 || z.Next < z.Xmin ||
+	if len(z.Slots) != 1 || z.Slots[0].Name != "ret_other" || z.Slots[0].Confirmed == 0 || z.Next < z.Xmin ||
 		z.Epoch.SystemID == "" || z.Epoch.Timeline != 1 || z.Epoch != y.Epoch {
 		t.Fatalf("reading %+v: want the other slot, its xids and the same epoch as %+v", z, y)
 	}

@@ -100,7 +100,7 @@ func (w *mworld) delivered(r *mrow) bool {
 	if r.lost || r.commit > w.acked {
 		return false
 	}
-	return w.other == nil || r.commit <= w.other.Kept
+	return w.other == nil || r.commit <= w.other.Confirmed
 }
 
 // precedes32 is the SQL's xidPrecedes on the low 32 bits.
@@ -200,8 +200,8 @@ func (w *mworld) fork(promote bool) {
 	}
 	w.epoch.Conn++
 	w.epoch.Session++
-	if w.other != nil && w.other.Kept > at {
-		w.other.Kept = at
+	if w.other != nil && w.other.Confirmed > at {
+		w.other.Confirmed = at
 	}
 }
 
@@ -268,10 +268,10 @@ func runModel(t *testing.T, seed uint64, steps int) int {
 		case k < 94 && w.hold.Set():
 			w.repair()
 		case k < 96 && w.other == nil:
-			w.other = &Slot{Name: "other", Kept: w.wal}
+			w.other = &Slot{Name: "other", Confirmed: w.wal}
 		case k < 99 && w.other != nil:
-			if w.other.Kept < w.acked { // it follows the same commits, later
-				w.other.Kept += lsn.LSN(r.IntN(int(w.acked-w.other.Kept) + 1))
+			if w.other.Confirmed < w.acked { // it follows the same commits, later
+				w.other.Confirmed += lsn.LSN(r.IntN(int(w.acked-w.other.Confirmed) + 1))
 			}
 		case w.other != nil:
 			w.other = nil // dropped

@@ -37,8 +37,7 @@ type Reading struct {
 	Next  uint64
 	Epoch Epoch
 	// Slots are the other logical slots of the database, read in the same
-	// statement: their consumers need the rows they have not confirmed
-	// for good.
+	// statement: their consumers need the rows they have not confirmed.
 	Slots []Slot
 }
 
@@ -54,12 +53,11 @@ type Epoch struct {
 	Session  uint64
 }
 
-// Slot is another logical slot of the database and a position its consumer
-// has confirmed and keeps through a crash (its restart_lsn; zero: none yet,
-// which holds every row back).
+// Slot is another logical slot of the database and the position its
+// consumer confirmed (zero: none yet, which holds every row back).
 type Slot struct {
-	Name string
-	Kept lsn.LSN
+	Name      string
+	Confirmed lsn.LSN
 }
 
 // Hold is a range of 64-bit xids [From, Below) whose rows may never have
@@ -185,8 +183,8 @@ func Decide(readings []Reading, s State) (Decision, []Reading) {
 func Bound(acked lsn.LSN, slots []Slot) (lsn.LSN, string) {
 	b, why := acked, "the acknowledged position"
 	for _, sl := range slots {
-		if sl.Kept < b {
-			b, why = sl.Kept, fmt.Sprintf("slot %s (another consumer of the database, its restart_lsn at %v)", sl.Name, sl.Kept)
+		if sl.Confirmed < b {
+			b, why = sl.Confirmed, fmt.Sprintf("slot %s (another consumer of the database, confirmed at %v)", sl.Name, sl.Confirmed)
 		}
 	}
 	return b, why

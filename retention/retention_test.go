@@ -53,7 +53,7 @@ func TestDecide(t *testing.T) {
 		// Every other slot of the database bounds the position.
 		{"another slot behind", withSlots(three, Slot{"debezium", 150}), on(1 << 40), Decision{Delete: true, Below: 10}, 3},
 		{"another slot with nothing confirmed", withSlots(three, Slot{"new", 0}), on(1 << 40),
-			Decision{Why: "waiting for slot new (another consumer of the database, its restart_lsn at 0/0) to reach a reading"}, 3},
+			Decision{Why: "waiting for slot new (another consumer of the database, confirmed at 0/0) to reach a reading"}, 3},
 		{"other slots ahead", withSlots(three, Slot{"a", 1 << 41}, Slot{"b", 1 << 41}), on(250), Decision{Delete: true, Below: 20}, 2},
 		// The lost slot's hold travels with the decision, within the span.
 		{"hold", three, State{Owner: true, HoldRead: true, Session: 1, Acked: 1 << 40, Hold: Hold{From: 5, Below: 25}},

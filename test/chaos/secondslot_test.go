@@ -174,11 +174,20 @@ func (s *secondSlot) tick(ctx context.Context, conn *pgx.Conn) error {
 	if !ok || target <= confirmed {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_replication_slot_advance($1, $2::pg_lsn)", s.name, target.String()); err != nil {
+	var end string
+	if err := conn.QueryRow(ctx, "SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::pg_lsn)", s.name, target.String()).Scan(&end); err != nil {
 		return fmt.Errorf("advance %s to %v: %w", s.name, target, err)
+	}
+	to, err := lsn.Parse(end)
+	if err != nil {
+		return fmt.Errorf("advance %s: %w", s.name, err)
 	}
 	s.mu.Lock()
 	s.rep.Advances++
+	// Confirmed now, though only in memory until a checkpoint: retention
+	// may delete below it, and a crash taking the slot back does not
+	// undo that confirmation (high).
+	s.high = max(s.high, to)
 	s.mu.Unlock()
 	return nil
 }
