@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-cdc/outbox-cdc/decode"
 	"github.com/outbox-cdc/outbox-cdc/internal/testenv"
+	"github.com/outbox-cdc/outbox-cdc/offsets"
 )
 
 // gapMapping maps the gap tests' outbox columns.
@@ -60,6 +61,21 @@ func byCtid(ctx context.Context, t *testing.T, conn *pgx.Conn, table string) []s
 		t.Fatal(err)
 	}
 	got, err := pgx.CollectRows(q, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// gapRead is the event types a repair of src's gap from bound reads,
+// leaving out the finished transactions f.
+func gapRead(ctx context.Context, t *testing.T, src Source, bound uint64, f offsets.FinishedTxns) []string {
+	t.Helper()
+	rows, _, err := src.GapRows(ctx, bound, offsets.RepairedRows{}, f, []RowSpec{{Mapping: gapMapping}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := eventTypes(rows)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -179,18 +179,7 @@ func TestGuardReview14SyncStandbyDropHeldFinishedLoses(t *testing.T) {
 		t.Fatalf("premise: 'before' decoded once (%d) and the writer's row never (%d)", decodedBefore, decodedLost)
 	}
 
-	read := func(f offsets.FinishedTxns) []string {
-		t.Helper()
-		rows, _, err := src.GapRows(ctx, bound, offsets.RepairedRows{}, f, []RowSpec{{Mapping: gapMapping}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := eventTypes(rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	read := func(f offsets.FinishedTxns) []string { return gapRead(ctx, t, src, bound, f) }
 	if old := read(offsets.FinishedTxns{}); !slices.Contains(old, "lost") {
 		t.Fatalf("premise: without finished transactions the repair reads the row (read %v)", old)
 	}

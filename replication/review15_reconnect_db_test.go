@@ -170,18 +170,7 @@ func TestGuardReview15RestoreSavedFloorKeepsOldFinished(t *testing.T) {
 	if _, err := r.Exec(ctx, "ALTER PUBLICATION ob ADD TABLE ob"); err != nil {
 		t.Fatal(err)
 	}
-	read := func(f offsets.FinishedTxns) []string {
-		t.Helper()
-		rows, _, err := src.GapRows(ctx, xmin, offsets.RepairedRows{}, f, []RowSpec{{Mapping: gapMapping}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := eventTypes(rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	read := func(f offsets.FinishedTxns) []string { return gapRead(ctx, t, src, xmin, f) }
 	if old := read(offsets.FinishedTxns{}); !slices.Contains(old, "reused") {
 		t.Fatalf("premise: without finished transactions the repair reads the writer's row (read %v)", old)
 	}

@@ -230,18 +230,7 @@ func review15DropAboveXmax(t *testing.T, prepared bool) {
 	if err := long.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	read := func(f offsets.FinishedTxns) []string {
-		t.Helper()
-		rows, _, err := src.GapRows(ctx, bound, offsets.RepairedRows{}, f, []RowSpec{{Mapping: gapMapping}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := eventTypes(rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	read := func(f offsets.FinishedTxns) []string { return gapRead(ctx, t, src, bound, f) }
 	if old := read(offsets.FinishedTxns{}); !slices.Contains(old, "lost") {
 		t.Fatalf("premise: with the bound alone the repair reads the writer's row (read %v)", old)
 	}

@@ -186,18 +186,7 @@ func TestGuardReview15OtherTableChangeSettlesFloor(t *testing.T) {
 	}
 	// The repair reads every table (Source.Tables of the configured
 	// source: here b's source alone, the table that lost the row).
-	read := func(f offsets.FinishedTxns) []string {
-		t.Helper()
-		rows, _, err := srcB.GapRows(ctx, bound, offsets.RepairedRows{}, f, []RowSpec{{Mapping: gapMapping}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := eventTypes(rows)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	read := func(f offsets.FinishedTxns) []string { return gapRead(ctx, t, srcB, bound, f) }
 	if old := read(offsets.FinishedTxns{}); !slices.Contains(old, "lost") {
 		t.Fatalf("premise: with the bound alone the repair reads b's row (read %v)", old)
 	}

@@ -24,21 +24,9 @@ import (
 // keys). The checkpoint here goes back to r10 with the floor it had there,
 // as acknowledgements that lag behind the gap leave it.
 func TestGapRepairStoppedChangeKeepsGapBound(t *testing.T) {
-	dsn := newDatabase(t)
-	createOutbox(t, dsn, "outbox", "jsonb")
-	const slot, early = "gapfloor", "gapfloor_early"
-	cfgPath := writeConfig(t, yamlFor(t, dsn, slot, "outbox: {table: public.outbox}"))
-	dropSlotAtEnd(t, dsn, early)
-	conn := pgConnect(t, dsn)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	row, _ := gapWriters(ctx, t, slot)
-	var order []string // every row, in commit order (one aggregate, one writer)
-	write := func(name string) {
-		committed(t, conn, func(tx pgx.Tx) { row(tx, name) })
-		order = append(order, name)
-	}
-	long := beginLong(ctx, t, dsn, slot, 9, 0)
+	e := newCopiesEnv(t, "gapfloor")
+	ctx, dsn, conn, slot, early, cfgPath, long := e.ctx, e.dsn, e.conn, e.slot, e.early, e.cfgPath, e.long
+	write := func(name string) { e.write(t, name) }
 	var ckptEarly lsn.LSN
 	var floorEarly, longXid int64
 	code, out := runUntilExit(t, cfgPath, time.Minute, func(*process) {
@@ -93,7 +81,7 @@ func TestGapRepairStoppedChangeKeepsGapBound(t *testing.T) {
 	got := consumeUntilValue(t, topicFor(slot), `{"n": "last"}`, time.Minute)
 	stopClean(t, p)
 
-	checkReplayedStrict(t, order, got)
+	checkReplayedStrict(t, e.order, got)
 }
 
 // TestGapRepairAtLeastOnceCopiesInOrder: in at_least_once, a transaction
@@ -106,21 +94,9 @@ func TestGapRepairStoppedChangeKeepsGapBound(t *testing.T) {
 // reading behind the gap's position: the stream decodes them, or delivered
 // them before its start.
 func TestGapRepairAtLeastOnceCopiesInOrder(t *testing.T) {
-	dsn := newDatabase(t)
-	createOutbox(t, dsn, "outbox", "jsonb")
-	const slot, early = "gapcopies", "gapcopies_early"
-	cfgPath := writeConfig(t, yamlFor(t, dsn, slot, "outbox: {table: public.outbox}"))
-	dropSlotAtEnd(t, dsn, early)
-	conn := pgConnect(t, dsn)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	row, _ := gapWriters(ctx, t, slot)
-	var order []string // every row, in commit order (one aggregate, one writer)
-	write := func(name string) {
-		committed(t, conn, func(tx pgx.Tx) { row(tx, name) })
-		order = append(order, name)
-	}
-	long := beginLong(ctx, t, dsn, slot, 9, 0)
+	e := newCopiesEnv(t, "gapcopies")
+	dsn, conn, slot, early, cfgPath, long := e.dsn, e.conn, e.slot, e.early, e.cfgPath, e.long
+	write := func(name string) { e.write(t, name) }
 	var ckptEarly lsn.LSN
 	code, out := runUntilExit(t, cfgPath, time.Minute, func(*process) {
 		long.takeID() // below every row's id: the gap's bound stays below them
@@ -166,5 +142,40 @@ func TestGapRepairAtLeastOnceCopiesInOrder(t *testing.T) {
 	write("last")
 	got := consumeUntilValue(t, topicFor(slot), `{"n": "last"}`, time.Minute)
 	stopClean(t, p)
-	checkReplayedStrict(t, order, got)
+	checkReplayedStrict(t, e.order, got)
+}
+
+// copiesEnv is a new database's outbox with one aggregate's writer, the
+// connector's configuration for slot, and a long transaction: the setup
+// of the tests of a repair's copies.
+type copiesEnv struct {
+	ctx              context.Context
+	dsn, slot, early string
+	cfgPath          string
+	conn             *pgx.Conn
+	row              func(pgx.Tx, string)
+	long             *longTxn
+	order            []string // every row, in commit order (one aggregate, one writer)
+}
+
+func newCopiesEnv(t *testing.T, slot string) *copiesEnv {
+	t.Helper()
+	e := &copiesEnv{dsn: newDatabase(t), slot: slot, early: slot + "_early"}
+	createOutbox(t, e.dsn, "outbox", "jsonb")
+	e.cfgPath = writeConfig(t, yamlFor(t, e.dsn, slot, "outbox: {table: public.outbox}"))
+	dropSlotAtEnd(t, e.dsn, e.early)
+	e.conn = pgConnect(t, e.dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	e.ctx = ctx
+	e.row, _ = gapWriters(ctx, t, slot)
+	e.long = beginLong(ctx, t, e.dsn, slot, 9, 0)
+	return e
+}
+
+// write commits one row named name.
+func (e *copiesEnv) write(t *testing.T, name string) {
+	t.Helper()
+	committed(t, e.conn, func(tx pgx.Tx) { e.row(tx, name) })
+	e.order = append(e.order, name)
 }
